@@ -1,0 +1,119 @@
+//! Kernel-specific layouts handed to the programs at load time as globals.
+//!
+//! Rust eBPF objects carry no CO-RE relocations, so the agent reads these values from
+//! `/sys/kernel/btf/vmlinux` and from tracefs `format` files of the running kernel.
+
+/// Field offsets of a classic `oom/mark_victim` tracepoint record, from its tracefs format.
+/// A field the kernel does not have is `u32::MAX`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomTracepointLayout {
+    pub pid: u32,
+    pub anon_rss: u32,
+    pub file_rss: u32,
+    pub shmem_rss: u32,
+    pub oom_score_adj: u32,
+    pub _pad: u32,
+}
+
+impl OomTracepointLayout {
+    pub const ABSENT: u32 = u32::MAX;
+
+    /// A layout that makes the program read nothing; replaced at load time.
+    pub const UNSET: Self = Self {
+        pid: Self::ABSENT,
+        anon_rss: Self::ABSENT,
+        file_rss: Self::ABSENT,
+        shmem_rss: Self::ABSENT,
+        oom_score_adj: Self::ABSENT,
+        _pad: 0,
+    };
+}
+
+/// Offsets inside kernel structures used to read an OOM victim from its `task_struct`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomBtfLayout {
+    /// 1 when every offset below was resolved; 0 makes the program drop its events.
+    pub valid: u32,
+    /// `task_struct.pid`, `task_struct.tgid`.
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    /// `task_struct.comm`.
+    pub task_comm: u32,
+    /// `task_struct.cgroups` (`struct css_set *`).
+    pub task_cgroups: u32,
+    /// `css_set.dfl_cgrp` (`struct cgroup *`).
+    pub css_set_dfl_cgrp: u32,
+    /// `css_set.subsys[memory_cgrp_id]`: offset of the array plus index times pointer size.
+    pub css_set_memory_css: u32,
+    /// `cgroup_subsys_state.cgroup`.
+    pub css_cgroup: u32,
+    /// `cgroup.kn` (`struct kernfs_node *`).
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id` (u64).
+    pub kernfs_node_id: u32,
+    /// `task_struct.signal`, `signal_struct.oom_score_adj` (short).
+    pub task_signal: u32,
+    pub signal_oom_score_adj: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// Offset of the counter (an i64) for file, anon and shmem pages inside `mm_struct`:
+    /// `rss_stat` plus the element index times element size plus the count's offset inside it.
+    pub mm_file_pages: u32,
+    pub mm_anon_pages: u32,
+    pub mm_shmem_pages: u32,
+    /// 1 when the memory controller is known (`memory_cgrp_id` resolved).
+    pub has_memcg: u32,
+}
+
+impl OomBtfLayout {
+    /// A layout that makes the program emit nothing; replaced at load time.
+    pub const UNSET: Self = Self {
+        valid: 0,
+        task_pid: 0,
+        task_tgid: 0,
+        task_comm: 0,
+        task_cgroups: 0,
+        css_set_dfl_cgrp: 0,
+        css_set_memory_css: 0,
+        css_cgroup: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
+        task_signal: 0,
+        signal_oom_score_adj: 0,
+        task_mm: 0,
+        mm_file_pages: 0,
+        mm_anon_pages: 0,
+        mm_shmem_pages: 0,
+        has_memcg: 0,
+    };
+}
+
+/// Field offsets of a `memcg/count_memcg_events` record and the kernel's value of the
+/// `vm_event_item` we forward (`OOM_KILL`); `oom_kill_item` is -1 when it is unknown.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemcgTracepointLayout {
+    pub id: u32,
+    pub item: u32,
+    pub val: u32,
+    pub oom_kill_item: i32,
+}
+
+impl MemcgTracepointLayout {
+    pub const UNSET: Self = Self {
+        id: 0,
+        item: 0,
+        val: 0,
+        oom_kill_item: -1,
+    };
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::OomTracepointLayout {}
+    unsafe impl aya::Pod for super::OomBtfLayout {}
+    unsafe impl aya::Pod for super::MemcgTracepointLayout {}
+}

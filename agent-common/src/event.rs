@@ -1,0 +1,102 @@
+//! Records sent through the `EVENTS` ring buffer.
+
+use crate::TASK_COMM_LEN;
+
+/// What a record is. Stored as `u32` in [`EventHeader::kind`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The kernel OOM killer chose a victim ([`OomVictimEvent`]).
+    OomVictim = 1,
+    /// A memory cgroup counted an event we watch ([`MemcgEvent`]).
+    Memcg = 2,
+}
+
+/// A record whose kind this build does not know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownEventKind(pub u32);
+
+impl TryFrom<u32> for EventKind {
+    type Error = UnknownEventKind;
+
+    fn try_from(value: u32) -> Result<Self, Self::Error> {
+        match value {
+            1 => Ok(Self::OomVictim),
+            2 => Ok(Self::Memcg),
+            other => Err(UnknownEventKind(other)),
+        }
+    }
+}
+
+/// Starts every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// An [`EventKind`] value.
+    pub kind: u32,
+    /// Bit set of `FLAG_*` constants of the record's kind.
+    pub flags: u32,
+    /// `bpf_ktime_get_boot_ns()` when the kernel emitted the record.
+    pub boot_ns: u64,
+}
+
+/// The OOM victim record came from the BTF-typed `tp_btf/mark_victim` program, which reads the
+/// victim task itself.
+pub const OOM_FLAG_FROM_BTF: u32 = 1;
+/// The record came from the classic `oom/mark_victim` tracepoint: the cgroup ids are those of the
+/// task that triggered the OOM (the allocating task), not necessarily the victim's.
+pub const OOM_FLAG_CGROUP_OF_CURRENT: u32 = 2;
+/// `oom_score_adj` is known (the classic tracepoint has it only from Linux 6.8).
+pub const OOM_FLAG_HAS_SCORE_ADJ: u32 = 4;
+/// The RSS fields are known.
+pub const OOM_FLAG_HAS_RSS: u32 = 8;
+/// `memcg_id` is known (the memory controller's cgroup of the victim, on v1 or v2).
+pub const OOM_FLAG_HAS_MEMCG: u32 = 16;
+
+/// The kernel OOM killer marked a task as its victim (`oom:mark_victim`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomVictimEvent {
+    pub header: EventHeader,
+    /// Thread id of the victim (what the kernel calls pid).
+    pub pid: u32,
+    /// Process id of the victim.
+    pub tgid: u32,
+    /// cgroup v2 id (kernfs inode) of the victim on the default (unified) hierarchy.
+    pub cgroup_id: u64,
+    /// Id of the victim's memory cgroup: on cgroup v1 the memory hierarchy's kernfs inode; on v2
+    /// the same as `cgroup_id`'s nearest ancestor with the memory controller.
+    pub memcg_id: u64,
+    /// Resident anonymous, file and shmem pages.
+    pub anon_rss_pages: u64,
+    pub file_rss_pages: u64,
+    pub shmem_rss_pages: u64,
+    pub oom_score_adj: i32,
+    pub _pad: u32,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// `MemcgEvent::item` values: which memory cgroup event was counted.
+pub const MEMCG_ITEM_OOM_KILL: u32 = 1;
+
+/// A memory cgroup counted an event (`memcg:count_memcg_events`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemcgEvent {
+    pub header: EventHeader,
+    /// Id of the memory cgroup that counted the event.
+    pub memcg_id: u64,
+    /// A `MEMCG_ITEM_*` value.
+    pub item: u32,
+    /// Thread id of the current task when the event was counted.
+    pub pid: u32,
+    /// How many were counted.
+    pub count: u64,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::OomVictimEvent {}
+    unsafe impl aya::Pod for super::MemcgEvent {}
+}

@@ -1,0 +1,10 @@
+//! qoslet: an eBPF-backed node enforcement agent for Kubernetes.
+//!
+//! Data flows one way: [`source`] (pods and workload objects) -> [`policy`] (desired state, pure)
+//! -> cgroup reconciler (writes); [`sensors`] (kernel events) -> eviction manager -> actions.
+
+pub mod cli;
+pub mod policy;
+pub mod sensors;
+pub mod source;
+pub mod workload;

@@ -1,0 +1,1 @@
+//! The kubelet's node resource model as pure functions. No I/O.

@@ -1,0 +1,1 @@
+//! Kernel sensors: eBPF programs and their fallbacks.

@@ -1,0 +1,210 @@
+//! Reading Kubernetes-style YAML manifests from files and directories.
+//!
+//! Each document becomes a [`RawObject`] that remembers where it came from, so every later error
+//! can name the file, the object and the field. Typed decoding is the job of the module that owns
+//! the kind (policy for Pods and KubeletConfiguration, workload for the scheduling kinds).
+
+use std::{
+    fmt, fs,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize as _;
+use thiserror::Error;
+
+/// A manifest could not be read at all (exit status 2 in the CLI).
+#[derive(Debug, Error)]
+#[error("{path}: cannot read")]
+pub struct UnreadableError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A manifest was read but a document in it is not a Kubernetes object (exit status 1).
+#[derive(Debug, Error)]
+#[error("{file}: document {index}: {message}")]
+pub struct MalformedError {
+    pub file: PathBuf,
+    /// 0-based position of the document in its file.
+    pub index: usize,
+    pub message: String,
+}
+
+/// The outcome of loading a set of paths: objects and the documents that were malformed.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub objects: Vec<RawObject>,
+    pub malformed: Vec<MalformedError>,
+}
+
+/// One document of a manifest file.
+#[derive(Debug, Clone)]
+pub struct RawObject {
+    pub file: PathBuf,
+    pub index: usize,
+    pub api_version: String,
+    pub kind: String,
+    /// Empty for cluster-scoped kinds and kinds without metadata (KubeletConfiguration).
+    pub namespace: String,
+    pub name: String,
+    pub value: serde_yaml_ng::Value,
+}
+
+impl RawObject {
+    /// `Kind/namespace/name` as error lines print it (`Kind/name` without a namespace).
+    pub fn display_id(&self) -> ObjectId<'_> {
+        ObjectId(self)
+    }
+
+    /// Decodes the document into `T`, naming the file and object on failure.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, MalformedError> {
+        serde_yaml_ng::from_value(self.value.clone()).map_err(|e| MalformedError {
+            file: self.file.clone(),
+            index: self.index,
+            message: format!("{}: {e}", self.display_id()),
+        })
+    }
+}
+
+pub struct ObjectId<'a>(&'a RawObject);
+
+impl fmt::Display for ObjectId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = self.0;
+        match (o.namespace.is_empty(), o.name.is_empty()) {
+            (_, true) => write!(f, "{}", o.kind),
+            (true, false) => write!(f, "{}/{}", o.kind, o.name),
+            (false, false) => write!(f, "{}/{}/{}", o.kind, o.namespace, o.name),
+        }
+    }
+}
+
+/// Loads every YAML/JSON document under `paths`. Directories are read non-recursively, in file
+/// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped.
+pub fn load_paths(paths: &[PathBuf]) -> Result<Loaded, UnreadableError> {
+    let mut loaded = Loaded::default();
+    for path in paths {
+        for file in expand(path)? {
+            let text = fs::read_to_string(&file).map_err(|source| UnreadableError {
+                path: file.clone(),
+                source,
+            })?;
+            parse_documents(&file, &text, &mut loaded);
+        }
+    }
+    Ok(loaded)
+}
+
+/// The manifest files a path stands for.
+pub fn expand(path: &Path) -> Result<Vec<PathBuf>, UnreadableError> {
+    let unreadable = |source| UnreadableError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = fs::metadata(path).map_err(unreadable)?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(path).map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
+        let p = entry.path();
+        if is_manifest_file(&p) && entry.file_type().map_err(unreadable)?.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Whether a directory entry is a manifest qoslet reads.
+pub fn is_manifest_file(path: &Path) -> bool {
+    let hidden = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_none_or(|n| n.starts_with('.'));
+    let ext = path.extension().and_then(|e| e.to_str());
+    !hidden && matches!(ext, Some("yaml" | "yml" | "json"))
+}
+
+/// Splits `text` into documents and appends them to `loaded`. Empty documents are skipped.
+pub fn parse_documents(file: &Path, text: &str, loaded: &mut Loaded) {
+    for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let malformed = |message: String| MalformedError {
+            file: file.to_path_buf(),
+            index,
+            message,
+        };
+        let value = match serde_yaml_ng::Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                loaded.malformed.push(malformed(format!("invalid YAML: {e}")));
+                // A syntax error ends the stream; later documents cannot be located reliably.
+                break;
+            }
+        };
+        if value.is_null() {
+            continue;
+        }
+        match raw_object(file, index, value) {
+            Ok(o) => loaded.objects.push(o),
+            Err(message) => loaded.malformed.push(malformed(message)),
+        }
+    }
+}
+
+fn raw_object(file: &Path, index: usize, value: serde_yaml_ng::Value) -> Result<RawObject, String> {
+    let str_field = |v: &serde_yaml_ng::Value, key: &str| -> Option<String> {
+        v.get(key).and_then(|s| s.as_str()).map(str::to_owned)
+    };
+    if !value.is_mapping() {
+        return Err("not a Kubernetes object (expected a mapping)".into());
+    }
+    let kind = str_field(&value, "kind").ok_or("kind: missing")?;
+    let api_version = str_field(&value, "apiVersion").ok_or("apiVersion: missing")?;
+    let meta = value.get("metadata");
+    let name = meta.and_then(|m| str_field(m, "name")).unwrap_or_default();
+    let namespace = meta
+        .and_then(|m| str_field(m, "namespace"))
+        .unwrap_or_default();
+    Ok(RawObject {
+        file: file.to_path_buf(),
+        index,
+        api_version,
+        kind,
+        namespace,
+        name,
+        value,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_multi_document_files_and_names_objects() {
+        let text = "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: ns}\n---\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: b}\n";
+        let mut loaded = Loaded::default();
+        parse_documents(Path::new("x.yaml"), text, &mut loaded);
+        assert!(loaded.malformed.is_empty());
+        let ids: Vec<String> = loaded
+            .objects
+            .iter()
+            .map(|o| o.display_id().to_string())
+            .collect();
+        assert_eq!(ids, ["Pod/ns/a", "Pod/b"]);
+    }
+
+    #[test]
+    fn reports_documents_without_kind() {
+        let mut loaded = Loaded::default();
+        parse_documents(Path::new("x.yaml"), "apiVersion: v1\nmetadata: {}\n", &mut loaded);
+        assert_eq!(loaded.malformed.len(), 1);
+        assert_eq!(
+            loaded.malformed[0].to_string(),
+            "x.yaml: document 0: kind: missing"
+        );
+    }
+}

@@ -1,0 +1,4 @@
+//! Where pods and workload objects come from: a manifest directory (standalone) or, later, the
+//! Kubernetes API.
+
+pub mod manifest;

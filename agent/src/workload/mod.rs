@@ -1,0 +1,1 @@
+//! Workload / PodGroup / CompositePodGroup: model, validation, gating, gang units. No I/O.

@@ -1,0 +1,1 @@
+//! Helpers for qoslet's root integration tests.
