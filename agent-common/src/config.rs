@@ -110,8 +110,43 @@ impl MemcgTracepointLayout {
     };
 }
 
+/// Offsets and enum values for the `fentry/__memcg_memory_event` program (Linux 6.15+, where
+/// `memcg_memory_event()` is no longer only inline): `mem_cgroup.css.cgroup->kn->id` and the
+/// kernel's `enum memcg_memory_event` values of the events we forward (-1 when unknown).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemcgEventLayout {
+    pub valid: u32,
+    /// `mem_cgroup.css` plus `cgroup_subsys_state.cgroup`.
+    pub memcg_css_cgroup: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
+    pub high: i32,
+    pub max: i32,
+    pub oom: i32,
+    pub oom_kill: i32,
+    pub oom_group_kill: i32,
+    pub _pad: u32,
+}
+
+impl MemcgEventLayout {
+    pub const UNSET: Self = Self {
+        valid: 0,
+        memcg_css_cgroup: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
+        high: -1,
+        max: -1,
+        oom: -1,
+        oom_kill: -1,
+        oom_group_kill: -1,
+        _pad: 0,
+    };
+}
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::MemcgEventLayout {}
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomTracepointLayout {}
     unsafe impl aya::Pod for super::OomBtfLayout {}

@@ -76,8 +76,17 @@ pub struct OomVictimEvent {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
-/// `MemcgEvent::item` values: which memory cgroup event was counted.
+/// `MemcgEvent::item` values: which memory cgroup event was counted (stable across kernels; the
+/// programs translate the kernel's enum values into these).
 pub const MEMCG_ITEM_OOM_KILL: u32 = 1;
+pub const MEMCG_ITEM_HIGH: u32 = 2;
+pub const MEMCG_ITEM_MAX: u32 = 3;
+pub const MEMCG_ITEM_OOM: u32 = 4;
+pub const MEMCG_ITEM_OOM_GROUP_KILL: u32 = 5;
+
+/// `MemcgEvent::count` is the number of events since the previous record for this cgroup and
+/// item (the program coalesces bursts of `high`/`max`), not a single event.
+pub const MEMCG_FLAG_COALESCED: u32 = 1;
 
 /// A memory cgroup counted an event (`memcg:count_memcg_events`).
 #[repr(C)]
@@ -94,9 +103,33 @@ pub struct MemcgEvent {
     pub count: u64,
 }
 
+/// Key of the per-cgroup memcg event counters kept in the kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemcgCounterKey {
+    pub memcg_id: u64,
+    pub item: u32,
+    pub _pad: u32,
+}
+
+/// Per-cgroup, per-item totals, and what was last sent to userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemcgCounter {
+    pub total: u64,
+    /// `total` when the last record was emitted.
+    pub emitted: u64,
+    pub last_emit_boot_ns: u64,
+}
+
+/// Minimum gap between two records for the same cgroup and frequent item (`high`, `max`).
+pub const MEMCG_EMIT_INTERVAL_NS: u64 = 10_000_000;
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomVictimEvent {}
     unsafe impl aya::Pod for super::MemcgEvent {}
+    unsafe impl aya::Pod for super::MemcgCounterKey {}
+    unsafe impl aya::Pod for super::MemcgCounter {}
 }

@@ -8,7 +8,7 @@
 pub mod config;
 pub mod event;
 
-pub use config::{MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout};
+pub use config::{MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout};
 pub use event::{EventHeader, EventKind, MemcgEvent, OomVictimEvent, UnknownEventKind};
 
 /// Length of a task's `comm` as the kernel stores it (`TASK_COMM_LEN`).

@@ -1,13 +1,24 @@
-//! Memory cgroup events from `memcg:count_memcg_events`: forwards OOM kills counted by a memcg.
+//! Memory cgroup events (high, max, oom, oom_kill, oom_group_kill).
+//!
+//! Linux 6.15+ has an attachable `__memcg_memory_event()`; the fentry program counts every event
+//! per cgroup in `MEMCG_COUNTERS` and forwards OOM events at once and `high`/`max` at most every
+//! 10 ms per cgroup, so pressure cannot flood the ring. Older kernels that count OOM kills through
+//! `count_memcg_events()` are covered by the `memcg:count_memcg_events` tracepoint program.
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns},
-    macros::tracepoint,
-    programs::TracePointContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    macros::{fentry, map, tracepoint},
+    maps::LruHashMap,
+    programs::{FEntryContext, TracePointContext},
 };
 use qoslet_common::{
-    EventHeader, EventKind, MemcgEvent, MemcgTracepointLayout, event::MEMCG_ITEM_OOM_KILL,
+    EventHeader, EventKind, MemcgEvent, MemcgEventLayout, MemcgTracepointLayout,
+    event::{
+        MEMCG_EMIT_INTERVAL_NS, MEMCG_FLAG_COALESCED, MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX,
+        MEMCG_ITEM_OOM, MEMCG_ITEM_OOM_GROUP_KILL, MEMCG_ITEM_OOM_KILL, MemcgCounter,
+        MemcgCounterKey,
+    },
 };
 
 use crate::maps::emit;
@@ -15,10 +26,103 @@ use crate::maps::emit;
 #[unsafe(no_mangle)]
 static MEMCG_TP_LAYOUT: Global<MemcgTracepointLayout> = Global::new(MemcgTracepointLayout::UNSET);
 
+#[unsafe(no_mangle)]
+static MEMCG_EVENT_LAYOUT: Global<MemcgEventLayout> = Global::new(MemcgEventLayout::UNSET);
+
+/// Totals per (cgroup, item). LRU so removed cgroups age out without bounding live ones.
+#[map]
+static MEMCG_COUNTERS: LruHashMap<MemcgCounterKey, MemcgCounter> =
+    LruHashMap::with_max_entries(16384, 0);
+
+#[fentry(function = "__memcg_memory_event")]
+pub fn memcg_memory_event(ctx: FEntryContext) -> i32 {
+    let _ = try_memcg_memory_event(&ctx);
+    0
+}
+
 #[tracepoint]
 pub fn memcg_count_events_tp(ctx: TracePointContext) -> u32 {
     let _ = try_memcg_count_events_tp(&ctx);
     0
+}
+
+fn try_memcg_memory_event(ctx: &FEntryContext) -> Result<(), i32> {
+    let layout = MEMCG_EVENT_LAYOUT.load();
+    if layout.valid == 0 {
+        return Err(0);
+    }
+    let memcg: *const u8 = ctx.arg(0);
+    let event: i32 = ctx.arg(1);
+    let item = if event == layout.high {
+        MEMCG_ITEM_HIGH
+    } else if event == layout.max {
+        MEMCG_ITEM_MAX
+    } else if event == layout.oom {
+        MEMCG_ITEM_OOM
+    } else if event == layout.oom_kill {
+        MEMCG_ITEM_OOM_KILL
+    } else if event == layout.oom_group_kill {
+        MEMCG_ITEM_OOM_GROUP_KILL
+    } else {
+        return Ok(());
+    };
+    let memcg_id = unsafe {
+        let cgroup: *const u8 =
+            bpf_probe_read_kernel(memcg.add(layout.memcg_css_cgroup as usize) as *const *const u8)?;
+        let kn: *const u8 =
+            bpf_probe_read_kernel(cgroup.add(layout.cgroup_kn as usize) as *const *const u8)?;
+        bpf_probe_read_kernel(kn.add(layout.kernfs_node_id as usize) as *const u64)?
+    };
+    count_and_emit(memcg_id, item, 1);
+    Ok(())
+}
+
+/// Adds `n` to the cgroup's counter and emits a record unless a frequent item was already
+/// reported in the last `MEMCG_EMIT_INTERVAL_NS`.
+#[inline(always)]
+fn count_and_emit(memcg_id: u64, item: u32, n: u64) {
+    let key = MemcgCounterKey {
+        memcg_id,
+        item,
+        _pad: 0,
+    };
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let frequent = item == MEMCG_ITEM_HIGH || item == MEMCG_ITEM_MAX;
+    let (count, flags) = match MEMCG_COUNTERS.get_ptr_mut(&key) {
+        Some(counter) => {
+            // SAFETY: a valid map value pointer; concurrent updates may lose a count, which
+            // only makes a coalesced total approximate.
+            let c = unsafe { &mut *counter };
+            c.total += n;
+            if frequent && now.wrapping_sub(c.last_emit_boot_ns) < MEMCG_EMIT_INTERVAL_NS {
+                return;
+            }
+            let count = c.total - c.emitted;
+            c.emitted = c.total;
+            c.last_emit_boot_ns = now;
+            (count, MEMCG_FLAG_COALESCED)
+        }
+        None => {
+            let c = MemcgCounter {
+                total: n,
+                emitted: n,
+                last_emit_boot_ns: now,
+            };
+            let _ = MEMCG_COUNTERS.insert(&key, &c, 0);
+            (n, 0)
+        }
+    };
+    emit(MemcgEvent {
+        header: EventHeader {
+            kind: EventKind::Memcg as u32,
+            flags,
+            boot_ns: now,
+        },
+        memcg_id,
+        item,
+        pid: bpf_get_current_pid_tgid() as u32,
+        count,
+    });
 }
 
 fn try_memcg_count_events_tp(ctx: &TracePointContext) -> Result<(), i32> {
@@ -31,17 +135,8 @@ fn try_memcg_count_events_tp(ctx: &TracePointContext) -> Result<(), i32> {
     if item != layout.oom_kill_item {
         return Ok(());
     }
-    let event = MemcgEvent {
-        header: EventHeader {
-            kind: EventKind::Memcg as u32,
-            flags: 0,
-            boot_ns: unsafe { bpf_ktime_get_boot_ns() },
-        },
-        memcg_id: unsafe { ctx.read_at::<u64>(layout.id as usize)? },
-        item: MEMCG_ITEM_OOM_KILL,
-        pid: bpf_get_current_pid_tgid() as u32,
-        count: unsafe { ctx.read_at::<u64>(layout.val as usize)? },
-    };
-    emit(event);
+    let memcg_id = unsafe { ctx.read_at::<u64>(layout.id as usize)? };
+    let val = unsafe { ctx.read_at::<u64>(layout.val as usize)? };
+    count_and_emit(memcg_id, MEMCG_ITEM_OOM_KILL, val);
     Ok(())
 }

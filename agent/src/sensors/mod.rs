@@ -1,1 +1,51 @@
-//! Kernel sensors: eBPF programs and their fallbacks.
+//! Kernel sensors: eBPF programs (loading, kernel layouts, ring-buffer intake) and, when eBPF is
+//! not available, the reason why, stated once.
+
+pub mod btf;
+pub mod ebpf;
+pub mod event;
+pub mod privilege;
+pub mod tracefs;
+
+pub use ebpf::{AttachedProgram, EbpfSensors, EventReader};
+pub use event::{OomVictim, SensorEvent};
+
+use thiserror::Error;
+
+/// Why a sensor could not start. Each message is one sentence an operator can act on.
+#[derive(Debug, Error)]
+pub enum SensorError {
+    #[error("{0}")]
+    Privilege(#[from] privilege::PrivilegeError),
+    #[error(
+        "the eBPF programs were not built into this binary (built with AYA_BUILD_SKIP); rebuild with `cargo xtask build-ebpf`"
+    )]
+    NotBuilt,
+    #[error("tracefs is not available at {path}")]
+    Tracefs {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object failed")]
+    Load(#[source] aya::EbpfError),
+    #[error("program {program} could not be loaded or attached to {hook}")]
+    Program {
+        program: &'static str,
+        hook: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(&'static str),
+    #[error("map {name} could not be opened")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("no OOM program could be attached: {0}")]
+    NoOomProgram(String),
+    #[error("registering the ring buffer with the runtime failed")]
+    Intake(#[source] std::io::Error),
+}

@@ -1,0 +1,367 @@
+//! Loading the kernel programs, attaching each to the best hook the kernel offers, and reading
+//! their ring buffer with tokio.
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, FEntry, TracePoint},
+};
+use qoslet_common::{MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout};
+use tokio::io::unix::AsyncFd;
+
+use super::{
+    SensorError,
+    btf::KernelBtf,
+    event::{DecodeError, SensorEvent, decode},
+    privilege, tracefs,
+};
+
+/// The object built by agent/build.rs (empty when built with `AYA_BUILD_SKIP=1`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/qoslet"));
+
+/// A program attached to a kernel hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedProgram {
+    pub program: &'static str,
+    /// `tp_btf/mark_victim`, `tracepoint/oom/mark_victim`, ...
+    pub hook: String,
+}
+
+/// What to load.
+#[derive(Debug, Clone, Copy)]
+pub struct EbpfOptions {
+    /// Try the BTF-typed tracepoint first (exact victim cgroup); false forces the classic one.
+    pub prefer_btf: bool,
+}
+
+impl Default for EbpfOptions {
+    fn default() -> Self {
+        Self { prefer_btf: true }
+    }
+}
+
+/// The loaded programs. Dropping it detaches them.
+pub struct EbpfSensors {
+    ebpf: Ebpf,
+    attached: Vec<AttachedProgram>,
+    /// Hooks that were tried and skipped, with the reason (logged once by the caller).
+    skipped: Vec<String>,
+}
+
+impl EbpfSensors {
+    /// Whether this binary carries the kernel programs.
+    pub fn object_built() -> bool {
+        !OBJECT.is_empty()
+    }
+
+    pub fn load(options: EbpfOptions) -> Result<Self, SensorError> {
+        privilege::check()?;
+        if !Self::object_built() {
+            return Err(SensorError::NotBuilt);
+        }
+        raise_memlock_limit();
+        let mut skipped = Vec::new();
+
+        let kernel_btf = match KernelBtf::vmlinux() {
+            Ok(b) => Some(b),
+            Err(e) => {
+                skipped.push(format!("kernel BTF unavailable: {e}"));
+                None
+            }
+        };
+        let oom_btf_layout = match (&kernel_btf, options.prefer_btf) {
+            (Some(b), true) => b.oom_layout().unwrap_or_else(|e| {
+                skipped.push(format!("tp_btf/mark_victim: {e}"));
+                OomBtfLayout::UNSET
+            }),
+            _ => OomBtfLayout::UNSET,
+        };
+        let root = tracefs::ensure_mounted()?;
+        let oom_tp_layout = oom_tracepoint_layout(root);
+        let memcg_layout = memcg_tracepoint_layout(root, kernel_btf.as_ref(), &mut skipped);
+        let memcg_event_layout = match &kernel_btf {
+            Some(b) => b.memcg_event_layout().unwrap_or_else(|e| {
+                skipped.push(format!("fentry/__memcg_memory_event: {e}"));
+                MemcgEventLayout::UNSET
+            }),
+            None => MemcgEventLayout::UNSET,
+        };
+
+        let aya_btf = aya::Btf::from_sys_fs().ok();
+        let mut ebpf = EbpfLoader::new()
+            .btf(aya_btf.as_ref())
+            .override_global("OOM_BTF_LAYOUT", &oom_btf_layout, true)
+            .override_global("OOM_TP_LAYOUT", &oom_tp_layout, true)
+            .override_global("MEMCG_TP_LAYOUT", &memcg_layout, true)
+            .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
+            .load(OBJECT)
+            .map_err(SensorError::Load)?;
+
+        let mut attached = Vec::new();
+        // OOM victims: the BTF program reads the victim itself; the classic tracepoint only knows
+        // the cgroup of the task that ran into the OOM.
+        let mut oom_attached = false;
+        if oom_btf_layout.valid == 1
+            && let Some(btf) = aya_btf.as_ref()
+        {
+            match attach_btf_tracepoint(&mut ebpf, "oom_mark_victim_btf", "mark_victim", btf) {
+                Ok(a) => {
+                    attached.push(a);
+                    oom_attached = true;
+                }
+                Err(e) => skipped.push(error_chain(&e)),
+            }
+        }
+        if !oom_attached {
+            match attach_tracepoint(&mut ebpf, "oom_mark_victim_tp", "oom", "mark_victim") {
+                Ok(a) => attached.push(a),
+                Err(e) => return Err(SensorError::NoOomProgram(error_chain(&e))),
+            }
+        }
+        // memcg events: fentry where `__memcg_memory_event` exists (6.15+); otherwise OOM kills
+        // counted through `count_memcg_events` on the kernels that do so.
+        let mut memcg_attached = false;
+        if memcg_event_layout.valid == 1
+            && let Some(btf) = aya_btf.as_ref()
+        {
+            match attach_fentry(&mut ebpf, "memcg_memory_event", "__memcg_memory_event", btf) {
+                Ok(a) => {
+                    attached.push(a);
+                    memcg_attached = true;
+                }
+                Err(e) => skipped.push(error_chain(&e)),
+            }
+        }
+        if !memcg_attached && memcg_layout.oom_kill_item >= 0 {
+            match attach_tracepoint(&mut ebpf, "memcg_count_events_tp", "memcg", "count_memcg_events")
+            {
+                Ok(a) => attached.push(a),
+                Err(e) => skipped.push(error_chain(&e)),
+            }
+        }
+        Ok(Self {
+            ebpf,
+            attached,
+            skipped,
+        })
+    }
+
+    pub fn attached(&self) -> &[AttachedProgram] {
+        &self.attached
+    }
+
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    /// Takes the event ring buffer for a reader task. Call once.
+    pub fn event_reader(&mut self) -> Result<EventReader, SensorError> {
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or(SensorError::MissingMap("EVENTS"))?;
+        let ring: RingBuf<MapData> = RingBuf::try_from(map).map_err(|source| SensorError::Map {
+            name: "EVENTS",
+            source,
+        })?;
+        // SAFETY: the RingBuf owns its map fd, which stays open and unchanged until the AsyncFd
+        // (and the RingBuf inside it) is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+            .map_err(|e| SensorError::Intake(e.into()))?;
+        Ok(EventReader { fd })
+    }
+
+    /// Records the kernel could not put in the ring buffer because it was full.
+    pub fn events_lost(&self) -> Result<u64, SensorError> {
+        let map = self
+            .ebpf
+            .map("EVENTS_LOST")
+            .ok_or(SensorError::MissingMap("EVENTS_LOST"))?;
+        let lost: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|source| SensorError::Map {
+                name: "EVENTS_LOST",
+                source,
+            })?;
+        let values = lost.get(&0, 0).map_err(|source| SensorError::Map {
+            name: "EVENTS_LOST",
+            source,
+        })?;
+        Ok(values.iter().sum())
+    }
+}
+
+/// Reads decoded events from the ring buffer as they arrive.
+pub struct EventReader {
+    fd: AsyncFd<RingBuf<MapData>>,
+}
+
+impl EventReader {
+    /// Waits until at least one record is available and appends every available one to `out`.
+    /// Records that fail to decode are returned separately (counted by the caller).
+    pub async fn read_batch(
+        &mut self,
+        out: &mut Vec<SensorEvent>,
+        bad: &mut Vec<DecodeError>,
+    ) -> std::io::Result<()> {
+        loop {
+            let mut guard = self.fd.readable_mut().await?;
+            let ring = guard.get_inner_mut();
+            let before = out.len() + bad.len();
+            while let Some(item) = ring.next() {
+                match decode(&item[..]) {
+                    Ok(e) => out.push(e),
+                    Err(e) => bad.push(e),
+                }
+            }
+            guard.clear_ready();
+            if out.len() + bad.len() > before {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    hook: &str,
+    btf: &aya::Btf,
+) -> Result<AttachedProgram, SensorError> {
+    let wrap = |source| SensorError::Program {
+        program,
+        hook: format!("tp_btf/{hook}"),
+        source,
+    };
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(wrap)?;
+    prog.load(hook, btf).map_err(wrap)?;
+    prog.attach().map_err(wrap)?;
+    Ok(AttachedProgram {
+        program,
+        hook: format!("tp_btf/{hook}"),
+    })
+}
+
+fn attach_fentry(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    function: &str,
+    btf: &aya::Btf,
+) -> Result<AttachedProgram, SensorError> {
+    let hook = format!("fentry/{function}");
+    let wrap = |source| SensorError::Program {
+        program,
+        hook: hook.clone(),
+        source,
+    };
+    let prog: &mut FEntry = ebpf
+        .program_mut(program)
+        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(wrap)?;
+    prog.load(function, btf).map_err(wrap)?;
+    prog.attach().map_err(wrap)?;
+    Ok(AttachedProgram { program, hook })
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    category: &str,
+    name: &str,
+) -> Result<AttachedProgram, SensorError> {
+    let hook = format!("tracepoint/{category}/{name}");
+    let wrap = |source| SensorError::Program {
+        program,
+        hook: hook.clone(),
+        source,
+    };
+    let prog: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(wrap)?;
+    prog.load().map_err(wrap)?;
+    prog.attach(category, name).map_err(wrap)?;
+    Ok(AttachedProgram { program, hook })
+}
+
+fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
+    let Ok(fields) = tracefs::read_format(root, "oom", "mark_victim") else {
+        return OomTracepointLayout::UNSET;
+    };
+    let at = |name: &str| {
+        fields
+            .get(name)
+            .map_or(OomTracepointLayout::ABSENT, |f| f.offset)
+    };
+    let rss_complete = ["anon_rss", "file_rss", "shmem_rss"]
+        .iter()
+        .all(|f| fields.contains_key(*f));
+    OomTracepointLayout {
+        pid: at("pid"),
+        anon_rss: if rss_complete { at("anon_rss") } else { OomTracepointLayout::ABSENT },
+        file_rss: at("file_rss"),
+        shmem_rss: at("shmem_rss"),
+        oom_score_adj: at("oom_score_adj"),
+        _pad: 0,
+    }
+}
+
+fn memcg_tracepoint_layout(
+    root: &str,
+    btf: Option<&KernelBtf>,
+    skipped: &mut Vec<String>,
+) -> MemcgTracepointLayout {
+    let fields = match tracefs::read_format(root, "memcg", "count_memcg_events") {
+        Ok(f) => f,
+        Err(e) => {
+            skipped.push(format!("tracepoint/memcg/count_memcg_events: {e}"));
+            return MemcgTracepointLayout::UNSET;
+        }
+    };
+    let oom_kill = btf.map(|b| b.enum_value(Some("vm_event_item"), "OOM_KILL"));
+    match (fields.get("id"), fields.get("item"), fields.get("val"), oom_kill) {
+        (Some(id), Some(item), Some(val), Some(Ok(oom_kill))) => MemcgTracepointLayout {
+            id: id.offset,
+            item: item.offset,
+            val: val.offset,
+            oom_kill_item: i32::try_from(oom_kill).unwrap_or(-1),
+        },
+        _ => {
+            skipped.push(
+                "tracepoint/memcg/count_memcg_events: fields or vm_event_item OOM_KILL unknown"
+                    .into(),
+            );
+            MemcgTracepointLayout::UNSET
+        }
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.
+fn raise_memlock_limit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if ret != 0 {
+        tracing::debug!("Could not raise RLIMIT_MEMLOCK.");
+    }
+}
+
+/// An error and its sources in one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
