@@ -40,7 +40,12 @@ mod tests {
             Some(190 * mi)
         );
         // No limit: against allocatable.
-        assert_eq!(memory_high(0, 0, 1000 * mi, Some(900_000)), Some(900 * mi));
+        assert_eq!(
+            memory_high(100 * mi, 0, 1000 * mi, Some(900_000)),
+            Some(910 * mi)
+        );
+        // Neither request nor limit: request == limit, not written (as upstream).
+        assert_eq!(memory_high(0, 0, 1000 * mi, Some(900_000)), None);
         // Rounded down to a page.
         assert_eq!(memory_high(0, 10_000, 0, Some(500_000)), Some(4096));
         // request == limit, no factor, or nothing above the request: not written.
