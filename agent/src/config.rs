@@ -502,21 +502,21 @@ fn settings_inner(
             us
         };
     }
-    if kc.gate("QOSReserved") == Some(true) {
-        if let Some(v) = kc.qos_reserved.as_ref().and_then(|m| m.get("memory")) {
-            let pct = v
-                .strip_suffix('%')
-                .and_then(|n| n.parse::<i64>().ok())
-                .filter(|p| (0..=100).contains(p))
-                .ok_or_else(|| {
-                    field_err(
-                        "qosReserved.memory",
-                        v,
-                        "expected a percentage between 0% and 100%",
-                    )
-                })?;
-            s.qos_reserved_memory_pct = Some(pct);
-        }
+    if kc.gate("QOSReserved") == Some(true)
+        && let Some(v) = kc.qos_reserved.as_ref().and_then(|m| m.get("memory"))
+    {
+        let pct = v
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|p| (0..=100).contains(p))
+            .ok_or_else(|| {
+                field_err(
+                    "qosReserved.memory",
+                    v,
+                    "expected a percentage between 0% and 100%",
+                )
+            })?;
+        s.qos_reserved_memory_pct = Some(pct);
     }
     if kc.gate("MemoryQoS") == Some(true) {
         let factor = match kc.memory_throttling_factor {

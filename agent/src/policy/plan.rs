@@ -240,12 +240,12 @@ fn reserved_cgroup(
         cpuset,
         ..CgroupPlan::default()
     };
-    if full || compressible {
-        if let Some(cpu) = r.cpu {
-            let shares = milli_cpu_to_shares(cpu.milli_value());
-            plan.cpu_shares = Some(shares);
-            plan.cpu_weight = Some(s.weight_formula.weight(shares));
-        }
+    if (full || compressible)
+        && let Some(cpu) = r.cpu
+    {
+        let shares = milli_cpu_to_shares(cpu.milli_value());
+        plan.cpu_shares = Some(shares);
+        plan.cpu_weight = Some(s.weight_formula.weight(shares));
     }
     if full {
         plan.memory_limit_bytes = r.memory.map(|q| q.value());
