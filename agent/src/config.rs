@@ -454,7 +454,8 @@ fn settings_inner(
     s.hard_eviction = hard;
     s.soft_eviction = soft;
     if let Some(p) = &kc.eviction_pressure_transition_period {
-        parse_duration(p).map_err(|e| field_err("evictionPressureTransitionPeriod", p, e))?;
+        s.eviction_pressure_transition_secs =
+            parse_duration(p).map_err(|e| field_err("evictionPressureTransitionPeriod", p, e))?;
     }
     if let Some(text) = kc
         .reserved_system_cpus
@@ -545,6 +546,12 @@ fn settings_inner(
             throttling_factor_ppm: factor,
             policy,
         });
+    }
+    s.eviction_max_pod_grace_secs = kc.eviction_max_pod_grace_period.unwrap_or(0).into();
+    s.pod_level_resources = kc.gate("PodLevelResources").unwrap_or(true);
+    // A node root cgroup is where the "node" lives: kubepods and the rest go beneath it.
+    if let Some(root) = qc.node_root_cgroup.as_ref().filter(|r| !r.is_empty()) {
+        s.cgroup_root = root.clone();
     }
     s.weight_formula = qc.weight_formula;
     s.container_weight_formula = qc.container_weight_formula;

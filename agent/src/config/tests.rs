@@ -155,3 +155,20 @@ fn reserved_cpus_conflict_mode_reaches_the_settings() {
         Some("0-1")
     );
 }
+
+#[test]
+fn eviction_periods_gates_and_node_root() {
+    let s = settings(
+        "evictionPressureTransitionPeriod: 1m30s\nevictionMaxPodGracePeriod: 20\nfeatureGates: {PodLevelResources: false}\n",
+    )
+    .unwrap();
+    assert_eq!(s.eviction_pressure_transition_secs, 90);
+    assert_eq!(s.eviction_max_pod_grace_secs, 20);
+    assert!(!s.pod_level_resources);
+    let qc = QosletConfiguration {
+        node_root_cgroup: Some("/qoslet-node".into()),
+        ..QosletConfiguration::default()
+    };
+    let s = node_settings(Path::new("kc.yaml"), &kubelet(""), &qc, capacity()).unwrap();
+    assert_eq!(s.cgroup_root, "/qoslet-node");
+}

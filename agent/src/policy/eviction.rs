@@ -188,6 +188,17 @@ fn parse_value(signal: &str, text: &str) -> Result<Option<ThresholdValue>, Thres
     Ok(Some(ThresholdValue::Quantity(q)))
 }
 
+/// The grace period a pod gets when evicted: 0 for hard thresholds; for soft ones
+/// `min(pod grace, evictionMaxPodGracePeriod)`, the pod's own when the maximum is not positive
+/// (eviction_manager.go).
+pub fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: i64) -> i64 {
+    match (hard, max_pod_grace_secs > 0) {
+        (true, _) => 0,
+        (false, true) => pod_grace_secs.min(max_pod_grace_secs),
+        (false, false) => pod_grace_secs,
+    }
+}
+
 /// What the ranking needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {

@@ -93,6 +93,19 @@ pub struct Plan {
 /// Computes the whole plan for `pods` on the node.
 pub fn plan_node(s: &NodeSettings, pods: &[PodSpecView]) -> Result<Plan, PlanError> {
     let na = node_allocatable(s)?;
+    let stripped: Vec<PodSpecView>;
+    let pods = if s.pod_level_resources {
+        pods
+    } else {
+        stripped = pods
+            .iter()
+            .map(|p| PodSpecView {
+                pod_resources: None,
+                ..p.clone()
+            })
+            .collect();
+        &stripped
+    };
     let mut warnings = na.warnings.clone();
     if s.memory_qos
         .is_some_and(|m| m.throttling_factor_ppm.is_none())

@@ -102,6 +102,13 @@ pub struct NodeSettings {
     pub weight_formula: WeightFormula,
     /// For container cgroups (written by the runtime).
     pub container_weight_formula: WeightFormula,
+    /// Feature gate `PodLevelResources` (beta, on by default): when off, `spec.resources` of
+    /// pods is ignored.
+    pub pod_level_resources: bool,
+    /// `evictionPressureTransitionPeriod`, seconds (default 5m).
+    pub eviction_pressure_transition_secs: u64,
+    /// `evictionMaxPodGracePeriod`, seconds; 0 or less means the pod's own grace period.
+    pub eviction_max_pod_grace_secs: i64,
 }
 
 impl NodeSettings {
@@ -130,6 +137,9 @@ impl NodeSettings {
             memory_qos: None,
             weight_formula: WeightFormula::KubeletLinear,
             container_weight_formula: WeightFormula::RuncQuadratic,
+            pod_level_resources: true,
+            eviction_pressure_transition_secs: 300,
+            eviction_max_pod_grace_secs: 0,
         }
     }
 }

@@ -150,3 +150,11 @@ fn pid_ranking_is_by_priority() {
     ];
     assert_eq!(rank_pids(&pods), [1, 0, 3]);
 }
+
+#[test]
+fn grace_periods() {
+    assert_eq!(eviction_grace_secs(true, 30, 10), 0);
+    assert_eq!(eviction_grace_secs(false, 30, 10), 10);
+    assert_eq!(eviction_grace_secs(false, 5, 10), 5);
+    assert_eq!(eviction_grace_secs(false, 30, 0), 30);
+}

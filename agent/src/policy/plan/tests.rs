@@ -193,3 +193,20 @@ fn without_cgroups_per_qos_nothing_is_named() {
     assert_eq!(plan.pods[0].cpu_shares, None);
     assert_eq!(plan.pods[0].containers[0].cpu_shares, 2048);
 }
+
+#[test]
+fn pod_level_resources_gate_off_ignores_spec_resources() {
+    let p = pod(
+        "metadata: {name: p, uid: p-1}\nspec: {resources: {limits: {cpu: 1, memory: 1Gi}}, containers: [{name: a}]}",
+    );
+    let mut s = settings();
+    assert_eq!(
+        plan_node(&s, std::slice::from_ref(&p)).unwrap().pods[0].qos_class,
+        QosClass::Guaranteed
+    );
+    s.pod_level_resources = false;
+    assert_eq!(
+        plan_node(&s, &[p]).unwrap().pods[0].qos_class,
+        QosClass::BestEffort
+    );
+}
