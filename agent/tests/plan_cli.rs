@@ -102,9 +102,25 @@ fn broken_manifest_exits_1_naming_file_object_and_field() {
         "apiVersion: v1\nkind: Pod\nmetadata: {name: bad, namespace: ns}\nspec:\n  containers:\n  - name: c\n    resources: {limits: {memory: 1Gb}}\n",
     )
     .unwrap();
-    let out = plan(&["--capacity", CAPACITY, file.to_str().unwrap()]);
+    let typed = dir.join("typed.yaml");
+    std::fs::write(
+        &typed,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: t, namespace: ns}\nspec:\n  containers:\n  - name: c\n    resources: {limits: [1]}\n",
+    )
+    .unwrap();
+    let out = plan(&[
+        "--capacity",
+        CAPACITY,
+        file.to_str().unwrap(),
+        typed.to_str().unwrap(),
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     std::fs::remove_dir_all(&dir).ok();
+    let typed_line = format!(
+        "{}: Pod/ns/t: spec.containers[0].resources: invalid type",
+        typed.display()
+    );
+    assert!(stderr.contains(&typed_line), "{stderr}");
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let line = format!(
         "{}: Pod/ns/bad: spec.containers[0].resources.limits.memory: quantity \"1Gb\"",

@@ -180,10 +180,53 @@ fn pod_view(o: &RawObject) -> Result<Option<PodSpecView>, String> {
             o.api_version
         ));
     }
-    let pod: Pod = o.decode().map_err(|e| format!("{file}: {}", e.message))?;
+    let pod: Pod = o.decode().map_err(|e| match locate(&o.value) {
+        Some((field, message)) => format!("{file}: {}: {field}: {message}", o.display_id()),
+        None => format!("{file}: {}", e.message),
+    })?;
     PodSpecView::from_pod(&pod)
         .map(Some)
         .map_err(|e| format!("{file}: {}: {e}", o.display_id()))
+}
+
+/// The innermost part of a Pod document that fails to decode, as `(field, message)`: serde's
+/// own errors do not say where they are.
+fn locate(pod: &serde_yaml_ng::Value) -> Option<(String, String)> {
+    use k8s_openapi::{
+        api::core::v1::{Container, PodSpec, PodStatus, ResourceRequirements},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+    fn fails<T: serde::de::DeserializeOwned>(v: &serde_yaml_ng::Value) -> Option<String> {
+        serde_yaml_ng::from_value::<T>(v.clone())
+            .err()
+            .map(|e| e.to_string())
+    }
+    if let Some(m) = pod.get("metadata").and_then(fails::<ObjectMeta>) {
+        return Some(("metadata".into(), m));
+    }
+    if let Some(m) = pod.get("status").and_then(fails::<PodStatus>) {
+        return Some(("status".into(), m));
+    }
+    let spec = pod.get("spec")?;
+    for list in ["initContainers", "containers"] {
+        let items = spec.get(list).and_then(|l| l.as_sequence());
+        for (i, c) in items.into_iter().flatten().enumerate() {
+            if let Some(r) = c.get("resources")
+                && let Some(m) = fails::<ResourceRequirements>(r)
+            {
+                return Some((format!("spec.{list}[{i}].resources"), m));
+            }
+            if let Some(m) = fails::<Container>(c) {
+                return Some((format!("spec.{list}[{i}]"), m));
+            }
+        }
+    }
+    if let Some(r) = spec.get("resources")
+        && let Some(m) = fails::<ResourceRequirements>(r)
+    {
+        return Some(("spec.resources".into(), m));
+    }
+    fails::<PodSpec>(spec).map(|m| ("spec".into(), m))
 }
 
 /// `cpu=4,memory=32Gi,pids=4194304[,cpus=0-3]`; cpu and memory are required.
