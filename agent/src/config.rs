@@ -17,7 +17,7 @@ use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
     cpuset::CpuSet,
     duration::{parse_duration, parse_duration_nanos},
-    eviction::{EvictionInput, parse_thresholds},
+    eviction::{EvictionInput, ThresholdError, parse_thresholds},
     quantity::Quantity,
     settings::{
         Capacity, CgroupDriver, Enforcement, MemoryQos, MemoryReservationPolicy, NodeSettings,
@@ -62,6 +62,7 @@ pub struct KubeletConfig {
     pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
     pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
     pub eviction_pressure_transition_period: Option<String>,
+    pub merge_default_eviction_settings: Option<bool>,
     pub eviction_max_pod_grace_period: Option<i32>,
     pub enforce_node_allocatable: Option<Vec<String>>,
     pub system_reserved_cgroup: Option<String>,
@@ -421,6 +422,41 @@ fn enforcement(kc: &KubeletConfig) -> Result<Enforcement, FieldError> {
     Ok(e)
 }
 
+/// The KubeletConfiguration map a threshold error comes from.
+fn eviction_field(kc: &KubeletConfig, e: &ThresholdError) -> String {
+    let has = |m: &Option<BTreeMap<String, String>>, signal: &str, value: &str| {
+        m.as_ref()
+            .and_then(|m| m.get(signal))
+            .is_some_and(|v| v == value)
+    };
+    match e {
+        ThresholdError::MissingGrace { .. } | ThresholdError::Duration { .. } => {
+            "evictionSoftGracePeriod".into()
+        }
+        ThresholdError::UnknownSignal { signal } => {
+            let in_map = |m: &Option<BTreeMap<String, String>>| {
+                m.as_ref().is_some_and(|m| m.contains_key(signal))
+            };
+            if in_map(&kc.eviction_hard) {
+                "evictionHard".into()
+            } else if in_map(&kc.eviction_soft) {
+                "evictionSoft".into()
+            } else {
+                "evictionMinimumReclaim".into()
+            }
+        }
+        ThresholdError::Value { signal, value, .. } => {
+            if has(&kc.eviction_hard, signal, value) {
+                format!("evictionHard.{signal}")
+            } else if has(&kc.eviction_soft, signal, value) {
+                format!("evictionSoft.{signal}")
+            } else {
+                format!("evictionMinimumReclaim.{signal}")
+            }
+        }
+    }
+}
+
 fn settings_inner(
     kc: &KubeletConfig,
     qc: &QosletConfiguration,
@@ -445,10 +481,11 @@ fn settings_inner(
         soft: kc.eviction_soft.as_ref(),
         soft_grace: kc.eviction_soft_grace_period.as_ref(),
         min_reclaim: kc.eviction_minimum_reclaim.as_ref(),
+        merge_defaults: kc.merge_default_eviction_settings.unwrap_or(false),
         pods_enforced: s.enforcement.pods,
     })
     .map_err(|e| FieldError {
-        field: "eviction".into(),
+        field: eviction_field(kc, &e),
         message: e.to_string(),
     })?;
     s.hard_eviction = hard;

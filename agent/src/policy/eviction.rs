@@ -85,6 +85,9 @@ pub struct EvictionInput<'a> {
     pub soft: Option<&'a BTreeMap<String, String>>,
     pub soft_grace: Option<&'a BTreeMap<String, String>>,
     pub min_reclaim: Option<&'a BTreeMap<String, String>>,
+    /// `mergeDefaultEvictionSettings` (PR #127577): a partial `evictionHard` keeps the defaults
+    /// for the signals it does not name (otherwise they are dropped).
+    pub merge_defaults: bool,
     /// Whether `pods` is enforced: then hard memory.available is copied to
     /// allocatableMemory.available.
     pub pods_enforced: bool,
@@ -100,8 +103,17 @@ pub fn parse_thresholds(
         .collect();
     let empty = BTreeMap::new();
     let min_reclaim = input.min_reclaim.unwrap_or(&empty);
+    let hard_map = match input.hard {
+        None => defaults,
+        Some(h) if input.merge_defaults => {
+            let mut merged = defaults;
+            merged.extend(h.iter().map(|(k, v)| (k.clone(), v.clone())));
+            merged
+        }
+        Some(h) => h.clone(),
+    };
     let mut hard = Vec::new();
-    for (signal, value) in input.hard.unwrap_or(&defaults) {
+    for (signal, value) in &hard_map {
         if let Some(t) = parse_one(signal, value, 0, min_reclaim)? {
             hard.push(t);
         }

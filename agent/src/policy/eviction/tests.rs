@@ -158,3 +158,30 @@ fn grace_periods() {
     assert_eq!(eviction_grace_secs(false, 5, 10), 5);
     assert_eq!(eviction_grace_secs(false, 30, 0), 30);
 }
+
+#[test]
+fn partial_hard_drops_or_merges_the_defaults() {
+    let hard = map(&[("memory.available", "200Mi")]);
+    let (only, _) = parse_thresholds(&EvictionInput {
+        hard: Some(&hard),
+        ..EvictionInput::default()
+    })
+    .unwrap();
+    assert_eq!(signals(&only), ["memory.available"]);
+    let (merged, _) = parse_thresholds(&EvictionInput {
+        hard: Some(&hard),
+        merge_defaults: true,
+        ..EvictionInput::default()
+    })
+    .unwrap();
+    assert_eq!(
+        signals(&merged),
+        [
+            "imagefs.available",
+            "memory.available",
+            "nodefs.available",
+            "nodefs.inodesFree"
+        ]
+    );
+    assert_eq!(merged[1].value.amount(0), 200 << 20);
+}
