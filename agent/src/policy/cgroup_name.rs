@@ -33,14 +33,14 @@ pub fn render(driver: CgroupDriver, root: &str, components: &[&str]) -> String {
     }
 }
 
-/// `ParseSystemdToCgroupName`: `/foo.slice/foo-bar.slice` -> `["foo", "bar"]`.
+/// `ParseSystemdToCgroupName`: the last slice names the whole chain,
+/// `/foo.slice/foo-bar.slice` -> `["foo", "bar"]`; `_` unescapes to `-`.
 fn systemd_root(root: &str) -> Vec<String> {
-    root.split('/')
+    let base = root.rsplit('/').find(|c| !c.is_empty()).unwrap_or("");
+    let base = base.strip_suffix(".slice").unwrap_or(base);
+    base.split('-')
         .filter(|c| !c.is_empty())
-        .map(|c| {
-            let c = c.strip_suffix(".slice").unwrap_or(c);
-            c.rsplit('-').next().unwrap_or(c).replace('_', "-")
-        })
+        .map(|c| c.replace('_', "-"))
         .collect()
 }
 
