@@ -4,6 +4,7 @@
 //! -> cgroup reconciler (writes); [`sensors`] (kernel events) -> eviction manager -> actions.
 
 pub mod cli;
+pub mod config;
 pub mod policy;
 pub mod sensors;
 pub mod source;

@@ -1,14 +1,432 @@
-//! `qoslet plan`: placeholder until the policy core lands (issue 3).
+//! `qoslet plan`: the desired node and pod cgroup state for the pods in PATH, touching nothing.
+//! Exit 0 on success, 1 on bad input (one line per problem, `file: Kind/namespace/name: field:
+//! message`), 2 when a file cannot be read.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{fmt::Write as _, fs, path::PathBuf, process::ExitCode};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::{
+    config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
+    policy::{
+        allocatable::AllocatableError,
+        cpuset::CpuSet,
+        plan::{CgroupPlan, Plan, plan_node},
+        pod::PodSpecView,
+        quantity::Quantity,
+        settings::{Capacity, CgroupDriver},
+    },
+    source::manifest::{RawObject, load_paths},
+};
+
+/// Kinds other commands read; `plan` skips them without complaint.
+const SKIPPED_KINDS: &[&str] = &[
+    "KubeletConfiguration",
+    "QosletConfiguration",
+    "Workload",
+    "PodGroup",
+    "CompositePodGroup",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
+    /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
+    #[arg(long, value_name = "FILE")]
+    pub kubelet_config: PathBuf,
+    /// qoslet's own QosletConfiguration.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Node capacity, e.g. `cpu=4,memory=32Gi,pids=4194304` (optionally `cpus=0-3`); the machine
+    /// is not consulted then.
+    #[arg(long, value_name = "SPEC")]
+    pub capacity: Option<String>,
+    /// Overrides the KubeletConfiguration's cgroupDriver.
+    #[arg(long, value_enum)]
+    pub cgroup_driver: Option<Driver>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// Files or directories of Pod manifests (multi-document YAML allowed).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(_args: PlanArgs) -> ExitCode {
-    eprintln!("qoslet plan is not built yet.");
-    ExitCode::from(2)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Driver {
+    Cgroupfs,
+    Systemd,
+}
+
+/// A failure with its exit status and the lines to print.
+struct Failure {
+    status: u8,
+    lines: Vec<String>,
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        let status = if matches!(e, ConfigError::Unreadable { .. }) {
+            2
+        } else {
+            1
+        };
+        let mut line = e.to_string();
+        if let ConfigError::Unreadable { source, .. } = &e {
+            let _ = write!(line, ": {source}");
+        }
+        Failure {
+            status,
+            lines: vec![line],
+        }
+    }
+}
+
+pub fn run(args: PlanArgs) -> ExitCode {
+    match plan(&args) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            for line in f.lines {
+                eprintln!("{line}");
+            }
+            ExitCode::from(f.status)
+        }
+    }
+}
+
+fn plan(args: &PlanArgs) -> Result<String, Failure> {
+    let kc = KubeletConfig::load(&args.kubelet_config)?;
+    let qc = match &args.config {
+        Some(f) => QosletConfiguration::load(f)?,
+        None => QosletConfiguration::default(),
+    };
+    let capacity = match &args.capacity {
+        Some(spec) => parse_capacity(spec).map_err(|m| Failure {
+            status: 1,
+            lines: vec![format!("--capacity: {m}")],
+        })?,
+        None => machine_capacity(&qc.capacity).map_err(|m| Failure {
+            status: 2,
+            lines: vec![m],
+        })?,
+    };
+    let mut settings = node_settings(&args.kubelet_config, &kc, &qc, capacity)?;
+    if let Some(d) = args.cgroup_driver {
+        settings.cgroup_driver = match d {
+            Driver::Cgroupfs => CgroupDriver::Cgroupfs,
+            Driver::Systemd => CgroupDriver::Systemd,
+        };
+    }
+    let loaded = load_paths(&args.paths).map_err(|e| Failure {
+        status: 2,
+        lines: vec![format!("{e}: {}", e.source)],
+    })?;
+    let mut lines: Vec<String> = loaded.malformed.iter().map(ToString::to_string).collect();
+    let mut pods = Vec::new();
+    for o in &loaded.objects {
+        match pod_view(o) {
+            Ok(Some(p)) => pods.push(p),
+            Ok(None) => {}
+            Err(line) => lines.push(line),
+        }
+    }
+    if !lines.is_empty() {
+        return Err(Failure { status: 1, lines });
+    }
+    let plan = plan_node(&settings, &pods).map_err(|e| {
+        let field = match e {
+            AllocatableError::ReservationAboveCapacity { .. } => "systemReserved",
+            _ => "reservedSystemCPUs",
+        };
+        Failure {
+            status: 1,
+            lines: vec![format!(
+                "{}: KubeletConfiguration: {field}: {e}",
+                args.kubelet_config.display()
+            )],
+        }
+    })?;
+    Ok(match args.output {
+        Output::Json => {
+            let mut s = serde_json::to_string_pretty(&plan).map_err(|e| Failure {
+                status: 1,
+                lines: vec![format!("cannot encode the plan: {e}")],
+            })?;
+            s.push('\n');
+            s
+        }
+        Output::Table => table(&plan),
+    })
+}
+
+/// A Pod as a view, `None` for kinds plan skips, or the error line.
+fn pod_view(o: &RawObject) -> Result<Option<PodSpecView>, String> {
+    let file = o.file.display();
+    if SKIPPED_KINDS.contains(&o.kind.as_str()) {
+        return Ok(None);
+    }
+    if o.kind != "Pod" || o.api_version != "v1" {
+        return Err(format!(
+            "{file}: {}: kind: unknown kind {:?} ({}): qoslet plan reads v1 Pods",
+            o.display_id(),
+            o.kind,
+            o.api_version
+        ));
+    }
+    let pod: Pod = o.decode().map_err(|e| match locate(&o.value) {
+        Some((field, message)) => format!("{file}: {}: {field}: {message}", o.display_id()),
+        None => format!("{file}: {}", e.message),
+    })?;
+    PodSpecView::from_pod(&pod)
+        .map(Some)
+        .map_err(|e| format!("{file}: {}: {e}", o.display_id()))
+}
+
+/// The innermost part of a Pod document that fails to decode, as `(field, message)`: serde's
+/// own errors do not say where they are.
+fn locate(pod: &serde_yaml_ng::Value) -> Option<(String, String)> {
+    use k8s_openapi::{
+        api::core::v1::{Container, PodSpec, PodStatus, ResourceRequirements},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+    fn fails<T: serde::de::DeserializeOwned>(v: &serde_yaml_ng::Value) -> Option<String> {
+        serde_yaml_ng::from_value::<T>(v.clone())
+            .err()
+            .map(|e| e.to_string())
+    }
+    if let Some(m) = pod.get("metadata").and_then(fails::<ObjectMeta>) {
+        return Some(("metadata".into(), m));
+    }
+    if let Some(m) = pod.get("status").and_then(fails::<PodStatus>) {
+        return Some(("status".into(), m));
+    }
+    let spec = pod.get("spec")?;
+    for list in ["initContainers", "containers"] {
+        let items = spec.get(list).and_then(|l| l.as_sequence());
+        for (i, c) in items.into_iter().flatten().enumerate() {
+            if let Some(r) = c.get("resources")
+                && let Some(m) = fails::<ResourceRequirements>(r)
+            {
+                return Some((format!("spec.{list}[{i}].resources"), m));
+            }
+            if let Some(m) = fails::<Container>(c) {
+                return Some((format!("spec.{list}[{i}]"), m));
+            }
+        }
+    }
+    if let Some(r) = spec.get("resources")
+        && let Some(m) = fails::<ResourceRequirements>(r)
+    {
+        return Some(("spec.resources".into(), m));
+    }
+    fails::<PodSpec>(spec).map(|m| ("spec".into(), m))
+}
+
+/// `cpu=4,memory=32Gi,pids=4194304[,cpus=0-3]`; cpu and memory are required.
+fn parse_capacity(spec: &str) -> Result<Capacity, String> {
+    let (mut cpu, mut memory, mut pids, mut cpus) = (None, None, 4_194_304, None);
+    for part in spec.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected key=value"))?;
+        let q = || v.parse::<Quantity>().map_err(|e| format!("{k}: {e}"));
+        match k {
+            "cpu" => cpu = Some(q()?.milli_value()),
+            "memory" => memory = Some(q()?.value()),
+            "pids" => pids = q()?.value(),
+            "cpus" => cpus = Some(v.parse::<CpuSet>().map_err(|e| format!("{k}: {e}"))?),
+            _ => return Err(format!("{k:?}: unknown resource (cpu, memory, pids, cpus)")),
+        }
+    }
+    let cpu_millis = cpu.ok_or("cpu: missing")?;
+    let memory_bytes = memory.ok_or("memory: missing")?;
+    if cpu_millis <= 0 || memory_bytes <= 0 || pids <= 0 {
+        return Err("capacity must be positive".into());
+    }
+    let cpus = cpus.unwrap_or_else(|| CpuSet::first(((cpu_millis + 999) / 1000) as u32));
+    Ok(Capacity {
+        cpu_millis,
+        memory_bytes,
+        pids,
+        cpus,
+    })
+}
+
+/// The machine's capacity as the kubelet (cadvisor) sees it: online CPUs, MemTotal, pid_max;
+/// entries of the qoslet config's `capacity` win.
+fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, String> {
+    let read =
+        |path: &str| fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"));
+    let cpus: CpuSet = read("/sys/devices/system/cpu/online")?
+        .trim()
+        .parse()
+        .map_err(|e| format!("/sys/devices/system/cpu/online: {e}"))?;
+    let mut cpu_millis = cpus.len() as i64 * 1000;
+    let meminfo = read("/proc/meminfo")?;
+    let mut memory_bytes = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or("/proc/meminfo: no MemTotal")?;
+    let mut pids = read("/proc/sys/kernel/pid_max")?
+        .trim()
+        .parse::<i64>()
+        .map_err(|e| format!("/proc/sys/kernel/pid_max: {e}"))?;
+    let q = |field: &str, v: &str| {
+        v.parse::<Quantity>()
+            .map_err(|e| format!("capacity.{field}: {e}"))
+    };
+    if let Some(v) = &over.cpu {
+        cpu_millis = q("cpu", v)?.milli_value();
+    }
+    if let Some(v) = &over.memory {
+        memory_bytes = q("memory", v)?.value();
+    }
+    if let Some(v) = over.pids {
+        pids = v;
+    }
+    Ok(Capacity {
+        cpu_millis,
+        memory_bytes,
+        pids,
+        cpus,
+    })
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn table(plan: &Plan) -> String {
+    let n = &plan.node;
+    let mut out = String::new();
+    let _ = writeln!(out, "NODE         CPU(m)  MEMORY(bytes)  PIDS");
+    for (label, t) in [("capacity", &n.capacity), ("allocatable", &n.allocatable)] {
+        let _ = writeln!(
+            out,
+            "{label:<12} {:>6}  {:>13}  {}",
+            t.cpu_millis, t.memory_bytes, t.pids
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<16} {:<52} {:>7} {:>6} {:>12} {:>12} {:>12} {:>8} CPUSET",
+        "TIER", "CGROUP", "SHARES", "WEIGHT", "MEMORY.MAX", "MEMORY.MIN", "MEMORY.LOW", "PIDS"
+    );
+    let tiers: [(&str, &CgroupPlan); 5] = [
+        ("kubepods", &n.kubepods),
+        ("burstable", &n.burstable),
+        ("besteffort", &n.besteffort),
+        ("system-reserved", &n.system_reserved),
+        ("kube-reserved", &n.kube_reserved),
+    ];
+    for (label, c) in tiers {
+        let _ = writeln!(
+            out,
+            "{label:<16} {:<52} {:>7} {:>6} {:>12} {:>12} {:>12} {:>8} {}",
+            opt(c.cgroup.clone()),
+            opt(c.cpu_shares),
+            opt(c.cpu_weight),
+            opt(c.memory_limit_bytes),
+            opt(c.memory_min_bytes),
+            opt(c.memory_low_bytes),
+            opt(c.pids_max),
+            opt(c.cpuset.clone()),
+        );
+    }
+    for t in &n.eviction.hard {
+        let _ = writeln!(
+            out,
+            "eviction hard    {} < {}",
+            t.signal,
+            threshold_text(&t.value)
+        );
+    }
+    for t in &n.eviction.soft {
+        let _ = writeln!(
+            out,
+            "eviction soft    {} < {} for {}s",
+            t.signal,
+            threshold_text(&t.value),
+            t.grace_period_secs
+        );
+    }
+    for w in &n.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    for p in &plan.pods {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "POD {}/{} uid={} qos={}",
+            p.namespace,
+            p.name,
+            p.uid,
+            p.qos_class.as_str()
+        );
+        let _ = writeln!(
+            out,
+            "  cgroup {}  shares={} weight={} quota={} period={} memory.max={} memory.min={} memory.low={}",
+            opt(p.cgroup.clone()),
+            opt(p.cpu_shares),
+            opt(p.cpu_weight),
+            opt(p.cpu_quota_us),
+            opt(p.cpu_period_us),
+            opt(p.memory_limit_bytes),
+            opt(p.memory_min_bytes),
+            opt(p.memory_low_bytes),
+        );
+        let _ = writeln!(
+            out,
+            "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12}",
+            "CONTAINER",
+            "KIND",
+            "OOM_ADJ",
+            "SHARES",
+            "WEIGHT",
+            "QUOTA",
+            "MEMORY.MAX",
+            "MEMORY.HIGH"
+        );
+        for c in &p.containers {
+            let kind = serde_json::to_value(c.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12}",
+                c.name,
+                kind,
+                c.oom_score_adj,
+                c.cpu_shares,
+                c.cpu_weight,
+                opt(c.cpu_quota_us),
+                opt(c.memory_limit_bytes),
+                opt(c.memory_high_bytes),
+            );
+        }
+    }
+    out
+}
+
+fn threshold_text(v: &crate::policy::eviction::ThresholdValue) -> String {
+    match v {
+        crate::policy::eviction::ThresholdValue::Quantity(q) => q.canonical(),
+        crate::policy::eviction::ThresholdValue::Percentage(p) => {
+            // Shown as typed: the f32 fraction carries float noise (15% is 0.15000001).
+            let pct = format!("{:.4}", f64::from(*p) * 100.0);
+            format!("{}%", pct.trim_end_matches('0').trim_end_matches('.'))
+        }
+    }
 }

@@ -1,1 +1,18 @@
-//! The kubelet's node resource model as pure functions. No I/O.
+//! The kubelet's node resource model as pure functions. No I/O: no filesystem, no environment,
+//! no clock. Every formula cites the upstream kubernetes/kubernetes file it comes from.
+//!
+//! Entry point: [`plan::plan_node`] over [`settings::NodeSettings`] and [`pod::PodSpecView`]s.
+
+pub mod allocatable;
+pub mod cgroup_name;
+pub mod cpu;
+pub mod cpuset;
+pub mod duration;
+pub mod eviction;
+pub mod memory_qos;
+pub mod oom;
+pub mod plan;
+pub mod pod;
+pub mod qos;
+pub mod quantity;
+pub mod settings;

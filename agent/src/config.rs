@@ -1,0 +1,599 @@
+//! Configuration files: the node's own `kubelet.config.k8s.io/v1beta1` KubeletConfiguration
+//! (the fields qoslet uses; unknown fields are ignored) and qoslet's `QosletConfiguration`
+//! (`qoslet.dev/v1alpha1`, unknown fields rejected). [`node_settings`] turns them into the
+//! policy's [`NodeSettings`], with errors that name the file, the field and the value.
+
+use std::{
+    collections::BTreeMap,
+    fmt, fs,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, Serialize};
+use thiserror::Error;
+
+use crate::policy::{
+    cpu::{QUOTA_PERIOD_US, WeightFormula},
+    cpuset::CpuSet,
+    duration::{parse_duration, parse_duration_nanos},
+    eviction::{EvictionInput, ThresholdError, parse_thresholds},
+    quantity::Quantity,
+    settings::{
+        Capacity, CgroupDriver, Enforcement, MemoryQos, MemoryReservationPolicy, NodeSettings,
+        Reservation, ReservedCpusConflict,
+    },
+};
+
+pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const QOSLET_API_VERSION: &str = "qoslet.dev/v1alpha1";
+
+/// A configuration file could not be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file cannot be read (exit status 2).
+    #[error("{file}: cannot read")]
+    Unreadable {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file or one of its values is malformed (exit status 1).
+    #[error("{file}: {kind}: {field}: {message}")]
+    Invalid {
+        file: PathBuf,
+        kind: &'static str,
+        /// camelCase path of the field, e.g. `systemReserved.memory`; empty for the whole file.
+        field: String,
+        message: String,
+    },
+}
+
+/// The KubeletConfiguration fields qoslet reads (DESIGN.md "Configuration").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfig {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub system_reserved: Option<BTreeMap<String, String>>,
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    pub eviction_soft: Option<BTreeMap<String, String>>,
+    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    pub eviction_pressure_transition_period: Option<String>,
+    pub merge_default_eviction_settings: Option<bool>,
+    pub eviction_max_pod_grace_period: Option<i32>,
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    pub system_reserved_cgroup: Option<String>,
+    pub kube_reserved_cgroup: Option<String>,
+    #[serde(rename = "reservedSystemCPUs")]
+    pub reserved_system_cpus: Option<String>,
+    pub cgroup_driver: Option<String>,
+    pub cgroup_root: Option<String>,
+    #[serde(rename = "cgroupsPerQOS")]
+    pub cgroups_per_qos: Option<bool>,
+    #[serde(rename = "cpuCFSQuota")]
+    pub cpu_cfs_quota: Option<bool>,
+    #[serde(rename = "cpuCFSQuotaPeriod")]
+    pub cpu_cfs_quota_period: Option<String>,
+    pub memory_throttling_factor: Option<f64>,
+    pub memory_reservation_policy: Option<String>,
+    pub qos_reserved: Option<BTreeMap<String, String>>,
+    pub feature_gates: Option<BTreeMap<String, bool>>,
+}
+
+/// `enforce` writes cgroups and evicts; `observe` computes and reports only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Observe,
+}
+
+/// eBPF on/off, globally and per sensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EbpfConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Sensor name -> on/off; sensors not listed are on. Names belong to the sensors module.
+    #[serde(default)]
+    pub sensors: BTreeMap<String, bool>,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            sensors: BTreeMap::new(),
+        }
+    }
+}
+
+/// Node capacity given instead of read from the machine; absent entries are read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CapacityOverride {
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+    pub pids: Option<i64>,
+}
+
+/// qoslet's own file (kind `QosletConfiguration`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QosletConfiguration {
+    #[serde(default = "qoslet_api_version")]
+    pub api_version: String,
+    #[serde(default = "qoslet_kind")]
+    pub kind: String,
+    #[serde(default)]
+    pub mode: Mode,
+    /// `/metrics`, `/healthz`, `/readyz`; loopback unless asked otherwise.
+    #[serde(default = "default_metrics_address")]
+    pub metrics_address: String,
+    #[serde(default)]
+    pub ebpf: EbpfConfig,
+    /// cpu.weight formula for kubepods, QoS and pod cgroups.
+    #[serde(default)]
+    pub weight_formula: WeightFormula,
+    /// cpu.weight formula for container cgroups (the runtime's).
+    #[serde(default = "default_container_weight_formula")]
+    pub container_weight_formula: WeightFormula,
+    /// Evict whole gangs (or spare surplus members) instead of breaking them.
+    #[serde(default = "yes")]
+    pub gang_aware_eviction: bool,
+    /// Go duration, e.g. `1s`.
+    #[serde(
+        default = "default_housekeeping",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub housekeeping_interval: Duration,
+    #[serde(default)]
+    pub capacity: CapacityOverride,
+    /// A cgroup that acts as the node; with a memory limit, that limit is the node's memory.
+    #[serde(default)]
+    pub node_root_cgroup: Option<String>,
+    /// `reject` (upstream validation) or `openshift` (drop `-compressible` enforcement with a
+    /// warning) when reservedSystemCPUs meets a reserved cgroup.
+    #[serde(default)]
+    pub reserved_cpus_conflict: ReservedCpusConflict,
+}
+
+fn yes() -> bool {
+    true
+}
+fn qoslet_api_version() -> String {
+    QOSLET_API_VERSION.into()
+}
+fn qoslet_kind() -> String {
+    "QosletConfiguration".into()
+}
+fn default_metrics_address() -> String {
+    "127.0.0.1:9479".into()
+}
+fn default_container_weight_formula() -> WeightFormula {
+    WeightFormula::RuncQuadratic
+}
+fn default_housekeeping() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    let nanos = parse_duration_nanos(&text).map_err(serde::de::Error::custom)?;
+    Ok(Duration::from_nanos(nanos.min(u128::from(u64::MAX)) as u64))
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{}ms", d.as_millis()))
+}
+
+impl Default for QosletConfiguration {
+    /// The same values as deserializing `{}` (a test pins that).
+    fn default() -> Self {
+        QosletConfiguration {
+            api_version: qoslet_api_version(),
+            kind: qoslet_kind(),
+            mode: Mode::Enforce,
+            metrics_address: default_metrics_address(),
+            ebpf: EbpfConfig::default(),
+            weight_formula: WeightFormula::KubeletLinear,
+            container_weight_formula: default_container_weight_formula(),
+            gang_aware_eviction: true,
+            housekeeping_interval: default_housekeeping(),
+            capacity: CapacityOverride::default(),
+            node_root_cgroup: None,
+            reserved_cpus_conflict: ReservedCpusConflict::Reject,
+        }
+    }
+}
+
+fn read(file: &Path) -> Result<String, ConfigError> {
+    fs::read_to_string(file).map_err(|source| ConfigError::Unreadable {
+        file: file.into(),
+        source,
+    })
+}
+
+impl KubeletConfig {
+    /// Reads and checks the kind of a KubeletConfiguration file.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        Self::parse(file, &read(file)?)
+    }
+
+    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "KubeletConfiguration",
+            field: field.into(),
+            message,
+        };
+        let kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        if kc.kind.as_deref() != Some("KubeletConfiguration") {
+            return Err(invalid(
+                "kind",
+                format!(
+                    "expected KubeletConfiguration, got {:?}",
+                    kc.kind.unwrap_or_default()
+                ),
+            ));
+        }
+        if kc.api_version.as_deref() != Some(KUBELET_API_VERSION) {
+            return Err(invalid(
+                "apiVersion",
+                format!(
+                    "expected {KUBELET_API_VERSION}, got {:?}",
+                    kc.api_version.clone().unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(kc)
+    }
+
+    fn gate(&self, name: &str) -> Option<bool> {
+        self.feature_gates
+            .as_ref()
+            .and_then(|g| g.get(name).copied())
+    }
+}
+
+impl QosletConfiguration {
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        Self::parse(file, &read(file)?)
+    }
+
+    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "QosletConfiguration",
+            field: field.into(),
+            message,
+        };
+        let qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        if qc.kind != "QosletConfiguration" {
+            return Err(invalid(
+                "kind",
+                format!("expected QosletConfiguration, got {:?}", qc.kind),
+            ));
+        }
+        if qc.api_version != QOSLET_API_VERSION {
+            return Err(invalid(
+                "apiVersion",
+                format!("expected {QOSLET_API_VERSION}, got {:?}", qc.api_version),
+            ));
+        }
+        Ok(qc)
+    }
+}
+
+/// A value that failed, before the file name is attached.
+struct FieldError {
+    field: String,
+    message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn field_err(field: impl Into<String>, value: &str, message: impl fmt::Display) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message: format!("{value:?}: {message}"),
+    }
+}
+
+/// Builds the policy settings. `kubelet_file` names the file in errors.
+pub fn node_settings(
+    kubelet_file: &Path,
+    kc: &KubeletConfig,
+    qc: &QosletConfiguration,
+    capacity: Capacity,
+) -> Result<NodeSettings, ConfigError> {
+    settings_inner(kc, qc, capacity).map_err(|e| ConfigError::Invalid {
+        file: kubelet_file.into(),
+        kind: "KubeletConfiguration",
+        field: e.field,
+        message: e.message,
+    })
+}
+
+fn reservation(
+    field: &str,
+    map: Option<&BTreeMap<String, String>>,
+) -> Result<Reservation, FieldError> {
+    let mut r = Reservation::default();
+    for (k, v) in map.into_iter().flatten() {
+        let q: Quantity = v
+            .parse()
+            .map_err(|e| field_err(format!("{field}.{k}"), v, e))?;
+        if q.signum() < 0 {
+            return Err(field_err(format!("{field}.{k}"), v, "must not be negative"));
+        }
+        match k.as_str() {
+            "cpu" => r.cpu = Some(q),
+            "memory" => r.memory = Some(q),
+            "pid" | "pids" => r.pids = Some(q),
+            // ephemeral-storage and hugepages are accepted and not enforced by qoslet.
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+fn enforcement(kc: &KubeletConfig) -> Result<Enforcement, FieldError> {
+    let default = vec!["pods".to_string()];
+    let list = kc.enforce_node_allocatable.as_ref().unwrap_or(&default);
+    let field = "enforceNodeAllocatable";
+    let sys_cg = kc.system_reserved_cgroup.as_deref().unwrap_or("");
+    let kube_cg = kc.kube_reserved_cgroup.as_deref().unwrap_or("");
+    let need = |cgroup: &str, flag: &str, key: &str| -> Result<(), FieldError> {
+        if cgroup.is_empty() {
+            return Err(field_err(
+                field,
+                key,
+                format!(
+                    "invalid configuration: {flag} must be specified when {key:?} contained in enforceNodeAllocatable (--enforce-node-allocatable)"
+                ),
+            ));
+        }
+        Ok(())
+    };
+    let mut e = Enforcement::default();
+    for key in list {
+        match key.as_str() {
+            "pods" => e.pods = true,
+            "system-reserved" => {
+                need(
+                    sys_cg,
+                    "systemReservedCgroup (--system-reserved-cgroup)",
+                    key,
+                )?;
+                e.system_reserved = true;
+            }
+            "kube-reserved" => {
+                need(kube_cg, "kubeReservedCgroup (--kube-reserved-cgroup)", key)?;
+                e.kube_reserved = true;
+            }
+            "system-reserved-compressible" => {
+                need(
+                    sys_cg,
+                    "systemReservedCgroup (--system-reserved-cgroup)",
+                    key,
+                )?;
+                e.system_reserved_compressible = true;
+            }
+            "kube-reserved-compressible" => {
+                need(kube_cg, "kubeReservedCgroup (--kube-reserved-cgroup)", key)?;
+                e.kube_reserved_compressible = true;
+            }
+            "none" if list.len() > 1 => {
+                return Err(field_err(
+                    field,
+                    key,
+                    "invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) may not contain additional enforcements when \"none\" is specified",
+                ));
+            }
+            "none" => {}
+            _ => {
+                return Err(field_err(
+                    field,
+                    key,
+                    "invalid configuration: option specified for enforceNodeAllocatable (--enforce-node-allocatable). Valid options are \"pods\", \"system-reserved\", \"kube-reserved\", \"system-reserved-compressible\", \"kube-reserved-compressible\" or \"none\"",
+                ));
+            }
+        }
+    }
+    if e.system_reserved && e.system_reserved_compressible
+        || e.kube_reserved && e.kube_reserved_compressible
+    {
+        return Err(field_err(
+            field,
+            &list.join(","),
+            "a reservation cannot be enforced both fully and as -compressible",
+        ));
+    }
+    Ok(e)
+}
+
+/// The KubeletConfiguration map a threshold error comes from.
+fn eviction_field(kc: &KubeletConfig, e: &ThresholdError) -> String {
+    let has = |m: &Option<BTreeMap<String, String>>, signal: &str, value: &str| {
+        m.as_ref()
+            .and_then(|m| m.get(signal))
+            .is_some_and(|v| v == value)
+    };
+    match e {
+        ThresholdError::MissingGrace { .. } | ThresholdError::Duration { .. } => {
+            "evictionSoftGracePeriod".into()
+        }
+        ThresholdError::UnknownSignal { signal } => {
+            let in_map = |m: &Option<BTreeMap<String, String>>| {
+                m.as_ref().is_some_and(|m| m.contains_key(signal))
+            };
+            if in_map(&kc.eviction_hard) {
+                "evictionHard".into()
+            } else if in_map(&kc.eviction_soft) {
+                "evictionSoft".into()
+            } else {
+                "evictionMinimumReclaim".into()
+            }
+        }
+        ThresholdError::Value { signal, value, .. } => {
+            if has(&kc.eviction_hard, signal, value) {
+                format!("evictionHard.{signal}")
+            } else if has(&kc.eviction_soft, signal, value) {
+                format!("evictionSoft.{signal}")
+            } else {
+                format!("evictionMinimumReclaim.{signal}")
+            }
+        }
+    }
+}
+
+fn settings_inner(
+    kc: &KubeletConfig,
+    qc: &QosletConfiguration,
+    capacity: Capacity,
+) -> Result<NodeSettings, FieldError> {
+    let mut s = NodeSettings::defaults(capacity);
+    s.system_reserved = reservation("systemReserved", kc.system_reserved.as_ref())?;
+    s.kube_reserved = reservation("kubeReserved", kc.kube_reserved.as_ref())?;
+    s.enforcement = enforcement(kc)?;
+    s.system_reserved_cgroup = kc.system_reserved_cgroup.clone().unwrap_or_default();
+    s.kube_reserved_cgroup = kc.kube_reserved_cgroup.clone().unwrap_or_default();
+    s.cgroups_per_qos = kc.cgroups_per_qos.unwrap_or(true);
+    if !s.cgroups_per_qos && s.enforcement.pods {
+        return Err(field_err(
+            "enforceNodeAllocatable",
+            "pods",
+            "invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) is not supported unless cgroupsPerQOS (--cgroups-per-qos) feature is turned on",
+        ));
+    }
+    let (hard, soft) = parse_thresholds(&EvictionInput {
+        hard: kc.eviction_hard.as_ref(),
+        soft: kc.eviction_soft.as_ref(),
+        soft_grace: kc.eviction_soft_grace_period.as_ref(),
+        min_reclaim: kc.eviction_minimum_reclaim.as_ref(),
+        merge_defaults: kc.merge_default_eviction_settings.unwrap_or(false),
+        pods_enforced: s.enforcement.pods,
+    })
+    .map_err(|e| FieldError {
+        field: eviction_field(kc, &e),
+        message: e.to_string(),
+    })?;
+    s.hard_eviction = hard;
+    s.soft_eviction = soft;
+    if let Some(p) = &kc.eviction_pressure_transition_period {
+        s.eviction_pressure_transition_secs =
+            parse_duration(p).map_err(|e| field_err("evictionPressureTransitionPeriod", p, e))?;
+    }
+    if let Some(text) = kc
+        .reserved_system_cpus
+        .as_deref()
+        .filter(|t| !t.trim().is_empty())
+    {
+        let set: CpuSet = text.parse().map_err(|e| {
+            field_err("reservedSystemCPUs", text, format!("invalid configuration: unable to parse reservedSystemCPUs (--reserved-cpus), error: {e}"))
+        })?;
+        s.reserved_system_cpus = Some(set);
+    }
+    s.reserved_cpus_conflict = qc.reserved_cpus_conflict;
+    s.cgroup_driver = match kc.cgroup_driver.as_deref() {
+        None | Some("cgroupfs") => CgroupDriver::Cgroupfs,
+        Some("systemd") => CgroupDriver::Systemd,
+        Some(other) => {
+            return Err(field_err(
+                "cgroupDriver",
+                other,
+                "expected cgroupfs or systemd",
+            ));
+        }
+    };
+    s.cgroup_root = kc
+        .cgroup_root
+        .clone()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "/".into());
+    s.cpu_cfs_quota = kc.cpu_cfs_quota.unwrap_or(true);
+    if let Some(p) = &kc.cpu_cfs_quota_period {
+        let ns = parse_duration_nanos(p).map_err(|e| field_err("cpuCFSQuotaPeriod", p, e))?;
+        let us = (ns / 1000) as u64;
+        if !(1000..=1_000_000).contains(&us) {
+            return Err(field_err(
+                "cpuCFSQuotaPeriod",
+                p,
+                "must be between 1ms and 1s",
+            ));
+        }
+        // Upstream honours a custom period only with CustomCPUCFSQuotaPeriod; we honour it
+        // unless that gate is explicitly off.
+        s.cpu_cfs_quota_period_us = if kc.gate("CustomCPUCFSQuotaPeriod") == Some(false) {
+            QUOTA_PERIOD_US
+        } else {
+            us
+        };
+    }
+    if kc.gate("QOSReserved") == Some(true)
+        && let Some(v) = kc.qos_reserved.as_ref().and_then(|m| m.get("memory"))
+    {
+        let pct = v
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|p| (0..=100).contains(p))
+            .ok_or_else(|| {
+                field_err(
+                    "qosReserved.memory",
+                    v,
+                    "expected a percentage between 0% and 100%",
+                )
+            })?;
+        s.qos_reserved_memory_pct = Some(pct);
+    }
+    if kc.gate("MemoryQoS") == Some(true) {
+        let factor = match kc.memory_throttling_factor {
+            Some(f) if !(f > 0.0 && f <= 1.0) => {
+                return Err(field_err(
+                    "memoryThrottlingFactor",
+                    &f.to_string(),
+                    "must be greater than 0 and less than or equal to 1.0",
+                ));
+            }
+            Some(f) => Some((f * 1_000_000.0).round() as u32),
+            None => None,
+        };
+        let policy = match kc.memory_reservation_policy.as_deref() {
+            None | Some("None") | Some("") => MemoryReservationPolicy::None,
+            Some("TieredReservation") => MemoryReservationPolicy::TieredReservation,
+            Some(other) => {
+                return Err(field_err(
+                    "memoryReservationPolicy",
+                    other,
+                    "expected None or TieredReservation",
+                ));
+            }
+        };
+        s.memory_qos = Some(MemoryQos {
+            throttling_factor_ppm: factor,
+            policy,
+        });
+    }
+    s.eviction_max_pod_grace_secs = kc.eviction_max_pod_grace_period.unwrap_or(0).into();
+    s.pod_level_resources = kc.gate("PodLevelResources").unwrap_or(true);
+    // A node root cgroup is where the "node" lives: kubepods and the rest go beneath it.
+    if let Some(root) = qc.node_root_cgroup.as_ref().filter(|r| !r.is_empty()) {
+        s.cgroup_root = root.clone();
+    }
+    s.weight_formula = qc.weight_formula;
+    s.container_weight_formula = qc.container_weight_formula;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests;

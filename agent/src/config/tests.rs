@@ -1,0 +1,174 @@
+use super::*;
+
+fn capacity() -> Capacity {
+    Capacity {
+        cpu_millis: 8000,
+        memory_bytes: 32 << 30,
+        pids: 4_194_304,
+        cpus: CpuSet::first(8),
+    }
+}
+
+fn kubelet(yaml: &str) -> KubeletConfig {
+    let text =
+        format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{yaml}");
+    KubeletConfig::parse(Path::new("kc.yaml"), &text).expect("parses")
+}
+
+fn settings(yaml: &str) -> Result<NodeSettings, String> {
+    node_settings(
+        Path::new("kc.yaml"),
+        &kubelet(yaml),
+        &QosletConfiguration::default(),
+        capacity(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn reads_the_fields_and_ignores_unknown_ones() {
+    let s = settings(
+        "systemReserved: {cpu: 500m, memory: 3Gi}\nkubeReserved: {memory: 1Gi, pid: '1000'}\nenforceNodeAllocatable: [pods, system-reserved-compressible]\nsystemReservedCgroup: /system.slice\ncgroupDriver: systemd\ncgroupRoot: /\ncpuCFSQuotaPeriod: 50ms\nstaticPodPath: /etc/kubernetes/manifests\nfeatureGates: {QOSReserved: true, MemoryQoS: true}\nqosReserved: {memory: 50%}\nmemoryThrottlingFactor: 0.8\nmemoryReservationPolicy: TieredReservation\n",
+    )
+    .unwrap();
+    assert_eq!(s.system_reserved.cpu.map(|q| q.milli_value()), Some(500));
+    assert_eq!(s.kube_reserved.pids.map(|q| q.value()), Some(1000));
+    assert!(s.enforcement.pods && s.enforcement.system_reserved_compressible);
+    assert_eq!(s.cgroup_driver, CgroupDriver::Systemd);
+    assert_eq!(s.cpu_cfs_quota_period_us, 50_000);
+    assert_eq!(s.qos_reserved_memory_pct, Some(50));
+    let mq = s.memory_qos.unwrap();
+    assert_eq!(
+        (mq.throttling_factor_ppm, mq.policy),
+        (Some(800_000), MemoryReservationPolicy::TieredReservation)
+    );
+    // evictionHard unset: the four defaults plus the allocatableMemory copy.
+    assert_eq!(s.hard_eviction.len(), 5);
+}
+
+#[test]
+fn defaults_without_any_field() {
+    let s = settings("").unwrap();
+    assert!(s.enforcement.pods);
+    assert!(s.cgroups_per_qos && s.cpu_cfs_quota);
+    assert_eq!(s.cgroup_root, "/");
+    assert_eq!(s.cpu_cfs_quota_period_us, 100_000);
+    assert_eq!(s.memory_qos, None);
+    // MemoryQoS without a factor: memory.high is not written (no default from 1.37).
+    let s = settings("featureGates: {MemoryQoS: true}").unwrap();
+    assert_eq!(s.memory_qos.unwrap().throttling_factor_ppm, None);
+}
+
+#[test]
+fn malformed_values_name_file_field_and_value() {
+    let cases = [
+        (
+            "systemReserved: {memory: 3GB}",
+            "kc.yaml: KubeletConfiguration: systemReserved.memory: \"3GB\"",
+        ),
+        (
+            "enforceNodeAllocatable: [none, pods]",
+            "kc.yaml: KubeletConfiguration: enforceNodeAllocatable: \"none\": invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) may not contain additional enforcements when \"none\" is specified",
+        ),
+        (
+            "enforceNodeAllocatable: [system-reserved]",
+            "systemReservedCgroup (--system-reserved-cgroup) must be specified",
+        ),
+        (
+            "enforceNodeAllocatable: [bogus]",
+            "\"bogus\": invalid configuration: option specified",
+        ),
+        ("reservedSystemCPUs: 0-x", "reservedSystemCPUs: \"0-x\""),
+        ("cgroupDriver: docker", "cgroupDriver: \"docker\""),
+        (
+            "evictionSoft: {memory.available: 1Gi}",
+            "eviction soft threshold requires a grace period",
+        ),
+        ("cpuCFSQuotaPeriod: 5x", "cpuCFSQuotaPeriod: \"5x\""),
+        (
+            "featureGates: {MemoryQoS: true}\nmemoryThrottlingFactor: 1.5",
+            "memoryThrottlingFactor: \"1.5\"",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let err = settings(yaml).unwrap_err();
+        assert!(
+            err.contains(expected),
+            "{yaml}\n  got: {err}\n  want: {expected}"
+        );
+    }
+    let err =
+        KubeletConfig::parse(Path::new("kc.yaml"), "apiVersion: v1\nkind: Pod\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "kc.yaml: KubeletConfiguration: kind: expected KubeletConfiguration, got \"Pod\""
+    );
+    let err = KubeletConfig::parse(Path::new("kc.yaml"), "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\ncgroupsPerQOS: maybe\n").unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("kc.yaml: KubeletConfiguration: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn qoslet_configuration_defaults_and_strictness() {
+    let parsed = QosletConfiguration::parse(Path::new("q.yaml"), "{}").unwrap();
+    assert_eq!(parsed, QosletConfiguration::default());
+    assert_eq!(parsed.metrics_address, "127.0.0.1:9479");
+    assert_eq!(parsed.weight_formula, WeightFormula::KubeletLinear);
+    assert_eq!(
+        parsed.container_weight_formula,
+        WeightFormula::RuncQuadratic
+    );
+    assert!(parsed.gang_aware_eviction && parsed.ebpf.enabled);
+    assert_eq!(parsed.housekeeping_interval, Duration::from_secs(1));
+    let q = QosletConfiguration::parse(
+        Path::new("q.yaml"),
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom: false}}\ncapacity: {memory: 8Gi}\n",
+    )
+    .unwrap();
+    assert_eq!(q.mode, Mode::Observe);
+    assert_eq!(q.housekeeping_interval, Duration::from_millis(250));
+    assert_eq!(q.reserved_cpus_conflict, ReservedCpusConflict::Openshift);
+    assert_eq!(q.ebpf.sensors.get("oom"), Some(&false));
+    let err = QosletConfiguration::parse(Path::new("q.yaml"), "metricAddress: x\n").unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `metricAddress`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reserved_cpus_conflict_mode_reaches_the_settings() {
+    let kc = kubelet(
+        "reservedSystemCPUs: 0-1\nsystemReservedCgroup: /system.slice\nenforceNodeAllocatable: [pods, system-reserved-compressible]\n",
+    );
+    let qc = QosletConfiguration {
+        reserved_cpus_conflict: ReservedCpusConflict::Openshift,
+        ..QosletConfiguration::default()
+    };
+    let s = node_settings(Path::new("kc.yaml"), &kc, &qc, capacity()).unwrap();
+    assert_eq!(s.reserved_cpus_conflict, ReservedCpusConflict::Openshift);
+    assert_eq!(
+        s.reserved_system_cpus.map(|c| c.to_string()).as_deref(),
+        Some("0-1")
+    );
+}
+
+#[test]
+fn eviction_periods_gates_and_node_root() {
+    let s = settings(
+        "evictionPressureTransitionPeriod: 1m30s\nevictionMaxPodGracePeriod: 20\nfeatureGates: {PodLevelResources: false}\n",
+    )
+    .unwrap();
+    assert_eq!(s.eviction_pressure_transition_secs, 90);
+    assert_eq!(s.eviction_max_pod_grace_secs, 20);
+    assert!(!s.pod_level_resources);
+    let qc = QosletConfiguration {
+        node_root_cgroup: Some("/qoslet-node".into()),
+        ..QosletConfiguration::default()
+    };
+    let s = node_settings(Path::new("kc.yaml"), &kubelet(""), &qc, capacity()).unwrap();
+    assert_eq!(s.cgroup_root, "/qoslet-node");
+}

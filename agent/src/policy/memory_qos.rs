@@ -1,0 +1,56 @@
+//! Memory QoS on cgroup v2 (KEP-2570; pkg/kubelet/kuberuntime/kuberuntime_container_linux.go).
+
+/// The kernel page size the kubelet rounds memory.high to.
+pub const PAGE_SIZE: i64 = 4096;
+
+/// `memory.high = floor((req + factor*(limit or allocatable - req)) / page) * page`, or `None`
+/// when it would not be written: request == limit, no factor, or not above the request.
+/// Upstream computes in float64; this is exact (factor in millionths), which can only differ
+/// when float64 rounding would cross a page boundary.
+pub fn memory_high(
+    request: i64,
+    limit: i64,
+    allocatable: i64,
+    factor_ppm: Option<u32>,
+) -> Option<i64> {
+    let factor = i128::from(factor_ppm?);
+    if request == limit {
+        return None;
+    }
+    let ceiling = if limit != 0 { limit } else { allocatable };
+    if ceiling <= 0 {
+        return None;
+    }
+    let (req, ceiling) = (i128::from(request), i128::from(ceiling));
+    let raw = req + (factor * (ceiling - req)).div_euclid(1_000_000);
+    let high = raw.div_euclid(i128::from(PAGE_SIZE)) * i128::from(PAGE_SIZE);
+    (high > req && high != 0).then_some(high as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_high_follows_the_kep_formula() {
+        let mi = 1 << 20;
+        // 100Mi request, 200Mi limit, factor 0.9 -> 190Mi (page aligned).
+        assert_eq!(
+            memory_high(100 * mi, 200 * mi, 0, Some(900_000)),
+            Some(190 * mi)
+        );
+        // No limit: against allocatable.
+        assert_eq!(
+            memory_high(100 * mi, 0, 1000 * mi, Some(900_000)),
+            Some(910 * mi)
+        );
+        // Neither request nor limit: request == limit, not written (as upstream).
+        assert_eq!(memory_high(0, 0, 1000 * mi, Some(900_000)), None);
+        // Rounded down to a page.
+        assert_eq!(memory_high(0, 10_000, 0, Some(500_000)), Some(4096));
+        // request == limit, no factor, or nothing above the request: not written.
+        assert_eq!(memory_high(mi, mi, 0, Some(900_000)), None);
+        assert_eq!(memory_high(0, mi, 0, None), None);
+        assert_eq!(memory_high(4000, 4100, 0, Some(900_000)), None);
+    }
+}

@@ -1,0 +1,382 @@
+//! The desired node and pod cgroup state: what the reconciler writes and `qoslet plan` prints.
+//! The serialized form is a stable interface (DESIGN.md); `None` is a setting not written.
+
+use serde::Serialize;
+
+use super::{
+    allocatable::{AllocatableError, NodeAllocatable, ResourceTotals, node_allocatable},
+    cgroup_name::render,
+    cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
+    eviction::Threshold,
+    memory_qos::memory_high,
+    oom::container_oom_score_adj,
+    pod::{ContainerKind, PodSpecView},
+    qos::{QosClass, pod_qos},
+    settings::{MemoryReservationPolicy, NodeSettings, Reservation},
+};
+
+pub type PlanError = AllocatableError;
+
+/// Settings of one cgroup; `None` fields are not written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CgroupPlan {
+    pub cgroup: Option<String>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_weight: Option<u64>,
+    pub memory_limit_bytes: Option<i64>,
+    pub memory_min_bytes: Option<i64>,
+    pub memory_low_bytes: Option<i64>,
+    pub pids_max: Option<i64>,
+    pub cpuset: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvictionPlan {
+    pub hard: Vec<Threshold>,
+    pub soft: Vec<Threshold>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodePlan {
+    pub capacity: ResourceTotals,
+    pub allocatable: ResourceTotals,
+    pub kubepods: CgroupPlan,
+    pub burstable: CgroupPlan,
+    pub besteffort: CgroupPlan,
+    pub system_reserved: CgroupPlan,
+    pub kube_reserved: CgroupPlan,
+    pub eviction: EvictionPlan,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ContainerPlan {
+    pub name: String,
+    pub kind: ContainerKind,
+    pub oom_score_adj: i32,
+    pub cpu_shares: u64,
+    pub cpu_weight: u64,
+    pub cpu_quota_us: Option<i64>,
+    pub cpu_period_us: Option<u64>,
+    pub memory_limit_bytes: Option<i64>,
+    pub memory_min_bytes: Option<i64>,
+    pub memory_low_bytes: Option<i64>,
+    pub memory_high_bytes: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodPlan {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub qos_class: QosClass,
+    pub cgroup: Option<String>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_weight: Option<u64>,
+    /// -1 (unlimited) when `cpuCFSQuota` is false, as the kubelet writes it.
+    pub cpu_quota_us: Option<i64>,
+    pub cpu_period_us: Option<u64>,
+    pub memory_limit_bytes: Option<i64>,
+    pub memory_min_bytes: Option<i64>,
+    pub memory_low_bytes: Option<i64>,
+    /// The kubelet writes no pod-level memory.high; kept for the stable schema.
+    pub memory_high_bytes: Option<i64>,
+    pub containers: Vec<ContainerPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub node: NodePlan,
+    pub pods: Vec<PodPlan>,
+}
+
+/// Computes the whole plan for `pods` on the node.
+pub fn plan_node(s: &NodeSettings, pods: &[PodSpecView]) -> Result<Plan, PlanError> {
+    let na = node_allocatable(s)?;
+    let stripped: Vec<PodSpecView>;
+    let pods = if s.pod_level_resources {
+        pods
+    } else {
+        stripped = pods
+            .iter()
+            .map(|p| PodSpecView {
+                pod_resources: None,
+                ..p.clone()
+            })
+            .collect();
+        &stripped
+    };
+    let mut warnings = na.warnings.clone();
+    if s.memory_qos
+        .is_some_and(|m| m.throttling_factor_ppm.is_none())
+    {
+        warnings.push("MemoryQoS is on but memoryThrottlingFactor is unset (no default since 1.37): memory.high is not written".into());
+    }
+    let pod_plans: Vec<PodPlan> = pods.iter().map(|p| plan_pod(s, &na, p)).collect();
+    let node = plan_node_cgroups(s, &na, pods, &mut warnings);
+    Ok(Plan {
+        node: NodePlan { warnings, ..node },
+        pods: pod_plans,
+    })
+}
+
+fn name(s: &NodeSettings, components: &[&str]) -> Option<String> {
+    s.cgroups_per_qos
+        .then(|| render(s.cgroup_driver, &s.cgroup_root, components))
+}
+
+fn plan_node_cgroups(
+    s: &NodeSettings,
+    na: &NodeAllocatable,
+    pods: &[PodSpecView],
+    warnings: &mut Vec<String>,
+) -> NodePlan {
+    let weight = |shares: u64| s.weight_formula.weight(shares);
+    let mut sums = [(0i64, 0i64); 3]; // (cpu millis, memory bytes) per class
+    for p in pods {
+        let r = p.requests();
+        let i = pod_qos(p) as usize;
+        sums[i].0 += r.cpu_millis();
+        sums[i].1 += r.memory_bytes();
+    }
+    let [(_, g_mem), (b_cpu, b_mem), _] = sums;
+
+    // kubepods: allocatable minus reservations when `pods` is enforced, capacity otherwise;
+    // cpu shares always, as the default shares would starve pods.
+    let limits = if s.cgroups_per_qos && na.enforcement.pods {
+        na.absolute
+    } else {
+        na.capacity
+    };
+    let shares = milli_cpu_to_shares(limits.cpu_millis);
+    let mut kubepods = CgroupPlan {
+        cgroup: name(s, &["kubepods"]),
+        cpu_shares: Some(shares),
+        cpu_weight: Some(weight(shares)),
+        memory_limit_bytes: Some(limits.memory_bytes),
+        pids_max: Some(limits.pids),
+        cpuset: Some(
+            na.pods_cpuset
+                .as_ref()
+                .unwrap_or(&s.capacity.cpus)
+                .to_string(),
+        ),
+        ..CgroupPlan::default()
+    };
+    let b_shares = milli_cpu_to_shares(b_cpu);
+    let mut burstable = CgroupPlan {
+        cgroup: name(s, &["kubepods", "burstable"]),
+        cpu_shares: Some(b_shares),
+        cpu_weight: Some(weight(b_shares)),
+        ..CgroupPlan::default()
+    };
+    let mut besteffort = CgroupPlan {
+        cgroup: name(s, &["kubepods", "besteffort"]),
+        cpu_shares: Some(MIN_SHARES),
+        cpu_weight: Some(weight(MIN_SHARES)),
+        ..CgroupPlan::default()
+    };
+    // QOSReserved (qos_container_manager_linux.go setMemoryReserve), over capacity - reserved.
+    if let Some(pct) = s.qos_reserved_memory_pct {
+        let burstable_limit = na.absolute.memory_bytes - g_mem * pct / 100;
+        let besteffort_limit = burstable_limit - b_mem * pct / 100;
+        if besteffort_limit < 0 {
+            warnings.push(format!("QOSReserved leaves besteffort a negative memory limit ({besteffort_limit}); written as 0"));
+        }
+        burstable.memory_limit_bytes = Some(burstable_limit.max(0));
+        besteffort.memory_limit_bytes = Some(besteffort_limit.max(0));
+    }
+    // Memory QoS (setMemoryQoS): protect what the classes requested.
+    if let Some(mq) = s.memory_qos {
+        let positive = |v: i64| (v > 0).then_some(v);
+        match mq.policy {
+            MemoryReservationPolicy::None => {
+                burstable.memory_min_bytes = positive(b_mem);
+                kubepods.memory_min_bytes = positive(b_mem + g_mem);
+            }
+            MemoryReservationPolicy::TieredReservation => {
+                burstable.memory_low_bytes = positive(b_mem);
+                kubepods.memory_min_bytes = positive(g_mem);
+                kubepods.memory_low_bytes = positive(b_mem);
+            }
+        }
+    }
+    if !s.cgroups_per_qos {
+        kubepods = CgroupPlan::default();
+        burstable = CgroupPlan::default();
+        besteffort = CgroupPlan::default();
+    }
+    let e = &na.enforcement;
+    let system_reserved = reserved_cgroup(
+        s,
+        &s.system_reserved_cgroup,
+        &na.system_reserved,
+        e.system_reserved,
+        e.system_reserved_compressible,
+        na.reserved_cpuset.as_ref().map(ToString::to_string),
+    );
+    let kube_reserved = reserved_cgroup(
+        s,
+        &s.kube_reserved_cgroup,
+        &na.kube_reserved,
+        e.kube_reserved,
+        e.kube_reserved_compressible,
+        None,
+    );
+    NodePlan {
+        capacity: na.capacity,
+        allocatable: na.allocatable,
+        kubepods,
+        burstable,
+        besteffort,
+        system_reserved,
+        kube_reserved,
+        eviction: EvictionPlan {
+            hard: s.hard_eviction.clone(),
+            soft: s.soft_eviction.clone(),
+        },
+        warnings: Vec::new(),
+    }
+}
+
+/// `enforceExistingCgroup`: all of memory, pids and cpu, or (`-compressible`) cpu only.
+fn reserved_cgroup(
+    s: &NodeSettings,
+    cgroup: &str,
+    r: &Reservation,
+    full: bool,
+    compressible: bool,
+    cpuset: Option<String>,
+) -> CgroupPlan {
+    let mut plan = CgroupPlan {
+        cgroup: (!cgroup.is_empty()).then(|| cgroup.to_string()),
+        cpuset,
+        ..CgroupPlan::default()
+    };
+    if (full || compressible)
+        && let Some(cpu) = r.cpu
+    {
+        let shares = milli_cpu_to_shares(cpu.milli_value());
+        plan.cpu_shares = Some(shares);
+        plan.cpu_weight = Some(s.weight_formula.weight(shares));
+    }
+    if full {
+        plan.memory_limit_bytes = r.memory.map(|q| q.value());
+        plan.pids_max = r.pids.map(|q| q.value());
+    }
+    plan
+}
+
+fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPlan {
+    let qos = pod_qos(pod);
+    let period = s.cpu_cfs_quota_period_us;
+    let reqs = pod.requests();
+    let limits = pod.limits();
+    // ResourceConfigForPod: every container, init included, must declare a limit for the pod
+    // limit to be written; a pod-level limit declares it for the pod.
+    let all =
+        |f: fn(&super::pod::Amounts) -> bool| pod.containers.iter().all(|c| f(&c.resources.limits));
+    let pod_lim = pod.pod_resources.map(|r| r.limits).unwrap_or_default();
+    let cpu_declared = all(|l| l.cpu_millis() > 0) || pod_lim.cpu_millis() > 0;
+    let mem_declared = all(|l| l.memory_bytes() > 0) || pod_lim.memory_bytes() > 0;
+    let shares = milli_cpu_to_shares(reqs.cpu_millis());
+    let quota = if s.cpu_cfs_quota {
+        milli_cpu_to_quota(limits.cpu_millis(), period)
+    } else {
+        -1
+    };
+    let (mut cpu_shares, mut cpu_quota, mut mem_limit) = (Some(MIN_SHARES), None, None);
+    match qos {
+        QosClass::Guaranteed => {
+            cpu_shares = Some(shares);
+            cpu_quota = Some(quota);
+            mem_limit = Some(limits.memory_bytes());
+        }
+        QosClass::Burstable => {
+            cpu_shares = Some(shares);
+            cpu_quota = cpu_declared.then_some(quota);
+            mem_limit = mem_declared.then_some(limits.memory_bytes());
+        }
+        QosClass::BestEffort => {}
+    }
+    let (mut min, mut low) = (None, None);
+    if let Some(mq) = s.memory_qos {
+        let req = reqs.memory_bytes();
+        if req > 0 {
+            match (mq.policy, qos) {
+                (MemoryReservationPolicy::TieredReservation, QosClass::Burstable) => {
+                    low = Some(req)
+                }
+                _ => min = Some(req),
+            }
+        }
+    }
+    let tier = match qos {
+        QosClass::Guaranteed => None,
+        QosClass::Burstable => Some("burstable"),
+        QosClass::BestEffort => Some("besteffort"),
+    };
+    let pod_component = format!("pod{}", pod.uid);
+    let components: Vec<&str> = ["kubepods"]
+        .into_iter()
+        .chain(tier)
+        .chain([pod_component.as_str()])
+        .collect();
+    let per_qos = s.cgroups_per_qos;
+    let containers = pod
+        .containers
+        .iter()
+        .map(|c| {
+            let r = &c.resources;
+            let cshares = milli_cpu_to_shares(r.requests.cpu_millis());
+            let cquota = milli_cpu_to_quota(r.limits.cpu_millis(), period);
+            let cpu_limited = s.cpu_cfs_quota && cquota > 0;
+            let (req, lim) = (r.requests.memory_bytes(), r.limits.memory_bytes());
+            let (mut cmin, mut clow, mut chigh) = (None, None, None);
+            if let Some(mq) = s.memory_qos {
+                if req > 0 {
+                    match (mq.policy, qos) {
+                        (MemoryReservationPolicy::TieredReservation, QosClass::Burstable) => {
+                            clow = Some(req)
+                        }
+                        _ => cmin = Some(req),
+                    }
+                }
+                chigh = memory_high(req, lim, na.absolute.memory_bytes, mq.throttling_factor_ppm);
+            }
+            ContainerPlan {
+                name: c.name.clone(),
+                kind: c.kind,
+                oom_score_adj: container_oom_score_adj(pod, c, na.capacity.memory_bytes),
+                cpu_shares: cshares,
+                cpu_weight: s.container_weight_formula.weight(cshares),
+                cpu_quota_us: cpu_limited.then_some(cquota),
+                cpu_period_us: cpu_limited.then_some(period),
+                memory_limit_bytes: (lim > 0).then_some(lim),
+                memory_min_bytes: cmin,
+                memory_low_bytes: clow,
+                memory_high_bytes: chigh,
+            }
+        })
+        .collect();
+    let weight = |v: Option<u64>| v.map(|sh| s.weight_formula.weight(sh));
+    PodPlan {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        qos_class: qos,
+        cgroup: name(s, &components),
+        cpu_shares: cpu_shares.filter(|_| per_qos),
+        cpu_weight: weight(cpu_shares).filter(|_| per_qos),
+        cpu_quota_us: cpu_quota.filter(|_| per_qos),
+        cpu_period_us: cpu_quota.map(|_| period).filter(|_| per_qos),
+        memory_limit_bytes: mem_limit.filter(|_| per_qos),
+        memory_min_bytes: min.filter(|_| per_qos),
+        memory_low_bytes: low.filter(|_| per_qos),
+        memory_high_bytes: None,
+        containers,
+    }
+}
+
+#[cfg(test)]
+mod tests;

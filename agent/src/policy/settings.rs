@@ -1,0 +1,145 @@
+//! The node settings the plan is computed from, already parsed and validated field by field
+//! (crate::config builds them from a KubeletConfiguration and qoslet's own file).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    cpu::{QUOTA_PERIOD_US, WeightFormula},
+    cpuset::CpuSet,
+    eviction::Threshold,
+    quantity::Quantity,
+};
+
+/// What the machine (or the operator, with `--capacity`) has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capacity {
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+    pub pids: i64,
+    /// The node's CPU ids; `reservedSystemCPUs` is taken out of them for pods.
+    pub cpus: CpuSet,
+}
+
+/// A `systemReserved` / `kubeReserved` map, restricted to the resources we enforce.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservation {
+    pub cpu: Option<Quantity>,
+    pub memory: Option<Quantity>,
+    pub pids: Option<Quantity>,
+}
+
+/// `enforceNodeAllocatable`, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Enforcement {
+    pub pods: bool,
+    pub system_reserved: bool,
+    pub kube_reserved: bool,
+    pub system_reserved_compressible: bool,
+    pub kube_reserved_compressible: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    #[default]
+    Cgroupfs,
+    Systemd,
+}
+
+/// What to do when `reservedSystemCPUs` meets `systemReservedCgroup`/`kubeReservedCgroup`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservedCpusConflict {
+    /// Refuse the configuration, as the kubelet's validation does.
+    #[default]
+    Reject,
+    /// As OpenShift's machine-config operator: drop the `-compressible` enforcement (the CPU
+    /// weight on the reserved cgroups) with a warning; the cpuset does the isolating.
+    Openshift,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum MemoryReservationPolicy {
+    /// memory.min = request for every pod (KEP-2570 as of 1.27).
+    #[default]
+    None,
+    /// Guaranteed gets memory.min, Burstable memory.low (1.36).
+    TieredReservation,
+}
+
+/// Memory QoS (feature gate `MemoryQoS`, cgroup v2 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryQos {
+    /// `memoryThrottlingFactor` in millionths (0.9 -> 900000). No default from 1.37: when
+    /// unset, memory.high is not written.
+    pub throttling_factor_ppm: Option<u32>,
+    pub policy: MemoryReservationPolicy,
+}
+
+/// Everything [`super::plan::plan_node`] needs to know about the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSettings {
+    pub capacity: Capacity,
+    pub system_reserved: Reservation,
+    pub kube_reserved: Reservation,
+    pub hard_eviction: Vec<Threshold>,
+    pub soft_eviction: Vec<Threshold>,
+    pub enforcement: Enforcement,
+    /// `systemReservedCgroup` / `kubeReservedCgroup` (empty: unset).
+    pub system_reserved_cgroup: String,
+    pub kube_reserved_cgroup: String,
+    pub reserved_system_cpus: Option<CpuSet>,
+    pub reserved_cpus_conflict: ReservedCpusConflict,
+    pub cgroup_driver: CgroupDriver,
+    pub cgroup_root: String,
+    pub cgroups_per_qos: bool,
+    pub cpu_cfs_quota: bool,
+    pub cpu_cfs_quota_period_us: u64,
+    /// `qosReserved.memory` in percent, when the `QOSReserved` gate is on.
+    pub qos_reserved_memory_pct: Option<i64>,
+    pub memory_qos: Option<MemoryQos>,
+    /// For kubepods, QoS and pod cgroups.
+    pub weight_formula: WeightFormula,
+    /// For container cgroups (written by the runtime).
+    pub container_weight_formula: WeightFormula,
+    /// Feature gate `PodLevelResources` (beta, on by default): when off, `spec.resources` of
+    /// pods is ignored.
+    pub pod_level_resources: bool,
+    /// `evictionPressureTransitionPeriod`, seconds (default 5m).
+    pub eviction_pressure_transition_secs: u64,
+    /// `evictionMaxPodGracePeriod`, seconds; 0 or less means the pod's own grace period.
+    pub eviction_max_pod_grace_secs: i64,
+}
+
+impl NodeSettings {
+    /// Kubelet defaults on a node of `capacity`.
+    pub fn defaults(capacity: Capacity) -> Self {
+        Self {
+            capacity,
+            system_reserved: Reservation::default(),
+            kube_reserved: Reservation::default(),
+            hard_eviction: Vec::new(),
+            soft_eviction: Vec::new(),
+            enforcement: Enforcement {
+                pods: true,
+                ..Enforcement::default()
+            },
+            system_reserved_cgroup: String::new(),
+            kube_reserved_cgroup: String::new(),
+            reserved_system_cpus: None,
+            reserved_cpus_conflict: ReservedCpusConflict::Reject,
+            cgroup_driver: CgroupDriver::Cgroupfs,
+            cgroup_root: "/".into(),
+            cgroups_per_qos: true,
+            cpu_cfs_quota: true,
+            cpu_cfs_quota_period_us: QUOTA_PERIOD_US,
+            qos_reserved_memory_pct: None,
+            memory_qos: None,
+            weight_formula: WeightFormula::KubeletLinear,
+            container_weight_formula: WeightFormula::RuncQuadratic,
+            pod_level_resources: true,
+            eviction_pressure_transition_secs: 300,
+            eviction_max_pod_grace_secs: 0,
+        }
+    }
+}
