@@ -88,15 +88,17 @@ pub fn options(gates: &[String]) -> Result<ValidationOptions, String> {
 /// All problem lines of a change set (and the objects it replaces), sorted.
 pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Vec<String> {
     let mut problems: Vec<Problem> = Vec::new();
-    let mut malformed: Vec<String> = Vec::new();
-    let mut decode_all = |loaded: Loaded, problems: &mut Vec<Problem>| -> Vec<Object> {
+    let decode_all = |loaded: Loaded, problems: &mut Vec<Problem>| -> Vec<Object> {
         for m in loaded.malformed {
-            malformed.push(format!(
-                "{}: document {}: {}: {}",
-                m.file.display(),
-                m.index,
+            let origin = Origin {
+                file: m.file,
+                index: m.index,
+            };
+            problems.push(Problem::new(
+                &origin,
+                format!("document {}", m.index),
                 Rule::Schema,
-                m.message
+                m.message,
             ));
         }
         let mut objects = Vec::new();
@@ -125,10 +127,7 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
     }
     problems.sort();
     problems.dedup();
-    let mut lines = malformed;
-    lines.sort();
-    lines.extend(problems.iter().map(Problem::to_string));
-    lines
+    problems.iter().map(Problem::to_string).collect()
 }
 
 /// A workload-module object, nothing (a valid configuration file), or its problems.

@@ -521,7 +521,7 @@ fn check_group(f: &Forest, g: &Group, out: &mut Vec<Problem>) {
     let Some(w) = f.workloads.get(&wr.workload_name) else {
         return; // dangling: held, not invalid
     };
-    let Some((t, t_parent)) = find_template(w, &wr.template_name).filter(|(t, _)| t.kind == g.kind)
+    let Some((_, t_parent)) = find_template(w, &wr.template_name).filter(|(t, _)| t.kind == g.kind)
     else {
         out.push(Problem::on(
             &o,
@@ -605,32 +605,28 @@ fn check_hierarchy(
         }
     }
 
-    let pods: Vec<&Object> = objects
+    let pods: Vec<(&Object, &super::types::Pod)> = objects
         .iter()
-        .filter(|o| matches!(o, Object::Pod(_)))
+        .filter_map(|o| match o {
+            Object::Pod(p) => Some((o, p)),
+            _ => None,
+        })
         .collect();
-    let pod = |o: &Object| match o {
-        Object::Pod(p) => Some(p.clone()),
-        _ => None,
-    };
 
     // scheduler-name-consistent: one scheduler sees the whole hierarchy.
-    if let Some(reference) = pods.first().and_then(|o| pod(o)) {
-        let want = reference
-            .scheduler_name
-            .as_deref()
-            .unwrap_or(DEFAULT_SCHEDULER);
-        for o in &pods {
-            let p = pod(o).expect("filtered pods");
-            let got = p.scheduler_name.as_deref().unwrap_or(DEFAULT_SCHEDULER);
+    let scheduler = |p: &super::types::Pod| {
+        p.scheduler_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SCHEDULER.to_owned())
+    };
+    if let Some(want) = majority(pods.iter().map(|(_, p)| scheduler(p))) {
+        for (o, p) in &pods {
+            let got = scheduler(p);
             if got != want {
                 out.push(Problem::on(
                     o,
                     Rule::SchedulerNameConsistent,
-                    format!(
-                        "schedulerName {got:?} differs from {want:?} of Pod/{}",
-                        reference.meta.name
-                    ),
+                    format!("schedulerName {got:?} differs from the hierarchy's {want:?}"),
                 ));
             }
         }
@@ -667,22 +663,19 @@ fn check_hierarchy(
     }
 
     // preemption-policy-consistent.
-    if let Some(reference) = pods.first().and_then(|o| pod(o)) {
-        let want = reference
-            .preemption_policy
-            .as_deref()
-            .unwrap_or(DEFAULT_PREEMPTION);
-        for o in &pods {
-            let p = pod(o).expect("filtered pods");
-            let got = p.preemption_policy.as_deref().unwrap_or(DEFAULT_PREEMPTION);
+    let preemption = |p: &super::types::Pod| {
+        p.preemption_policy
+            .clone()
+            .unwrap_or_else(|| DEFAULT_PREEMPTION.to_owned())
+    };
+    if let Some(want) = majority(pods.iter().map(|(_, p)| preemption(p))) {
+        for (o, p) in &pods {
+            let got = preemption(p);
             if got != want {
                 out.push(Problem::on(
                     o,
                     Rule::PreemptionPolicyConsistent,
-                    format!(
-                        "preemptionPolicy {got:?} differs from {want:?} of Pod/{}",
-                        reference.meta.name
-                    ),
+                    format!("preemptionPolicy {got:?} differs from the hierarchy's {want:?}"),
                 ));
             }
         }
@@ -701,4 +694,14 @@ fn check_hierarchy(
             }
         }
     }
+}
+
+/// The most frequent value (the smallest among equals), so the odd one out is reported.
+fn majority(values: impl Iterator<Item = String>) -> Option<String> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for v in values {
+        *counts.entry(v).or_default() += 1;
+    }
+    let best = counts.values().copied().max()?;
+    counts.into_iter().find(|(_, n)| *n == best).map(|(v, _)| v)
 }
