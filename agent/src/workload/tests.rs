@@ -491,28 +491,28 @@ fn tree(valid: bool) -> impl Strategy<Value = TNode> {
     let gang = if valid {
         prop_oneof![Just(None), (1..=2i32).prop_map(Some)].boxed()
     } else {
-        prop_oneof![Just(None), (0..=2i32).prop_map(Some)].boxed()
+        prop_oneof![6 => Just(None), 6 => (1..=2i32).prop_map(Some), 1 => Just(Some(0))].boxed()
     };
     let flag = if valid {
         Just(false).boxed()
     } else {
-        any::<bool>().boxed()
+        prop::bool::weighted(0.1).boxed()
     };
     let prio = if valid {
         Just(None).boxed()
     } else {
-        prop_oneof![4 => Just(None), 1 => Just(Some(0)), 1 => Just(Some(1))].boxed()
+        prop_oneof![40 => Just(None), 1 => Just(Some(0)), 1 => Just(Some(1))].boxed()
     };
     let sched = if valid {
         Just(None).boxed()
     } else {
-        prop_oneof![4 => Just(None), 1 => Just(Some("default-scheduler")), 1 => Just(Some("other"))]
+        prop_oneof![30 => Just(None), 1 => Just(Some("default-scheduler")), 1 => Just(Some("other"))]
             .boxed()
     };
     let pre = if valid {
         Just(None).boxed()
     } else {
-        prop_oneof![4 => Just(None), 1 => Just(Some("PreemptLowerPriority")), 1 => Just(Some("Never"))]
+        prop_oneof![30 => Just(None), 1 => Just(Some("PreemptLowerPriority")), 1 => Just(Some("Never"))]
             .boxed()
     };
     let pods = prop::collection::vec((sched, prio.clone(), pre.clone()), 0..=3);
@@ -526,13 +526,13 @@ fn tree(valid: bool) -> impl Strategy<Value = TNode> {
             preemption,
         },
     );
-    let depth = if valid { 3 } else { 5 };
-    leaf.prop_recursive(depth, 24, 3, move |inner| {
+    let depth = if valid { 3 } else { 6 };
+    leaf.prop_recursive(depth, 40, 2, move |inner| {
         (
             gang.clone(),
             flag.clone(),
             prio.clone(),
-            prop::collection::vec(inner, 1..=3),
+            prop::collection::vec(inner, 1..=2),
             pre.clone(),
         )
             .prop_map(|(gang, all, priority, children, preemption)| TNode {
@@ -732,4 +732,25 @@ proptest! {
         let f = Forest::new("ns", objs);
         prop_assert!(gate(&f, &opts).values().all(|g| *g == Gate::Released));
     }
+}
+
+/// The generator must produce both outcomes often, or the property above proves little.
+#[test]
+fn random_trees_are_often_valid_and_often_invalid() {
+    use proptest::{strategy::ValueTree, test_runner::TestRunner};
+    let mut runner = TestRunner::deterministic();
+    let strategy = tree(false);
+    let (mut valid, mut deep) = (0, 0);
+    for _ in 0..400 {
+        let t = strategy
+            .new_tree(&mut runner)
+            .expect("tree generation")
+            .current();
+        valid += usize::from(satisfies_rules(&t, false));
+        let (objs, _) = objects(&t);
+        let f = Forest::new("ns", objs);
+        deep += usize::from(f.groups.keys().any(|g| f.depth(g).is_some_and(|d| d > 4)));
+    }
+    assert!((40..=360).contains(&valid), "{valid} valid of 400");
+    assert!(deep >= 20, "{deep} trees deeper than 4 of 400");
 }
