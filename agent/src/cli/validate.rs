@@ -9,9 +9,9 @@ use crate::{
     source::manifest::{Loaded, RawObject, load_paths},
     workload::{
         DecodeError, Forest, Object, ValidationOptions, apply_updates, dangling, decode,
+        problem::{Problem, Rule},
         types::Origin,
         validate as validate_forest,
-        validate::{Problem, Rule},
     },
 };
 

@@ -13,8 +13,9 @@ use std::{
 
 use super::{
     forest::Forest,
+    problem::Rule,
     types::{Kind, ObjRef, Policy},
-    validate::{Rule, ValidationOptions, validate},
+    validate::{ValidationOptions, validate},
 };
 
 /// Whether the scheduler would consider an object.

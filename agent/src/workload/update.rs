@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
+    problem::{Problem, Rule},
     types::{Kind, Object, Policy},
-    validate::{Problem, Rule},
 };
 
 /// An update the API server would refuse.

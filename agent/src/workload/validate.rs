@@ -33,13 +33,14 @@
 //! the scheduler holds such objects rather than rejecting them, so gating uses it differently.
 //! Update rules live in `update.rs`; `kind-known`, `api-version` and `schema` are the CLI's.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
+use super::problem::{Problem, Rule};
 use super::{
     forest::{Forest, Top},
     types::{
-        DEFAULT_PREEMPTION, DEFAULT_SCHEDULER, Disruption, Group, Kind, ObjRef, Object, Origin,
-        Policy, Scheduling, Template, Workload,
+        DEFAULT_PREEMPTION, DEFAULT_SCHEDULER, Disruption, Group, Kind, ObjRef, Object, Policy,
+        Scheduling, Template, Workload,
     },
 };
 
@@ -53,177 +54,6 @@ pub const MAX_TEMPLATES: usize = 8;
 pub struct ValidationOptions {
     /// The PodGroupPreemptionPolicy feature gate: the root's preemptionPolicy must equal the pods'.
     pub pod_group_preemption_policy: bool,
-}
-
-/// A stable rule name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Rule {
-    NameDnsSubdomain,
-    NameDnsLabel,
-    NameUnique,
-    TemplateNameUnique,
-    TemplateExclusive,
-    CompositeTemplateChildren,
-    TemplateCount,
-    DepthLimit,
-    SchedulingPolicyExclusive,
-    DisruptionModeExclusive,
-    PreemptionPolicyValue,
-    MinCountPositive,
-    MinGroupCountPositive,
-    DisruptionAllWithBasic,
-    DisruptionAllInherited,
-    NoCycles,
-    WorkloadRefRequired,
-    SingleWorkload,
-    WorkloadTemplateExists,
-    TemplateParentMatch,
-    SchedulerNameConsistent,
-    PriorityConsistent,
-    PreemptionPolicyConsistent,
-    ReferenceExists,
-    ImmutableMinGroupCount,
-    ImmutableParent,
-    ImmutableDisruptionMode,
-    ImmutableSchedulingGroup,
-    KindKnown,
-    ApiVersion,
-    Schema,
-}
-
-impl Rule {
-    /// Every rule, in declaration order.
-    pub const ALL: [Rule; 31] = [
-        Rule::NameDnsSubdomain,
-        Rule::NameDnsLabel,
-        Rule::NameUnique,
-        Rule::TemplateNameUnique,
-        Rule::TemplateExclusive,
-        Rule::CompositeTemplateChildren,
-        Rule::TemplateCount,
-        Rule::DepthLimit,
-        Rule::SchedulingPolicyExclusive,
-        Rule::DisruptionModeExclusive,
-        Rule::PreemptionPolicyValue,
-        Rule::MinCountPositive,
-        Rule::MinGroupCountPositive,
-        Rule::DisruptionAllWithBasic,
-        Rule::DisruptionAllInherited,
-        Rule::NoCycles,
-        Rule::WorkloadRefRequired,
-        Rule::SingleWorkload,
-        Rule::WorkloadTemplateExists,
-        Rule::TemplateParentMatch,
-        Rule::SchedulerNameConsistent,
-        Rule::PriorityConsistent,
-        Rule::PreemptionPolicyConsistent,
-        Rule::ReferenceExists,
-        Rule::ImmutableMinGroupCount,
-        Rule::ImmutableParent,
-        Rule::ImmutableDisruptionMode,
-        Rule::ImmutableSchedulingGroup,
-        Rule::KindKnown,
-        Rule::ApiVersion,
-        Rule::Schema,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Rule::NameDnsSubdomain => "name-dns-subdomain",
-            Rule::NameDnsLabel => "name-dns-label",
-            Rule::NameUnique => "name-unique",
-            Rule::TemplateNameUnique => "template-name-unique",
-            Rule::TemplateExclusive => "template-exclusive",
-            Rule::CompositeTemplateChildren => "composite-template-children",
-            Rule::TemplateCount => "template-count",
-            Rule::DepthLimit => "depth-limit",
-            Rule::SchedulingPolicyExclusive => "scheduling-policy-exclusive",
-            Rule::DisruptionModeExclusive => "disruption-mode-exclusive",
-            Rule::PreemptionPolicyValue => "preemption-policy-value",
-            Rule::MinCountPositive => "min-count-positive",
-            Rule::MinGroupCountPositive => "min-group-count-positive",
-            Rule::DisruptionAllWithBasic => "disruption-all-with-basic",
-            Rule::DisruptionAllInherited => "disruption-all-inherited",
-            Rule::NoCycles => "no-cycles",
-            Rule::WorkloadRefRequired => "workload-ref-required",
-            Rule::SingleWorkload => "single-workload",
-            Rule::WorkloadTemplateExists => "workload-template-exists",
-            Rule::TemplateParentMatch => "template-parent-match",
-            Rule::SchedulerNameConsistent => "scheduler-name-consistent",
-            Rule::PriorityConsistent => "priority-consistent",
-            Rule::PreemptionPolicyConsistent => "preemption-policy-consistent",
-            Rule::ReferenceExists => "reference-exists",
-            Rule::ImmutableMinGroupCount => "immutable-min-group-count",
-            Rule::ImmutableParent => "immutable-parent",
-            Rule::ImmutableDisruptionMode => "immutable-disruption-mode",
-            Rule::ImmutableSchedulingGroup => "immutable-scheduling-group",
-            Rule::KindKnown => "kind-known",
-            Rule::ApiVersion => "api-version",
-            Rule::Schema => "schema",
-        }
-    }
-}
-
-impl fmt::Display for Rule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// One broken rule on one object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Problem {
-    pub origin: Origin,
-    /// The object in its forest, when it is one of the hierarchy's kinds.
-    pub object: Option<ObjRef>,
-    /// `Kind/namespace/name` (`Kind/name` without a namespace).
-    pub id: String,
-    pub rule: Rule,
-    pub message: String,
-}
-
-impl Problem {
-    pub fn new(origin: &Origin, id: String, rule: Rule, message: impl Into<String>) -> Self {
-        Self {
-            origin: origin.clone(),
-            object: None,
-            id,
-            rule,
-            message: message.into(),
-        }
-    }
-
-    /// A problem on an object of the forest.
-    pub fn on(o: &Object, rule: Rule, message: impl Into<String>) -> Self {
-        Self {
-            object: Some(o.obj_ref()),
-            ..Self::new(&o.meta().origin, display_id(o), rule, message)
-        }
-    }
-}
-
-/// `file: Kind/namespace/name: rule: message`, as DESIGN.md specifies.
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}: {}",
-            self.origin.file.display(),
-            self.id,
-            self.rule,
-            self.message
-        )
-    }
-}
-
-/// `Kind/namespace/name`, or `Kind/name` without a namespace.
-pub fn display_id(o: &Object) -> String {
-    let m = o.meta();
-    if m.namespace.is_empty() {
-        format!("{}/{}", o.kind(), m.name)
-    } else {
-        format!("{}/{}/{}", o.kind(), m.namespace, m.name)
-    }
 }
 
 /// Whether `s` is a DNS-1123 subdomain (lowercase alphanumerics, `-`, `.`, <= 253).
@@ -328,8 +158,12 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
     out
 }
 
+fn is_preemption_policy(value: &str) -> bool {
+    value == "PreemptLowerPriority" || value == "Never"
+}
+
 fn check_preemption_value(o: &Object, value: &str, out: &mut Vec<Problem>) {
-    if value != "PreemptLowerPriority" && value != "Never" {
+    if !is_preemption_policy(value) {
         out.push(Problem::on(
             o,
             Rule::PreemptionPolicyValue,
@@ -370,8 +204,7 @@ fn check_scheduling(o: &Object, what: &str, kind: Kind, s: &Scheduling, out: &mu
         );
     }
     if let Some(pp) = &s.preemption_policy
-        && pp != "PreemptLowerPriority"
-        && pp != "Never"
+        && !is_preemption_policy(pp)
     {
         push(
             Rule::PreemptionPolicyValue,
