@@ -141,7 +141,7 @@ fn previous_rejects_immutable_changes() {
         "apiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\n\
          metadata: {name: serving-decode, namespace: team-a}\n\
          spec:\n  parentCompositePodGroupName: serving\n  workloadRef: {workloadName: serving, templateName: decode}\n  \
-         schedulingPolicy: {gang: {minCount: 1}}\n  disruptionMode: {all: {}}\n",
+         schedulingPolicy: {basic: {}}\n  disruptionMode: {all: {}}\n",
     )
     .expect("write change");
     let prev = examples();

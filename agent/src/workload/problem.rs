@@ -33,6 +33,7 @@ pub enum Rule {
     PreemptionPolicyConsistent,
     ReferenceExists,
     ImmutableMinGroupCount,
+    ImmutableSchedulingPolicy,
     ImmutableParent,
     ImmutableDisruptionMode,
     ImmutableSchedulingGroup,
@@ -43,7 +44,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 31] = [
+    pub const ALL: [Rule; 32] = [
         Rule::NameDnsSubdomain,
         Rule::NameDnsLabel,
         Rule::NameUnique,
@@ -69,6 +70,7 @@ impl Rule {
         Rule::PreemptionPolicyConsistent,
         Rule::ReferenceExists,
         Rule::ImmutableMinGroupCount,
+        Rule::ImmutableSchedulingPolicy,
         Rule::ImmutableParent,
         Rule::ImmutableDisruptionMode,
         Rule::ImmutableSchedulingGroup,
@@ -104,6 +106,7 @@ impl Rule {
             Rule::PreemptionPolicyConsistent => "preemption-policy-consistent",
             Rule::ReferenceExists => "reference-exists",
             Rule::ImmutableMinGroupCount => "immutable-min-group-count",
+            Rule::ImmutableSchedulingPolicy => "immutable-scheduling-policy",
             Rule::ImmutableParent => "immutable-parent",
             Rule::ImmutableDisruptionMode => "immutable-disruption-mode",
             Rule::ImmutableSchedulingGroup => "immutable-scheduling-group",

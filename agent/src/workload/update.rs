@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::{
     problem::{Problem, Rule},
-    types::{Kind, Object, Policy},
+    types::{Kind, Object},
 };
 
 /// An update the API server would refuse.
@@ -57,17 +57,23 @@ pub fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
                     ),
                 );
             }
-            // minGroupCount is immutable; PodGroup minCount stays mutable (workload scaling).
-            let min = |p: Policy| p.gang_min();
-            if a.kind == Kind::CompositePodGroup
-                && min(a.scheduling.policy) != min(b.scheduling.policy)
-            {
+            // basic and gang cannot be swapped after creation (PodGroupSchedulingPolicy API doc);
+            // minGroupCount is immutable (seed 002), PodGroup minCount stays mutable (scaling).
+            let (pa, pb) = (a.scheduling.policy, b.scheduling.policy);
+            if std::mem::discriminant(&pa) != std::mem::discriminant(&pb) {
+                reject(
+                    Rule::ImmutableSchedulingPolicy,
+                    format!(
+                        "schedulingPolicy cannot switch between basic and gang ({pa:?} -> {pb:?})"
+                    ),
+                );
+            } else if a.kind == Kind::CompositePodGroup && pa.gang_min() != pb.gang_min() {
                 reject(
                     Rule::ImmutableMinGroupCount,
                     format!(
                         "gang minGroupCount cannot change ({:?} -> {:?})",
-                        min(a.scheduling.policy),
-                        min(b.scheduling.policy)
+                        pa.gang_min(),
+                        pb.gang_min()
                     ),
                 );
             }

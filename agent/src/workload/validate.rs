@@ -31,7 +31,9 @@
 //!
 //! [`dangling`] reports `reference-exists` (a parent, PodGroup or Workload that is not in the set):
 //! the scheduler holds such objects rather than rejecting them, so gating uses it differently.
-//! Update rules live in `update.rs`; `kind-known`, `api-version` and `schema` are the CLI's.
+//! Update rules live in `update.rs` (`immutable-min-group-count`, `immutable-scheduling-policy`,
+//! `immutable-parent`, `immutable-disruption-mode`, `immutable-scheduling-group`); `kind-known`,
+//! `api-version` and `schema` are the CLI's.
 
 use std::collections::BTreeMap;
 
