@@ -1,14 +1,187 @@
-//! `qoslet validate`: placeholder until the workload model lands (issue 4).
+//! `qoslet validate [--previous DIR] [--feature-gates G=true,...] PATH...`: checks Pods, Workloads,
+//! PodGroups, CompositePodGroups and configuration files (DESIGN.md). Exit 0 when valid, 1 with
+//! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
+//! input or a malformed flag.
 
 use std::{path::PathBuf, process::ExitCode};
 
+use crate::{
+    source::manifest::{Loaded, RawObject, load_paths},
+    workload::{
+        DecodeError, Forest, Object, ValidationOptions, apply_updates, dangling, decode,
+        problem::{Problem, Rule},
+        types::Origin,
+        validate as validate_forest,
+    },
+};
+
 #[derive(Debug, clap::Args)]
 pub struct ValidateArgs {
+    /// Objects the change set replaces (matched by kind, namespace and name); immutable fields
+    /// are checked against them and the merged set is validated.
+    #[arg(long, value_name = "DIR")]
+    pub previous: Option<PathBuf>,
+    /// Feature gates, e.g. `PodGroupPreemptionPolicy=true` (until the config parser provides them).
+    #[arg(long, value_name = "GATES", value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
+    /// Files or directories of YAML (multi-document allowed).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
 }
 
-pub fn run(_args: ValidateArgs) -> ExitCode {
-    eprintln!("qoslet validate is not built yet.");
-    ExitCode::from(2)
+pub fn run(args: ValidateArgs) -> ExitCode {
+    let opts = match options(&args.feature_gates) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("qoslet validate: --feature-gates: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let load = |paths: &[PathBuf]| {
+        load_paths(paths).map_err(|e| {
+            let cause = e.source.to_string();
+            eprintln!("qoslet validate: {e}: {cause}");
+            ExitCode::from(2)
+        })
+    };
+    let current = match load(&args.paths) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let previous = match &args.previous {
+        Some(dir) => match load(std::slice::from_ref(dir)) {
+            Ok(l) => Some(l),
+            Err(code) => return code,
+        },
+        None => None,
+    };
+    let lines = check(current, previous, &opts);
+    for l in &lines {
+        println!("{l}");
+    }
+    if lines.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// Reads `--feature-gates` entries (`Name=true|false`); gates qoslet does not use are ignored.
+pub fn options(gates: &[String]) -> Result<ValidationOptions, String> {
+    let mut opts = ValidationOptions::default();
+    for g in gates.iter().map(|g| g.trim()).filter(|g| !g.is_empty()) {
+        let (name, value) = g
+            .split_once('=')
+            .ok_or_else(|| format!("{g:?} is not Name=true|false"))?;
+        let on = match value.trim() {
+            "true" => true,
+            "false" => false,
+            v => return Err(format!("{name}: {v:?} is neither true nor false")),
+        };
+        if name.trim() == "PodGroupPreemptionPolicy" {
+            opts.pod_group_preemption_policy = on;
+        }
+    }
+    Ok(opts)
+}
+
+/// All problem lines of a change set (and the objects it replaces), sorted.
+pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Vec<String> {
+    let mut problems: Vec<Problem> = Vec::new();
+    let decode_all = |loaded: Loaded, problems: &mut Vec<Problem>| -> Vec<Object> {
+        for m in loaded.malformed {
+            let origin = Origin {
+                file: m.file,
+                index: m.index,
+            };
+            problems.push(Problem::new(
+                &origin,
+                format!("document {}", m.index),
+                Rule::Schema,
+                m.message,
+            ));
+        }
+        let mut objects = Vec::new();
+        for raw in &loaded.objects {
+            match classify(raw) {
+                Ok(Some(o)) => objects.push(o),
+                Ok(None) => {}
+                Err(p) => problems.extend(p),
+            }
+        }
+        objects
+    };
+    let new = decode_all(current, &mut problems);
+    let objects = match previous {
+        Some(prev) => {
+            let old = decode_all(prev, &mut problems);
+            let applied = apply_updates(old, new);
+            problems.extend(applied.rejected.into_iter().map(|r| r.problem));
+            applied.objects
+        }
+        None => new,
+    };
+    for forest in Forest::by_namespace(objects).values() {
+        problems.extend(validate_forest(forest, opts));
+        problems.extend(dangling(forest));
+    }
+    problems.sort();
+    problems.dedup();
+    problems.iter().map(Problem::to_string).collect()
+}
+
+/// A workload-module object, nothing (a valid configuration file), or its problems.
+fn classify(raw: &RawObject) -> Result<Option<Object>, Vec<Problem>> {
+    if matches!(
+        raw.kind.as_str(),
+        "KubeletConfiguration" | "QosletConfiguration"
+    ) {
+        let p = validate_config_object(raw);
+        return if p.is_empty() { Ok(None) } else { Err(p) };
+    }
+    let problem = |rule, message: String| vec![raw_problem(raw, rule, message)];
+    match decode(raw) {
+        Ok(o) => Ok(Some(o)),
+        Err(DecodeError::NotOurs) => Err(problem(
+            Rule::KindKnown,
+            format!(
+                "{} {} is not a kind qoslet validates",
+                raw.api_version, raw.kind
+            ),
+        )),
+        Err(e @ DecodeError::ApiVersion { .. }) => Err(problem(Rule::ApiVersion, e.to_string())),
+        Err(DecodeError::Schema { message, .. }) => Err(problem(Rule::Schema, message)),
+    }
+}
+
+fn raw_problem(raw: &RawObject, rule: Rule, message: String) -> Problem {
+    let origin = Origin {
+        file: raw.file.clone(),
+        index: raw.index,
+    };
+    Problem::new(&origin, raw.display_id().to_string(), rule, message)
+}
+
+/// Configuration documents: only the apiVersion for now.
+// Wired to the real config parser (crate::config) at merge time.
+fn validate_config_object(obj: &RawObject) -> Vec<Problem> {
+    let ok = match obj.kind.as_str() {
+        "KubeletConfiguration" => obj.api_version == "kubelet.config.k8s.io/v1beta1",
+        // qoslet's own group is not fixed yet: accept any `*qoslet*/version`.
+        _ => obj
+            .api_version
+            .split_once('/')
+            .is_some_and(|(g, v)| g.contains("qoslet") && !v.is_empty()),
+    };
+    if ok {
+        return Vec::new();
+    }
+    vec![raw_problem(
+        obj,
+        Rule::ApiVersion,
+        format!(
+            "apiVersion {} is not served for {}",
+            obj.api_version, obj.kind
+        ),
+    )]
 }

@@ -1,0 +1,180 @@
+//! Rule names and problems: the vocabulary of `qoslet validate` output. The names are a stable
+//! interface (tests and users match on them); the rules themselves are listed in `validate.rs`.
+
+use std::fmt;
+
+use super::types::{ObjRef, Object, Origin};
+
+/// A stable rule name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rule {
+    NameDnsSubdomain,
+    NameDnsLabel,
+    NameUnique,
+    TemplateNameUnique,
+    TemplateExclusive,
+    CompositeTemplateChildren,
+    TemplateCount,
+    DepthLimit,
+    SchedulingPolicyExclusive,
+    DisruptionModeExclusive,
+    PreemptionPolicyValue,
+    MinCountPositive,
+    MinGroupCountPositive,
+    DisruptionAllWithBasic,
+    DisruptionAllInherited,
+    NoCycles,
+    WorkloadRefRequired,
+    SingleWorkload,
+    WorkloadTemplateExists,
+    TemplateParentMatch,
+    SchedulerNameConsistent,
+    PriorityConsistent,
+    PreemptionPolicyConsistent,
+    ReferenceExists,
+    ImmutableMinGroupCount,
+    ImmutableSchedulingPolicy,
+    ImmutableParent,
+    ImmutableDisruptionMode,
+    ImmutableSchedulingGroup,
+    KindKnown,
+    ApiVersion,
+    Schema,
+}
+
+impl Rule {
+    /// Every rule, in declaration order.
+    pub const ALL: [Rule; 32] = [
+        Rule::NameDnsSubdomain,
+        Rule::NameDnsLabel,
+        Rule::NameUnique,
+        Rule::TemplateNameUnique,
+        Rule::TemplateExclusive,
+        Rule::CompositeTemplateChildren,
+        Rule::TemplateCount,
+        Rule::DepthLimit,
+        Rule::SchedulingPolicyExclusive,
+        Rule::DisruptionModeExclusive,
+        Rule::PreemptionPolicyValue,
+        Rule::MinCountPositive,
+        Rule::MinGroupCountPositive,
+        Rule::DisruptionAllWithBasic,
+        Rule::DisruptionAllInherited,
+        Rule::NoCycles,
+        Rule::WorkloadRefRequired,
+        Rule::SingleWorkload,
+        Rule::WorkloadTemplateExists,
+        Rule::TemplateParentMatch,
+        Rule::SchedulerNameConsistent,
+        Rule::PriorityConsistent,
+        Rule::PreemptionPolicyConsistent,
+        Rule::ReferenceExists,
+        Rule::ImmutableMinGroupCount,
+        Rule::ImmutableSchedulingPolicy,
+        Rule::ImmutableParent,
+        Rule::ImmutableDisruptionMode,
+        Rule::ImmutableSchedulingGroup,
+        Rule::KindKnown,
+        Rule::ApiVersion,
+        Rule::Schema,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::NameDnsSubdomain => "name-dns-subdomain",
+            Rule::NameDnsLabel => "name-dns-label",
+            Rule::NameUnique => "name-unique",
+            Rule::TemplateNameUnique => "template-name-unique",
+            Rule::TemplateExclusive => "template-exclusive",
+            Rule::CompositeTemplateChildren => "composite-template-children",
+            Rule::TemplateCount => "template-count",
+            Rule::DepthLimit => "depth-limit",
+            Rule::SchedulingPolicyExclusive => "scheduling-policy-exclusive",
+            Rule::DisruptionModeExclusive => "disruption-mode-exclusive",
+            Rule::PreemptionPolicyValue => "preemption-policy-value",
+            Rule::MinCountPositive => "min-count-positive",
+            Rule::MinGroupCountPositive => "min-group-count-positive",
+            Rule::DisruptionAllWithBasic => "disruption-all-with-basic",
+            Rule::DisruptionAllInherited => "disruption-all-inherited",
+            Rule::NoCycles => "no-cycles",
+            Rule::WorkloadRefRequired => "workload-ref-required",
+            Rule::SingleWorkload => "single-workload",
+            Rule::WorkloadTemplateExists => "workload-template-exists",
+            Rule::TemplateParentMatch => "template-parent-match",
+            Rule::SchedulerNameConsistent => "scheduler-name-consistent",
+            Rule::PriorityConsistent => "priority-consistent",
+            Rule::PreemptionPolicyConsistent => "preemption-policy-consistent",
+            Rule::ReferenceExists => "reference-exists",
+            Rule::ImmutableMinGroupCount => "immutable-min-group-count",
+            Rule::ImmutableSchedulingPolicy => "immutable-scheduling-policy",
+            Rule::ImmutableParent => "immutable-parent",
+            Rule::ImmutableDisruptionMode => "immutable-disruption-mode",
+            Rule::ImmutableSchedulingGroup => "immutable-scheduling-group",
+            Rule::KindKnown => "kind-known",
+            Rule::ApiVersion => "api-version",
+            Rule::Schema => "schema",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One broken rule on one object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Problem {
+    pub origin: Origin,
+    /// The object in its forest, when it is one of the hierarchy's kinds.
+    pub object: Option<ObjRef>,
+    /// `Kind/namespace/name` (`Kind/name` without a namespace).
+    pub id: String,
+    pub rule: Rule,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(origin: &Origin, id: String, rule: Rule, message: impl Into<String>) -> Self {
+        Self {
+            origin: origin.clone(),
+            object: None,
+            id,
+            rule,
+            message: message.into(),
+        }
+    }
+
+    /// A problem on an object of the forest.
+    pub fn on(o: &Object, rule: Rule, message: impl Into<String>) -> Self {
+        Self {
+            object: Some(o.obj_ref()),
+            ..Self::new(&o.meta().origin, display_id(o), rule, message)
+        }
+    }
+}
+
+/// `file: Kind/namespace/name: rule: message`, as DESIGN.md specifies.
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}: {}: {}",
+            self.origin.file.display(),
+            self.id,
+            self.rule,
+            self.message
+        )
+    }
+}
+
+/// `Kind/namespace/name`, or `Kind/name` without a namespace.
+pub fn display_id(o: &Object) -> String {
+    let m = o.meta();
+    if m.namespace.is_empty() {
+        format!("{}/{}", o.kind(), m.name)
+    } else {
+        format!("{}/{}/{}", o.kind(), m.namespace, m.name)
+    }
+}

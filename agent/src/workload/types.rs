@@ -1,0 +1,489 @@
+//! The scheduling objects qoslet reasons about, normalised from the k8s-openapi types.
+//!
+//! k8s-openapi 0.29 (`v1_37`) has every kind we need: Workload and PodGroup in
+//! `scheduling.k8s.io/v1beta1`, CompositePodGroup in `v1alpha3` (KEP-6012, alpha in 1.37) and
+//! `PodSpec.schedulingGroup`. We decode into those types, then keep only what the hierarchy rules
+//! read, in a form where "unset" and "invalid" are explicit so validation can name them.
+
+use std::{fmt, path::PathBuf};
+
+use k8s_openapi::api::{
+    core::v1::Pod as K8sPod,
+    scheduling::{v1alpha3, v1beta1},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::source::manifest::RawObject;
+
+/// API versions of the kinds this module owns.
+pub const WORKLOAD_API: &str = "scheduling.k8s.io/v1beta1";
+pub const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";
+pub const COMPOSITE_API: &str = "scheduling.k8s.io/v1alpha3";
+
+/// `spec.preemptionPolicy` when unset (KEP-5710; PodSpec defaulting).
+pub const DEFAULT_PREEMPTION: &str = "PreemptLowerPriority";
+/// `spec.schedulerName` when unset.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// The kinds of the hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Workload,
+    CompositePodGroup,
+    PodGroup,
+    Pod,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Workload => "Workload",
+            Kind::CompositePodGroup => "CompositePodGroup",
+            Kind::PodGroup => "PodGroup",
+            Kind::Pod => "Pod",
+        }
+    }
+
+    /// The kind of a manifest document, if this module owns it.
+    pub fn from_kind_str(kind: &str) -> Option<Kind> {
+        match kind {
+            "Workload" => Some(Kind::Workload),
+            "CompositePodGroup" => Some(Kind::CompositePodGroup),
+            "PodGroup" => Some(Kind::PodGroup),
+            "Pod" => Some(Kind::Pod),
+            _ => None,
+        }
+    }
+
+    /// The apiVersion qoslet reads this kind in.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::Workload => WORKLOAD_API,
+            Kind::CompositePodGroup => COMPOSITE_API,
+            Kind::PodGroup => POD_GROUP_API,
+            Kind::Pod => "v1",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An object within one namespace: names are unique per namespace and kind (seed 002).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjRef {
+    pub kind: Kind,
+    pub name: String,
+}
+
+impl ObjRef {
+    pub fn new(kind: Kind, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.name)
+    }
+}
+
+/// Where an object was read from, so every problem can name the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Origin {
+    pub file: PathBuf,
+    pub index: usize,
+}
+
+/// An entry of `metadata.ownerReferences`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRef {
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// What every object carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub name: String,
+    pub namespace: String,
+    pub uid: Option<String>,
+    pub owners: Vec<OwnerRef>,
+    pub origin: Origin,
+}
+
+/// `schedulingPolicy`: exactly one of `basic` and `gang` (KEP-4671).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    Basic,
+    /// `minCount` for a PodGroup, `minGroupCount` for a CompositePodGroup.
+    Gang {
+        min: i32,
+    },
+    /// Both or neither set: reported by `scheduling-policy-exclusive`, treated as basic elsewhere.
+    Ambiguous,
+}
+
+impl Policy {
+    pub fn gang_min(self) -> Option<i32> {
+        match self {
+            Policy::Gang { min } => Some(min),
+            _ => None,
+        }
+    }
+}
+
+/// `disruptionMode`: `single` (the default) or `all` (KEP-5710).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disruption {
+    Single,
+    All,
+    /// Both set: reported by `disruption-mode-exclusive`, treated as single elsewhere.
+    Ambiguous,
+}
+
+impl Disruption {
+    pub fn is_all(self) -> bool {
+        self == Disruption::All
+    }
+}
+
+/// The scheduling fields shared by groups and templates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduling {
+    pub policy: Policy,
+    pub disruption: Disruption,
+    pub priority: Option<i32>,
+    pub priority_class_name: Option<String>,
+    pub preemption_policy: Option<String>,
+}
+
+/// `spec.workloadRef`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadRef {
+    pub workload_name: String,
+    pub template_name: String,
+}
+
+/// A PodGroupTemplate or CompositePodGroupTemplate of a Workload, with its nested templates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    pub name: String,
+    /// PodGroup for a PodGroupTemplate, CompositePodGroup for a CompositePodGroupTemplate.
+    pub kind: Kind,
+    pub scheduling: Scheduling,
+    pub children: Vec<Template>,
+}
+
+/// A Workload: the static template tree (KEP-4671).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub meta: Meta,
+    /// `spec.controllerRef` as `Kind/name`.
+    pub controller_ref: Option<String>,
+    /// `compositePodGroupTemplates` then `podGroupTemplates`; exactly one list may be non-empty.
+    pub templates: Vec<Template>,
+}
+
+/// A PodGroup (leaf, holds pods) or a CompositePodGroup (inner node, holds groups; KEP-6012).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    pub meta: Meta,
+    /// `Kind::PodGroup` or `Kind::CompositePodGroup`.
+    pub kind: Kind,
+    /// `spec.parentCompositePodGroupName`; `None` for a root.
+    pub parent: Option<String>,
+    pub workload_ref: Option<WorkloadRef>,
+    pub scheduling: Scheduling,
+}
+
+impl Group {
+    pub fn obj_ref(&self) -> ObjRef {
+        ObjRef::new(self.kind, &self.meta.name)
+    }
+}
+
+/// The parts of a Pod the hierarchy rules read; resources belong to the policy module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub meta: Meta,
+    /// `spec.schedulingGroup.podGroupName`.
+    pub pod_group: Option<String>,
+    pub scheduler_name: Option<String>,
+    pub priority: Option<i32>,
+    pub priority_class_name: Option<String>,
+    pub preemption_policy: Option<String>,
+    pub phase: Option<String>,
+}
+
+impl Pod {
+    /// Succeeded and Failed pods are done: they count for nothing and hold nothing up.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
+/// One decoded object of the hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    Workload(Workload),
+    Group(Group),
+    Pod(Pod),
+}
+
+impl Object {
+    pub fn meta(&self) -> &Meta {
+        match self {
+            Object::Workload(w) => &w.meta,
+            Object::Group(g) => &g.meta,
+            Object::Pod(p) => &p.meta,
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Workload(_) => Kind::Workload,
+            Object::Group(g) => g.kind,
+            Object::Pod(_) => Kind::Pod,
+        }
+    }
+
+    pub fn obj_ref(&self) -> ObjRef {
+        ObjRef::new(self.kind(), &self.meta().name)
+    }
+}
+
+/// Why a document could not become an [`Object`].
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a kind of the workload hierarchy")]
+    NotOurs,
+    #[error("apiVersion {found} is not served for {kind}; expected {expected}")]
+    ApiVersion {
+        kind: Kind,
+        found: String,
+        expected: &'static str,
+    },
+    #[error("does not match the {kind} schema: {message}")]
+    Schema { kind: Kind, message: String },
+}
+
+/// Decodes a manifest document of kind Workload, PodGroup, CompositePodGroup or Pod.
+pub fn decode(raw: &RawObject) -> Result<Object, DecodeError> {
+    let kind = Kind::from_kind_str(&raw.kind).ok_or(DecodeError::NotOurs)?;
+    if raw.api_version != kind.api_version() {
+        return Err(DecodeError::ApiVersion {
+            kind,
+            found: raw.api_version.clone(),
+            expected: kind.api_version(),
+        });
+    }
+    let origin = Origin {
+        file: raw.file.clone(),
+        index: raw.index,
+    };
+    let id = format!("{}: ", raw.display_id());
+    let schema = |e: crate::source::manifest::MalformedError| DecodeError::Schema {
+        kind,
+        message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
+    };
+    Ok(match kind {
+        Kind::Workload => {
+            let w: v1beta1::Workload = raw.decode().map_err(schema)?;
+            Object::Workload(workload(w, origin))
+        }
+        Kind::PodGroup => {
+            let g: v1beta1::PodGroup = raw.decode().map_err(schema)?;
+            Object::Group(pod_group(g, origin))
+        }
+        Kind::CompositePodGroup => {
+            let g: v1alpha3::CompositePodGroup = raw.decode().map_err(schema)?;
+            Object::Group(composite(g, origin))
+        }
+        Kind::Pod => {
+            let p: K8sPod = raw.decode().map_err(schema)?;
+            Object::Pod(pod(p, origin))
+        }
+    })
+}
+
+fn meta(m: ObjectMeta, origin: Origin) -> Meta {
+    Meta {
+        name: m.name.unwrap_or_default(),
+        namespace: m.namespace.unwrap_or_default(),
+        uid: m.uid,
+        owners: m
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .map(|o| OwnerRef {
+                kind: o.kind,
+                name: o.name,
+                uid: o.uid,
+            })
+            .collect(),
+        origin,
+    }
+}
+
+fn policy(basic: bool, gang_min: Option<i32>) -> Policy {
+    match (basic, gang_min) {
+        (true, None) => Policy::Basic,
+        (false, Some(min)) => Policy::Gang { min },
+        _ => Policy::Ambiguous,
+    }
+}
+
+fn disruption(all: bool, single: bool) -> Disruption {
+    match (all, single) {
+        (true, true) => Disruption::Ambiguous,
+        (true, false) => Disruption::All,
+        _ => Disruption::Single,
+    }
+}
+
+fn pg_template(t: v1beta1::PodGroupTemplate) -> Template {
+    let d = t.disruption_mode.unwrap_or_default();
+    Template {
+        name: t.name,
+        kind: Kind::PodGroup,
+        scheduling: Scheduling {
+            policy: policy(
+                t.scheduling_policy.basic.is_some(),
+                t.scheduling_policy.gang.map(|g| g.min_count),
+            ),
+            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            priority: t.priority,
+            priority_class_name: t.priority_class_name,
+            preemption_policy: t.preemption_policy,
+        },
+        children: Vec::new(),
+    }
+}
+
+fn cpg_template(t: v1beta1::CompositePodGroupTemplate) -> Template {
+    let d = t.disruption_mode.unwrap_or_default();
+    let mut children: Vec<Template> = t
+        .composite_pod_group_templates
+        .unwrap_or_default()
+        .into_iter()
+        .map(cpg_template)
+        .collect();
+    children.extend(
+        t.pod_group_templates
+            .unwrap_or_default()
+            .into_iter()
+            .map(pg_template),
+    );
+    Template {
+        name: t.name,
+        kind: Kind::CompositePodGroup,
+        scheduling: Scheduling {
+            policy: policy(
+                t.scheduling_policy.basic.is_some(),
+                t.scheduling_policy.gang.map(|g| g.min_group_count),
+            ),
+            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            priority: t.priority,
+            priority_class_name: t.priority_class_name,
+            preemption_policy: t.preemption_policy,
+        },
+        children,
+    }
+}
+
+fn workload(w: v1beta1::Workload, origin: Origin) -> Workload {
+    let spec = w.spec;
+    let mut templates: Vec<Template> = spec
+        .composite_pod_group_templates
+        .unwrap_or_default()
+        .into_iter()
+        .map(cpg_template)
+        .collect();
+    templates.extend(
+        spec.pod_group_templates
+            .unwrap_or_default()
+            .into_iter()
+            .map(pg_template),
+    );
+    Workload {
+        meta: meta(w.metadata, origin),
+        controller_ref: spec
+            .controller_ref
+            .map(|c| format!("{}/{}", c.kind, c.name)),
+        templates,
+    }
+}
+
+fn pod_group(g: v1beta1::PodGroup, origin: Origin) -> Group {
+    let s = g.spec;
+    let d = s.disruption_mode.unwrap_or_default();
+    Group {
+        meta: meta(g.metadata, origin),
+        kind: Kind::PodGroup,
+        parent: s.parent_composite_pod_group_name,
+        workload_ref: s.workload_ref.map(|r| WorkloadRef {
+            workload_name: r.workload_name,
+            template_name: r.template_name,
+        }),
+        scheduling: Scheduling {
+            policy: policy(
+                s.scheduling_policy.basic.is_some(),
+                s.scheduling_policy.gang.map(|g| g.min_count),
+            ),
+            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            priority: s.priority,
+            priority_class_name: s.priority_class_name,
+            preemption_policy: s.preemption_policy,
+        },
+    }
+}
+
+fn composite(g: v1alpha3::CompositePodGroup, origin: Origin) -> Group {
+    let s = g.spec;
+    let d = s.disruption_mode.unwrap_or_default();
+    // workloadRef is required on a CompositePodGroup; k8s-openapi defaults a missing required
+    // field to empty strings, which `workload-ref-required` reports.
+    let r = s.workload_ref;
+    let workload_ref =
+        (!r.workload_name.is_empty() || !r.template_name.is_empty()).then_some(WorkloadRef {
+            workload_name: r.workload_name,
+            template_name: r.template_name,
+        });
+    Group {
+        meta: meta(g.metadata, origin),
+        kind: Kind::CompositePodGroup,
+        parent: s.parent_composite_pod_group_name,
+        workload_ref,
+        scheduling: Scheduling {
+            policy: policy(
+                s.scheduling_policy.basic.is_some(),
+                s.scheduling_policy.gang.map(|g| g.min_group_count),
+            ),
+            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            priority: s.priority,
+            priority_class_name: s.priority_class_name,
+            preemption_policy: s.preemption_policy,
+        },
+    }
+}
+
+fn pod(p: K8sPod, origin: Origin) -> Pod {
+    let spec = p.spec.unwrap_or_default();
+    Pod {
+        meta: meta(p.metadata, origin),
+        pod_group: spec.scheduling_group.and_then(|g| g.pod_group_name),
+        scheduler_name: spec.scheduler_name,
+        priority: spec.priority,
+        priority_class_name: spec.priority_class_name,
+        preemption_policy: spec.preemption_policy,
+        phase: p.status.and_then(|s| s.phase),
+    }
+}
