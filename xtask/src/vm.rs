@@ -53,7 +53,9 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
     if test_binaries.is_empty() {
         bail!("vm-test: no test binaries to run");
     }
+    let t = Instant::now();
     ensure_vm_prerequisites()?;
+    println!("vm-test: prerequisites checked in {:.1?}", t.elapsed());
     let cache = kernels::cache_dir()?;
     let out_dir = target_dir().join("vm-test");
     std::fs::create_dir_all(&out_dir)?;

@@ -56,10 +56,11 @@ pub fn boot(
         .arg("-initrd")
         .arg(initrd)
         // panic=-1 plus -no-reboot turns a kernel panic (e.g. init dying) into a QEMU exit.
-        // mitigations=off: speculation mitigations only cost time under emulation.
+        // mitigations=off: speculation mitigations only cost time under emulation; edd=off skips
+        // a BIOS disk probe there is no disk for.
         .args([
             "-append",
-            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off",
+            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off edd=off",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -99,7 +100,7 @@ pub fn boot(
         match rx.recv_timeout(left) {
             Ok(line) => {
                 writeln!(log, "{line}")?;
-                if line.starts_with("QOSLET-VM")
+                if line.contains("QOSLET-VM")
                     || line.contains("FAILED")
                     || line.contains("panicked")
                 {
