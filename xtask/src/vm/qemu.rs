@@ -100,10 +100,10 @@ pub fn boot(
         match rx.recv_timeout(left) {
             Ok(line) => {
                 writeln!(log, "{line}")?;
-                if line.contains("QOSLET-VM")
-                    || line.contains("FAILED")
-                    || line.contains("panicked")
-                {
+                // Only our markers and failures; BIOS escape codes may precede a marker.
+                if let Some(at) = line.find("QOSLET-VM") {
+                    println!("[{label}] {}", &line[at..]);
+                } else if line.contains("FAILED") || line.contains("panicked") {
                     println!("[{label}] {line}");
                 }
                 lines.push(line);
