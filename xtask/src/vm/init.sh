@@ -16,6 +16,11 @@ mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 
+# Tests that serve on 127.0.0.1 or resolve localhost need loopback and /etc/hosts.
+ip link set lo up
+mkdir -p /etc
+echo "127.0.0.1 localhost" > /etc/hosts
+
 # Every controller the kernel offers, for the tests' own child cgroups.
 for c in $(cat /sys/fs/cgroup/cgroup.controllers); do
     echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control || echo "QOSLET-VM-WARN cannot enable $c"
