@@ -1,0 +1,162 @@
+//! `cargo xtask vm-test`: the cgroup v2 kernel matrix. Boots Debian's kernels under QEMU (TCG)
+//! with an initramfs holding the static test binaries and reads their results from the serial
+//! console.
+
+mod deps;
+mod initramfs;
+mod kernels;
+mod qemu;
+mod report;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+pub use deps::{MUSL_TARGET, ensure_vm_prerequisites};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct VmTestArgs {
+    /// Kernel series ("6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest cloud-amd64
+    /// package of each in the apt sources is used. Repeatable.
+    #[arg(long = "kernel", value_name = "VERSION", default_values = ["6.1", "6.12"])]
+    pub kernels: Vec<String>,
+    /// Seconds one VM may run, boot and tests included, before it is killed and counted failed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Memory of each VM in MiB; the initramfs lives in it too.
+    #[arg(long, default_value_t = 1024)]
+    pub memory: u32,
+}
+
+/// The outcome on one kernel.
+#[derive(Debug, Clone)]
+pub struct KernelReport {
+    /// `uname -r` inside the VM (the Debian ABI when the VM never got that far).
+    pub kernel: String,
+    pub cgroup_layout: String,
+    pub passed: u32,
+    pub failed: u32,
+    pub ignored: u32,
+    /// All binaries ran, none failed, the VM finished in time.
+    pub ok: bool,
+    pub log_path: PathBuf,
+}
+
+/// Runs `test_binaries` (static musl builds, see [`build_test_binaries`]) on every kernel of
+/// `args` and prints one line per kernel. Returns `Ok` with the reports even when tests fail: the
+/// caller must fail when any report is not `ok`. `Err` means the harness itself broke.
+pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<KernelReport>> {
+    if test_binaries.is_empty() {
+        bail!("vm-test: no test binaries to run");
+    }
+    let t = Instant::now();
+    ensure_vm_prerequisites()?;
+    println!("vm-test: prerequisites checked in {:.1?}", t.elapsed());
+    let cache = kernels::cache_dir()?;
+    let out_dir = target_dir().join("vm-test");
+    std::fs::create_dir_all(&out_dir)?;
+
+    let t = Instant::now();
+    let initrd = initramfs::build(test_binaries, &out_dir)?;
+    println!(
+        "vm-test: initramfs {} ({} MiB) in {:.1?}",
+        initrd.display(),
+        std::fs::metadata(&initrd)?.len() >> 20,
+        t.elapsed()
+    );
+
+    let mut reports = Vec::new();
+    for series in &args.kernels {
+        let t = Instant::now();
+        let kernel = kernels::fetch(series, &cache)?;
+        println!(
+            "vm-test: kernel {} ready in {:.1?}",
+            kernel.package,
+            t.elapsed()
+        );
+        let log_path = out_dir.join(format!("{}.log", sanitize(series)));
+        let boot = qemu::boot(
+            &kernel.vmlinuz,
+            &initrd,
+            args.memory,
+            Duration::from_secs(args.timeout),
+            &log_path,
+            series,
+        )?;
+        println!("vm-test: {series} VM finished in {:.1?}", boot.elapsed);
+        reports.push(report::parse(
+            &boot.lines,
+            test_binaries.len(),
+            boot.timed_out,
+            &kernel.package,
+            log_path,
+        ));
+    }
+    report::print(&reports);
+    Ok(reports)
+}
+
+/// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
+pub fn build_test_binaries() -> Result<Vec<PathBuf>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "-p",
+            "qoslet-tests",
+            "--no-run",
+            "--target",
+            MUSL_TARGET,
+        ])
+        .args(["--message-format=json"])
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the musl test binaries failed: {}", out.status);
+    }
+    let mut binaries = Vec::new();
+    for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let msg: serde_json::Value = serde_json::from_slice(line)?;
+        let is_test_target = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if msg["reason"] == "compiler-artifact"
+            && msg["profile"]["test"] == true
+            && is_test_target
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            binaries.push(PathBuf::from(exe));
+        }
+    }
+    Ok(binaries)
+}
+
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,69 @@
+//! The VM's root filesystem: busybox, the init script and the test binaries in a newc cpio.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+const INIT: &str = include_str!("init.sh");
+/// From Debian's busybox-static: no shared libraries needed in the VM.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// Writes `<out_dir>/initramfs.cpio` holding `/init`, busybox and `/tests/<name>`.
+pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
+    let stage = out_dir.join("initramfs");
+    let _ = fs::remove_dir_all(&stage);
+    for dir in ["bin", "tests", "dev", "proc", "sys", "tmp", "root"] {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    install(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
+    fs::write(stage.join("init"), INIT)?;
+    fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
+    for bin in test_binaries {
+        let name = test_name(bin)?;
+        install(bin, &stage.join("tests").join(name))?;
+    }
+
+    let cpio = out_dir.join("initramfs.cpio");
+    let file = fs::File::create(&cpio)?;
+    // Owned by root inside the VM whoever builds it; the kernel unpacks newc only.
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "find . -print0 | cpio --null --create --format=newc --owner=0:0 --quiet",
+        ])
+        .current_dir(&stage)
+        .stdout(file)
+        .stderr(Stdio::inherit())
+        .status()
+        .context("running cpio")?;
+    if !status.success() {
+        bail!("building {cpio:?} failed: {status}");
+    }
+    fs::remove_dir_all(&stage)?;
+    Ok(cpio)
+}
+
+fn install(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to).with_context(|| format!("copying {from:?} into the initramfs"))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// `cgroup_v2_smoke-0123456789abcdef` -> `cgroup_v2_smoke`: readable names in the results.
+fn test_name(bin: &Path) -> Result<String> {
+    let file = bin
+        .file_name()
+        .and_then(|f| f.to_str())
+        .with_context(|| format!("bad test binary path {bin:?}"))?;
+    Ok(match file.rsplit_once('-') {
+        Some((stem, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+            stem.to_owned()
+        }
+        _ => file.to_owned(),
+    })
+}

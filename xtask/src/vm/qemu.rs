@@ -1,0 +1,126 @@
+//! Boots one kernel under QEMU (TCG) and collects its serial console with a deadline.
+
+use std::{
+    fs::File,
+    io::{BufRead as _, BufReader, Write as _},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+
+/// What the serial console said before QEMU exited or was killed.
+pub struct Boot {
+    pub lines: Vec<String>,
+    pub timed_out: bool,
+    pub elapsed: Duration,
+}
+
+/// Kills QEMU when the harness returns early or panics, so no VM outlives xtask.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn boot(
+    vmlinuz: &Path,
+    initrd: &Path,
+    memory_mib: u32,
+    timeout: Duration,
+    log_path: &Path,
+    label: &str,
+) -> Result<Boot> {
+    let mut log = File::create(log_path).with_context(|| format!("creating {log_path:?}"))?;
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-machine", "q35", "-cpu", "max", "-smp", "2"])
+        .args(["-m", &memory_mib.to_string()])
+        // KVM is not usable on the CI machines: plain TCG, no -enable-kvm.
+        .args([
+            "-accel",
+            "tcg",
+            "-nographic",
+            "-no-reboot",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+        ])
+        .arg("-kernel")
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        // panic=-1 plus -no-reboot turns a kernel panic (e.g. init dying) into a QEMU exit.
+        // mitigations=off: speculation mitigations only cost time under emulation; edd=off skips
+        // a BIOS disk probe there is no disk for.
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off edd=off",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = KillOnDrop(cmd.spawn().context("starting qemu-system-x86_64")?);
+
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.0.stdout.take().expect("piped");
+    let stderr = child.0.stderr.take().expect("piped");
+    for (stream, prefix) in [
+        (Box::new(stdout) as Box<dyn std::io::Read + Send>, ""),
+        (Box::new(stderr), "qemu: "),
+    ] {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let mut reader = BufReader::new(stream);
+            let mut buf = Vec::new();
+            // The console is not guaranteed UTF-8: read bytes, decode lossily.
+            while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                let line = String::from_utf8_lossy(&buf);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if tx.send(format!("{prefix}{line}")).is_err() {
+                    break;
+                }
+                buf.clear();
+            }
+        });
+    }
+    drop(tx);
+
+    let deadline = start + timeout;
+    let mut lines = Vec::new();
+    let mut timed_out = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                writeln!(log, "{line}")?;
+                // Only our markers and failures; BIOS escape codes may precede a marker.
+                if let Some(at) = line.find("QOSLET-VM") {
+                    println!("[{label}] {}", &line[at..]);
+                } else if line.contains("FAILED") || line.contains("panicked") {
+                    println!("[{label}] {line}");
+                }
+                lines.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                timed_out = true;
+                writeln!(log, "vm-test: timed out after {timeout:?}, killing QEMU")?;
+                break;
+            }
+            // Both pipes closed: QEMU exited.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    drop(child);
+    Ok(Boot {
+        lines,
+        timed_out,
+        elapsed: start.elapsed(),
+    })
+}
