@@ -119,7 +119,7 @@ fn broken_copy_prints_one_sorted_line_per_problem() {
             "{d}/99-extra.yaml: Workload/team-a/old: api-version: apiVersion scheduling.k8s.io/v1alpha1 is not served for Workload; expected scheduling.k8s.io/v1beta1"
         ),
         format!(
-            "{d}/99-extra.yaml: KubeletConfiguration: api-version: apiVersion kubelet.config.k8s.io/v1 is not served for KubeletConfiguration"
+            "{d}/99-extra.yaml: KubeletConfiguration: api-version: apiVersion: expected kubelet.config.k8s.io/v1beta1, got \"kubelet.config.k8s.io/v1\""
         ),
     ];
     let lines = stdout_lines(&o);

@@ -40,7 +40,9 @@ pub fn layout() -> Layout {
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        panic!("this integration test needs root (real cgroups and eBPF); run it with `cargo xtask test` as root");
+        panic!(
+            "this integration test needs root (real cgroups and eBPF); run it with `cargo xtask test` as root"
+        );
     }
 }
 
@@ -79,7 +81,8 @@ impl TestCgroup {
 
     pub fn write(&self, file: &str, value: &str) {
         let p = self.path.join(file);
-        fs::write(&p, value).unwrap_or_else(|e| panic!("writing {value:?} to {}: {e}", p.display()));
+        fs::write(&p, value)
+            .unwrap_or_else(|e| panic!("writing {value:?} to {}: {e}", p.display()));
     }
 
     pub fn read(&self, file: &str) -> String {
@@ -190,7 +193,10 @@ impl Hog {
                 return status.signal();
             }
             if Instant::now() > deadline {
-                panic!("the hog (pid {}) did not exit within {timeout:?}", self.pid());
+                panic!(
+                    "the hog (pid {}) did not exit within {timeout:?}",
+                    self.pid()
+                );
             }
             thread::sleep(Duration::from_millis(5));
         }

@@ -36,13 +36,18 @@ impl Cgroups {
                 let controllers = std::fs::read_to_string("/sys/fs/cgroup/cgroup.subtree_control")
                     .unwrap_or_default();
                 if !controllers.split_whitespace().any(|c| c == "memory") {
-                    eprintln!("skipped: the memory controller is not enabled for children of /sys/fs/cgroup, and this test does not change cgroups it did not create");
+                    eprintln!(
+                        "skipped: the memory controller is not enabled for children of /sys/fs/cgroup, and this test does not change cgroups it did not create"
+                    );
                     return None;
                 }
                 let memory = TestCgroup::create("/sys/fs/cgroup", &name);
                 memory.write("memory.max", LIMIT);
                 memory.write("memory.swap.max", "0");
-                Some(Self { memory, unified: None })
+                Some(Self {
+                    memory,
+                    unified: None,
+                })
             }
         }
     }
@@ -61,7 +66,9 @@ impl Cgroups {
 }
 
 fn start_intake(sensors: &mut EbpfSensors) -> mpsc::UnboundedReceiver<SensorEvent> {
-    let mut reader = sensors.event_reader().expect("taking the event ring buffer");
+    let mut reader = sensors
+        .event_reader()
+        .expect("taking the event ring buffer");
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut events = Vec::new();
@@ -110,18 +117,18 @@ async fn oom_one(options: EbpfOptions) -> Option<(OomVictim, Option<u64>, Cgroup
                 memcg_id,
                 kind: MemcgEventKind::OomKill,
                 ..
-            })) if memcg_id == cgroups.memory.id() =>
-            {
-                memcg_kill = Some(memcg_id)
-            }
+            })) if memcg_id == cgroups.memory.id() => memcg_kill = Some(memcg_id),
             Ok(Some(_)) => {}
             Ok(None) => panic!("the event intake stopped"),
             Err(_) => break,
         }
     }
     let victim = victim.unwrap_or_else(|| {
-        panic!("no OOM victim event for pid {pid} within 1 s (attached: {:?}, skipped: {:?})",
-            sensors.attached(), sensors.skipped())
+        panic!(
+            "no OOM victim event for pid {pid} within 1 s (attached: {:?}, skipped: {:?})",
+            sensors.attached(),
+            sensors.skipped()
+        )
     });
     assert_eq!(sensors.events_lost().expect("reading EVENTS_LOST"), 0);
     Some((victim, memcg_kill, cgroups, pid))
@@ -132,12 +139,24 @@ async fn oom_kill_in_a_memory_cgroup_reports_the_victim_pid_and_cgroup() {
     let Some((victim, memcg_kill, cgroups, pid)) = oom_one(EbpfOptions::default()).await else {
         return;
     };
-    assert_eq!(victim.source, OomSource::BtfTracepoint, "this kernel has BTF");
+    assert_eq!(
+        victim.source,
+        OomSource::BtfTracepoint,
+        "this kernel has BTF"
+    );
     assert_eq!(victim.pid, pid);
     assert_eq!(victim.tgid, pid);
     assert_eq!(victim.comm, "qoslet-test-hog");
-    assert_eq!(victim.cgroup_id, cgroups.v2_id(), "cgroup v2 id of the victim");
-    assert_eq!(victim.memcg_id, Some(cgroups.memory.id()), "memory cgroup of the victim");
+    assert_eq!(
+        victim.cgroup_id,
+        cgroups.v2_id(),
+        "cgroup v2 id of the victim"
+    );
+    assert_eq!(
+        victim.memcg_id,
+        Some(cgroups.memory.id()),
+        "memory cgroup of the victim"
+    );
     let rss = victim.rss_bytes.expect("rss from the victim's mm");
     // The victim filled most of its 32 MiB limit with touched pages.
     assert!(rss > 16 << 20 && rss <= 40 << 20, "rss {rss} bytes");

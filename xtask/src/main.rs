@@ -1,11 +1,22 @@
-//! Placeholder entry point of the vm branch; the real xtask merges `vm-test` by hand.
+//! `cargo xtask`: builds, tests and runs qoslet, installing what it needs first.
+//!
+//! - `build-ebpf`: the eBPF toolchain (rust-src, bpf-linker), then the agent with its programs.
+//! - `test`: unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
+//!   matrix under QEMU (`--no-vm` skips it). The README's test command.
+//! - `run`: the README's main command: the agent on the embedded example node.
+//! - `vm-test`: the kernel matrix alone.
 
+mod cargo;
+mod toolchain;
 mod vm;
+
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
+#[command(about = "Build, test and run qoslet")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -13,24 +24,177 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Install the eBPF toolchain if missing and build the agent with its kernel programs.
+    BuildEbpf,
+    /// Unit tests, root integration tests on this kernel, then the VM kernel matrix.
+    Test(TestArgs),
+    /// Run qoslet on the example node in deploy/examples (Ctrl-C stops it).
+    Run {
+        /// Extra arguments for `qoslet run`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run the integration tests on Debian kernels with pure cgroup v2 under QEMU.
     VmTest(vm::VmTestArgs),
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().command {
+#[derive(clap::Args)]
+struct TestArgs {
+    /// Skip the VM kernel matrix (quick local runs).
+    #[arg(long)]
+    no_vm: bool,
+    #[command(flatten)]
+    vm: vm::VmTestArgs,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::BuildEbpf => {
+            let tc = toolchain::ensure()?;
+            cargo::run(&tc, &["build", "-p", "qoslet"])?;
+            println!("xtask: built target/debug/qoslet with its eBPF programs");
+            Ok(())
+        }
+        Cmd::Test(args) => test(&args),
+        Cmd::Run { args } => run_example(&args),
         Cmd::VmTest(args) => {
-            vm::ensure_vm_prerequisites()?;
-            let binaries = vm::build_test_binaries()?;
-            let reports = vm::vm_test(&args, &binaries)?;
-            if let Some(bad) = reports.iter().find(|r| !r.ok) {
-                bail!(
-                    "vm-test failed on {} (see {})",
-                    bad.kernel,
-                    bad.log_path.display()
-                );
+            let tc = toolchain::ensure()?;
+            let reports = vm_matrix(&tc, &args)?;
+            if reports.iter().any(|r| !r.ok) {
+                bail!("vm-test failed");
             }
             Ok(())
         }
+    }
+}
+
+fn test(args: &TestArgs) -> Result<()> {
+    let tc = toolchain::ensure()?;
+    let mut lines = Vec::new();
+    let mut total = cargo::TestCounts::default();
+
+    let unit = cargo::test(
+        &tc,
+        &["test", "-p", "qoslet-common", "-p", "qoslet", "-p", "xtask"],
+    )?;
+    lines.push(format!("unit and CLI tests: {}", unit.summary()));
+    total.add(&unit);
+
+    if !is_root() {
+        bail!(
+            "the integration tests need root (real cgroups and eBPF); run `cargo xtask test` as root"
+        );
+    }
+    let host = cargo::test(&tc, &["test", "-p", "qoslet-tests"])?;
+    lines.push(format!(
+        "host kernel {}, cgroup {}: {}",
+        uname_r(),
+        host_cgroup_layout(),
+        host.summary()
+    ));
+    total.add(&host);
+
+    let mut vm_failed = false;
+    if !args.no_vm {
+        for r in vm_matrix(&tc, &args.vm)? {
+            lines.push(format!(
+                "VM kernel {}, cgroup {}: {} passed, {} failed, {} ignored{}",
+                r.kernel,
+                r.cgroup_layout,
+                r.passed,
+                r.failed,
+                r.ignored,
+                if r.ok {
+                    String::new()
+                } else {
+                    format!(" (FAILED, log {})", r.log_path.display())
+                }
+            ));
+            total.passed += r.passed as u64;
+            total.failed += r.failed as u64;
+            total.ignored += r.ignored as u64;
+            vm_failed |= !r.ok;
+        }
+    }
+
+    println!("\n== qoslet test report ==");
+    for l in &lines {
+        println!("{l}");
+    }
+    println!(
+        "xtask: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.ignored
+    );
+    if total.failed > 0 || vm_failed || !unit.ok || !host.ok {
+        bail!("tests failed");
+    }
+    Ok(())
+}
+
+fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm::KernelReport>> {
+    vm::ensure_vm_prerequisites()?;
+    let binaries = vm::build_test_binaries(&tc.path_env)?;
+    vm::vm_test(args, &binaries)
+}
+
+fn run_example(extra: &[String]) -> Result<()> {
+    let tc = toolchain::ensure()?;
+    cargo::run(&tc, &["build", "-p", "qoslet"])?;
+    let root = cargo::workspace_root();
+    let examples = root.join("deploy/examples");
+    let mut cmd = std::process::Command::new(root.join("target/debug/qoslet"));
+    cmd.arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(examples.join("qoslet-config.yaml"))
+        .arg("--standalone")
+        .arg(examples.join("pods"))
+        // Cgroup writes, the runtime and eviction are not built yet: observe only.
+        .arg("--observe")
+        .args(extra);
+    println!("xtask: {cmd:?}");
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("qoslet exited with {status}");
+    }
+    Ok(())
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn uname_r() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn host_cgroup_layout() -> &'static str {
+    let root = PathBuf::from("/sys/fs/cgroup");
+    if root.join("cgroup.controllers").exists() {
+        "v2"
+    } else if root.join("unified/cgroup.procs").exists() {
+        "hybrid (v1 controllers + v2 unified)"
+    } else {
+        "v1"
     }
 }

@@ -90,7 +90,10 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
         println!("vm-test: {series} VM finished in {:.1?}", boot.elapsed);
         reports.push(report::parse(
             &boot.lines,
-            test_binaries.len(),
+            test_binaries
+                .iter()
+                .filter(|b| initramfs::is_test_binary(b))
+                .count(),
             boot.timed_out,
             &kernel.package,
             log_path,
@@ -101,7 +104,7 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
 }
 
 /// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
-pub fn build_test_binaries() -> Result<Vec<PathBuf>> {
+pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
         .args([
@@ -114,6 +117,7 @@ pub fn build_test_binaries() -> Result<Vec<PathBuf>> {
         ])
         .args(["--message-format=json"])
         .current_dir(workspace_root())
+        .env("PATH", path_env)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;
@@ -123,12 +127,16 @@ pub fn build_test_binaries() -> Result<Vec<PathBuf>> {
     let mut binaries = Vec::new();
     for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let msg: serde_json::Value = serde_json::from_slice(line)?;
-        let is_test_target = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        let kind_is = |want: &str| {
+            msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == want))
+        };
+        // Test executables, and the helper binaries the tests start (e.g. qoslet-test-hog).
+        let wanted = (msg["profile"]["test"] == true && kind_is("test"))
+            || (msg["profile"]["test"] == false && kind_is("bin"));
         if msg["reason"] == "compiler-artifact"
-            && msg["profile"]["test"] == true
-            && is_test_target
+            && wanted
             && let Some(exe) = msg["executable"].as_str()
         {
             binaries.push(PathBuf::from(exe));

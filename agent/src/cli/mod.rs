@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand};
 pub const EXIT_CONFIG: u8 = 64;
 
 #[derive(Debug, Parser)]
-#[command(name = "qoslet", version, about = "eBPF-backed node enforcement agent for Kubernetes")]
+#[command(
+    name = "qoslet",
+    version,
+    about = "eBPF-backed node enforcement agent for Kubernetes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

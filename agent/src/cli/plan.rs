@@ -63,9 +63,9 @@ pub enum Driver {
 }
 
 /// A failure with its exit status and the lines to print.
-struct Failure {
-    status: u8,
-    lines: Vec<String>,
+pub(super) struct Failure {
+    pub(super) status: u8,
+    pub(super) lines: Vec<String>,
 }
 
 impl From<ConfigError> for Failure {
@@ -102,6 +102,22 @@ pub fn run(args: PlanArgs) -> ExitCode {
 }
 
 fn plan(args: &PlanArgs) -> Result<String, Failure> {
+    let plan = build_plan(args)?;
+    Ok(match args.output {
+        Output::Json => {
+            let mut s = serde_json::to_string_pretty(&plan).map_err(|e| Failure {
+                status: 1,
+                lines: vec![format!("cannot encode the plan: {e}")],
+            })?;
+            s.push('\n');
+            s
+        }
+        Output::Table => table(&plan),
+    })
+}
+
+/// The desired state for the arguments' node and pods (shared with `qoslet run`).
+pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     let kc = KubeletConfig::load(&args.kubelet_config)?;
     let qc = match &args.config {
         Some(f) => QosletConfiguration::load(f)?,
@@ -140,7 +156,7 @@ fn plan(args: &PlanArgs) -> Result<String, Failure> {
     if !lines.is_empty() {
         return Err(Failure { status: 1, lines });
     }
-    let plan = plan_node(&settings, &pods).map_err(|e| {
+    plan_node(&settings, &pods).map_err(|e| {
         let field = match e {
             AllocatableError::ReservationAboveCapacity { .. } => "systemReserved",
             _ => "reservedSystemCPUs",
@@ -152,17 +168,6 @@ fn plan(args: &PlanArgs) -> Result<String, Failure> {
                 args.kubelet_config.display()
             )],
         }
-    })?;
-    Ok(match args.output {
-        Output::Json => {
-            let mut s = serde_json::to_string_pretty(&plan).map_err(|e| Failure {
-                status: 1,
-                lines: vec![format!("cannot encode the plan: {e}")],
-            })?;
-            s.push('\n');
-            s
-        }
-        Output::Table => table(&plan),
     })
 }
 

@@ -1,10 +1,230 @@
 //! `qoslet run`: the daemon.
+//!
+//! What runs today: the node plan for the pods in `--standalone DIR` (logged), and the eBPF OOM
+//! sensor (victims and memcg events logged as they happen). Cgroup writes, the process runtime
+//! and eviction are not built yet, so the agent runs in observe mode only and says so; the
+//! cluster mode (`--kube`) needs an API server and is not built either.
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
+
+use tracing::{info, warn};
+
+use super::{
+    EXIT_CONFIG,
+    plan::{Output, PlanArgs, build_plan},
+};
+use crate::{
+    config::{Mode, QosletConfiguration},
+    policy::plan::Plan,
+    sensors::{
+        EbpfSensors, SensorEvent,
+        ebpf::{EbpfOptions, error_chain},
+    },
+};
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
+pub struct RunArgs {
+    /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
+    #[arg(long, value_name = "FILE")]
+    pub kubelet_config: PathBuf,
+    /// qoslet's own QosletConfiguration.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Standalone node: pods come from the manifests in DIR.
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "kube",
+        conflicts_with = "kube"
+    )]
+    pub standalone: Option<PathBuf>,
+    /// Cluster mode: pods come from the Kubernetes API.
+    #[arg(long)]
+    pub kube: bool,
+    /// Compute and report everything, write nothing, evict nobody.
+    #[arg(long)]
+    pub observe: bool,
+}
 
-pub fn run(_args: RunArgs) -> ExitCode {
+pub fn run(args: RunArgs) -> ExitCode {
+    let Some(dir) = args.standalone.clone() else {
+        eprintln!(
+            "qoslet run --kube is not built yet (it needs the cluster source); use --standalone DIR."
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let qc = match &args.config {
+        Some(f) => match QosletConfiguration::load(f) {
+            Ok(qc) => qc,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        None => QosletConfiguration::default(),
+    };
+    if !args.observe && qc.mode != Mode::Observe {
+        eprintln!(
+            "qoslet cannot enforce yet (cgroup writes, the process runtime and eviction are not built); run with --observe."
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let plan_args = PlanArgs {
+        kubelet_config: args.kubelet_config.clone(),
+        config: args.config.clone(),
+        capacity: None,
+        cgroup_driver: None,
+        output: Output::Table,
+        paths: vec![dir],
+    };
+    let plan = match build_plan(&plan_args) {
+        Ok(p) => p,
+        Err(f) => {
+            for l in f.lines {
+                eprintln!("{l}");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    log_plan(&plan);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("qoslet could not start its runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sensors_enabled = qc.ebpf.enabled;
+    runtime.block_on(observe(sensors_enabled))
+}
+
+fn log_plan(plan: &Plan) {
+    let n = &plan.node;
+    info!(
+        cpu_millis = n.allocatable.cpu_millis,
+        memory_bytes = n.allocatable.memory_bytes,
+        kubepods_memory_limit = ?n.kubepods.memory_limit_bytes,
+        "Node allocatable computed."
+    );
+    for w in &n.warnings {
+        warn!(warning = %w, "Node plan warning.");
+    }
+    for p in &plan.pods {
+        let scores: Vec<String> = p
+            .containers
+            .iter()
+            .map(|c| format!("{}={}", c.name, c.oom_score_adj))
+            .collect();
+        info!(
+            pod = %format!("{}/{}", p.namespace, p.name),
+            qos_class = ?p.qos_class,
+            cpu_weight = ?p.cpu_weight,
+            memory_limit = ?p.memory_limit_bytes,
+            oom_score_adj = %scores.join(","),
+            "Pod planned (observe mode: nothing written)."
+        );
+    }
+}
+
+async fn observe(sensors_enabled: bool) -> ExitCode {
+    let mut sensors = if sensors_enabled {
+        match EbpfSensors::load(EbpfOptions::default()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(reason = %error_chain(&e), "eBPF sensors unavailable; running without them.");
+                None
+            }
+        }
+    } else {
+        info!("eBPF sensors disabled by configuration.");
+        None
+    };
+    let mut reader = None;
+    if let Some(s) = sensors.as_mut() {
+        for a in s.attached() {
+            info!(program = a.program, hook = %a.hook, "eBPF program attached.");
+        }
+        for why in s.skipped() {
+            info!(reason = %why, "eBPF hook skipped.");
+        }
+        match s.event_reader() {
+            Ok(r) => reader = Some(r),
+            Err(e) => warn!(reason = %error_chain(&e), "eBPF event intake unavailable."),
+        }
+    }
+    let mut events = Vec::new();
+    let mut bad = Vec::new();
+    let mut sigterm = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("qoslet could not watch SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!("qoslet is running in observe mode; Ctrl-C stops it.");
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            r = async {
+                match reader.as_mut() {
+                    Some(r) => r.read_batch(&mut events, &mut bad).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Err(e) = r {
+                    warn!(error = %e, "eBPF event intake failed; continuing without it.");
+                    reader = None;
+                }
+                for e in events.drain(..) {
+                    log_event(&e);
+                }
+                for e in bad.drain(..) {
+                    warn!(error = %e, "Undecodable eBPF record dropped.");
+                }
+            }
+        }
+    }
+    if let Some(s) = &sensors
+        && let Ok(lost) = s.events_lost()
+        && lost > 0
+    {
+        warn!(
+            lost,
+            "eBPF records were lost because the ring buffer was full."
+        );
+    }
+    info!("qoslet stopped.");
     ExitCode::SUCCESS
+}
+
+fn log_event(e: &SensorEvent) {
+    match e {
+        SensorEvent::OomVictim(v) => warn!(
+            pid = v.pid,
+            comm = %v.comm,
+            cgroup_id = v.cgroup_id,
+            memcg_id = ?v.memcg_id,
+            rss_bytes = ?v.rss_bytes,
+            oom_score_adj = ?v.oom_score_adj,
+            source = ?v.source,
+            "Kernel OOM killer chose a victim."
+        ),
+        SensorEvent::Memcg {
+            memcg_id,
+            kind,
+            count,
+            ..
+        } => info!(
+            memcg_id,
+            event = kind.as_str(),
+            count,
+            "Memory cgroup event."
+        ),
+    }
 }

@@ -3,6 +3,7 @@
 //! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
 //! input or a malformed flag.
 
+use crate::config::{ConfigError, KubeletConfig, QosletConfiguration};
 use std::{path::PathBuf, process::ExitCode};
 
 use crate::{
@@ -162,26 +163,32 @@ fn raw_problem(raw: &RawObject, rule: Rule, message: String) -> Problem {
     Problem::new(&origin, raw.display_id().to_string(), rule, message)
 }
 
-/// Configuration documents: only the apiVersion for now.
-// Wired to the real config parser (crate::config) at merge time.
+/// Configuration documents, checked by the same parser `plan` and `run` use (crate::config):
+/// the line names the field and the value that is wrong.
 fn validate_config_object(obj: &RawObject) -> Vec<Problem> {
-    let ok = match obj.kind.as_str() {
-        "KubeletConfiguration" => obj.api_version == "kubelet.config.k8s.io/v1beta1",
-        // qoslet's own group is not fixed yet: accept any `*qoslet*/version`.
-        _ => obj
-            .api_version
-            .split_once('/')
-            .is_some_and(|(g, v)| g.contains("qoslet") && !v.is_empty()),
+    let text = match serde_yaml_ng::to_string(&obj.value) {
+        Ok(t) => t,
+        Err(e) => return vec![raw_problem(obj, Rule::Schema, e.to_string())],
     };
-    if ok {
-        return Vec::new();
+    let result = match obj.kind.as_str() {
+        "KubeletConfiguration" => KubeletConfig::parse(&obj.file, &text).map(|_| ()),
+        _ => QosletConfiguration::parse(&obj.file, &text).map(|_| ()),
+    };
+    match result {
+        Ok(()) => Vec::new(),
+        Err(ConfigError::Invalid { field, message, .. }) => {
+            let rule = if field == "apiVersion" {
+                Rule::ApiVersion
+            } else {
+                Rule::Schema
+            };
+            let field = if field.is_empty() {
+                String::new()
+            } else {
+                format!("{field}: ")
+            };
+            vec![raw_problem(obj, rule, format!("{field}{message}"))]
+        }
+        Err(e) => vec![raw_problem(obj, Rule::Schema, e.to_string())],
     }
-    vec![raw_problem(
-        obj,
-        Rule::ApiVersion,
-        format!(
-            "apiVersion {} is not served for {}",
-            obj.api_version, obj.kind
-        ),
-    )]
 }

@@ -79,9 +79,10 @@ impl KernelBtf {
             Type::Enum(e) => e.size() as u32,
             Type::Ptr(_) => 8,
             Type::Array(a) => {
-                let elem = self.btf.resolve_chained_type(&a).map_err(|_| {
-                    BtfError::Missing("an array element type".into())
-                })?;
+                let elem = self
+                    .btf
+                    .resolve_chained_type(&a)
+                    .map_err(|_| BtfError::Missing("an array element type".into()))?;
                 self.size_of(&elem)? * a.len() as u32
             }
             _ => return Err(BtfError::Missing("a sized type".into())),
@@ -189,7 +190,9 @@ impl KernelBtf {
                     .map_err(|_| BtfError::Missing("mm_rss_stat.count element".into()))?;
                 Ok(base + count_off + index * self.size_of(&elem)?)
             }
-            _ => Err(BtfError::Missing("a known mm_struct.rss_stat layout".into())),
+            _ => Err(BtfError::Missing(
+                "a known mm_struct.rss_stat layout".into(),
+            )),
         }
     }
 
@@ -218,8 +221,10 @@ impl KernelBtf {
             task_signal: self.offset_of("task_struct", "signal")?,
             signal_oom_score_adj: self.offset_of("signal_struct", "oom_score_adj")?,
             task_mm: self.offset_of("task_struct", "mm")?,
-            mm_file_pages: self.rss_counter_offset(u32_of(self.enum_value(None, "MM_FILEPAGES")?)?)?,
-            mm_anon_pages: self.rss_counter_offset(u32_of(self.enum_value(None, "MM_ANONPAGES")?)?)?,
+            mm_file_pages: self
+                .rss_counter_offset(u32_of(self.enum_value(None, "MM_FILEPAGES")?)?)?,
+            mm_anon_pages: self
+                .rss_counter_offset(u32_of(self.enum_value(None, "MM_ANONPAGES")?)?)?,
             mm_shmem_pages: self
                 .rss_counter_offset(u32_of(self.enum_value(None, "MM_SHMEMPAGES")?)?)?,
             has_memcg,

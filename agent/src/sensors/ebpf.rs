@@ -133,8 +133,12 @@ impl EbpfSensors {
             }
         }
         if !memcg_attached && memcg_layout.oom_kill_item >= 0 {
-            match attach_tracepoint(&mut ebpf, "memcg_count_events_tp", "memcg", "count_memcg_events")
-            {
+            match attach_tracepoint(
+                &mut ebpf,
+                "memcg_count_events_tp",
+                "memcg",
+                "count_memcg_events",
+            ) {
                 Ok(a) => attached.push(a),
                 Err(e) => skipped.push(error_chain(&e)),
             }
@@ -303,7 +307,11 @@ fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
         .all(|f| fields.contains_key(*f));
     OomTracepointLayout {
         pid: at("pid"),
-        anon_rss: if rss_complete { at("anon_rss") } else { OomTracepointLayout::ABSENT },
+        anon_rss: if rss_complete {
+            at("anon_rss")
+        } else {
+            OomTracepointLayout::ABSENT
+        },
         file_rss: at("file_rss"),
         shmem_rss: at("shmem_rss"),
         oom_score_adj: at("oom_score_adj"),
@@ -324,7 +332,12 @@ fn memcg_tracepoint_layout(
         }
     };
     let oom_kill = btf.map(|b| b.enum_value(Some("vm_event_item"), "OOM_KILL"));
-    match (fields.get("id"), fields.get("item"), fields.get("val"), oom_kill) {
+    match (
+        fields.get("id"),
+        fields.get("item"),
+        fields.get("val"),
+        oom_kill,
+    ) {
         (Some(id), Some(item), Some(val), Some(Ok(oom_kill))) => MemcgTracepointLayout {
             id: id.offset,
             item: item.offset,

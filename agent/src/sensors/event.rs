@@ -137,8 +137,8 @@ pub fn decode(bytes: &[u8]) -> Result<SensorEvent, DecodeError> {
         }
         EventKind::Memcg => {
             let e: MemcgEvent = checked(kind, bytes)?;
-            let kind = MemcgEventKind::from_item(e.item)
-                .ok_or(DecodeError::UnknownMemcgItem(e.item))?;
+            let kind =
+                MemcgEventKind::from_item(e.item).ok_or(DecodeError::UnknownMemcgItem(e.item))?;
             SensorEvent::Memcg {
                 memcg_id: e.memcg_id,
                 kind,
@@ -180,8 +180,7 @@ mod tests {
 
     fn bytes_of<T>(v: &T) -> Vec<u8> {
         // SAFETY: test-only view of a plain repr(C) value.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-            .to_vec()
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     fn victim(flags: u32) -> OomVictimEvent {
@@ -208,7 +207,8 @@ mod tests {
 
     #[test]
     fn decodes_a_btf_victim_with_every_field() {
-        let flags = OOM_FLAG_FROM_BTF | OOM_FLAG_HAS_MEMCG | OOM_FLAG_HAS_RSS | OOM_FLAG_HAS_SCORE_ADJ;
+        let flags =
+            OOM_FLAG_FROM_BTF | OOM_FLAG_HAS_MEMCG | OOM_FLAG_HAS_RSS | OOM_FLAG_HAS_SCORE_ADJ;
         let SensorEvent::OomVictim(v) = decode(&bytes_of(&victim(flags))).unwrap() else {
             panic!("not a victim");
         };
@@ -227,7 +227,10 @@ mod tests {
         else {
             panic!("not a victim");
         };
-        assert_eq!((v.memcg_id, v.rss_bytes, v.oom_score_adj), (None, None, None));
+        assert_eq!(
+            (v.memcg_id, v.rss_bytes, v.oom_score_adj),
+            (None, None, None)
+        );
         assert_eq!(v.source, OomSource::Tracepoint);
     }
 
@@ -240,7 +243,10 @@ mod tests {
             Err(DecodeError::UnknownKind(UnknownEventKind(99)))
         );
         let ok = bytes_of(&victim(0));
-        assert!(matches!(decode(&ok[..20]), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            decode(&ok[..20]),
+            Err(DecodeError::Truncated { .. })
+        ));
         assert_eq!(decode(&ok[..4]), Err(DecodeError::Short { len: 4 }));
     }
 }

@@ -40,7 +40,13 @@ pub struct Field {
 
 /// Reads `events/<category>/<name>/format` under `root`.
 pub fn read_format(root: &str, category: &str, name: &str) -> io::Result<HashMap<String, Field>> {
-    let text = fs::read_to_string(Path::new(root).join("events").join(category).join(name).join("format"))?;
+    let text = fs::read_to_string(
+        Path::new(root)
+            .join("events")
+            .join(category)
+            .join(name)
+            .join("format"),
+    )?;
     Ok(parse_format(&text))
 }
 
@@ -84,9 +90,27 @@ mod tests {
     fn parses_field_offsets_of_a_real_format_file() {
         let fields = parse_format(MARK_VICTIM_6_18);
         assert_eq!(fields["pid"], Field { offset: 8, size: 4 });
-        assert_eq!(fields["comm"], Field { offset: 12, size: 4 });
-        assert_eq!(fields["anon_rss"], Field { offset: 24, size: 8 });
-        assert_eq!(fields["oom_score_adj"], Field { offset: 64, size: 2 });
+        assert_eq!(
+            fields["comm"],
+            Field {
+                offset: 12,
+                size: 4
+            }
+        );
+        assert_eq!(
+            fields["anon_rss"],
+            Field {
+                offset: 24,
+                size: 8
+            }
+        );
+        assert_eq!(
+            fields["oom_score_adj"],
+            Field {
+                offset: 64,
+                size: 2
+            }
+        );
         assert!(!fields.contains_key("file_rss"));
     }
 }

@@ -139,7 +139,9 @@ pub fn parse_documents(file: &Path, text: &str, loaded: &mut Loaded) {
         let value = match serde_yaml_ng::Value::deserialize(doc) {
             Ok(v) => v,
             Err(e) => {
-                loaded.malformed.push(malformed(format!("invalid YAML: {e}")));
+                loaded
+                    .malformed
+                    .push(malformed(format!("invalid YAML: {e}")));
                 // A syntax error ends the stream; later documents cannot be located reliably.
                 break;
             }
@@ -200,7 +202,11 @@ mod tests {
     #[test]
     fn reports_documents_without_kind() {
         let mut loaded = Loaded::default();
-        parse_documents(Path::new("x.yaml"), "apiVersion: v1\nmetadata: {}\n", &mut loaded);
+        parse_documents(
+            Path::new("x.yaml"),
+            "apiVersion: v1\nmetadata: {}\n",
+            &mut loaded,
+        );
         assert_eq!(loaded.malformed.len(), 1);
         assert_eq!(
             loaded.malformed[0].to_string(),

@@ -4,6 +4,7 @@
 /bin/busybox mkdir -p /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/root TMPDIR=/tmp QOSLET_VM=1 RUST_BACKTRACE=1
+export QOSLET_TEST_HOG=/bin/qoslet-test-hog
 
 mkdir -p /proc /sys /dev /tmp /root /run
 mount -t proc proc /proc

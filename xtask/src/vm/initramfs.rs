@@ -14,6 +14,11 @@ const INIT: &str = include_str!("init.sh");
 const BUSYBOX: &str = "/bin/busybox";
 
 /// Writes `<out_dir>/initramfs.cpio` holding `/init`, busybox and `/tests/<name>`.
+/// cargo puts test executables in `deps/`; helper binaries sit one level up.
+pub fn is_test_binary(bin: &Path) -> bool {
+    bin.parent().and_then(|p| p.file_name()) == Some("deps".as_ref())
+}
+
 pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
     let stage = out_dir.join("initramfs");
     let _ = fs::remove_dir_all(&stage);
@@ -24,8 +29,15 @@ pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
     fs::write(stage.join("init"), INIT)?;
     fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
     for bin in test_binaries {
-        let name = test_name(bin)?;
-        install(bin, &stage.join("tests").join(name))?;
+        // cargo puts test executables in deps/ (with a hash); helper binaries the tests start
+        // (qoslet-test-hog) sit one level up and go to /bin.
+        if is_test_binary(bin) {
+            let name = test_name(bin)?;
+            install(bin, &stage.join("tests").join(name))?;
+        } else {
+            let name = bin.file_name().context("helper binary without a name")?;
+            install(bin, &stage.join("bin").join(name))?;
+        }
     }
 
     let cpio = out_dir.join("initramfs.cpio");
