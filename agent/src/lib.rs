@@ -7,5 +7,6 @@ pub mod cli;
 pub mod config;
 pub mod policy;
 pub mod sensors;
+pub mod server;
 pub mod source;
 pub mod workload;

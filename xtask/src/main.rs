@@ -5,7 +5,9 @@
 //!   matrix under QEMU (`--no-vm` skips it). The README's test command.
 //! - `run`: the README's main command: the agent on the embedded example node.
 //! - `vm-test`: the kernel matrix alone.
+//! - `bench`: the speed and memory measurements (`tests/src/bin/qoslet-bench-*`).
 
+mod bench;
 mod cargo;
 mod toolchain;
 mod vm;
@@ -36,6 +38,11 @@ enum Cmd {
     },
     /// Run the integration tests on Debian kernels with pure cgroup v2 under QEMU.
     VmTest(vm::VmTestArgs),
+    /// Measure speed and memory targets; writes target/bench/report.md.
+    Bench {
+        /// Only the benches whose name ends with one of these (e.g. `reconcile`).
+        only: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -67,6 +74,10 @@ fn run(cmd: Cmd) -> Result<()> {
         }
         Cmd::Test(args) => test(&args),
         Cmd::Run { args } => run_example(&args),
+        Cmd::Bench { only } => {
+            let tc = toolchain::ensure()?;
+            bench::run(&tc, &only).map(|_| ())
+        }
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
             let reports = vm_matrix(&tc, &args)?;

@@ -3,6 +3,7 @@
 
 mod plan;
 mod run;
+mod status;
 mod validate;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -31,6 +32,8 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Run the agent.
     Run(run::RunArgs),
+    /// A live table of a running agent (pods, class, weight, oom_score_adj, pressure, events).
+    Status(status::StatusArgs),
 }
 
 /// Runs one command and maps its outcome to an exit status.
@@ -39,6 +42,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Plan(args) => plan::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Run(args) => run::run(args),
+        Command::Status(args) => status::run(args),
     }
 }
 

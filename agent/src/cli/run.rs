@@ -5,7 +5,7 @@
 //! and eviction are not built yet, so the agent runs in observe mode only and says so; the
 //! cluster mode (`--kube`) needs an API server and is not built either.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use tracing::{info, warn};
 
@@ -19,6 +19,11 @@ use crate::{
     sensors::{
         EbpfSensors, SensorEvent,
         ebpf::{EbpfOptions, error_chain},
+    },
+    server::{
+        self, AgentState, Metrics, Readiness, StatusStore, Summary, SummarySource,
+        metrics::{MemcgEventLabels, SensorLabels},
+        status::{EventRow, PodRow},
     },
 };
 
@@ -98,8 +103,60 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let sensors_enabled = qc.ebpf.enabled;
-    runtime.block_on(observe(sensors_enabled))
+    let addr: SocketAddr = match qc.metrics_address.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "{}: QosletConfiguration: metricsAddress: {:?} is not an address:port: {e}",
+                args.config
+                    .as_ref()
+                    .map_or("(default)".into(), |p| p.display().to_string()),
+                qc.metrics_address
+            );
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(PlanOnlySummary),
+    });
+    state.metrics.set_plan(&plan);
+    state.status.update(|s| {
+        s.node.mode = "observe".into();
+        s.pods = pod_rows(&plan);
+    });
+    runtime.block_on(observe(qc.ebpf.enabled, addr, state))
+}
+
+/// Until the cgroup statistics reader lands, `/stats/summary` carries the pods and no usage.
+struct PlanOnlySummary;
+
+impl SummarySource for PlanOnlySummary {
+    fn summary(&self) -> Summary {
+        Summary::default()
+    }
+}
+
+fn pod_rows(plan: &Plan) -> Vec<PodRow> {
+    plan.pods
+        .iter()
+        .map(|p| PodRow {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            qos_class: format!("{:?}", p.qos_class),
+            phase: "Planned".into(),
+            cpu_weight: p.cpu_weight,
+            oom_score_adj: p
+                .containers
+                .iter()
+                .map(|c| format!("{}={}", c.name, c.oom_score_adj))
+                .collect(),
+            memory_limit_bytes: p.memory_limit_bytes,
+            ..Default::default()
+        })
+        .collect()
 }
 
 fn log_plan(plan: &Plan) {
@@ -130,7 +187,18 @@ fn log_plan(plan: &Plan) {
     }
 }
 
-async fn observe(sensors_enabled: bool) -> ExitCode {
+async fn observe(sensors_enabled: bool, addr: SocketAddr, state: Arc<AgentState>) -> ExitCode {
+    state.readiness.register("sensors");
+    let server_task = match server::bind(addr, state.clone()).await {
+        Ok((local, serve)) => {
+            info!(addr = %local, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
+            tokio::spawn(serve)
+        }
+        Err(e) => {
+            eprintln!("qoslet {}: {}", e, e.source);
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let mut sensors = if sensors_enabled {
         match EbpfSensors::load(EbpfOptions::default()) {
             Ok(s) => Some(s),
@@ -144,9 +212,19 @@ async fn observe(sensors_enabled: bool) -> ExitCode {
         None
     };
     let mut reader = None;
+    let mut active: Vec<String> = Vec::new();
     if let Some(s) = sensors.as_mut() {
         for a in s.attached() {
             info!(program = a.program, hook = %a.hook, "eBPF program attached.");
+            active.push(format!("{} ({})", a.program, a.hook));
+            state
+                .metrics
+                .sensor_active
+                .get_or_create(&SensorLabels {
+                    sensor: a.program.into(),
+                    source: "ebpf".into(),
+                })
+                .set(1);
         }
         for why in s.skipped() {
             info!(reason = %why, "eBPF hook skipped.");
@@ -156,6 +234,13 @@ async fn observe(sensors_enabled: bool) -> ExitCode {
             Err(e) => warn!(reason = %error_chain(&e), "eBPF event intake unavailable."),
         }
     }
+    let detail = if active.is_empty() {
+        "no eBPF sensors (see the log for why)".to_owned()
+    } else {
+        active.join(", ")
+    };
+    state.status.update(|s| s.node.sensors = active.clone());
+    state.readiness.set("sensors", true, detail);
     let mut events = Vec::new();
     let mut bad = Vec::new();
     let mut sigterm = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -183,6 +268,7 @@ async fn observe(sensors_enabled: bool) -> ExitCode {
                 }
                 for e in events.drain(..) {
                     log_event(&e);
+                    record_event(&state, &e);
                 }
                 for e in bad.drain(..) {
                     warn!(error = %e, "Undecodable eBPF record dropped.");
@@ -199,8 +285,49 @@ async fn observe(sensors_enabled: bool) -> ExitCode {
             "eBPF records were lost because the ring buffer was full."
         );
     }
+    server_task.abort();
     info!("qoslet stopped.");
     ExitCode::SUCCESS
+}
+
+fn record_event(state: &AgentState, e: &SensorEvent) {
+    let time = humantime_now();
+    match e {
+        SensorEvent::OomVictim(v) => state.status.push_event(EventRow {
+            time,
+            pod: String::new(),
+            message: format!(
+                "kernel OOM kill: pid {} ({}) cgroup {} rss {}",
+                v.pid,
+                v.comm,
+                v.cgroup_id,
+                v.rss_bytes.map_or("?".into(), |b| format!("{}Mi", b >> 20))
+            ),
+        }),
+        SensorEvent::Memcg {
+            memcg_id,
+            kind,
+            count,
+            ..
+        } => {
+            state
+                .metrics
+                .memcg_events
+                .get_or_create(&MemcgEventLabels {
+                    cgroup: memcg_id.to_string(),
+                    event: kind.as_str().into(),
+                })
+                .inc_by(*count);
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as the status table shows event times.
+fn humantime_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
 }
 
 fn log_event(e: &SensorEvent) {

@@ -1,0 +1,158 @@
+//! `qoslet status`: a live table of a running agent, refreshed in place.
+
+use std::{
+    fmt::Write as _,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    process::ExitCode,
+    time::Duration,
+};
+
+use crate::server::StatusSnapshot;
+
+/// Where the agent listens by default (QosletConfiguration `metricsAddress`).
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9479";
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Address of the agent's HTTP endpoint.
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub addr: SocketAddr,
+    /// Print the table once and exit (for scripts and tests).
+    #[arg(long)]
+    pub once: bool,
+}
+
+pub fn run(args: StatusArgs) -> ExitCode {
+    loop {
+        match fetch(args.addr) {
+            Ok(snapshot) => {
+                let table = render(&snapshot);
+                if args.once {
+                    print!("{table}");
+                    return ExitCode::SUCCESS;
+                }
+                // Clear the screen and move home, then draw: a refresh in place.
+                print!("\x1b[2J\x1b[H{table}");
+                let _ = std::io::stdout().flush();
+            }
+            Err(e) => {
+                eprintln!("qoslet status: no agent answering on {}: {e}", args.addr);
+                return ExitCode::FAILURE;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn fetch(addr: SocketAddr) -> std::io::Result<StatusSnapshot> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("malformed HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(
+            head.lines().next().unwrap_or("").to_owned(),
+        ));
+    }
+    serde_json::from_str(body).map_err(std::io::Error::other)
+}
+
+fn mib(v: Option<i64>) -> String {
+    v.map_or("-".into(), |b| format!("{}Mi", b >> 20))
+}
+
+pub fn render(s: &StatusSnapshot) -> String {
+    let mut out = String::new();
+    let n = &s.node;
+    let _ = writeln!(
+        out,
+        "qoslet ({}), memory available {}, MemoryPressure={} PIDPressure={}",
+        n.mode,
+        mib(n.memory_available_bytes),
+        n.memory_pressure,
+        n.pid_pressure
+    );
+    let _ = writeln!(out, "sensors: {}", n.sensors.join(", "));
+    let _ = writeln!(
+        out,
+        "\n{:<32} {:<11} {:<10} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
+        "POD",
+        "CLASS",
+        "PHASE",
+        "WEIGHT",
+        "OOM_SCORE_ADJ",
+        "WSS",
+        "REQUEST",
+        "LIMIT",
+        "RUNQ p99",
+        "RST"
+    );
+    for p in &s.pods {
+        let _ = writeln!(
+            out,
+            "{:<32} {:<11} {:<10} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
+            format!("{}/{}", p.namespace, p.name),
+            p.qos_class,
+            p.phase,
+            p.cpu_weight.map_or("-".into(), |w| w.to_string()),
+            p.oom_score_adj.join(","),
+            mib(p.working_set_bytes.map(|v| v as i64)),
+            mib(p.memory_request_bytes),
+            mib(p.memory_limit_bytes),
+            p.runqueue_p99_seconds
+                .map_or("-".into(), |v| format!("{:.2}ms", v * 1000.0)),
+            p.restarts
+        );
+    }
+    let _ = writeln!(out, "\nlast events:");
+    for e in s.events.iter().rev().take(10) {
+        let _ = writeln!(out, "  {} {} {}", e.time, e.pod, e.message);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::status::{EventRow, PodRow};
+
+    #[test]
+    fn renders_one_row_per_pod_and_the_newest_events_first() {
+        let mut s = StatusSnapshot::default();
+        s.node.mode = "observe".into();
+        s.pods.push(PodRow {
+            namespace: "shop".into(),
+            name: "web".into(),
+            qos_class: "Burstable".into(),
+            phase: "Running".into(),
+            cpu_weight: Some(30),
+            oom_score_adj: vec!["app=321".into()],
+            memory_request_bytes: Some(256 << 20),
+            ..Default::default()
+        });
+        for i in 0..2 {
+            s.events.push(EventRow {
+                time: format!("t{i}"),
+                pod: "shop/web".into(),
+                message: format!("event {i}"),
+            });
+        }
+        let table = render(&s);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("shop/web"))
+            .expect("pod row");
+        assert!(row.contains("Burstable") && row.contains("app=321") && row.contains("256Mi"));
+        let events: Vec<&str> = table.lines().filter(|l| l.contains("event ")).collect();
+        assert_eq!(events, ["  t1 shop/web event 1", "  t0 shop/web event 0"]);
+    }
+}

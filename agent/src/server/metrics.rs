@@ -1,0 +1,293 @@
+//! Prometheus metrics (prometheus-client, OpenMetrics text). The names are a stable interface,
+//! documented in the README; change them only on purpose.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::{Registry, Unit},
+};
+
+use crate::policy::plan::{CgroupPlan, Plan};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodInfoLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    pub qos_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CgroupLabels {
+    pub cgroup: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainerLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemcgEventLabels {
+    pub cgroup: String,
+    pub event: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub pod: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvictionLabels {
+    pub signal: String,
+    pub qos_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProgramLabels {
+    pub program: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RingLabels {
+    pub ring: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SensorLabels {
+    pub sensor: String,
+    /// `ebpf`, or the fallback in use (`psi`, `memory.events`, `polling`).
+    pub source: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 us .. ~52 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
+/// All of qoslet's metric families. Cloning a family shares it, so producers keep clones.
+pub struct Metrics {
+    registry: Registry,
+    pub node_capacity: Family<ResourceLabels, Gauge>,
+    pub node_allocatable: Family<ResourceLabels, Gauge>,
+    pub pod_info: Family<PodInfoLabels, Gauge>,
+    pub cgroup_cpu_weight: Family<CgroupLabels, Gauge>,
+    pub container_oom_score_adj: Family<ContainerLabels, Gauge>,
+    pub memcg_events: Family<MemcgEventLabels, Counter>,
+    pub oom_kills: Family<ContainerLabels, Counter>,
+    pub evictions: Family<EvictionLabels, Counter>,
+    pub eviction_decision_latency: Histogram,
+    pub runqueue_latency: Family<PodLabels, Histogram>,
+    pub reconcile_duration: Histogram,
+    pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
+    pub ebpf_events_lost: Family<RingLabels, Counter>,
+    pub sensor_active: Family<SensorLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let node_capacity = Family::default();
+        registry.register(
+            "qoslet_node_capacity",
+            "Node capacity per resource (cpu in millicores, memory in bytes, pids)",
+            node_capacity.clone(),
+        );
+        let node_allocatable = Family::default();
+        registry.register(
+            "qoslet_node_allocatable",
+            "Node Allocatable per resource: capacity - kubeReserved - systemReserved - hard eviction threshold",
+            node_allocatable.clone(),
+        );
+        let pod_info = Family::default();
+        registry.register(
+            "qoslet_pod_info",
+            "One per pod qoslet manages, with its QoS class",
+            pod_info.clone(),
+        );
+        let cgroup_cpu_weight = Family::default();
+        registry.register(
+            "qoslet_cgroup_cpu_weight",
+            "cgroup v2 cpu.weight qoslet wants for each managed cgroup (kubelet formula)",
+            cgroup_cpu_weight.clone(),
+        );
+        let container_oom_score_adj = Family::default();
+        registry.register(
+            "qoslet_container_oom_score_adj",
+            "oom_score_adj qoslet sets on every process of a container",
+            container_oom_score_adj.clone(),
+        );
+        let memcg_events = Family::default();
+        registry.register(
+            "qoslet_memcg_events",
+            "Memory cgroup events seen (high, max, oom, oom_kill, oom_group_kill)",
+            memcg_events.clone(),
+        );
+        let oom_kills = Family::default();
+        registry.register(
+            "qoslet_oom_kills",
+            "Kernel OOM kills of processes in managed containers",
+            oom_kills.clone(),
+        );
+        let evictions = Family::default();
+        registry.register(
+            "qoslet_evictions",
+            "Pods evicted, by signal and QoS class",
+            evictions.clone(),
+        );
+        let eviction_decision_latency = latency_histogram();
+        registry.register_with_unit(
+            "qoslet_eviction_decision_latency",
+            "From a threshold crossing seen to the first signal sent to the victim",
+            Unit::Seconds,
+            eviction_decision_latency.clone(),
+        );
+        let runqueue_latency = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register_with_unit(
+            "qoslet_runqueue_latency",
+            "Run-queue latency (wakeup to running) of a pod's tasks, from eBPF",
+            Unit::Seconds,
+            runqueue_latency.clone(),
+        );
+        let reconcile_duration = latency_histogram();
+        registry.register_with_unit(
+            "qoslet_reconcile_duration",
+            "Duration of a cgroup reconcile pass",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let ebpf_program_run = Family::default();
+        registry.register_with_unit(
+            "qoslet_ebpf_program_run",
+            "Kernel time spent in each eBPF program (kernel.bpf_stats_enabled)",
+            Unit::Seconds,
+            ebpf_program_run.clone(),
+        );
+        let ebpf_events_lost = Family::default();
+        registry.register(
+            "qoslet_ebpf_events_lost",
+            "Records the kernel could not put in a ring buffer because it was full",
+            ebpf_events_lost.clone(),
+        );
+        let sensor_active = Family::default();
+        registry.register(
+            "qoslet_sensor_active",
+            "1 for each sensor that runs, with its source (ebpf or a fallback)",
+            sensor_active.clone(),
+        );
+        Self {
+            registry,
+            node_capacity,
+            node_allocatable,
+            pod_info,
+            cgroup_cpu_weight,
+            container_oom_score_adj,
+            memcg_events,
+            oom_kills,
+            evictions,
+            eviction_decision_latency,
+            runqueue_latency,
+            reconcile_duration,
+            ebpf_program_run,
+            ebpf_events_lost,
+            sensor_active,
+        }
+    }
+
+    /// Replaces the plan-derived gauges (node totals, pods, weights, scores) with `plan`'s.
+    pub fn set_plan(&self, plan: &Plan) {
+        let n = &plan.node;
+        for (family, totals) in [
+            (&self.node_capacity, &n.capacity),
+            (&self.node_allocatable, &n.allocatable),
+        ] {
+            for (resource, value) in [
+                ("cpu", totals.cpu_millis),
+                ("memory", totals.memory_bytes),
+                ("pids", totals.pids),
+            ] {
+                family
+                    .get_or_create(&ResourceLabels {
+                        resource: resource.into(),
+                    })
+                    .set(value);
+            }
+        }
+        self.pod_info.clear();
+        self.cgroup_cpu_weight.clear();
+        self.container_oom_score_adj.clear();
+        for tier in [
+            &n.kubepods,
+            &n.burstable,
+            &n.besteffort,
+            &n.system_reserved,
+            &n.kube_reserved,
+        ] {
+            self.set_weight(tier);
+        }
+        for p in &plan.pods {
+            self.pod_info
+                .get_or_create(&PodInfoLabels {
+                    namespace: p.namespace.clone(),
+                    pod: p.name.clone(),
+                    uid: p.uid.clone(),
+                    qos_class: format!("{:?}", p.qos_class),
+                })
+                .set(1);
+            if let (Some(cgroup), Some(w)) = (&p.cgroup, p.cpu_weight) {
+                self.cgroup_cpu_weight
+                    .get_or_create(&CgroupLabels {
+                        cgroup: cgroup.clone(),
+                    })
+                    .set(w as i64);
+            }
+            for c in &p.containers {
+                self.container_oom_score_adj
+                    .get_or_create(&ContainerLabels {
+                        namespace: p.namespace.clone(),
+                        pod: p.name.clone(),
+                        container: c.name.clone(),
+                    })
+                    .set(c.oom_score_adj.into());
+            }
+        }
+    }
+
+    fn set_weight(&self, tier: &CgroupPlan) {
+        if let (Some(cgroup), Some(w)) = (&tier.cgroup, tier.cpu_weight) {
+            self.cgroup_cpu_weight
+                .get_or_create(&CgroupLabels {
+                    cgroup: cgroup.clone(),
+                })
+                .set(w as i64);
+        }
+    }
+
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

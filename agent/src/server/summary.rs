@@ -1,0 +1,74 @@
+//! The kubelet's Summary API (`/stats/summary`, stats/v1alpha1) shape, which operators use to size
+//! system-reserved. Field names follow k8s.io/kubelet/pkg/apis/stats/v1alpha1.
+
+use serde::{Deserialize, Serialize};
+
+/// Produces a fresh summary on each request (reads cgroup files at request time).
+pub trait SummarySource: Send + Sync {
+    fn summary(&self) -> Summary;
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub node: NodeStats,
+    pub pods: Vec<PodStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStats {
+    pub node_name: String,
+    #[serde(default)]
+    pub system_containers: Vec<ContainerStats>,
+    pub start_time: String,
+    pub cpu: Option<CpuStats>,
+    pub memory: Option<MemoryStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStats {
+    pub pod_ref: PodReference,
+    pub start_time: String,
+    #[serde(default)]
+    pub containers: Vec<ContainerStats>,
+    pub cpu: Option<CpuStats>,
+    pub memory: Option<MemoryStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodReference {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStats {
+    pub name: String,
+    pub start_time: String,
+    pub cpu: Option<CpuStats>,
+    pub memory: Option<MemoryStats>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuStats {
+    pub time: String,
+    pub usage_nano_cores: Option<u64>,
+    pub usage_core_nano_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    pub time: String,
+    pub available_bytes: Option<u64>,
+    pub usage_bytes: Option<u64>,
+    pub working_set_bytes: Option<u64>,
+    pub rss_bytes: Option<u64>,
+    pub page_faults: Option<u64>,
+    pub major_page_faults: Option<u64>,
+}

@@ -1,0 +1,138 @@
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::Path,
+    sync::Arc,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::*;
+use crate::{
+    config::{KubeletConfig, QosletConfiguration, node_settings},
+    policy::{
+        cpuset::CpuSet,
+        plan::{Plan, plan_node},
+        pod::PodSpecView,
+        settings::Capacity,
+    },
+    source::manifest::load_paths,
+};
+
+/// The plan `qoslet plan` computes for deploy/examples on a 4-CPU, 32 GiB node.
+fn example_plan() -> Plan {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let kc_path = root.join("kubelet-config.yaml");
+    let kc = KubeletConfig::load(&kc_path).expect("example kubelet config");
+    let qc = QosletConfiguration::load(&root.join("qoslet-config.yaml")).expect("example config");
+    let capacity = Capacity {
+        cpu_millis: 4000,
+        memory_bytes: 32 << 30,
+        pids: 4_194_304,
+        cpus: "0-3".parse::<CpuSet>().expect("cpuset"),
+    };
+    let settings = node_settings(&kc_path, &kc, &qc, capacity).expect("settings");
+    let loaded = load_paths(&[root.join("pods")]).expect("example pods");
+    let pods: Vec<PodSpecView> = loaded
+        .objects
+        .iter()
+        .filter(|o| o.kind == "Pod")
+        .map(|o| PodSpecView::from_pod(&o.decode::<Pod>().expect("pod")).expect("pod view"))
+        .collect();
+    plan_node(&settings, &pods).expect("plan")
+}
+
+struct NoSummary;
+
+impl SummarySource for NoSummary {
+    fn summary(&self) -> Summary {
+        Summary::default()
+    }
+}
+
+fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    let code = out[9..12].parse().expect("status code");
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn metric_value(text: &str, line_prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_the_plan_as_metrics_and_readiness_per_subsystem() {
+    let plan = example_plan();
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(NoSummary),
+    });
+    state.metrics.set_plan(&plan);
+    state.readiness.register("sensors");
+    let (addr, serve) = bind("127.0.0.1:0".parse().unwrap(), state.clone())
+        .await
+        .expect("bind");
+    let server = tokio::spawn(serve);
+
+    let (code, body) = tokio::task::spawn_blocking(move || get(addr, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(
+        metric_value(&body, "qoslet_node_allocatable{resource=\"memory\"}"),
+        Some(plan.node.allocatable.memory_bytes as f64)
+    );
+    for p in &plan.pods {
+        let info = format!(
+            "qoslet_pod_info{{namespace=\"{}\",pod=\"{}\",uid=\"{}\",qos_class=\"{:?}\"}}",
+            p.namespace, p.name, p.uid, p.qos_class
+        );
+        assert_eq!(metric_value(&body, &info), Some(1.0), "{info}");
+        for c in &p.containers {
+            let line = format!(
+                "qoslet_container_oom_score_adj{{namespace=\"{}\",pod=\"{}\",container=\"{}\"}}",
+                p.namespace, p.name, c.name
+            );
+            assert_eq!(
+                metric_value(&body, &line),
+                Some(c.oom_score_adj as f64),
+                "{line}"
+            );
+        }
+    }
+    assert!(
+        body.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+
+    let (code, _) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(code, 503, "sensors registered but not ready");
+    state.readiness.set("sensors", true, "ebpf");
+    let (code, body) = tokio::task::spawn_blocking(move || get(addr, "/readyz"))
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "sensors: ready: ebpf\n"));
+    let (code, body) = tokio::task::spawn_blocking(move || get(addr, "/healthz"))
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    server.abort();
+}
