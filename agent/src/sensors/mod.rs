@@ -15,7 +15,7 @@ use thiserror::Error;
 /// Why a sensor could not start. Each message is one sentence an operator can act on.
 #[derive(Debug, Error)]
 pub enum SensorError {
-    #[error("{0}")]
+    #[error(transparent)]
     Privilege(#[from] privilege::PrivilegeError),
     #[error(
         "the eBPF programs were not built into this binary (built with AYA_BUILD_SKIP); rebuild with `cargo xtask build-ebpf`"

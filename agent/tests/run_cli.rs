@@ -1,0 +1,56 @@
+//! `qoslet run` without privilege says what is missing in one sentence and keeps running on
+//! its fallbacks (no backtrace).
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+#[test]
+fn without_bpf_privilege_run_says_so_in_one_sentence() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        eprintln!("skipped: needs root and setpriv(1) to drop to an unprivileged user");
+        return;
+    }
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let config = std::env::temp_dir().join(format!("qoslet-run-cli-{}.yaml", std::process::id()));
+    // Port 0: the test must not collide with an agent running on the default port.
+    std::fs::write(
+        &config,
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nmetricsAddress: 127.0.0.1:0\n",
+    )
+    .unwrap();
+    let child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_qoslet"))
+        .arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--standalone")
+        .arg(examples.join("pods"))
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting qoslet as nobody");
+    thread::sleep(Duration::from_secs(2));
+    // SAFETY: plain kill(2) of the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("qoslet output");
+    let _ = std::fs::remove_file(&config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
+    let sentence =
+        "qoslet needs root, or the CAP_BPF and CAP_PERFMON capabilities, to load its eBPF programs";
+    assert_eq!(stderr.matches(sentence).count(), 1, "{stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}
