@@ -144,8 +144,74 @@ impl MemcgEventLayout {
     };
 }
 
+/// Offsets the scheduler programs use to find a task's pid and cgroup v2 id:
+/// `task->cgroups->dfl_cgrp->kn->id`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedBtfLayout {
+    /// 1 when every offset below was resolved; 0 makes the programs do nothing.
+    pub valid: u32,
+    pub task_pid: u32,
+    pub task_cgroups: u32,
+    pub css_set_dfl_cgrp: u32,
+    pub cgroup_kn: u32,
+    pub kernfs_node_id: u32,
+}
+
+impl SchedBtfLayout {
+    pub const UNSET: Self = Self {
+        valid: 0,
+        task_pid: 0,
+        task_cgroups: 0,
+        css_set_dfl_cgrp: 0,
+        cgroup_kn: 0,
+        kernfs_node_id: 0,
+    };
+}
+
+/// Field offsets of the classic lifecycle and score tracepoints, from their tracefs formats.
+/// A field the kernel does not have is `u32::MAX` and disables the program that needs it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LifecycleTracepointLayout {
+    /// `oom:oom_score_adj_update`: pid, comm (char[16]), oom_score_adj (short).
+    pub score_pid: u32,
+    pub score_comm: u32,
+    pub score_adj: u32,
+    /// `sched:sched_process_fork`: parent_pid, child_pid.
+    pub fork_parent_pid: u32,
+    pub fork_child_pid: u32,
+    /// `sched:sched_process_exec`: pid.
+    pub exec_pid: u32,
+    /// `cgroup:cgroup_mkdir` / `cgroup_rmdir`: root (hierarchy id), level, id (u64), path
+    /// (`__data_loc char[]`).
+    pub cgroup_root: u32,
+    pub cgroup_level: u32,
+    pub cgroup_id: u32,
+    pub cgroup_path: u32,
+}
+
+impl LifecycleTracepointLayout {
+    pub const ABSENT: u32 = u32::MAX;
+
+    pub const UNSET: Self = Self {
+        score_pid: Self::ABSENT,
+        score_comm: Self::ABSENT,
+        score_adj: Self::ABSENT,
+        fork_parent_pid: Self::ABSENT,
+        fork_child_pid: Self::ABSENT,
+        exec_pid: Self::ABSENT,
+        cgroup_root: Self::ABSENT,
+        cgroup_level: Self::ABSENT,
+        cgroup_id: Self::ABSENT,
+        cgroup_path: Self::ABSENT,
+    };
+}
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::SchedBtfLayout {}
+    unsafe impl aya::Pod for super::LifecycleTracepointLayout {}
     unsafe impl aya::Pod for super::MemcgEventLayout {}
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomTracepointLayout {}

@@ -1,6 +1,6 @@
 //! Records sent through the `EVENTS` ring buffer.
 
-use crate::TASK_COMM_LEN;
+use crate::{CGROUP_PATH_LEN, TASK_COMM_LEN};
 
 /// What a record is. Stored as `u32` in [`EventHeader::kind`].
 #[repr(u32)]
@@ -10,6 +10,12 @@ pub enum EventKind {
     OomVictim = 1,
     /// A memory cgroup counted an event we watch ([`MemcgEvent`]).
     Memcg = 2,
+    /// A task of a watched cgroup had its `oom_score_adj` written ([`OomScoreAdjEvent`]).
+    OomScoreAdj = 3,
+    /// A task forked or exec'd in a watched cgroup ([`ProcessEvent`]).
+    Process = 4,
+    /// A cgroup was created or removed ([`CgroupEvent`]).
+    Cgroup = 5,
 }
 
 /// A record whose kind this build does not know.
@@ -23,6 +29,9 @@ impl TryFrom<u32> for EventKind {
         match value {
             1 => Ok(Self::OomVictim),
             2 => Ok(Self::Memcg),
+            3 => Ok(Self::OomScoreAdj),
+            4 => Ok(Self::Process),
+            5 => Ok(Self::Cgroup),
             other => Err(UnknownEventKind(other)),
         }
     }
@@ -125,8 +134,69 @@ pub struct MemcgCounter {
 /// Minimum gap between two records for the same cgroup and frequent item (`high`, `max`).
 pub const MEMCG_EMIT_INTERVAL_NS: u64 = 10_000_000;
 
+/// `oom:oom_score_adj_update` for a task while the current task is in a watched cgroup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomScoreAdjEvent {
+    pub header: EventHeader,
+    /// Thread id whose score was written.
+    pub pid: u32,
+    /// Process id of the writer (the current task).
+    pub writer_tgid: u32,
+    /// cgroup v2 id of the writer.
+    pub cgroup_id: u64,
+    pub oom_score_adj: i32,
+    pub _pad: u32,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+/// `ProcessEvent::op` values.
+pub const PROCESS_FORK: u32 = 1;
+pub const PROCESS_EXEC: u32 = 2;
+
+/// A fork or exec in a watched cgroup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    pub header: EventHeader,
+    /// The new task (fork) or the task that exec'd.
+    pub pid: u32,
+    /// The forking task (fork) or 0.
+    pub parent_pid: u32,
+    /// cgroup v2 id (a child starts in its parent's cgroup).
+    pub cgroup_id: u64,
+    /// A `PROCESS_*` value.
+    pub op: u32,
+    pub _pad: u32,
+}
+
+/// `CgroupEvent::op` values.
+pub const CGROUP_MKDIR: u32 = 1;
+pub const CGROUP_RMDIR: u32 = 2;
+
+/// `cgroup:cgroup_mkdir` / `cgroup:cgroup_rmdir`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupEvent {
+    pub header: EventHeader,
+    /// The cgroup's id (kernfs inode) in its hierarchy.
+    pub id: u64,
+    /// Hierarchy id (0 is the v2 default hierarchy), and depth below its root.
+    pub root: i32,
+    pub level: i32,
+    /// A `CGROUP_*` value.
+    pub op: u32,
+    /// Bytes of `path` used, NUL excluded.
+    pub path_len: u32,
+    /// Path relative to the hierarchy root, NUL padded.
+    pub path: [u8; CGROUP_PATH_LEN],
+}
+
 #[cfg(feature = "user")]
 mod user {
+    unsafe impl aya::Pod for super::OomScoreAdjEvent {}
+    unsafe impl aya::Pod for super::ProcessEvent {}
+    unsafe impl aya::Pod for super::CgroupEvent {}
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomVictimEvent {}
     unsafe impl aya::Pod for super::MemcgEvent {}

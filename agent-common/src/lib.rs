@@ -7,12 +7,22 @@
 
 pub mod config;
 pub mod event;
+pub mod sched;
 
-pub use config::{MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout};
-pub use event::{EventHeader, EventKind, MemcgEvent, OomVictimEvent, UnknownEventKind};
+pub use config::{
+    LifecycleTracepointLayout, MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout,
+    OomTracepointLayout, SchedBtfLayout,
+};
+pub use event::{
+    CgroupEvent, EventHeader, EventKind, MemcgEvent, OomScoreAdjEvent, OomVictimEvent,
+    ProcessEvent, UnknownEventKind,
+};
 
 /// Length of a task's `comm` as the kernel stores it (`TASK_COMM_LEN`).
 pub const TASK_COMM_LEN: usize = 16;
 
 /// Size of the ring buffer that carries events to userspace, in bytes (a power of two).
 pub const EVENT_RING_BYTES: u32 = 256 * 1024;
+
+/// Bytes of a cgroup path carried by a [`CgroupEvent`] (longer paths are truncated).
+pub const CGROUP_PATH_LEN: usize = 128;

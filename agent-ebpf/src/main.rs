@@ -4,9 +4,12 @@
 #![no_std]
 #![no_main]
 
+mod lifecycle;
 mod maps;
 mod memcg;
 mod oom;
+mod reclaim;
+mod sched;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -2,9 +2,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{PerCpuArray, RingBuf},
+    maps::{HashMap, PerCpuArray, RingBuf},
 };
 use qoslet_common::EVENT_RING_BYTES;
+
+/// Entries of the per-cgroup maps: far above the cgroups of one node.
+pub const MAX_CGROUPS: u32 = 16384;
 
 /// Rare, meaningful events for the agent (OOM victims, memcg events).
 #[map]
@@ -29,4 +32,24 @@ pub fn emit<T: 'static>(value: T) {
             }
         }
     }
+}
+
+/// cgroup v2 ids the agent watches (value: `WATCH_FLAG_*`). Filled by the agent; entries of a
+/// removed cgroup are deleted by the `cgroup_rmdir` program.
+#[map]
+pub static WATCHED_CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_CGROUPS, 0);
+
+/// Whether `cgroup_id` is watched.
+#[inline(always)]
+pub fn watched(cgroup_id: u64) -> bool {
+    // SAFETY: the value is only read.
+    unsafe { WATCHED_CGROUPS.get(&cgroup_id) }.is_some()
+}
+
+/// Adds `value` to a counter of a map value. The BPF target has no `fetch_add` in core, so
+/// two CPUs updating one cgroup at the same instant may lose an increment: the totals are
+/// statistics, not accounting.
+#[inline(always)]
+pub fn add(counter: &mut u64, value: u64) {
+    *counter = counter.wrapping_add(value);
 }

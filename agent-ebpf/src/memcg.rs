@@ -31,7 +31,7 @@ static MEMCG_EVENT_LAYOUT: Global<MemcgEventLayout> = Global::new(MemcgEventLayo
 
 /// Totals per (cgroup, item). LRU so removed cgroups age out without bounding live ones.
 #[map]
-static MEMCG_COUNTERS: LruHashMap<MemcgCounterKey, MemcgCounter> =
+pub static MEMCG_COUNTERS: LruHashMap<MemcgCounterKey, MemcgCounter> =
     LruHashMap::with_max_entries(16384, 0);
 
 #[fentry(function = "__memcg_memory_event")]

@@ -1,7 +1,7 @@
 //! `qoslet run`: the daemon.
 //!
 //! What runs today: the node plan for the pods in `--standalone DIR` (logged), and the eBPF OOM
-//! sensor (victims and memcg events logged as they happen). Cgroup writes, the process runtime
+//! sensors (victims, memcg events and pressure logged as they happen). Cgroup writes, the process runtime
 //! and eviction are not built yet, so the agent runs in observe mode only and says so; the
 //! cluster mode (`--kube`) needs an API server and is not built either.
 
@@ -16,10 +16,7 @@ use super::{
 use crate::{
     config::{Mode, QosletConfiguration},
     policy::plan::Plan,
-    sensors::{
-        EbpfSensors, SensorEvent,
-        ebpf::{EbpfOptions, error_chain},
-    },
+    sensors::{SensorEvent, SensorMode, Sensors, SensorsConfig},
     server::{
         self, AgentState, Metrics, Readiness, StatusStore, Summary, SummarySource,
         metrics::{MemcgEventLabels, SensorLabels},
@@ -199,50 +196,32 @@ async fn observe(sensors_enabled: bool, addr: SocketAddr, state: Arc<AgentState>
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let mut sensors = if sensors_enabled {
-        match EbpfSensors::load(EbpfOptions::default()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                warn!(reason = %error_chain(&e), "eBPF sensors unavailable; running without them.");
-                None
-            }
-        }
-    } else {
-        info!("eBPF sensors disabled by configuration.");
-        None
-    };
-    let mut reader = None;
-    let mut active: Vec<String> = Vec::new();
-    if let Some(s) = sensors.as_mut() {
-        for a in s.attached() {
-            info!(program = a.program, hook = %a.hook, "eBPF program attached.");
-            active.push(format!("{} ({})", a.program, a.hook));
-            state
-                .metrics
-                .sensor_active
-                .get_or_create(&SensorLabels {
-                    sensor: a.program.into(),
-                    source: "ebpf".into(),
-                })
-                .set(1);
-        }
-        for why in s.skipped() {
-            info!(reason = %why, "eBPF hook skipped.");
-        }
-        match s.event_reader() {
-            Ok(r) => reader = Some(r),
-            Err(e) => warn!(reason = %error_chain(&e), "eBPF event intake unavailable."),
-        }
+    if !sensors_enabled {
+        info!("eBPF sensors disabled by configuration; running on the fallbacks.");
     }
-    let detail = if active.is_empty() {
-        "no eBPF sensors (see the log for why)".to_owned()
-    } else {
-        active.join(", ")
+    let config = SensorsConfig {
+        ebpf: sensors_enabled,
+        ..SensorsConfig::default()
     };
+    // Logs one line per sensor: which hook or fallback it runs on.
+    let (sensors, mut events) = Sensors::start(config);
+    let mut active = Vec::new();
+    for st in sensors.statuses() {
+        let on = st.mode != SensorMode::Off;
+        if on {
+            active.push(format!("{} ({})", st.name, st.source));
+        }
+        state
+            .metrics
+            .sensor_active
+            .get_or_create(&SensorLabels {
+                sensor: st.name.into(),
+                source: st.source.clone(),
+            })
+            .set(on.into());
+    }
     state.status.update(|s| s.node.sensors = active.clone());
-    state.readiness.set("sensors", true, detail);
-    let mut events = Vec::new();
-    let mut bad = Vec::new();
+    state.readiness.set("sensors", true, active.join(", "));
     let mut sigterm = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     {
         Ok(s) => s,
@@ -256,30 +235,17 @@ async fn observe(sensors_enabled: bool, addr: SocketAddr, state: Arc<AgentState>
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
-            r = async {
-                match reader.as_mut() {
-                    Some(r) => r.read_batch(&mut events, &mut bad).await,
-                    None => std::future::pending().await,
-                }
-            } => {
-                if let Err(e) = r {
-                    warn!(error = %e, "eBPF event intake failed; continuing without it.");
-                    reader = None;
-                }
-                for e in events.drain(..) {
+            e = events.recv() => match e {
+                Some(e) => {
                     log_event(&e);
                     record_event(&state, &e);
                 }
-                for e in bad.drain(..) {
-                    warn!(error = %e, "Undecodable eBPF record dropped.");
-                }
-            }
+                None => break,
+            },
         }
     }
-    if let Some(s) = &sensors
-        && let Ok(lost) = s.events_lost()
-        && lost > 0
-    {
+    let lost = sensors.events_lost();
+    if lost > 0 {
         warn!(
             lost,
             "eBPF records were lost because the ring buffer was full."
@@ -319,6 +285,8 @@ fn record_event(state: &AgentState, e: &SensorEvent) {
                 })
                 .inc_by(*count);
         }
+        // Shown in the log; the status table keeps OOM kills only.
+        _ => {}
     }
 }
 
@@ -340,6 +308,7 @@ fn log_event(e: &SensorEvent) {
             rss_bytes = ?v.rss_bytes,
             oom_score_adj = ?v.oom_score_adj,
             source = ?v.source,
+            owner = ?v.owner,
             "Kernel OOM killer chose a victim."
         ),
         SensorEvent::Memcg {
@@ -353,5 +322,9 @@ fn log_event(e: &SensorEvent) {
             count,
             "Memory cgroup event."
         ),
+        SensorEvent::MemoryPressure { scope } => {
+            info!(scope = ?scope, "Memory pressure trigger fired.")
+        }
+        other => tracing::debug!(event = ?other, "Sensor event."),
     }
 }

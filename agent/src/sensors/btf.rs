@@ -6,7 +6,7 @@
 
 use btf_rs::{Btf, Type};
 use fallible_iterator::FallibleIterator as _;
-use qoslet_common::{MemcgEventLayout, OomBtfLayout};
+use qoslet_common::{MemcgEventLayout, OomBtfLayout, SchedBtfLayout};
 use thiserror::Error;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -228,6 +228,18 @@ impl KernelBtf {
             mm_shmem_pages: self
                 .rss_counter_offset(u32_of(self.enum_value(None, "MM_SHMEMPAGES")?)?)?,
             has_memcg,
+        })
+    }
+
+    /// Everything the scheduler programs read from a task: its pid and cgroup v2 id.
+    pub fn sched_layout(&self) -> Result<SchedBtfLayout, BtfError> {
+        Ok(SchedBtfLayout {
+            valid: 1,
+            task_pid: self.offset_of("task_struct", "pid")?,
+            task_cgroups: self.offset_of("task_struct", "cgroups")?,
+            css_set_dfl_cgrp: self.offset_of("css_set", "dfl_cgrp")?,
+            cgroup_kn: self.offset_of("cgroup", "kn")?,
+            kernfs_node_id: self.offset_of("kernfs_node", "id")?,
         })
     }
 

@@ -6,7 +6,10 @@ use aya::{
     maps::{MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, TracePoint},
 };
-use qoslet_common::{MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout};
+use qoslet_common::{
+    MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout,
+};
+use std::os::fd::OwnedFd;
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -18,6 +21,31 @@ use super::{
 
 /// The object built by agent/build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/qoslet"));
+
+/// Classic tracepoints each serving one sensor; one that is missing is skipped, not fatal.
+const OPTIONAL_TRACEPOINTS: [(&str, &str, &str); 9] = [
+    (
+        "memcg_reclaim_begin",
+        "vmscan",
+        "mm_vmscan_memcg_reclaim_begin",
+    ),
+    ("memcg_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
+    (
+        "direct_reclaim_begin",
+        "vmscan",
+        "mm_vmscan_direct_reclaim_begin",
+    ),
+    (
+        "direct_reclaim_end",
+        "vmscan",
+        "mm_vmscan_direct_reclaim_end",
+    ),
+    ("oom_score_adj_update", "oom", "oom_score_adj_update"),
+    ("process_fork", "sched", "sched_process_fork"),
+    ("process_exec", "sched", "sched_process_exec"),
+    ("cgroup_mkdir", "cgroup", "cgroup_mkdir"),
+    ("cgroup_rmdir", "cgroup", "cgroup_rmdir"),
+];
 
 /// A program attached to a kernel hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +70,10 @@ impl Default for EbpfOptions {
 
 /// The loaded programs. Dropping it detaches them.
 pub struct EbpfSensors {
-    ebpf: Ebpf,
+    pub(super) ebpf: Ebpf,
+    /// Keeps kernel BPF run-time statistics on while held (BPF_ENABLE_STATS: the kernel turns
+    /// them off again when the fd closes, also if qoslet crashes; no sysctl is written).
+    stats: Option<OwnedFd>,
     attached: Vec<AttachedProgram>,
     /// Hooks that were tried and skipped, with the reason (logged once by the caller).
     skipped: Vec<String>,
@@ -87,6 +118,15 @@ impl EbpfSensors {
             None => MemcgEventLayout::UNSET,
         };
 
+        let sched_layout = match &kernel_btf {
+            Some(b) => b.sched_layout().unwrap_or_else(|e| {
+                skipped.push(format!("tp_btf/sched_*: {e}"));
+                SchedBtfLayout::UNSET
+            }),
+            None => SchedBtfLayout::UNSET,
+        };
+        let lifecycle_layout = tracefs::lifecycle_layout(root);
+
         let aya_btf = aya::Btf::from_sys_fs().ok();
         let mut ebpf = EbpfLoader::new()
             .btf(aya_btf.as_ref())
@@ -94,6 +134,8 @@ impl EbpfSensors {
             .override_global("OOM_TP_LAYOUT", &oom_tp_layout, true)
             .override_global("MEMCG_TP_LAYOUT", &memcg_layout, true)
             .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
+            .override_global("SCHED_LAYOUT", &sched_layout, true)
+            .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
             .load(OBJECT)
             .map_err(SensorError::Load)?;
 
@@ -143,11 +185,45 @@ impl EbpfSensors {
                 Err(e) => skipped.push(error_chain(&e)),
             }
         }
+        if sched_layout.valid == 1
+            && let Some(btf) = aya_btf.as_ref()
+        {
+            for hook in ["sched_wakeup", "sched_wakeup_new", "sched_switch"] {
+                match attach_btf_tracepoint(&mut ebpf, hook, hook, btf) {
+                    Ok(a) => attached.push(a),
+                    Err(e) => skipped.push(error_chain(&e)),
+                }
+            }
+        }
+        for (program, category, name) in OPTIONAL_TRACEPOINTS {
+            match attach_tracepoint(&mut ebpf, program, category, name) {
+                Ok(a) => attached.push(a),
+                Err(e) => skipped.push(error_chain(&e)),
+            }
+        }
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                skipped.push(format!("BPF run-time statistics: {e}"));
+                None
+            }
+        };
         Ok(Self {
             ebpf,
+            stats,
             attached,
             skipped,
         })
+    }
+
+    /// Whether kernel BPF run-time statistics are on for [`Self::program_costs`].
+    pub fn stats_enabled(&self) -> bool {
+        self.stats.is_some()
+    }
+
+    /// Whether the program with this name is attached.
+    pub fn is_attached(&self, program: &str) -> bool {
+        self.attached.iter().any(|a| a.program == program)
     }
 
     pub fn attached(&self) -> &[AttachedProgram] {

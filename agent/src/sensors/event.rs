@@ -4,11 +4,13 @@
 use std::mem::{offset_of, size_of};
 
 use qoslet_common::{
-    EventHeader, EventKind, MemcgEvent, OomVictimEvent, UnknownEventKind,
+    CgroupEvent, EventHeader, EventKind, MemcgEvent, OomScoreAdjEvent, OomVictimEvent,
+    ProcessEvent, UnknownEventKind,
     event::{
-        MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX, MEMCG_ITEM_OOM, MEMCG_ITEM_OOM_GROUP_KILL,
-        MEMCG_ITEM_OOM_KILL, OOM_FLAG_CGROUP_OF_CURRENT, OOM_FLAG_FROM_BTF, OOM_FLAG_HAS_MEMCG,
-        OOM_FLAG_HAS_RSS, OOM_FLAG_HAS_SCORE_ADJ,
+        CGROUP_MKDIR, CGROUP_RMDIR, MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX, MEMCG_ITEM_OOM,
+        MEMCG_ITEM_OOM_GROUP_KILL, MEMCG_ITEM_OOM_KILL, OOM_FLAG_CGROUP_OF_CURRENT,
+        OOM_FLAG_FROM_BTF, OOM_FLAG_HAS_MEMCG, OOM_FLAG_HAS_RSS, OOM_FLAG_HAS_SCORE_ADJ,
+        PROCESS_EXEC, PROCESS_FORK,
     },
 };
 use thiserror::Error;
@@ -24,6 +26,8 @@ pub enum DecodeError {
     UnknownKind(UnknownEventKind),
     #[error("memcg record item {0} is unknown")]
     UnknownMemcgItem(u32),
+    #[error("{kind:?} record operation {op} is unknown")]
+    UnknownOp { kind: EventKind, op: u32 },
     #[error("{kind:?} record of {len} bytes is shorter than {expected}")]
     Truncated {
         kind: EventKind,
@@ -55,6 +59,38 @@ pub struct OomVictim {
     pub oom_score_adj: Option<i32>,
     pub source: OomSource,
     pub boot_ns: u64,
+    /// The pod and container of `cgroup_id` (or `memcg_id`), filled by the [`super::Sensors`]
+    /// facade from its owner table; `None` from the decoder or for unknown cgroups.
+    pub owner: Option<CgroupOwner>,
+}
+
+/// The pod and container a cgroup belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CgroupOwner {
+    pub pod_uid: String,
+    pub container: String,
+}
+
+/// Which kind of process lifecycle step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessOp {
+    Fork,
+    Exec,
+}
+
+/// Which kind of cgroup lifecycle step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupOp {
+    Created,
+    Removed,
+}
+
+/// What a PSI trigger watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PressureScope {
+    System,
+    /// A cgroup v2 id.
+    Cgroup(u64),
 }
 
 /// The memory cgroup events the kernel reports in `memory.events`.
@@ -99,9 +135,38 @@ pub enum SensorEvent {
         memcg_id: u64,
         kind: MemcgEventKind,
         count: u64,
-        /// The task that was running when the (last) event was counted.
+        /// The task that was running when the (last) event was counted; 0 when the event
+        /// came from `memory.events` polling.
         pid: u32,
         boot_ns: u64,
+    },
+    /// A task's `oom_score_adj` was written while the writer was in a watched cgroup.
+    OomScoreAdj {
+        pid: u32,
+        writer_tgid: u32,
+        cgroup_id: u64,
+        oom_score_adj: i32,
+        comm: String,
+    },
+    Process {
+        op: ProcessOp,
+        pid: u32,
+        /// The forking task; 0 for exec.
+        parent_pid: u32,
+        cgroup_id: u64,
+    },
+    Cgroup {
+        op: CgroupOp,
+        id: u64,
+        /// Hierarchy id: 0 is the v2 (unified) hierarchy.
+        hierarchy: i32,
+        level: i32,
+        /// Relative to the hierarchy root, possibly truncated.
+        path: String,
+    },
+    /// A PSI memory trigger fired (stall above its threshold in its window).
+    MemoryPressure {
+        scope: PressureScope,
     },
 }
 
@@ -147,13 +212,58 @@ pub fn decode(bytes: &[u8]) -> Result<SensorEvent, DecodeError> {
                 boot_ns: e.header.boot_ns,
             }
         }
+        EventKind::OomScoreAdj => {
+            let e: OomScoreAdjEvent = checked(kind, bytes)?;
+            SensorEvent::OomScoreAdj {
+                pid: e.pid,
+                writer_tgid: e.writer_tgid,
+                cgroup_id: e.cgroup_id,
+                oom_score_adj: e.oom_score_adj,
+                comm: c_string(&e.comm),
+            }
+        }
+        EventKind::Process => {
+            let e: ProcessEvent = checked(kind, bytes)?;
+            let op = match e.op {
+                PROCESS_FORK => ProcessOp::Fork,
+                PROCESS_EXEC => ProcessOp::Exec,
+                op => return Err(DecodeError::UnknownOp { kind, op }),
+            };
+            SensorEvent::Process {
+                op,
+                pid: e.pid,
+                parent_pid: e.parent_pid,
+                cgroup_id: e.cgroup_id,
+            }
+        }
+        EventKind::Cgroup => {
+            let e: CgroupEvent = checked(kind, bytes)?;
+            let op = match e.op {
+                CGROUP_MKDIR => CgroupOp::Created,
+                CGROUP_RMDIR => CgroupOp::Removed,
+                op => return Err(DecodeError::UnknownOp { kind, op }),
+            };
+            let len = (e.path_len as usize).min(e.path.len());
+            SensorEvent::Cgroup {
+                op,
+                id: e.id,
+                hierarchy: e.root,
+                level: e.level,
+                path: c_string(&e.path[..len]),
+            }
+        }
     })
+}
+
+/// A NUL-terminated (or full) kernel byte string.
+fn c_string(bytes: &[u8]) -> String {
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..len]).into_owned()
 }
 
 fn oom_victim(e: &OomVictimEvent) -> OomVictim {
     let flags = e.header.flags;
     let has = |f: u32| flags & f != 0;
-    let comm_len = e.comm.iter().position(|&b| b == 0).unwrap_or(e.comm.len());
     let source = if has(OOM_FLAG_FROM_BTF) && !has(OOM_FLAG_CGROUP_OF_CURRENT) {
         OomSource::BtfTracepoint
     } else {
@@ -162,7 +272,7 @@ fn oom_victim(e: &OomVictimEvent) -> OomVictim {
     OomVictim {
         pid: e.pid,
         tgid: e.tgid,
-        comm: String::from_utf8_lossy(&e.comm[..comm_len]).into_owned(),
+        comm: c_string(&e.comm),
         cgroup_id: e.cgroup_id,
         memcg_id: has(OOM_FLAG_HAS_MEMCG).then_some(e.memcg_id),
         rss_bytes: has(OOM_FLAG_HAS_RSS).then(|| {
@@ -171,6 +281,7 @@ fn oom_victim(e: &OomVictimEvent) -> OomVictim {
         oom_score_adj: has(OOM_FLAG_HAS_SCORE_ADJ).then_some(e.oom_score_adj),
         source,
         boot_ns: e.header.boot_ns,
+        owner: None,
     }
 }
 
@@ -248,5 +359,36 @@ mod tests {
             Err(DecodeError::Truncated { .. })
         ));
         assert_eq!(decode(&ok[..4]), Err(DecodeError::Short { len: 4 }));
+    }
+
+    #[test]
+    fn decodes_a_cgroup_record_and_rejects_unknown_operations() {
+        let mut path = [0u8; qoslet_common::CGROUP_PATH_LEN];
+        path[..6].copy_from_slice(b"/a/b/c");
+        let mut e = CgroupEvent {
+            header: EventHeader {
+                kind: EventKind::Cgroup as u32,
+                flags: 0,
+                boot_ns: 1,
+            },
+            id: 77,
+            root: 0,
+            level: 3,
+            op: CGROUP_RMDIR,
+            path_len: 6,
+            path,
+        };
+        let SensorEvent::Cgroup { op, id, path, .. } = decode(&bytes_of(&e)).unwrap() else {
+            panic!("not a cgroup record");
+        };
+        assert_eq!((op, id, path.as_str()), (CgroupOp::Removed, 77, "/a/b/c"));
+        e.op = 9;
+        assert_eq!(
+            decode(&bytes_of(&e)),
+            Err(DecodeError::UnknownOp {
+                kind: EventKind::Cgroup,
+                op: 9
+            })
+        );
     }
 }

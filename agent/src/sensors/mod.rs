@@ -4,11 +4,19 @@
 pub mod btf;
 pub mod ebpf;
 pub mod event;
+pub mod facade;
+pub mod kmaps;
+pub mod memory_events;
+pub mod owners;
 pub mod privilege;
+pub mod psi;
+pub mod scores;
 pub mod tracefs;
 
 pub use ebpf::{AttachedProgram, EbpfSensors, EventReader};
-pub use event::{OomVictim, SensorEvent};
+pub use event::{CgroupOwner, OomVictim, SensorEvent};
+pub use facade::{SensorMode, SensorStatus, Sensors, SensorsConfig, WatchedCgroup};
+pub use scores::ScoreKey;
 
 use thiserror::Error;
 

@@ -3,6 +3,8 @@
 
 use std::{collections::HashMap, fs, io, path::Path};
 
+use qoslet_common::LifecycleTracepointLayout;
+
 use super::SensorError;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -78,6 +80,37 @@ pub fn parse_format(text: &str) -> HashMap<String, Field> {
         }
     }
     fields
+}
+
+/// Offsets of the score, process and cgroup lifecycle tracepoints; a tracepoint whose format
+/// cannot be read leaves its fields `ABSENT` (its program then does nothing).
+pub fn lifecycle_layout(root: &str) -> LifecycleTracepointLayout {
+    let mut l = LifecycleTracepointLayout::UNSET;
+    let at = |fields: &HashMap<String, Field>, name: &str| {
+        fields
+            .get(name)
+            .map_or(LifecycleTracepointLayout::ABSENT, |f| f.offset)
+    };
+    if let Ok(f) = read_format(root, "oom", "oom_score_adj_update") {
+        l.score_pid = at(&f, "pid");
+        l.score_comm = at(&f, "comm");
+        l.score_adj = at(&f, "oom_score_adj");
+    }
+    if let Ok(f) = read_format(root, "sched", "sched_process_fork") {
+        l.fork_parent_pid = at(&f, "parent_pid");
+        l.fork_child_pid = at(&f, "child_pid");
+    }
+    if let Ok(f) = read_format(root, "sched", "sched_process_exec") {
+        l.exec_pid = at(&f, "pid");
+    }
+    // mkdir and rmdir share one event class, so one format serves both.
+    if let Ok(f) = read_format(root, "cgroup", "cgroup_mkdir") {
+        l.cgroup_root = at(&f, "root");
+        l.cgroup_level = at(&f, "level");
+        l.cgroup_id = at(&f, "id");
+        l.cgroup_path = at(&f, "path");
+    }
+    l
 }
 
 #[cfg(test)]

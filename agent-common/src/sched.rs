@@ -1,0 +1,81 @@
+//! Per-cgroup CPU, reclaim and watch-list map types, kept in kernel maps and read by the agent.
+
+/// Number of log2 buckets of a run-queue latency histogram; bucket `i` counts waits of
+/// `[2^i, 2^(i+1))` microseconds (bucket 0 also holds waits under 1 µs).
+pub const RUNQ_HIST_BUCKETS: usize = 32;
+
+/// `WATCHED_CGROUPS` value: the cgroup is watched (the only flag so far).
+pub const WATCH_FLAG_WATCHED: u32 = 1;
+
+/// CPU use of one watched cgroup (v2 id), filled by the scheduler programs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuStats {
+    /// Nanoseconds its tasks ran.
+    pub oncpu_ns: u64,
+    /// Number of measured waits and their sum, in nanoseconds.
+    pub runq_count: u64,
+    pub runq_total_ns: u64,
+    pub runq_hist: [u64; RUNQ_HIST_BUCKETS],
+}
+
+impl CpuStats {
+    pub const ZERO: Self = Self {
+        oncpu_ns: 0,
+        runq_count: 0,
+        runq_total_ns: 0,
+        runq_hist: [0; RUNQ_HIST_BUCKETS],
+    };
+}
+
+/// `TaskState::state`: waiting on a run queue since `since_ns`.
+pub const TASK_QUEUED: u32 = 1;
+/// `TaskState::state`: running since `since_ns`.
+pub const TASK_ONCPU: u32 = 2;
+
+/// What the scheduler programs remember about a task of a watched cgroup, keyed by thread id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskState {
+    pub cgroup_id: u64,
+    pub since_ns: u64,
+    pub state: u32,
+    pub _pad: u32,
+}
+
+/// Reclaim stalls of one watched cgroup (v2 id of the stalled task).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimStats {
+    /// Memory-cgroup reclaim (limit or memory.high reached): count and total nanoseconds.
+    pub memcg_count: u64,
+    pub memcg_ns: u64,
+    /// Direct (global) reclaim.
+    pub direct_count: u64,
+    pub direct_ns: u64,
+    /// Longest single stall.
+    pub max_ns: u64,
+}
+
+/// `ReclaimStart::kind`.
+pub const RECLAIM_MEMCG: u32 = 1;
+pub const RECLAIM_DIRECT: u32 = 2;
+
+/// A reclaim in progress, keyed by thread id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReclaimStart {
+    pub cgroup_id: u64,
+    pub start_ns: u64,
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::CpuStats {}
+    unsafe impl aya::Pod for super::TaskState {}
+    unsafe impl aya::Pod for super::ReclaimStats {}
+    unsafe impl aya::Pod for super::ReclaimStart {}
+}

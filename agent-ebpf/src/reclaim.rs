@@ -1,0 +1,97 @@
+//! Reclaim stalls per watched cgroup: `vmscan:mm_vmscan_memcg_reclaim_begin/end` (a memory
+//! cgroup at its limit or memory.high) and `mm_vmscan_direct_reclaim_begin/end` (global direct
+//! reclaim). The stalled task is the current one, so no record field is read.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap},
+    programs::TracePointContext,
+};
+use qoslet_common::sched::{RECLAIM_DIRECT, RECLAIM_MEMCG, ReclaimStart, ReclaimStats};
+
+use crate::maps::{MAX_CGROUPS, add, watched};
+
+/// Per watched cgroup v2 id.
+#[map]
+pub static RECLAIM_STATS: HashMap<u64, ReclaimStats> = HashMap::with_max_entries(MAX_CGROUPS, 0);
+
+/// Reclaims in progress by thread id (LRU: a missed end cannot leak an entry for ever).
+#[map]
+static RECLAIM_STARTS: LruHashMap<u32, ReclaimStart> = LruHashMap::with_max_entries(4096, 0);
+
+#[tracepoint]
+pub fn memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(RECLAIM_MEMCG);
+    0
+}
+
+#[tracepoint]
+pub fn memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
+    end();
+    0
+}
+
+#[tracepoint]
+pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(RECLAIM_DIRECT);
+    0
+}
+
+#[tracepoint]
+pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
+    end();
+    0
+}
+
+#[inline(always)]
+fn begin(kind: u32) {
+    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if !watched(cgroup_id) {
+        return;
+    }
+    let start = ReclaimStart {
+        cgroup_id,
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        kind,
+        _pad: 0,
+    };
+    let _ = RECLAIM_STARTS.insert(&(bpf_get_current_pid_tgid() as u32), &start, 0);
+}
+
+#[inline(always)]
+fn end() {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: copied out before the entry is removed.
+    let Some(start) = (unsafe { RECLAIM_STARTS.get(&tid) }).copied() else {
+        return;
+    };
+    let _ = RECLAIM_STARTS.remove(&tid);
+    let stalled = unsafe { bpf_ktime_get_ns() }.wrapping_sub(start.start_ns);
+    let stats = match RECLAIM_STATS.get_ptr_mut(&start.cgroup_id) {
+        Some(s) => s,
+        None => {
+            if !watched(start.cgroup_id) {
+                return;
+            }
+            let _ = RECLAIM_STATS.insert(&start.cgroup_id, &ReclaimStats::default(), 1);
+            match RECLAIM_STATS.get_ptr_mut(&start.cgroup_id) {
+                Some(s) => s,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: a live map value.
+    let s = unsafe { &mut *stats };
+    if start.kind == RECLAIM_MEMCG {
+        add(&mut s.memcg_count, 1);
+        add(&mut s.memcg_ns, stalled);
+    } else {
+        add(&mut s.direct_count, 1);
+        add(&mut s.direct_ns, stalled);
+    }
+    // A racy maximum is good enough for a diagnostic.
+    if stalled > s.max_ns {
+        s.max_ns = stalled;
+    }
+}

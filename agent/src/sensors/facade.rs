@@ -1,0 +1,609 @@
+//! The `Sensors` facade: decides at start-up which sensor runs on which hook or fallback, logs
+//! one line per sensor, and runs the intake (ring buffer, memory.events poller, PSI triggers)
+//! as tokio tasks feeding one channel.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use qoslet_common::sched::{CpuStats, ReclaimStats};
+use tokio::{sync::mpsc, task::JoinHandle};
+use tracing::{info, warn};
+
+use super::{
+    EbpfSensors, SensorError,
+    ebpf::{EbpfOptions, error_chain},
+    event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
+    kmaps::ProgramCost,
+    memory_events::MemoryEventsWatch,
+    owners::CgroupOwners,
+    psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE},
+    scores::{ExpectedScores, ScoreKey, read_score, reset_score},
+};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct SensorsConfig {
+    /// `ebpf.enabled` of the configuration; false runs the fallbacks only.
+    pub ebpf: bool,
+    pub prefer_btf: bool,
+    /// Period of the memory.events poller and of the score check without a kernel hook.
+    pub poll_interval: Duration,
+    /// PSI trigger: stall per window.
+    pub psi_stall: Duration,
+    pub psi_window: Duration,
+}
+
+impl Default for SensorsConfig {
+    fn default() -> Self {
+        Self {
+            ebpf: true,
+            prefer_btf: true,
+            poll_interval: Duration::from_millis(100),
+            psi_stall: Duration::from_millis(150),
+            psi_window: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How a sensor runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SensorMode {
+    /// On its kernel hook.
+    Active,
+    /// On a fallback (polling, PSI).
+    Fallback,
+    /// Not available on this node.
+    Off,
+}
+
+/// One line of `/readyz` and of the `qoslet_sensor_info` metric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensorStatus {
+    pub name: &'static str,
+    pub mode: SensorMode,
+    /// The hook or fallback in use.
+    pub source: String,
+    /// Why the preferred hook is not used.
+    pub reason: Option<String>,
+}
+
+/// A cgroup the agent manages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedCgroup {
+    /// cgroup v2 id (the unified-tree cgroup on hybrid hosts).
+    pub id: u64,
+    /// The v2 directory (for `memory.pressure`), when there is one.
+    pub v2_dir: Option<PathBuf>,
+    /// The memory cgroup directory (v2 or v1) for the memory.events fallback.
+    pub memory_dir: Option<PathBuf>,
+}
+
+/// Counters for the metrics; each error log is paired with one of these.
+#[derive(Debug, Default)]
+pub struct SensorCounters {
+    pub undecodable_records: AtomicU64,
+    pub score_tampering: AtomicU64,
+    pub score_reset_failures: AtomicU64,
+    pub memory_events_read_errors: AtomicU64,
+    pub psi_errors: AtomicU64,
+    pub map_update_errors: AtomicU64,
+}
+
+#[derive(Default)]
+struct WatchState {
+    cgroups: HashMap<u64, WatchedCgroup>,
+    polled: HashMap<u64, MemoryEventsWatch>,
+    psi: HashMap<u64, JoinHandle<()>>,
+}
+
+struct Shared {
+    ebpf: Mutex<Option<EbpfSensors>>,
+    watch: Mutex<WatchState>,
+    owners: Mutex<CgroupOwners>,
+    scores: Mutex<ExpectedScores>,
+    counters: SensorCounters,
+    tx: mpsc::Sender<SensorEvent>,
+    config: SensorsConfig,
+    /// Which fallbacks the poller runs.
+    poll_memory_events: bool,
+    poll_scores: bool,
+}
+
+/// The node's sensors. Dropping it stops the tasks and detaches the programs.
+pub struct Sensors {
+    shared: Arc<Shared>,
+    statuses: Vec<SensorStatus>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Events waiting for the consumer; beyond this the producers wait (the ring keeps counting).
+const CHANNEL_DEPTH: usize = 4096;
+
+impl Sensors {
+    /// Starts every sensor, on eBPF where it can and on its fallback otherwise. Call inside a
+    /// tokio runtime.
+    pub fn start(config: SensorsConfig) -> (Self, mpsc::Receiver<SensorEvent>) {
+        let (ebpf, why_not) = if config.ebpf {
+            match EbpfSensors::load(EbpfOptions {
+                prefer_btf: config.prefer_btf,
+            }) {
+                Ok(s) => (Some(s), None),
+                Err(e) => (None, Some(error_chain(&e))),
+            }
+        } else {
+            (None, Some("eBPF disabled by configuration".to_owned()))
+        };
+        let statuses = decide(ebpf.as_ref(), why_not.as_deref());
+        for s in &statuses {
+            info!(
+                sensor = s.name,
+                mode = ?s.mode,
+                source = %s.source,
+                reason = s.reason.as_deref().unwrap_or(""),
+                "Sensor started."
+            );
+        }
+        let mode_of = |name: &str| {
+            statuses
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.mode)
+                .unwrap_or(SensorMode::Off)
+        };
+        let poll_memory_events = mode_of("memcg_events") == SensorMode::Fallback;
+        let poll_scores = mode_of("oom_score_adj") == SensorMode::Fallback;
+        let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
+        let mut ebpf = ebpf;
+        let reader = ebpf.as_mut().and_then(|s| match s.event_reader() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                warn!(reason = %error_chain(&e), "eBPF event intake unavailable.");
+                None
+            }
+        });
+        let shared = Arc::new(Shared {
+            ebpf: Mutex::new(ebpf),
+            watch: Mutex::new(WatchState::default()),
+            owners: Mutex::new(CgroupOwners::default()),
+            scores: Mutex::new(ExpectedScores::default()),
+            counters: SensorCounters::default(),
+            tx,
+            config,
+            poll_memory_events,
+            poll_scores,
+        });
+        let mut tasks = Vec::new();
+        if let Some(reader) = reader {
+            tasks.push(tokio::spawn(intake(shared.clone(), reader)));
+        }
+        tasks.push(tokio::spawn(poller(shared.clone())));
+        if Path::new(SYSTEM_MEMORY_PRESSURE).exists() {
+            tasks.push(tokio::spawn(psi_task(
+                shared.clone(),
+                PathBuf::from(SYSTEM_MEMORY_PRESSURE),
+                PressureScope::System,
+            )));
+        }
+        (
+            Self {
+                shared,
+                statuses,
+                tasks,
+            },
+            rx,
+        )
+    }
+
+    /// Which sensors run and how (for `/readyz` and a metric).
+    pub fn statuses(&self) -> &[SensorStatus] {
+        &self.statuses
+    }
+
+    pub fn counters(&self) -> &SensorCounters {
+        &self.shared.counters
+    }
+
+    /// Starts watching a managed cgroup: kernel watch list, memory.events fallback, PSI.
+    pub fn watch(&self, cgroup: WatchedCgroup) {
+        self.shared.watch_cgroup(cgroup);
+    }
+
+    pub fn unwatch(&self, id: u64) {
+        self.shared.unwatch_cgroup(id);
+    }
+
+    /// Records which pod and container a cgroup (v2 id or v1 memcg id) belongs to.
+    pub fn set_owner(&self, cgroup_id: u64, owner: CgroupOwner) {
+        lock(&self.shared.owners).insert(cgroup_id, owner);
+    }
+
+    pub fn remove_owner(&self, cgroup_id: u64) {
+        lock(&self.shared.owners).remove(cgroup_id);
+    }
+
+    /// Records the score qoslet set, so a change away from it is reported and reset.
+    pub fn expect_score(&self, key: ScoreKey, score: i32) {
+        lock(&self.shared.scores).set(key, score);
+    }
+
+    pub fn forget_score(&self, key: ScoreKey) {
+        lock(&self.shared.scores).remove(key);
+    }
+
+    /// Runs `f` on the eBPF sensors, when they are loaded.
+    pub fn with_ebpf<R>(&self, f: impl FnOnce(&mut EbpfSensors) -> R) -> Option<R> {
+        lock(&self.shared.ebpf).as_mut().map(f)
+    }
+
+    pub fn cpu_stats(&self, id: u64) -> Result<Option<CpuStats>, SensorError> {
+        self.with_ebpf(|e| e.cpu_stats(id)).unwrap_or(Ok(None))
+    }
+
+    pub fn reclaim_stats(&self, id: u64) -> Result<Option<ReclaimStats>, SensorError> {
+        self.with_ebpf(|e| e.reclaim_stats(id)).unwrap_or(Ok(None))
+    }
+
+    pub fn program_costs(&self) -> Vec<ProgramCost> {
+        self.with_ebpf(|e| e.program_costs()).unwrap_or_default()
+    }
+
+    /// Records lost because the ring buffer was full (one ring).
+    pub fn events_lost(&self) -> u64 {
+        self.with_ebpf(|e| e.events_lost().unwrap_or(0))
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Sensors {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        for (_, t) in lock(&self.shared.watch).psi.drain() {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicked holder leaves plain data behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The one-line-per-sensor decision.
+fn decide(ebpf: Option<&EbpfSensors>, why_not: Option<&str>) -> Vec<SensorStatus> {
+    let hook = |program: &str| {
+        ebpf.and_then(|e| e.attached().iter().find(|a| a.program == program))
+            .map(|a| a.hook.clone())
+    };
+    let reason = |program: &str| -> String {
+        match (ebpf, why_not) {
+            (None, Some(w)) => w.to_owned(),
+            (Some(e), _) => e
+                .skipped()
+                .iter()
+                .find(|s| s.contains(program))
+                .cloned()
+                .unwrap_or_else(|| format!("{program} is not attached")),
+            (None, None) => "eBPF unavailable".to_owned(),
+        }
+    };
+    let one = |name: &'static str, programs: &[&str], fallback: Option<&str>| {
+        let hooks: Vec<String> = programs.iter().filter_map(|p| hook(p)).collect();
+        if !hooks.is_empty() && hooks.len() == programs.len() {
+            return SensorStatus {
+                name,
+                mode: SensorMode::Active,
+                source: hooks.join(","),
+                reason: None,
+            };
+        }
+        let missing = programs
+            .iter()
+            .find(|p| hook(p).is_none())
+            .copied()
+            .unwrap_or_default();
+        SensorStatus {
+            name,
+            mode: if fallback.is_some() {
+                SensorMode::Fallback
+            } else {
+                SensorMode::Off
+            },
+            source: fallback.unwrap_or("none").to_owned(),
+            reason: Some(reason(missing)),
+        }
+    };
+    let oom_victim = match hook("oom_mark_victim_btf").or_else(|| hook("oom_mark_victim_tp")) {
+        Some(h) => SensorStatus {
+            name: "oom_victim",
+            mode: SensorMode::Active,
+            source: h,
+            reason: None,
+        },
+        None => one(
+            "oom_victim",
+            &["oom_mark_victim_tp"],
+            Some("memory.events oom_kill polling"),
+        ),
+    };
+    let memcg_events = match hook("memcg_memory_event") {
+        Some(h) => SensorStatus {
+            name: "memcg_events",
+            mode: SensorMode::Active,
+            source: h,
+            reason: None,
+        },
+        None => one(
+            "memcg_events",
+            &["memcg_memory_event"],
+            Some("memory.events polling (v1: memory.failcnt, memory.oom_control)"),
+        ),
+    };
+    let psi = Path::new(SYSTEM_MEMORY_PRESSURE).exists();
+    vec![
+        oom_victim,
+        memcg_events,
+        one(
+            "reclaim_stall",
+            &[
+                "memcg_reclaim_begin",
+                "memcg_reclaim_end",
+                "direct_reclaim_begin",
+                "direct_reclaim_end",
+            ],
+            psi.then_some("PSI memory triggers"),
+        ),
+        SensorStatus {
+            name: "memory_pressure",
+            mode: if psi {
+                SensorMode::Active
+            } else {
+                SensorMode::Off
+            },
+            source: if psi { "PSI triggers" } else { "none" }.to_owned(),
+            reason: (!psi).then(|| format!("{SYSTEM_MEMORY_PRESSURE} is missing (PSI off)")),
+        },
+        one(
+            "cpu_runqueue",
+            &["sched_wakeup", "sched_wakeup_new", "sched_switch"],
+            None,
+        ),
+        one(
+            "oom_score_adj",
+            &["oom_score_adj_update"],
+            Some("oom_score_adj polling of expected pids"),
+        ),
+        one("process_lifecycle", &["process_fork", "process_exec"], None),
+        one("cgroup_lifecycle", &["cgroup_mkdir", "cgroup_rmdir"], None),
+    ]
+}
+
+impl Shared {
+    fn watch_cgroup(self: &Arc<Self>, cgroup: WatchedCgroup) {
+        if let Some(e) = lock(&self.ebpf).as_mut()
+            && let Err(err) = e.watch_cgroup(cgroup.id)
+        {
+            self.counters
+                .map_update_errors
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(cgroup_id = cgroup.id, error = %error_chain(&err), "Could not watch a cgroup in the kernel.");
+        }
+        let mut w = lock(&self.watch);
+        if self.poll_memory_events
+            && let Some(dir) = &cgroup.memory_dir
+        {
+            match MemoryEventsWatch::new(dir.clone()) {
+                Ok(m) => {
+                    w.polled.insert(cgroup.id, m);
+                }
+                Err(e) => {
+                    self.counters
+                        .memory_events_read_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(path = %dir.display(), error = %e, "Could not read memory events of a cgroup.");
+                }
+            }
+        }
+        if let Some(dir) = &cgroup.v2_dir {
+            let path = dir.join("memory.pressure");
+            if path.exists() {
+                let task = tokio::spawn(psi_task(
+                    self.clone(),
+                    path,
+                    PressureScope::Cgroup(cgroup.id),
+                ));
+                if let Some(old) = w.psi.insert(cgroup.id, task) {
+                    old.abort();
+                }
+            }
+        }
+        w.cgroups.insert(cgroup.id, cgroup);
+    }
+
+    fn unwatch_cgroup(&self, id: u64) {
+        if let Some(e) = lock(&self.ebpf).as_mut()
+            && let Err(err) = e.unwatch_cgroup(id)
+        {
+            self.counters
+                .map_update_errors
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(cgroup_id = id, error = %error_chain(&err), "Could not unwatch a cgroup in the kernel.");
+        }
+        self.forget(id);
+    }
+
+    /// Drops every userspace entry of a cgroup (the kernel program drops its own on rmdir).
+    fn forget(&self, id: u64) {
+        let mut w = lock(&self.watch);
+        w.cgroups.remove(&id);
+        w.polled.remove(&id);
+        if let Some(t) = w.psi.remove(&id) {
+            t.abort();
+        }
+        drop(w);
+        lock(&self.owners).remove(id);
+        lock(&self.scores).remove(ScoreKey::Cgroup(id));
+    }
+
+    /// Enriches, reacts to and forwards one event.
+    async fn handle(&self, mut event: SensorEvent) -> bool {
+        match &mut event {
+            SensorEvent::OomVictim(v) => lock(&self.owners).attribute(v),
+            SensorEvent::OomScoreAdj {
+                pid,
+                cgroup_id,
+                oom_score_adj,
+                comm,
+                ..
+            } => {
+                let expected = lock(&self.scores).expected(*pid, *cgroup_id);
+                if let Some(expected) = expected
+                    && expected != *oom_score_adj
+                {
+                    self.reset(*pid, *oom_score_adj, expected, comm);
+                }
+            }
+            SensorEvent::Cgroup {
+                op: CgroupOp::Removed,
+                id,
+                ..
+            } => self.forget(*id),
+            _ => {}
+        }
+        self.tx.send(event).await.is_ok()
+    }
+
+    fn reset(&self, pid: u32, found: i32, expected: i32, comm: &str) {
+        self.counters
+            .score_tampering
+            .fetch_add(1, Ordering::Relaxed);
+        match reset_score(pid, expected) {
+            Ok(()) => warn!(
+                pid,
+                comm, found, expected, "A process changed its oom_score_adj; reset it."
+            ),
+            Err(e) => {
+                self.counters
+                    .score_reset_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(pid, comm, found, expected, error = %e, "Could not reset a changed oom_score_adj.");
+            }
+        }
+    }
+}
+
+async fn intake(shared: Arc<Shared>, mut reader: super::EventReader) {
+    let mut events = Vec::new();
+    let mut bad = Vec::new();
+    loop {
+        if let Err(e) = reader.read_batch(&mut events, &mut bad).await {
+            shared
+                .counters
+                .undecodable_records
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(error = %e, "eBPF event intake failed; continuing without it.");
+            return;
+        }
+        for e in bad.drain(..) {
+            shared
+                .counters
+                .undecodable_records
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(error = %e, "Undecodable eBPF record dropped.");
+        }
+        for e in events.drain(..) {
+            if !shared.handle(e).await {
+                return;
+            }
+        }
+    }
+}
+
+/// The polling fallbacks: memory.events deltas and expected scores of pids.
+async fn poller(shared: Arc<Shared>) {
+    if !shared.poll_memory_events && !shared.poll_scores {
+        return;
+    }
+    let mut tick = tokio::time::interval(shared.config.poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut out = Vec::new();
+    loop {
+        tick.tick().await;
+        let boot_ns = boot_ns();
+        {
+            let mut w = lock(&shared.watch);
+            for m in w.polled.values_mut() {
+                if let Err(e) = m.poll(boot_ns, &mut out) {
+                    shared
+                        .counters
+                        .memory_events_read_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(path = %m.dir.display(), error = %e, "Memory events unreadable (cgroup removed?).");
+                }
+            }
+        }
+        if shared.poll_scores {
+            let expected: Vec<(u32, i32)> = lock(&shared.scores).pids().collect();
+            for (pid, want) in expected {
+                if let Ok(found) = read_score(pid)
+                    && found != want
+                {
+                    shared.reset(pid, found, want, "");
+                }
+            }
+        }
+        for e in out.drain(..) {
+            if shared.tx.send(e).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn psi_task(shared: Arc<Shared>, path: PathBuf, scope: PressureScope) {
+    let config = &shared.config;
+    let mut trigger = match PsiTrigger::open(&path, config.psi_stall, config.psi_window) {
+        Ok(t) => t,
+        Err(e) => {
+            shared.counters.psi_errors.fetch_add(1, Ordering::Relaxed);
+            warn!(path = %path.display(), error = %e, "Could not arm a PSI trigger.");
+            return;
+        }
+    };
+    loop {
+        if let Err(e) = trigger.fired().await {
+            shared.counters.psi_errors.fetch_add(1, Ordering::Relaxed);
+            warn!(path = %path.display(), error = %e, "PSI trigger failed.");
+            return;
+        }
+        if shared
+            .tx
+            .send(SensorEvent::MemoryPressure { scope })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// CLOCK_BOOTTIME in nanoseconds, the clock of the kernel records.
+fn boot_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

@@ -1,0 +1,148 @@
+//! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
+//! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
+
+use aya::maps::{HashMap, MapData, MapError};
+use qoslet_common::{
+    event::{MemcgCounter, MemcgCounterKey},
+    sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED},
+};
+
+use super::{SensorError, ebpf::EbpfSensors};
+
+/// Maps keyed by cgroup id, which must return to their size once the cgroups are removed.
+pub const PER_CGROUP_MAPS: [&str; 4] = [
+    "WATCHED_CGROUPS",
+    "CPU_STATS",
+    "RECLAIM_STATS",
+    "MEMCG_COUNTERS",
+];
+
+/// A program's cumulative cost since it was loaded (kernel BPF statistics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramCost {
+    pub program: String,
+    pub run_time_ns: u64,
+    pub run_count: u64,
+}
+
+impl ProgramCost {
+    /// Mean nanoseconds per run, `None` before the first run.
+    pub fn mean_ns(&self) -> Option<f64> {
+        (self.run_count > 0).then(|| self.run_time_ns as f64 / self.run_count as f64)
+    }
+}
+
+fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
+    move |source| SensorError::Map { name, source }
+}
+
+impl EbpfSensors {
+    fn hash_map<V: aya::Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<HashMap<&MapData, u64, V>, SensorError> {
+        let map = self.ebpf.map(name).ok_or(SensorError::MissingMap(name))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// Adds a cgroup v2 id to the programs' watch list.
+    pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+        const NAME: &str = "WATCHED_CGROUPS";
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap(NAME))?;
+        let mut watched: HashMap<&mut MapData, u64, u32> =
+            HashMap::try_from(map).map_err(map_err(NAME))?;
+        watched
+            .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
+            .map_err(map_err(NAME))
+    }
+
+    /// Removes a cgroup from the watch list (a removed cgroup is dropped by the kernel program).
+    pub fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+        const NAME: &str = "WATCHED_CGROUPS";
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap(NAME))?;
+        let mut watched: HashMap<&mut MapData, u64, u32> =
+            HashMap::try_from(map).map_err(map_err(NAME))?;
+        match watched.remove(&cgroup_id) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(NAME)(e)),
+        }
+    }
+
+    /// Run-queue latency and on-CPU time of a watched cgroup, `None` before its first switch.
+    pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
+        lookup(self.hash_map("CPU_STATS")?, cgroup_id, "CPU_STATS")
+    }
+
+    /// Reclaim stalls of a watched cgroup, `None` before its first stall.
+    pub fn reclaim_stats(&self, cgroup_id: u64) -> Result<Option<ReclaimStats>, SensorError> {
+        lookup(self.hash_map("RECLAIM_STATS")?, cgroup_id, "RECLAIM_STATS")
+    }
+
+    /// Number of entries of one of [`PER_CGROUP_MAPS`] (walks its keys).
+    pub fn map_len(&self, name: &'static str) -> Result<usize, SensorError> {
+        let map = self.ebpf.map(name).ok_or(SensorError::MissingMap(name))?;
+        let keys: Vec<Result<(), MapError>> = match name {
+            "MEMCG_COUNTERS" => HashMap::<&MapData, MemcgCounterKey, MemcgCounter>::try_from(map)
+                .map_err(map_err(name))?
+                .keys()
+                .map(|k| k.map(drop))
+                .collect(),
+            "WATCHED_CGROUPS" => HashMap::<&MapData, u64, u32>::try_from(map)
+                .map_err(map_err(name))?
+                .keys()
+                .map(|k| k.map(drop))
+                .collect(),
+            "CPU_STATS" => self
+                .hash_map::<CpuStats>(name)?
+                .keys()
+                .map(|k| k.map(drop))
+                .collect(),
+            "RECLAIM_STATS" => self
+                .hash_map::<ReclaimStats>(name)?
+                .keys()
+                .map(|k| k.map(drop))
+                .collect(),
+            _ => return Err(SensorError::MissingMap(name)),
+        };
+        keys.into_iter()
+            .try_fold(0, |n, k| k.map(|()| n + 1))
+            .map_err(map_err(name))
+    }
+
+    /// Each attached program's run time and run count (zero while statistics are off).
+    pub fn program_costs(&self) -> Vec<ProgramCost> {
+        let mut costs = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            if !self.is_attached(name) {
+                continue;
+            }
+            if let Ok(info) = program.info() {
+                costs.push(ProgramCost {
+                    program: name.to_owned(),
+                    run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                    run_count: info.run_count(),
+                });
+            }
+        }
+        costs.sort_by(|a, b| a.program.cmp(&b.program));
+        costs
+    }
+}
+
+fn lookup<V: aya::Pod>(
+    map: HashMap<&MapData, u64, V>,
+    key: u64,
+    name: &'static str,
+) -> Result<Option<V>, SensorError> {
+    match map.get(&key, 0) {
+        Ok(v) => Ok(Some(v)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(map_err(name)(e)),
+    }
+}

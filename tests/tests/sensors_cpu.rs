@@ -1,0 +1,102 @@
+//! Two cgroups competing for CPU 0 with very different CPU weights: the light one waits longer
+//! on the run queue and runs less, as the scheduler programs' per-cgroup stats show.
+
+mod sensors_common;
+
+use std::time::Duration;
+
+use qoslet::sensors::{SensorMode, SensorsConfig};
+use qoslet_common::sched::CpuStats;
+use qoslet_tests::require_root;
+use sensors_common::{Cgroups, Script, start};
+
+fn mean_wait_ns(s: &CpuStats) -> f64 {
+    s.runq_total_ns as f64 / s.runq_count.max(1) as f64
+}
+
+/// Highest histogram bucket with half of the waits at or below it.
+fn median_bucket(s: &CpuStats) -> usize {
+    let total: u64 = s.runq_hist.iter().sum();
+    let mut acc = 0;
+    for (i, n) in s.runq_hist.iter().enumerate() {
+        acc += n;
+        if acc * 2 >= total {
+            return i;
+        }
+    }
+    0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
+    require_root();
+    let (sensors, _rx) = start(SensorsConfig::default());
+    let status = sensors
+        .statuses()
+        .iter()
+        .find(|s| s.name == "cpu_runqueue")
+        .cloned()
+        .expect("a cpu_runqueue sensor");
+    assert_eq!(
+        status.mode,
+        SensorMode::Active,
+        "tp_btf sched programs on every supported kernel: {status:?}"
+    );
+    let (Some(heavy), Some(light)) = (Cgroups::create(&["cpu"]), Cgroups::create(&["cpu"])) else {
+        return;
+    };
+    if heavy.is_v1() {
+        heavy.of("cpu").write("cpu.shares", "10240");
+        light.of("cpu").write("cpu.shares", "128");
+    } else {
+        heavy.v2.write("cpu.weight", "1000");
+        light.v2.write("cpu.weight", "10");
+    }
+    sensors.watch(heavy.watched());
+    sensors.watch(light.watched());
+    let mut spinners = Vec::new();
+    for cg in [&heavy, &light] {
+        let s = Script::spawn("while :; do :; done");
+        s.pin_to_cpu0();
+        cg.add(s.pid());
+        spinners.push(s);
+    }
+    for s in &mut spinners {
+        s.release();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop(spinners);
+
+    let h = sensors
+        .cpu_stats(heavy.id())
+        .expect("reading CPU_STATS")
+        .expect("stats for the heavy cgroup");
+    let l = sensors
+        .cpu_stats(light.id())
+        .expect("reading CPU_STATS")
+        .expect("stats for the light cgroup");
+    eprintln!(
+        "heavy: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}; light: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}",
+        h.oncpu_ns / 1_000_000,
+        h.runq_count,
+        mean_wait_ns(&h) / 1e3,
+        median_bucket(&h),
+        l.oncpu_ns / 1_000_000,
+        l.runq_count,
+        mean_wait_ns(&l) / 1e3,
+        median_bucket(&l)
+    );
+    assert!(h.runq_count > 0 && l.runq_count > 0, "both waited");
+    assert!(
+        h.oncpu_ns > 3 * l.oncpu_ns,
+        "the heavy cgroup ran much longer"
+    );
+    assert!(
+        mean_wait_ns(&l) > 3.0 * mean_wait_ns(&h),
+        "the light cgroup waited much longer per wait"
+    );
+    assert!(
+        median_bucket(&l) > median_bucket(&h),
+        "the light cgroup's histogram sits in higher buckets"
+    );
+}

@@ -1,0 +1,99 @@
+//! Per-cgroup kernel maps return to their base size after 1,000 watched cgroups are created,
+//! used and removed: the `cgroup_rmdir` program deletes their entries.
+
+mod sensors_common;
+
+use std::{collections::HashSet, time::Duration};
+
+use qoslet::sensors::{
+    SensorEvent, SensorsConfig, WatchedCgroup, event::CgroupOp, kmaps::PER_CGROUP_MAPS,
+};
+use qoslet_tests::{Layout, TestCgroup, layout, require_root, unique_name};
+use sensors_common::{Script, start};
+
+const CGROUPS: usize = 1000;
+/// Cgroups that also run a process, so CPU_STATS gets entries too.
+const WITH_PROCESS: usize = 50;
+
+fn sizes(sensors: &qoslet::sensors::Sensors) -> Vec<(&'static str, usize)> {
+    PER_CGROUP_MAPS
+        .iter()
+        .map(|m| {
+            let n = sensors
+                .with_ebpf(|e| e.map_len(m))
+                .expect("eBPF loaded")
+                .expect("reading a map");
+            (*m, n)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
+    require_root();
+    let (sensors, mut rx) = start(SensorsConfig::default());
+    assert!(
+        sensors.with_ebpf(|e| e.is_attached("cgroup_rmdir")) == Some(true),
+        "cgroup_rmdir attached"
+    );
+    let base = sizes(&sensors);
+    let root_dir = match layout() {
+        Layout::Hybrid => "/sys/fs/cgroup/unified",
+        _ => "/sys/fs/cgroup",
+    };
+    let root = TestCgroup::create(root_dir, &unique_name());
+    let mut ids = HashSet::new();
+    let mut children = Vec::new();
+    for i in 0..CGROUPS {
+        let cg = TestCgroup::create(&root.path, &format!("c{i}"));
+        sensors.watch(WatchedCgroup {
+            id: cg.id(),
+            v2_dir: None,
+            memory_dir: None,
+        });
+        ids.insert(cg.id());
+        children.push(cg);
+    }
+    for cg in children.iter().take(WITH_PROCESS) {
+        let mut s = Script::spawn("exit 0");
+        cg.add_pid(s.pid());
+        s.release();
+        let _ = s.child.wait();
+    }
+    let grown = sizes(&sensors);
+    eprintln!("base {base:?}, with {CGROUPS} cgroups {grown:?}");
+    assert_eq!(grown[0].1, base[0].1 + CGROUPS, "every cgroup watched");
+    assert!(
+        grown[1].1 > base[1].1,
+        "CPU_STATS has entries of the cgroups"
+    );
+    drop(children);
+
+    let mut removed = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while removed.len() < ids.len() {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(SensorEvent::Cgroup {
+                op: CgroupOp::Removed,
+                id,
+                hierarchy,
+                path,
+                ..
+            })) if ids.contains(&id) => {
+                assert_eq!(hierarchy, 0, "v2 hierarchy");
+                assert!(path.contains("/c"), "path {path}");
+                removed.insert(id);
+            }
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    let lost = sensors.events_lost();
+    assert!(
+        removed.len() as u64 + lost >= ids.len() as u64,
+        "{} of {} removals seen, {lost} records lost",
+        removed.len(),
+        ids.len()
+    );
+    assert_eq!(sizes(&sensors), base, "maps back to their base size");
+}

@@ -1,0 +1,68 @@
+//! A memory cgroup pushed over its limit (v1) or memory.high (v2) produces memcg events from
+//! whichever sensor is active, and a reclaim stall recorded for the cgroup.
+
+mod sensors_common;
+
+use std::time::Duration;
+
+use qoslet::sensors::{SensorEvent, SensorMode, SensorsConfig, event::MemcgEventKind};
+use qoslet_tests::{Hog, require_root};
+use sensors_common::{Cgroups, start, wait_for};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
+    require_root();
+    let (sensors, mut rx) = start(SensorsConfig::default());
+    let Some(cgroups) = Cgroups::create(&["memory"]) else {
+        return;
+    };
+    let memory = cgroups.of("memory");
+    let expected_kind = if cgroups.is_v1() {
+        memory.write("memory.limit_in_bytes", "33554432");
+        MemcgEventKind::Max
+    } else {
+        memory.write("memory.high", "16777216");
+        memory.write("memory.max", "33554432");
+        memory.write("memory.swap.max", "0");
+        MemcgEventKind::High
+    };
+    let memcg_id = memory.id();
+    sensors.watch(cgroups.watched());
+    let mut hog = Hog::spawn(256);
+    cgroups.add(hog.pid());
+    hog.release();
+
+    let seen = wait_for(&mut rx, Duration::from_secs(10), |e| match e {
+        SensorEvent::Memcg {
+            memcg_id: id, kind, ..
+        } if *id == memcg_id && *kind == expected_kind => Some(*kind),
+        _ => None,
+    })
+    .await;
+    let memcg_sensor = sensors
+        .statuses()
+        .iter()
+        .find(|s| s.name == "memcg_events")
+        .cloned()
+        .expect("a memcg_events sensor");
+    assert_eq!(
+        seen,
+        Some(expected_kind),
+        "a {expected_kind:?} event for memcg {memcg_id} (sensor {memcg_sensor:?})"
+    );
+    let _ = tokio::task::block_in_place(|| hog.wait_signal(Duration::from_secs(30)));
+
+    let reclaim = sensors
+        .statuses()
+        .iter()
+        .find(|s| s.name == "reclaim_stall")
+        .cloned()
+        .expect("a reclaim_stall sensor");
+    assert_eq!(reclaim.mode, SensorMode::Active, "{reclaim:?}");
+    let stats = sensors
+        .reclaim_stats(cgroups.id())
+        .expect("reading RECLAIM_STATS")
+        .expect("reclaim stalls recorded for the cgroup");
+    eprintln!("reclaim: {stats:?}");
+    assert!(stats.memcg_count > 0 && stats.memcg_ns > 0, "{stats:?}");
+}
