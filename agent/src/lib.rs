@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod config;
 pub mod policy;
+pub mod runtime;
 pub mod sensors;
 pub mod server;
 pub mod source;

@@ -209,3 +209,58 @@ impl Drop for Hog {
         let _ = self.child.wait();
     }
 }
+
+/// The cgroups one container joins, created by the test in every hierarchy the host has: the
+/// cpu, cpuset, memory and pids v1 controllers plus the unified tree on a hybrid host, one
+/// directory on pure v2. Removed (their processes killed) on drop.
+pub fn container_cgroups(name: &str) -> Vec<TestCgroup> {
+    let root = Path::new(CGROUP_ROOT);
+    match layout() {
+        Layout::Unified => vec![TestCgroup::create(root, name)],
+        Layout::Hybrid | Layout::Legacy => {
+            let mut out = Vec::new();
+            for controller in ["cpu", "memory", "pids", "cpuset"] {
+                let cg = TestCgroup::create(root.join(controller), name);
+                if controller == "cpuset" {
+                    // A v1 cpuset child takes no task until it has cpus and mems.
+                    for file in ["cpuset.cpus", "cpuset.mems"] {
+                        let parent = fs::read_to_string(root.join("cpuset").join(file))
+                            .unwrap_or_else(|e| panic!("reading the root {file}: {e}"));
+                        cg.write(file, parent.trim());
+                    }
+                }
+                out.push(cg);
+            }
+            if layout() == Layout::Hybrid {
+                out.push(TestCgroup::create(root.join("unified"), name));
+            }
+            out
+        }
+    }
+}
+
+/// A directory under the temporary directory, unique to the test, removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    pub path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new() -> Self {
+        let path = std::env::temp_dir().join(unique_name());
+        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self { path }
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}

@@ -2,3 +2,4 @@
 //! Kubernetes API.
 
 pub mod manifest;
+pub mod watch;

@@ -1,0 +1,245 @@
+//! The standalone process runtime: runs the containers of manifest pods as host processes
+//! inside their container cgroups (there are no images), with the kubelet's ordering, restart
+//! policy, back-off, graceful termination and status.
+//!
+//! [`spec`] reads pods, [`backoff`] and [`status`] are pure, [`process`] and [`logs`] do the
+//! I/O, `container` supervises one container and `pod` one pod; [`Runtime`] ties them together.
+
+pub mod backoff;
+mod container;
+pub mod logs;
+mod pod;
+pub mod process;
+pub mod spec;
+pub mod status;
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{sync::watch, time::Instant};
+
+pub use backoff::BackoffConfig;
+pub use spec::{ContainerCgroups, ContainerSpec, PodKey, PodRuntimeSpec, RestartPolicy, SpecError};
+pub use status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
+
+use pod::{Control, PodTask};
+use status::PhaseInput;
+
+/// Where logs go and how restarts back off.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Container logs: `<log_dir>/<namespace>_<name>_<uid>/<container>/<restart>.log`.
+    pub log_dir: PathBuf,
+    pub backoff: BackoffConfig,
+}
+
+/// A pod the runtime knows, running or stopping.
+struct PodHandle {
+    spec: PodRuntimeSpec,
+    status: Arc<Mutex<PodStatus>>,
+    control: watch::Sender<Control>,
+    done: watch::Receiver<bool>,
+}
+
+impl PodHandle {
+    fn stop(&self, deadline: Instant) {
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .terminating = true;
+        self.control.send_modify(|c| {
+            // An earlier deadline stands: a second stop only shortens it.
+            c.stop = Some(c.stop.map_or(deadline, |d| d.min(deadline)));
+        });
+    }
+
+    fn is_done(&self) -> bool {
+        *self.done.borrow()
+    }
+}
+
+/// The process runtime. Call its methods from within a tokio runtime: pods run as tasks.
+pub struct Runtime {
+    config: RuntimeConfig,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    pods: BTreeMap<PodKey, PodHandle>,
+    /// Removed or replaced pods still stopping.
+    stopping: Vec<PodHandle>,
+}
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> Self {
+        Self {
+            config,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the running pods match `desired`: new pods start (once `may_start` says workload
+    /// gating released them), removed pods stop within their grace period, changed pods are
+    /// stopped and started again from the new spec. Held pods are released by a later call.
+    /// Pods that finished (succeeded, failed, evicted) stay finished while their spec is the same.
+    pub fn apply(&self, desired: Vec<PodRuntimeSpec>, may_start: impl Fn(&PodKey) -> bool) {
+        let mut state = self.state();
+        state.stopping.retain(|p| !p.is_done());
+        let mut desired: BTreeMap<PodKey, PodRuntimeSpec> =
+            desired.into_iter().map(|s| (s.key.clone(), s)).collect();
+        let gone: Vec<PodKey> = state
+            .pods
+            .keys()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(h) = state.pods.remove(&key) {
+                tracing::info!(pod = %key, "Pod removed; stopping it.");
+                h.stop(Instant::now() + h.spec.termination_grace);
+                state.stopping.push(h);
+            }
+        }
+        for (key, spec) in std::mem::take(&mut desired) {
+            let release = may_start(&key);
+            let mut previous = None;
+            if let Some(h) = state.pods.get(&key) {
+                if h.spec == spec {
+                    h.control.send_if_modified(|c| {
+                        let changed = c.may_start != release;
+                        c.may_start = release;
+                        changed
+                    });
+                    continue;
+                }
+                tracing::info!(pod = %key, "Pod changed; replacing it.");
+                let h = state.pods.remove(&key).expect("present");
+                h.stop(Instant::now() + h.spec.termination_grace);
+                previous = Some(h.done.clone());
+                state.stopping.push(h);
+            }
+            let handle = self.start(spec, release, previous);
+            state.pods.insert(key, handle);
+        }
+    }
+
+    fn start(
+        &self,
+        spec: PodRuntimeSpec,
+        may_start: bool,
+        previous: Option<watch::Receiver<bool>>,
+    ) -> PodHandle {
+        let waiting = if may_start {
+            "PodInitializing"
+        } else {
+            "SchedulingGated"
+        };
+        let status = Arc::new(Mutex::new(PodStatus {
+            key: spec.key.clone(),
+            phase: PodPhase::Pending,
+            reason: (!may_start).then(|| "SchedulingGated".into()),
+            message: None,
+            restart_policy: spec.restart_policy,
+            containers: spec
+                .containers
+                .iter()
+                .map(|c| ContainerStatus::new(&c.name, c.kind, waiting))
+                .collect(),
+            terminating: false,
+        }));
+        let (control_tx, control_rx) = watch::channel(Control {
+            may_start,
+            stop: None,
+        });
+        let (done_tx, done_rx) = watch::channel(false);
+        let task = PodTask {
+            spec: spec.clone(),
+            status: status.clone(),
+            log_dir: self.config.log_dir.clone(),
+            backoff: self.config.backoff,
+            control: control_rx,
+            previous,
+            done: done_tx,
+        };
+        tokio::spawn(task.run());
+        PodHandle {
+            spec,
+            status,
+            control: control_tx,
+            done: done_rx,
+        }
+    }
+
+    /// Stops the pod for eviction within `grace`; it ends Failed with reason `Evicted` and is
+    /// not restarted while its spec stays the same. False when the pod is unknown.
+    pub fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) -> bool {
+        let state = self.state();
+        let Some(h) = state.pods.get(key) else {
+            return false;
+        };
+        {
+            let mut s = h.status.lock().unwrap_or_else(|e| e.into_inner());
+            s.reason = Some("Evicted".into());
+            s.message = Some(message.into());
+        }
+        tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
+        h.stop(Instant::now() + grace);
+        true
+    }
+
+    /// Stops every pod, each within the shorter of its own grace period and `grace`, and waits
+    /// until all their processes are gone.
+    pub async fn stop_all(&self, grace: Duration) {
+        let mut dones = Vec::new();
+        {
+            let state = self.state();
+            let now = Instant::now();
+            for h in state.pods.values().chain(state.stopping.iter()) {
+                h.stop(now + h.spec.termination_grace.min(grace));
+                dones.push(h.done.clone());
+            }
+        }
+        for mut d in dones {
+            let _ = d.wait_for(|d| *d).await;
+        }
+    }
+
+    /// A snapshot of every pod, including removed pods still stopping.
+    pub fn status(&self) -> Vec<PodStatus> {
+        let mut state = self.state();
+        state.stopping.retain(|p| !p.is_done());
+        state
+            .pods
+            .values()
+            .chain(state.stopping.iter())
+            .map(snapshot)
+            .collect()
+    }
+}
+
+fn snapshot(h: &PodHandle) -> PodStatus {
+    let mut s = h.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    s.phase = status::phase(PhaseInput {
+        policy: s.restart_policy,
+        containers: &s.containers,
+        finished: h.is_done(),
+    });
+    if s.reason.as_deref() == Some("Evicted") && h.is_done() {
+        s.phase = PodPhase::Failed;
+    }
+    for (c, spec) in s.containers.iter_mut().zip(&h.spec.containers) {
+        if matches!(c.state, ContainerState::Running { .. }) {
+            c.pids = process::cgroup_pids(&spec.cgroups);
+        }
+    }
+    s
+}
