@@ -133,8 +133,12 @@ pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
                 .is_some_and(|kinds| kinds.iter().any(|k| k == want))
         };
         // Test executables, and the helper binaries the tests start (e.g. qoslet-test-hog).
+        // Bench binaries are not needed in the VM.
+        let is_bench = msg["target"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("qoslet-bench-"));
         let wanted = (msg["profile"]["test"] == true && kind_is("test"))
-            || (msg["profile"]["test"] == false && kind_is("bin"));
+            || (msg["profile"]["test"] == false && kind_is("bin") && !is_bench);
         if msg["reason"] == "compiler-artifact"
             && wanted
             && let Some(exe) = msg["executable"].as_str()

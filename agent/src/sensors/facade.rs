@@ -141,12 +141,21 @@ impl Sensors {
             (None, Some("eBPF disabled by configuration".to_owned()))
         };
         let statuses = decide(ebpf.as_ref(), why_not.as_deref());
+        // Why eBPF as a whole is unavailable is said once, not on every sensor's line.
+        if let Some(why) = &why_not {
+            warn!(reason = %why, "eBPF sensors unavailable; running on the fallbacks.");
+        }
         for s in &statuses {
+            let reason = s
+                .reason
+                .as_deref()
+                .filter(|r| Some(*r) != why_not.as_deref())
+                .unwrap_or("");
             info!(
                 sensor = s.name,
                 mode = ?s.mode,
                 source = %s.source,
-                reason = s.reason.as_deref().unwrap_or(""),
+                reason,
                 "Sensor started."
             );
         }
