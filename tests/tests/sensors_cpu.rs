@@ -57,8 +57,9 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
     let mut spinners = Vec::new();
     for cg in [&heavy, &light] {
         let s = Script::spawn("while :; do :; done");
-        s.pin_to_cpu0();
+        // Pin after joining: on Linux 6.1 a cgroup v2 cpuset attach resets the affinity.
         cg.add(s.pid());
+        s.pin_to_cpu0();
         spinners.push(s);
     }
     for s in &mut spinners {
