@@ -27,6 +27,33 @@ pub struct OpenRootError {
     pub source: io::Error,
 }
 
+/// One cgroup directory, held open so its files are opened by a single component.
+#[derive(Debug)]
+pub struct CgroupDir(OwnedFd);
+
+impl CgroupDir {
+    pub fn read(&self, file: &str) -> io::Result<String> {
+        let fd = openat2(self.0.as_raw_fd(), file, libc::O_RDONLY, RESOLVE)?;
+        let mut s = String::new();
+        File::from(fd).read_to_string(&mut s)?;
+        Ok(s)
+    }
+
+    pub fn write(&self, file: &str, value: &str) -> io::Result<()> {
+        let fd = openat2(self.0.as_raw_fd(), file, libc::O_WRONLY, RESOLVE)?;
+        write_once(File::from(fd), value)
+    }
+}
+
+/// Interface files take a value in one write(2).
+fn write_once(mut f: File, value: &str) -> io::Result<()> {
+    let n = f.write(value.as_bytes())?;
+    if n != value.len() {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    }
+    Ok(())
+}
+
 /// The node root opened in every hierarchy qoslet uses.
 #[derive(Debug)]
 pub struct CgroupFs {
@@ -149,14 +176,19 @@ impl CgroupFs {
     }
 
     pub fn exists(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
+        self.open_dir(tree, cgroup).map(|d| d.is_some())
+    }
+
+    /// Opens the cgroup directory; `None` when it does not exist.
+    pub fn open_dir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<Option<CgroupDir>> {
         match openat2(
             self.root(tree)?,
             &cgroup.relative(),
             libc::O_PATH | libc::O_DIRECTORY,
             RESOLVE,
         ) {
-            Ok(_) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Ok(fd) => Ok(Some(CgroupDir(fd))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -223,11 +255,6 @@ impl CgroupFs {
             libc::O_WRONLY,
             RESOLVE,
         )?;
-        let mut f = File::from(fd);
-        let n = f.write(value.as_bytes())?;
-        if n != value.len() {
-            return Err(io::Error::from(io::ErrorKind::WriteZero));
-        }
-        Ok(())
+        write_once(File::from(fd), value)
     }
 }

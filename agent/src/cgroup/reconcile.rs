@@ -10,7 +10,7 @@ use super::{
     desired::{DesiredCgroup, DesiredState, Role},
     diff::{FileState, PlannedWrite, plan_writes},
     files::{FileContext, V2_CONTROLLERS, files, has_managed_children},
-    fs::CgroupFs,
+    fs::{CgroupDir, CgroupFs},
     layout::{Controller, Tree},
     name::CgroupPath,
     report::{Mode, ReconcileError, ReconcileReport, WriteReport, WriteResult},
@@ -60,17 +60,15 @@ impl Reconciler {
         let ctx = FileContext {
             node_mems: self.node_mems(),
         };
-        // Which trees each cgroup exists in (or, in observe mode, would be created in).
-        let mut present: Vec<Vec<(Tree, bool)>> = Vec::with_capacity(desired.cgroups.len());
-        for c in &desired.cgroups {
-            present.push(self.ensure(c, &mut report));
-        }
+        // Parents first: each cgroup is made (with its children's controllers enabled) before
+        // its children, and its files are read through the directory just opened.
         let mut states = Vec::new();
         for (i, c) in desired.cgroups.iter().enumerate() {
-            for &(tree, exists) in &present[i] {
+            for (tree, dir) in self.ensure(c, &ctx, &mut report) {
                 for (file, want) in files(c, tree, &ctx) {
-                    let current = if exists {
-                        match self.fs.read(tree, &c.path, file) {
+                    let current = match &dir {
+                        None => None,
+                        Some(d) => match d.read(file) {
                             Ok(s) => Some(s),
                             Err(e)
                                 if vanished(&e)
@@ -86,9 +84,7 @@ impl Reconciler {
                                 });
                                 continue;
                             }
-                        }
-                    } else {
-                        None
+                        },
                     };
                     states.push(FileState {
                         cgroup: i,
@@ -119,27 +115,33 @@ impl Reconciler {
             .filter(|s| !s.is_empty())
     }
 
-    /// Makes the cgroup exist in every tree it belongs to and, on v2, enables the controllers
-    /// its children need. Returns the trees to manage files in, and whether the directory exists.
-    fn ensure(&self, c: &DesiredCgroup, report: &mut ReconcileReport) -> Vec<(Tree, bool)> {
+    /// Makes the cgroup exist in every tree it belongs to and prepares it for children: v2
+    /// controllers enabled, v1 cpusets cloned into new children (`cgroup.clone_children`, so a
+    /// new pod starts with the right cpuset instead of an empty one and needs no write). Returns
+    /// the trees to manage files in with the open directory (`None`: missing, observe mode).
+    fn ensure(
+        &self,
+        c: &DesiredCgroup,
+        ctx: &FileContext,
+        report: &mut ReconcileReport,
+    ) -> Vec<(Tree, Option<CgroupDir>)> {
         let mut out = Vec::new();
         let trees: Vec<Tree> = self.fs.trees().collect();
-        let mut reserved_missing = false;
         for tree in trees {
             if c.role == Role::Reserved && tree == Tree::Unified {
                 continue;
             }
             let path = self.fs.display_path(tree, &c.path);
-            let exists = match self.fs.exists(tree, &c.path) {
-                Ok(e) => e,
+            let mut dir = match self.fs.open_dir(tree, &c.path) {
+                Ok(d) => d,
                 Err(source) => {
                     report.errors.push(ReconcileError::Create { path, source });
                     continue;
                 }
             };
-            if !exists {
+            if dir.is_none() {
                 if c.role == Role::Reserved {
-                    reserved_missing = true;
+                    warn!(path = %path.display(), "Reserved cgroup missing; it is not written.");
                     report.errors.push(ReconcileError::ReservedMissing { path });
                     continue;
                 }
@@ -149,14 +151,20 @@ impl Reconciler {
                 if self.mode == Mode::Observe {
                     info!(path = %path.display(), "Cgroup missing (observe mode: not created).");
                     report.created.push(path);
-                    out.push((tree, false));
+                    out.push((tree, None));
                     continue;
                 }
-                match self.fs.mkdir(tree, &c.path) {
-                    Ok(_) => {
+                match self
+                    .fs
+                    .mkdir(tree, &c.path)
+                    .and_then(|_| self.fs.open_dir(tree, &c.path))
+                {
+                    Ok(Some(d)) => {
                         debug!(path = %path.display(), "Cgroup created.");
                         report.created.push(path);
+                        dir = Some(d);
                     }
+                    Ok(None) => continue,
                     Err(source) => {
                         warn!(path = %path.display(), error = %source, "Cgroup could not be created.");
                         report.errors.push(ReconcileError::Create { path, source });
@@ -164,24 +172,38 @@ impl Reconciler {
                     }
                 }
             }
-            if tree == Tree::V2 && has_managed_children(c) {
-                self.enable_controllers(c, exists || self.mode == Mode::Enforce, report);
+            if has_managed_children(c) {
+                match tree {
+                    Tree::V2 => self.enable_controllers(c, dir.as_ref(), report),
+                    Tree::V1(Controller::Cpuset) if c.role == Role::Kubepods => {
+                        // kubepods has no children yet when its cpuset is empty, so setting it
+                        // now cannot narrow anything; the tiers and pods then clone it.
+                        let cpus = dir.as_ref().and_then(|d| d.read("cpuset.cpus").ok());
+                        if cpus.is_some_and(|e| e.trim().is_empty()) {
+                            for (file, want) in files(c, tree, ctx) {
+                                let want = want.render();
+                                self.ensure_file(c, tree, dir.as_ref(), file, &want, report);
+                            }
+                        }
+                        let d = dir.as_ref();
+                        self.ensure_file(c, tree, d, "cgroup.clone_children", "1", report);
+                    }
+                    _ => {}
+                }
             }
-            out.push((tree, exists || self.mode == Mode::Enforce));
-        }
-        if reserved_missing {
-            warn!(cgroup = %c.path, "Reserved cgroup missing; it is not written.");
+            out.push((tree, dir));
         }
         out
     }
 
-    fn enable_controllers(&self, c: &DesiredCgroup, exists: bool, report: &mut ReconcileReport) {
+    fn enable_controllers(
+        &self,
+        c: &DesiredCgroup,
+        dir: Option<&CgroupDir>,
+        report: &mut ReconcileReport,
+    ) {
         let tree = Tree::V2;
-        let read = |file| {
-            exists
-                .then(|| self.fs.read(tree, &c.path, file).ok())
-                .flatten()
-        };
+        let read = |file| dir.and_then(|d| d.read(file).ok());
         // A cgroup not created yet (observe mode) would get what its parent offers.
         let available = match read("cgroup.controllers") {
             Some(s) => s,
@@ -200,19 +222,56 @@ impl Reconciler {
             .filter(|k| can.contains(*k) && !have.contains(*k))
             .map(|k| format!("+{k}"))
             .collect();
-        if missing.is_empty() {
-            return;
+        if !missing.is_empty() {
+            let new = missing.join(" ");
+            self.write_direct(
+                c,
+                tree,
+                dir,
+                "cgroup.subtree_control",
+                enabled.trim(),
+                &new,
+                report,
+            );
         }
-        let new = missing.join(" ");
+    }
+
+    /// A file that must hold `want` before children are made (written at once, not ordered).
+    fn ensure_file(
+        &self,
+        c: &DesiredCgroup,
+        tree: Tree,
+        dir: Option<&CgroupDir>,
+        file: &'static str,
+        want: &str,
+        report: &mut ReconcileReport,
+    ) {
+        let current = dir.and_then(|d| d.read(file).ok()).unwrap_or_default();
+        if current.trim() != want {
+            self.write_direct(c, tree, dir, file, current.trim(), want, report);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_direct(
+        &self,
+        c: &DesiredCgroup,
+        tree: Tree,
+        dir: Option<&CgroupDir>,
+        file: &'static str,
+        old: &str,
+        new: &str,
+        report: &mut ReconcileReport,
+    ) {
         let path = self.fs.display_path(tree, &c.path);
-        let file = "cgroup.subtree_control";
-        let result = if self.mode == Mode::Observe {
-            info!(path = %path.display(), file, new = %new, "Cgroup file differs from the plan (observe mode: not written).");
-            WriteResult::Drift
-        } else {
-            match self.fs.write(tree, &c.path, file, &new) {
+        let result = match (self.mode, dir) {
+            (Mode::Enforce, Some(d)) => match d.write(file, new) {
                 Ok(()) => WriteResult::Written,
-                Err(e) => self.failed(&path, file, &new, e, report),
+                Err(e) => self.failed(&path, file, new, e, report),
+            },
+            _ => {
+                info!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode: not written).");
+                WriteResult::Drift
             }
         };
         report.writes.push(WriteReport {
@@ -220,8 +279,8 @@ impl Reconciler {
             tree,
             path,
             file,
-            old: Some(enabled.trim().to_string()),
-            new,
+            old: Some(old.to_string()),
+            new: new.to_string(),
             result,
         });
     }
