@@ -258,3 +258,6 @@ fn container_cgroup(
         create: true,
     }
 }
+
+#[cfg(test)]
+mod tests;
