@@ -1,7 +1,11 @@
-//! oom_score_adj on the real kernel: processes started in a Burstable container cgroup get the
-//! container's score from the scan, a process that joins later gets it from the per-process
-//! entry point the sensors call, and one forked later with its own score is corrected by the
-//! next scan. Only processes this test starts are touched.
+//! Processes in container cgroups on the real kernel. oom_score_adj: processes started in a
+//! Burstable container cgroup get the container's score from the scan, a process that joins
+//! later gets it from the per-process entry point the sensors call, and one forked later with
+//! its own score is corrected by the next scan. Memory limits lowered below usage: cgroup v1
+//! refuses the write (EBUSY) when it cannot reclaim, and the reconciler then sets the limit to
+//! the usage, as the kubelet's retrySetMemoryReserve does, and reports it; cgroup v2 accepts the
+//! write and the OOM killer ends the process when nothing can be reclaimed. Only processes these
+//! tests start are touched.
 
 use std::{
     fs,
@@ -13,12 +17,12 @@ use std::{
 
 use qoslet::{
     cgroup::{
-        CgroupPath, CgroupRef, ContainerIds, Mode, Naming, OomTargets, Reconciler, Runtime,
-        apply_oom_score, desired_state, scan_oom_scores,
+        CgroupPath, CgroupRef, ContainerIds, Mode, Naming, OomTargets, Reconciler, Runtime, Tree,
+        WriteResult, apply_oom_score, desired_state, layout::Controller, scan_oom_scores,
     },
     policy::plan::plan_node,
 };
-use qoslet_tests::{NodeRoot, node_settings, pod_view, require_root};
+use qoslet_tests::{Hog, Layout, NodeRoot, layout, node_settings, pod_view, require_root};
 
 const UID: &str = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee";
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -199,4 +203,83 @@ fn container_processes_get_the_container_score_including_later_ones() {
         own,
         "the test process is not a container's"
     );
+}
+
+const MIB: i64 = 1 << 20;
+
+#[test]
+fn a_memory_limit_below_usage_is_retried_at_the_usage() {
+    require_root();
+    let root = NodeRoot::create();
+    let s = node_settings("");
+    let naming = Naming {
+        driver: s.cgroup_driver,
+        runtime: Runtime::Containerd,
+        node_root: CgroupPath::parse(&root.name).unwrap(),
+        create_containers: true,
+    };
+    let ids: ContainerIds = [((UID.to_string(), "app".to_string()), ID.to_string())].into();
+    let reconciler = Reconciler::new(root.open(), Mode::Enforce);
+    let pass = |limit: &str| {
+        let pods = [pod_view("web", UID, &[("app", "100m", "16Mi", "1", limit)])];
+        let plan = plan_node(&s, &pods).unwrap();
+        reconciler.reconcile(&desired_state(&plan, &naming, &ids))
+    };
+    let r = pass("256Mi");
+    assert!(r.errors.is_empty(), "{:#?}", r.errors);
+
+    let container = format!("kubepods/burstable/pod{UID}/{ID}");
+    let (tree, usage_file, limit_file) = if layout() == Layout::Unified {
+        (Tree::V2, "memory.current", "memory.max")
+    } else {
+        (
+            Tree::V1(Controller::Memory),
+            "memory.usage_in_bytes",
+            "memory.limit_in_bytes",
+        )
+    };
+    let mut hog = Hog::spawn(64);
+    for t in root.mounts.trees.keys() {
+        fs::write(
+            root.path(*t, &container).join("cgroup.procs"),
+            hog.pid().to_string(),
+        )
+        .unwrap();
+    }
+    hog.release();
+    let usage = || -> i64 { root.read(tree, &container, usage_file).parse().unwrap() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while usage() < 60 * MIB {
+        assert!(Instant::now() < deadline, "the hog did not reach 60 MiB");
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    let r = pass("32Mi");
+    let ctr = r
+        .writes
+        .iter()
+        .find(|w| w.file == limit_file && w.path.ends_with(ID))
+        .expect("a container memory limit write");
+    assert_eq!(ctr.new, (32 * MIB).to_string());
+    if layout() == Layout::Unified {
+        assert_eq!(ctr.result, WriteResult::Written);
+        assert!(r.errors.is_empty(), "{:#?}", r.errors);
+        assert_eq!(
+            hog.wait_signal(Duration::from_secs(20)),
+            Some(libc::SIGKILL)
+        );
+    } else {
+        let WriteResult::RetriedAtUsage { usage: at, written } = ctr.result else {
+            panic!("expected a retry at the usage, got {:?}", ctr.result);
+        };
+        assert!(written && at >= 60 * MIB, "{at}");
+        let limit: i64 = root.read(tree, &container, limit_file).parse().unwrap();
+        assert!(
+            limit < 32 * MIB || (limit >= at / 4096 * 4096 && limit <= at),
+            "{limit} vs {at}"
+        );
+        assert!(limit > 32 * MIB);
+        // The hog lives on, held at its usage.
+        assert!(hog.child.try_wait().unwrap().is_none());
+    }
 }
