@@ -3,6 +3,7 @@
 //! Data flows one way: [`source`] (pods and workload objects) -> [`policy`] (desired state, pure)
 //! -> cgroup reconciler (writes); [`sensors`] (kernel events) -> eviction manager -> actions.
 
+pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod policy;

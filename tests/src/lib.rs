@@ -264,3 +264,202 @@ impl Drop for TempDir {
         let _ = fs::remove_dir_all(&self.path);
     }
 }
+
+/// A unique test cgroup in every hierarchy the cgroup engine uses, to be the engine's node root:
+/// v1 cpusets get the machine's CPUs and memory nodes (a v1 cpuset takes no child until set),
+/// v2 enables the controllers for the children. Removed with everything below it on drop.
+pub struct NodeRoot {
+    pub name: String,
+    pub mounts: qoslet::cgroup::Mounts,
+    dirs: Vec<(qoslet::cgroup::Tree, TestCgroup)>,
+}
+
+impl NodeRoot {
+    pub fn create() -> Self {
+        use qoslet::cgroup::{Tree, layout::Controller};
+        let mounts = qoslet::cgroup::Mounts::detect().expect("detecting the cgroup layout");
+        let name = unique_name();
+        let mut dirs = Vec::new();
+        for (tree, mount) in &mounts.trees {
+            let cg = TestCgroup::create(mount, &name);
+            match tree {
+                Tree::V1(Controller::Cpuset) => {
+                    for f in ["cpuset.cpus", "cpuset.mems"] {
+                        let v = fs::read_to_string(mount.join(f)).expect("reading the root cpuset");
+                        cg.write(f, v.trim());
+                    }
+                }
+                Tree::V2 => {
+                    let available = cg.read("cgroup.controllers");
+                    let wanted: Vec<String> = ["cpu", "cpuset", "memory", "pids"]
+                        .iter()
+                        .filter(|c| available.split_whitespace().any(|a| a == **c))
+                        .map(|c| format!("+{c}"))
+                        .collect();
+                    cg.write("cgroup.subtree_control", &wanted.join(" "));
+                }
+                _ => {}
+            }
+            dirs.push((*tree, cg));
+        }
+        Self { name, mounts, dirs }
+    }
+
+    /// The engine's view of this root.
+    pub fn open(&self) -> qoslet::cgroup::CgroupFs {
+        let root = qoslet::cgroup::CgroupPath::parse(&self.name).expect("a valid test root");
+        qoslet::cgroup::CgroupFs::open(self.mounts.clone(), root).expect("opening the test root")
+    }
+
+    /// `<mount>/<root>/<rel>` in `tree`.
+    pub fn path(&self, tree: qoslet::cgroup::Tree, rel: &str) -> PathBuf {
+        let (_, cg) = self
+            .dirs
+            .iter()
+            .find(|(t, _)| *t == tree)
+            .unwrap_or_else(|| panic!("no {tree:?} hierarchy on this host"));
+        cg.path.join(rel.trim_start_matches('/'))
+    }
+
+    /// Trimmed contents of a file of the cgroup `rel` below the root.
+    pub fn read(&self, tree: qoslet::cgroup::Tree, rel: &str, file: &str) -> String {
+        let p = self.path(tree, rel).join(file);
+        fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+            .trim()
+            .to_string()
+    }
+
+    /// Creates a cgroup below the root in every hierarchy but the controller-less unified tree
+    /// (as a reserved cgroup like system.slice would exist), giving v1 cpusets their parent's.
+    pub fn make_existing(&self, rel: &str) {
+        use qoslet::cgroup::{Tree, layout::Controller};
+        for (tree, _) in &self.dirs {
+            if *tree == Tree::Unified {
+                continue;
+            }
+            let p = self.path(*tree, rel);
+            fs::create_dir(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+            if *tree == Tree::V1(Controller::Cpuset) {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    let parent = p.parent().expect("parent").join(f);
+                    let v = fs::read_to_string(&parent).expect("reading the parent cpuset");
+                    fs::write(p.join(f), v.trim()).expect("setting the cpuset");
+                }
+            }
+        }
+    }
+
+    /// Every file of every cgroup below the root, with contents, for "nothing changed" checks.
+    pub fn snapshot(&self) -> Vec<(PathBuf, String)> {
+        fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+            let Ok(entries) = fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push((p.clone(), String::new()));
+                    walk(&p, out);
+                } else if let Ok(text) = fs::read_to_string(&p) {
+                    // Statistics move on their own; settings do not.
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    let settings = [
+                        ".shares",
+                        ".weight",
+                        ".max",
+                        ".min",
+                        ".low",
+                        ".high",
+                        "_us",
+                        "limit_in_bytes",
+                        ".cpus",
+                        ".mems",
+                        "subtree_control",
+                    ];
+                    if settings.iter().any(|s| name.ends_with(s)) {
+                        out.push((p, text));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (_, cg) in &self.dirs {
+            walk(&cg.path, &mut out);
+        }
+        out.sort();
+        out
+    }
+}
+
+/// A pod for the policy: containers as (name, cpu request, memory request, cpu limit, memory
+/// limit), quantities in Kubernetes notation, "" for none.
+pub fn pod_view(
+    name: &str,
+    uid: &str,
+    containers: &[(&str, &str, &str, &str, &str)],
+) -> qoslet::policy::pod::PodSpecView {
+    use qoslet::policy::{
+        pod::{Amounts, ContainerKind, ContainerView, PodSpecView, Resources},
+        quantity::Quantity,
+    };
+    let q = |s: &str| (!s.is_empty()).then(|| s.parse::<Quantity>().expect("a quantity"));
+    PodSpecView {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: uid.into(),
+        containers: containers
+            .iter()
+            .map(|(n, rc, rm, lc, lm)| ContainerView {
+                name: (*n).into(),
+                kind: ContainerKind::App,
+                resources: Resources {
+                    requests: Amounts {
+                        cpu: q(rc),
+                        memory: q(rm),
+                    },
+                    limits: Amounts {
+                        cpu: q(lc),
+                        memory: q(lm),
+                    },
+                },
+            })
+            .collect(),
+        pod_resources: None,
+        priority: None,
+        priority_class_name: None,
+        static_or_mirror: false,
+        status_qos_class: None,
+    }
+}
+
+/// Node settings from KubeletConfiguration YAML (the fields after `kind`), on a node with this
+/// machine's CPUs, 8 GiB and 4096 pids.
+pub fn node_settings(kubelet_yaml: &str) -> qoslet::policy::settings::NodeSettings {
+    use qoslet::{
+        config::{KubeletConfig, QosletConfiguration, node_settings},
+        policy::settings::Capacity,
+    };
+    let text = format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{kubelet_yaml}"
+    );
+    let file = Path::new("test-kubelet.yaml");
+    let kc = KubeletConfig::parse(file, &text).expect("a valid KubeletConfiguration");
+    let qc = QosletConfiguration {
+        reserved_cpus_conflict: qoslet::policy::settings::ReservedCpusConflict::Openshift,
+        ..QosletConfiguration::default()
+    };
+    let n = online_cpus();
+    let capacity = Capacity {
+        cpu_millis: i64::from(n) * 1000,
+        memory_bytes: 8 << 30,
+        pids: 4096,
+        cpus: qoslet::policy::cpuset::CpuSet::first(n),
+    };
+    node_settings(file, &kc, &qc, capacity).expect("valid node settings")
+}
+
+/// CPUs this test process may run on.
+pub fn online_cpus() -> u32 {
+    thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}

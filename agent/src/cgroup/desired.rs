@@ -1,0 +1,263 @@
+//! The desired cgroup state: the policy's [`Plan`] turned into validated cgroup paths under the
+//! node root with the settings each one should hold. Pure; a pod whose names fail validation is
+//! left out with an error, the others are unaffected.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use super::name::{
+    CgroupPath, NameError, Runtime, check_pod_component, container_component, is_dns_label,
+    validate_container_id, validate_uid,
+};
+use crate::policy::{
+    cpuset::CpuSet,
+    plan::{CgroupPlan, ContainerPlan, Plan, PodPlan},
+    settings::CgroupDriver,
+};
+
+/// How cgroups are named on this node.
+#[derive(Debug, Clone)]
+pub struct Naming {
+    pub driver: CgroupDriver,
+    pub runtime: Runtime,
+    /// The cgroup that holds everything qoslet manages (`/` on a real node).
+    pub node_root: CgroupPath,
+    /// Create container cgroups that do not exist (the standalone runtime); in cluster mode the
+    /// runtime creates them and a missing one is simply not started yet.
+    pub create_containers: bool,
+}
+
+/// What a cgroup is to qoslet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Kubepods,
+    QosTier,
+    Pod,
+    Container,
+    /// systemReservedCgroup / kubeReservedCgroup: must exist, never created.
+    Reserved,
+}
+
+/// Settings of one cgroup; `None` is not managed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub cpu_shares: Option<u64>,
+    pub cpu_weight: Option<u64>,
+    /// `None` unlimited when `cpu_period_us` is set.
+    pub cpu_quota_us: Option<i64>,
+    pub cpu_period_us: Option<u64>,
+    pub memory_limit: Option<i64>,
+    pub memory_min: Option<i64>,
+    pub memory_low: Option<i64>,
+    pub memory_high: Option<i64>,
+    pub pids_max: Option<i64>,
+    pub cpus: Option<CpuSet>,
+    /// Written only in a v1 cpuset hierarchy, where a child's cpuset is not confined by its
+    /// parent's and starts empty; on v2 the parent's cpuset already confines it.
+    pub cpus_v1_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredCgroup {
+    pub path: CgroupPath,
+    pub role: Role,
+    /// The pod this cgroup belongs to (pods and containers).
+    pub pod_uid: Option<String>,
+    pub settings: Settings,
+    /// Containers: the score every process in the cgroup gets.
+    pub oom_score_adj: Option<i32>,
+    /// Create the directory when it is missing (never for reserved cgroups).
+    pub create: bool,
+}
+
+/// A pod left out of the desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("pod {namespace}/{name} (uid {uid:?}) is not reconciled")]
+pub struct PodRefused {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    #[source]
+    pub source: NameError,
+}
+
+/// Node-level cgroups that cannot be placed (a reserved cgroup outside the node root).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{what} cgroup {name:?} is not reconciled")]
+pub struct NodeCgroupRefused {
+    pub what: &'static str,
+    pub name: String,
+    #[source]
+    pub source: NameError,
+}
+
+/// Everything qoslet wants, parents before children.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DesiredState {
+    pub cgroups: Vec<DesiredCgroup>,
+    pub refused_pods: Vec<PodRefused>,
+    pub refused_node: Vec<NodeCgroupRefused>,
+}
+
+/// Container ids by (pod UID, container name); containers without an id are not started.
+pub type ContainerIds = BTreeMap<(String, String), String>;
+
+/// Builds the desired state from the plan and the running containers' ids.
+pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> DesiredState {
+    let mut out = DesiredState::default();
+    let n = &plan.node;
+    let kubepods_cpus = n.kubepods.cpuset.as_deref().and_then(|c| c.parse().ok());
+    let node = [
+        ("kubepods", Role::Kubepods, &n.kubepods),
+        ("burstable", Role::QosTier, &n.burstable),
+        ("besteffort", Role::QosTier, &n.besteffort),
+        ("system-reserved", Role::Reserved, &n.system_reserved),
+        ("kube-reserved", Role::Reserved, &n.kube_reserved),
+    ];
+    for (what, role, cp) in node {
+        let Some(name) = &cp.cgroup else { continue };
+        let mut settings = cgroup_settings(cp);
+        if role == Role::QosTier {
+            inherit_cpus(&mut settings, &kubepods_cpus);
+        }
+        if role == Role::Reserved && settings == Settings::default() {
+            continue;
+        }
+        match CgroupPath::under_root(name, &naming.node_root) {
+            Ok(path) => out.cgroups.push(DesiredCgroup {
+                path,
+                role,
+                pod_uid: None,
+                settings,
+                oom_score_adj: None,
+                create: role != Role::Reserved,
+            }),
+            Err(source) => out.refused_node.push(NodeCgroupRefused {
+                what,
+                name: name.clone(),
+                source,
+            }),
+        }
+    }
+    for pod in &plan.pods {
+        match pod_cgroups(pod, naming, ids, &kubepods_cpus) {
+            Ok(mut cgroups) => out.cgroups.append(&mut cgroups),
+            Err(source) => out.refused_pods.push(PodRefused {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                source,
+            }),
+        }
+    }
+    // Parents before children; the order within a depth is the plan's.
+    out.cgroups.sort_by_key(|c| c.path.depth());
+    out
+}
+
+fn inherit_cpus(s: &mut Settings, kubepods_cpus: &Option<CpuSet>) {
+    if s.cpus.is_none() {
+        s.cpus = kubepods_cpus.clone();
+        s.cpus_v1_only = true;
+    }
+}
+
+fn cgroup_settings(cp: &CgroupPlan) -> Settings {
+    Settings {
+        cpu_shares: cp.cpu_shares,
+        cpu_weight: cp.cpu_weight,
+        memory_limit: cp.memory_limit_bytes,
+        memory_min: cp.memory_min_bytes,
+        memory_low: cp.memory_low_bytes,
+        pids_max: cp.pids_max,
+        cpus: cp.cpuset.as_deref().and_then(|c| c.parse().ok()),
+        ..Settings::default()
+    }
+}
+
+fn quota(q: Option<i64>) -> Option<i64> {
+    q.filter(|q| *q > 0)
+}
+
+fn pod_cgroups(
+    pod: &PodPlan,
+    naming: &Naming,
+    ids: &ContainerIds,
+    kubepods_cpus: &Option<CpuSet>,
+) -> Result<Vec<DesiredCgroup>, NameError> {
+    validate_uid(&pod.uid)?;
+    // Without cgroupsPerQOS the kubelet makes no pod cgroups and qoslet has nothing to write.
+    let Some(name) = &pod.cgroup else {
+        return Ok(Vec::new());
+    };
+    let path = CgroupPath::under_root(name, &naming.node_root)?;
+    check_pod_component(&path, naming.driver, &pod.uid)?;
+    let mut settings = Settings {
+        cpu_shares: pod.cpu_shares,
+        cpu_weight: pod.cpu_weight,
+        cpu_quota_us: quota(pod.cpu_quota_us),
+        cpu_period_us: pod.cpu_period_us,
+        memory_limit: pod.memory_limit_bytes,
+        memory_min: pod.memory_min_bytes,
+        memory_low: pod.memory_low_bytes,
+        memory_high: pod.memory_high_bytes,
+        ..Settings::default()
+    };
+    inherit_cpus(&mut settings, kubepods_cpus);
+    let mut out = vec![DesiredCgroup {
+        path: path.clone(),
+        role: Role::Pod,
+        pod_uid: Some(pod.uid.clone()),
+        settings,
+        oom_score_adj: None,
+        create: true,
+    }];
+    for c in &pod.containers {
+        if !is_dns_label(&c.name) {
+            return Err(NameError::ContainerName {
+                name: c.name.clone(),
+            });
+        }
+        let Some(id) = ids.get(&(pod.uid.clone(), c.name.clone())) else {
+            continue;
+        };
+        validate_container_id(id, naming.runtime)?;
+        let cpath = path.join(&container_component(naming.driver, naming.runtime, id))?;
+        let mut cg = container_cgroup(cpath, &pod.uid, c, kubepods_cpus);
+        cg.create = naming.create_containers;
+        out.push(cg);
+    }
+    Ok(out)
+}
+
+fn container_cgroup(
+    path: CgroupPath,
+    uid: &str,
+    c: &ContainerPlan,
+    kubepods_cpus: &Option<CpuSet>,
+) -> DesiredCgroup {
+    let mut settings = Settings {
+        cpu_shares: Some(c.cpu_shares),
+        cpu_weight: Some(c.cpu_weight),
+        cpu_quota_us: quota(c.cpu_quota_us),
+        cpu_period_us: c.cpu_period_us,
+        memory_limit: c.memory_limit_bytes,
+        memory_min: c.memory_min_bytes,
+        memory_low: c.memory_low_bytes,
+        memory_high: c.memory_high_bytes,
+        ..Settings::default()
+    };
+    inherit_cpus(&mut settings, kubepods_cpus);
+    DesiredCgroup {
+        path,
+        role: Role::Container,
+        pod_uid: Some(uid.into()),
+        settings,
+        oom_score_adj: Some(c.oom_score_adj),
+        create: true,
+    }
+}
+
+#[cfg(test)]
+mod tests;

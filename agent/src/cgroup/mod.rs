@@ -1,0 +1,35 @@
+//! The cgroup enforcement engine: writes the policy's plan into real cgroups (v1, v2 and hybrid
+//! hosts; cgroupfs and systemd naming) and keeps it there.
+//!
+//! Pure parts: [`name`] (validation, runtime naming), [`desired`] (plan -> cgroups), [`files`]
+//! (settings -> interface files), [`value`] (comparison, directions), [`diff`] (minimal ordered
+//! writes). I/O parts: [`layout`] (mount detection), [`fs`] (safe opens), [`reconcile`], [`oom`],
+//! [`capacity`].
+//!
+//! Why not cgroups-rs: it models one cgroup per hierarchy set and writes whole resource structs,
+//! so it can neither keep a second, controller-less unified tree beside the v1 controllers
+//! (hybrid hosts), nor compare each file before writing (idempotent minimal writes, observe
+//! mode), nor order writes across a tree (widen parents first); and its path handling follows
+//! symlinks. The files are few and plainly formatted, so qoslet writes them directly, through
+//! `openat2` beneath the node root with symlinks refused.
+
+pub mod capacity;
+pub mod desired;
+pub mod diff;
+pub mod files;
+pub mod fs;
+pub mod layout;
+pub mod name;
+pub mod oom;
+pub mod reconcile;
+pub mod report;
+pub mod value;
+
+pub use capacity::node_root_memory_limit;
+pub use desired::{ContainerIds, DesiredState, Naming, desired_state};
+pub use fs::CgroupFs;
+pub use layout::{LayoutKind, Mounts, Tree};
+pub use name::{CgroupPath, Runtime};
+pub use oom::{CgroupRef, OomTargets, apply_oom_score, scan as scan_oom_scores, set_own_oom_score};
+pub use reconcile::Reconciler;
+pub use report::{Mode, ReconcileReport, WriteReport, WriteResult};

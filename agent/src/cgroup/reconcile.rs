@@ -1,0 +1,387 @@
+//! The reconciler: desired state -> current files -> the minimal ordered writes -> results.
+//! Directories are made (parents first) and, on cgroup v2, controllers enabled for the children
+//! before any file is read, so a freshly created cgroup is compared like any other.
+
+use std::{collections::BTreeSet, io};
+
+use tracing::{debug, info, warn};
+
+use super::{
+    desired::{DesiredCgroup, DesiredState, Role},
+    diff::{FileState, PlannedWrite, plan_writes},
+    files::{FileContext, V2_CONTROLLERS, files, has_managed_children},
+    fs::{CgroupDir, CgroupFs},
+    layout::{Controller, Tree},
+    name::CgroupPath,
+    report::{Mode, ReconcileError, ReconcileReport, WriteReport, WriteResult},
+    value::{Value, parse_list},
+};
+
+/// Applies desired states to the node root's cgroups.
+#[derive(Debug)]
+pub struct Reconciler {
+    fs: CgroupFs,
+    mode: Mode,
+}
+
+fn vanished(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOENT) || e.raw_os_error() == Some(libc::ENODEV)
+}
+
+impl Reconciler {
+    pub fn new(fs: CgroupFs, mode: Mode) -> Self {
+        Self { fs, mode }
+    }
+
+    pub fn fs(&self) -> &CgroupFs {
+        &self.fs
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// One pass. Every problem is reported per pod, cgroup or file; nothing aborts the pass.
+    pub fn reconcile(&self, desired: &DesiredState) -> ReconcileReport {
+        let mut report = ReconcileReport {
+            mode: self.mode,
+            created: Vec::new(),
+            writes: Vec::new(),
+            errors: Vec::new(),
+        };
+        for p in &desired.refused_pods {
+            warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %p.source, "Pod refused: its cgroup names are not valid.");
+            report.errors.push(p.clone().into());
+        }
+        for n in &desired.refused_node {
+            warn!(cgroup = %n.name, error = %n.source, "Node cgroup refused: its name is not valid.");
+            report.errors.push(n.clone().into());
+        }
+        let ctx = FileContext {
+            node_mems: self.node_mems(),
+        };
+        // Parents first: each cgroup is made (with its children's controllers enabled) before
+        // its children, and its files are read through the directory just opened.
+        let mut states = Vec::new();
+        for (i, c) in desired.cgroups.iter().enumerate() {
+            for (tree, dir) in self.ensure(c, &ctx, &mut report) {
+                for (file, want) in files(c, tree, &ctx) {
+                    let current = match &dir {
+                        None => None,
+                        Some(d) => match d.read(file) {
+                            Ok(s) => Some(s),
+                            Err(e)
+                                if vanished(&e)
+                                    && !self.fs.exists(tree, &c.path).unwrap_or(false) =>
+                            {
+                                break;
+                            }
+                            Err(source) => {
+                                report.errors.push(ReconcileError::Read {
+                                    path: self.fs.display_path(tree, &c.path),
+                                    file,
+                                    source,
+                                });
+                                continue;
+                            }
+                        },
+                    };
+                    states.push(FileState {
+                        cgroup: i,
+                        depth: c.path.depth(),
+                        tree,
+                        file,
+                        current,
+                        want,
+                    });
+                }
+            }
+        }
+        for w in plan_writes(states, self.fs.page_size()) {
+            let c = &desired.cgroups[w.cgroup];
+            let r = self.apply(c, &w, &mut report);
+            report.writes.push(r);
+        }
+        report
+    }
+
+    /// The node root's memory nodes in a v1 cpuset hierarchy.
+    fn node_mems(&self) -> Option<crate::policy::cpuset::CpuSet> {
+        let tree = Tree::V1(Controller::Cpuset);
+        self.fs
+            .read(tree, &CgroupPath::root(), "cpuset.mems")
+            .ok()
+            .and_then(|s| parse_list(&s))
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Makes the cgroup exist in every tree it belongs to and prepares it for children: v2
+    /// controllers enabled, v1 cpusets cloned into new children (`cgroup.clone_children`, so a
+    /// new pod starts with the right cpuset instead of an empty one and needs no write). Returns
+    /// the trees to manage files in with the open directory (`None`: missing, observe mode).
+    fn ensure(
+        &self,
+        c: &DesiredCgroup,
+        ctx: &FileContext,
+        report: &mut ReconcileReport,
+    ) -> Vec<(Tree, Option<CgroupDir>)> {
+        let mut out = Vec::new();
+        let trees: Vec<Tree> = self.fs.trees().collect();
+        for tree in trees {
+            if c.role == Role::Reserved && tree == Tree::Unified {
+                continue;
+            }
+            let path = self.fs.display_path(tree, &c.path);
+            let mut dir = match self.fs.open_dir(tree, &c.path) {
+                Ok(d) => d,
+                Err(source) => {
+                    report.errors.push(ReconcileError::Create { path, source });
+                    continue;
+                }
+            };
+            if dir.is_none() {
+                if c.role == Role::Reserved {
+                    warn!(path = %path.display(), "Reserved cgroup missing; it is not written.");
+                    report.errors.push(ReconcileError::ReservedMissing { path });
+                    continue;
+                }
+                if !c.create {
+                    continue;
+                }
+                if self.mode == Mode::Observe {
+                    info!(path = %path.display(), "Cgroup missing (observe mode: not created).");
+                    report.created.push(path);
+                    out.push((tree, None));
+                    continue;
+                }
+                match self
+                    .fs
+                    .mkdir(tree, &c.path)
+                    .and_then(|_| self.fs.open_dir(tree, &c.path))
+                {
+                    Ok(Some(d)) => {
+                        debug!(path = %path.display(), "Cgroup created.");
+                        report.created.push(path);
+                        dir = Some(d);
+                    }
+                    Ok(None) => continue,
+                    Err(source) => {
+                        warn!(path = %path.display(), error = %source, "Cgroup could not be created.");
+                        report.errors.push(ReconcileError::Create { path, source });
+                        continue;
+                    }
+                }
+            }
+            if has_managed_children(c) {
+                match tree {
+                    Tree::V2 => self.enable_controllers(c, dir.as_ref(), report),
+                    Tree::V1(Controller::Cpuset) if c.role == Role::Kubepods => {
+                        // kubepods has no children yet when its cpuset is empty, so setting it
+                        // now cannot narrow anything; the tiers and pods then clone it.
+                        let cpus = dir.as_ref().and_then(|d| d.read("cpuset.cpus").ok());
+                        if cpus.is_some_and(|e| e.trim().is_empty()) {
+                            for (file, want) in files(c, tree, ctx) {
+                                let want = want.render();
+                                self.ensure_file(c, tree, dir.as_ref(), file, &want, report);
+                            }
+                        }
+                        let d = dir.as_ref();
+                        self.ensure_file(c, tree, d, "cgroup.clone_children", "1", report);
+                    }
+                    _ => {}
+                }
+            }
+            out.push((tree, dir));
+        }
+        out
+    }
+
+    fn enable_controllers(
+        &self,
+        c: &DesiredCgroup,
+        dir: Option<&CgroupDir>,
+        report: &mut ReconcileReport,
+    ) {
+        let tree = Tree::V2;
+        let read = |file| dir.and_then(|d| d.read(file).ok());
+        // A cgroup not created yet (observe mode) would get what its parent offers.
+        let available = match read("cgroup.controllers") {
+            Some(s) => s,
+            None => {
+                let parent = c.path.parent().unwrap_or_default();
+                self.fs
+                    .read(tree, &parent, "cgroup.subtree_control")
+                    .unwrap_or_default()
+            }
+        };
+        let enabled = read("cgroup.subtree_control").unwrap_or_default();
+        let have: BTreeSet<&str> = enabled.split_whitespace().collect();
+        let can: BTreeSet<&str> = available.split_whitespace().collect();
+        let missing: Vec<String> = V2_CONTROLLERS
+            .iter()
+            .filter(|k| can.contains(*k) && !have.contains(*k))
+            .map(|k| format!("+{k}"))
+            .collect();
+        if !missing.is_empty() {
+            let new = missing.join(" ");
+            self.write_direct(
+                c,
+                tree,
+                dir,
+                "cgroup.subtree_control",
+                enabled.trim(),
+                &new,
+                report,
+            );
+        }
+    }
+
+    /// A file that must hold `want` before children are made (written at once, not ordered).
+    fn ensure_file(
+        &self,
+        c: &DesiredCgroup,
+        tree: Tree,
+        dir: Option<&CgroupDir>,
+        file: &'static str,
+        want: &str,
+        report: &mut ReconcileReport,
+    ) {
+        let current = dir.and_then(|d| d.read(file).ok()).unwrap_or_default();
+        if current.trim() != want {
+            self.write_direct(c, tree, dir, file, current.trim(), want, report);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_direct(
+        &self,
+        c: &DesiredCgroup,
+        tree: Tree,
+        dir: Option<&CgroupDir>,
+        file: &'static str,
+        old: &str,
+        new: &str,
+        report: &mut ReconcileReport,
+    ) {
+        let path = self.fs.display_path(tree, &c.path);
+        let result = match (self.mode, dir) {
+            (Mode::Enforce, Some(d)) => match d.write(file, new) {
+                Ok(()) => WriteResult::Written,
+                Err(e) => self.failed(&path, file, new, e, report),
+            },
+            _ => {
+                info!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode: not written).");
+                WriteResult::Drift
+            }
+        };
+        report.writes.push(WriteReport {
+            cgroup: c.path.clone(),
+            tree,
+            path,
+            file,
+            old: Some(old.to_string()),
+            new: new.to_string(),
+            result,
+        });
+    }
+
+    fn failed(
+        &self,
+        path: &std::path::Path,
+        file: &'static str,
+        value: &str,
+        source: io::Error,
+        report: &mut ReconcileReport,
+    ) -> WriteResult {
+        let errno = source.raw_os_error().unwrap_or(0);
+        warn!(path = %path.display(), file, value, error = %source, "Cgroup file write failed.");
+        report.errors.push(ReconcileError::Write {
+            path: path.into(),
+            file,
+            value: value.into(),
+            source,
+        });
+        WriteResult::Failed { errno }
+    }
+
+    fn apply(
+        &self,
+        c: &DesiredCgroup,
+        w: &PlannedWrite,
+        report: &mut ReconcileReport,
+    ) -> WriteReport {
+        let path = self.fs.display_path(w.tree, &c.path);
+        let new = w.new.render();
+        let result = if self.mode == Mode::Observe {
+            info!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode: not written).");
+            WriteResult::Drift
+        } else {
+            match self.fs.write(w.tree, &c.path, w.file, &new) {
+                Ok(()) => {
+                    debug!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file written.");
+                    WriteResult::Written
+                }
+                Err(e) if vanished(&e) && !self.fs.exists(w.tree, &c.path).unwrap_or(false) => {
+                    debug!(path = %path.display(), "Cgroup vanished during the pass.");
+                    WriteResult::Vanished
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && is_memory_limit(w) => {
+                    self.retry_at_usage(c, w, &path, e, report)
+                }
+                Err(e) => self.failed(&path, w.file, &new, e, report),
+            }
+        };
+        WriteReport {
+            cgroup: c.path.clone(),
+            tree: w.tree,
+            path,
+            file: w.file,
+            old: w.old.clone(),
+            new,
+            result,
+        }
+    }
+
+    /// qos_container_manager_linux.go retrySetMemoryReserve: usage above the wanted limit made
+    /// the write fail; set the limit to the usage to stop further growth.
+    fn retry_at_usage(
+        &self,
+        c: &DesiredCgroup,
+        w: &PlannedWrite,
+        path: &std::path::Path,
+        first: io::Error,
+        report: &mut ReconcileReport,
+    ) -> WriteResult {
+        let usage_file = match w.tree {
+            Tree::V2 => "memory.current",
+            _ => "memory.usage_in_bytes",
+        };
+        let usage = self
+            .fs
+            .read(w.tree, &c.path, usage_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok());
+        let want = match &w.new {
+            Value::Limit { value: Some(v), .. } => *v,
+            _ => return self.failed(path, w.file, &w.new.render(), first, report),
+        };
+        match usage {
+            Some(usage) if usage > want => {
+                let written = match self.fs.write(w.tree, &c.path, w.file, &usage.to_string()) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        self.failed(path, w.file, &usage.to_string(), e, report);
+                        false
+                    }
+                };
+                warn!(path = %path.display(), file = w.file, wanted = want, usage, written, "Memory limit below usage; set to the usage instead, as the kubelet does.");
+                WriteResult::RetriedAtUsage { usage, written }
+            }
+            _ => self.failed(path, w.file, &w.new.render(), first, report),
+        }
+    }
+}
+
+fn is_memory_limit(w: &PlannedWrite) -> bool {
+    matches!(w.file, "memory.limit_in_bytes" | "memory.max")
+}
