@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod eviction;
 pub mod policy;
 pub mod sensors;
 pub mod source;
