@@ -300,11 +300,31 @@ impl NodeRoot {
         }
     }
 
-    /// The kernel's OOM kills in the node root.
+    /// The kernel's OOM kills in the node root and below. v2 `memory.events` counts the
+    /// subtree; v1 `memory.oom_control` counts only the victim's own memcg, so on v1 every
+    /// descendant is summed.
     pub fn oom_kills(&self) -> u64 {
-        self.memory_cgroup()
-            .oom_kills()
-            .expect("reading the node root's oom_kill")
+        fn v1_tree(dir: &Path) -> u64 {
+            let own = qoslet::eviction::MemoryCgroup::V1(dir.to_owned())
+                .oom_kills()
+                .expect("reading memory.oom_control");
+            let children: u64 = fs::read_dir(dir)
+                .map(|rd| {
+                    rd.flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| v1_tree(&e.path()))
+                        .sum()
+                })
+                .unwrap_or(0);
+            own + children
+        }
+        if self.v1 {
+            v1_tree(&self.memory.path)
+        } else {
+            self.memory_cgroup()
+                .oom_kills()
+                .expect("reading the node root's oom_kill")
+        }
     }
 
     pub fn pod(&self, name: &str) -> PodCgroup {

@@ -106,8 +106,8 @@ impl MemoryCgroup {
         })
     }
 
-    /// The kernel's OOM-kill count of this cgroup (v1 `memory.oom_control` `oom_kill`, v2
-    /// `memory.events` `oom_kill`).
+    /// The kernel's OOM-kill count (v2 `memory.events` `oom_kill`, which includes descendants;
+    /// v1 `memory.oom_control` `oom_kill`, which counts only kills charged to this memcg itself).
     pub fn oom_kills(&self) -> Result<u64, SignalError> {
         let file = match self {
             Self::V1(p) => p.join("memory.oom_control"),

@@ -153,6 +153,16 @@ async fn run_once(system: &System, rate: f64) -> Option<Outcome> {
         oom_kills,
         right_victim: evicted_ramp && hg.alive() && oom_kills == 0,
     };
+    if std::env::var_os("QOSLET_BENCH_VERBOSE").is_some() {
+        eprintln!(
+            "{} {rate}: crossing {:?} dead {:?} oom {oom_kills} decisions {:?} guaranteed alive {}",
+            system.name,
+            crossing.map(|c| c.elapsed()),
+            dead.map(|d| d.elapsed()),
+            run.decisions(),
+            hg.alive()
+        );
+    }
     drop(run);
     Some(out)
 }
