@@ -296,6 +296,7 @@ impl<A: EvictionAction> Manager<A> {
             unit,
             reason: choice.reason.to_string(),
             latency: first_signal.map(|f| f.saturating_duration_since(seen)),
+            first_signal_at: first_signal,
             statuses,
         };
         tracing::info!(

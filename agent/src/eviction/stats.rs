@@ -1,6 +1,10 @@
 //! Counters and the decision-latency histogram, plain numbers for the metrics server to export.
 
-use std::{collections::BTreeMap, collections::VecDeque, time::Duration};
+use std::{
+    collections::BTreeMap,
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
 
 use super::{action::EvictedStatus, select::PodKey};
 
@@ -58,6 +62,8 @@ pub struct Decision {
     pub reason: String,
     /// Signal crossing seen -> first signal sent; `None` when nothing was signalled.
     pub latency: Option<Duration>,
+    /// When the first signal went out.
+    pub first_signal_at: Option<Instant>,
     pub statuses: Vec<(PodKey, EvictedStatus)>,
 }
 
