@@ -403,6 +403,9 @@ impl<A: EvictionAction> Manager<A> {
     }
 }
 
+#[cfg(test)]
+mod tests;
+
 /// The kubelet's eviction message (`evictionMessage`, first sentences).
 fn eviction_message(resource: Resource, threshold: i64, available: i64) -> String {
     let r = match resource {
