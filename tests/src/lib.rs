@@ -463,3 +463,6 @@ pub fn node_settings(kubelet_yaml: &str) -> qoslet::policy::settings::NodeSettin
 pub fn online_cpus() -> u32 {
     thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
+
+pub mod eviction;
+pub use eviction::*;

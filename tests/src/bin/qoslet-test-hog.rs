@@ -1,17 +1,32 @@
 //! Test helper: waits for a line on stdin, then allocates and touches memory 1 MiB at a time up
-//! to the cap given as the first argument (MiB), then sleeps until killed.
+//! to the cap given as the first argument (MiB), then sleeps until killed. An optional second
+//! argument paces the allocation at that many MiB per second (default: as fast as it can).
 
-use std::{io::BufRead as _, thread, time::Duration};
+use std::{
+    io::BufRead as _,
+    thread,
+    time::{Duration, Instant},
+};
 
 fn main() {
-    let cap_mib: usize = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let cap_mib: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    let rate_mib_s: Option<f64> = args
+        .next()
         .and_then(|a| a.parse().ok())
-        .unwrap_or(64);
+        .filter(|r| *r > 0.0);
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
+    let start = Instant::now();
     let mut blocks: Vec<Vec<u8>> = Vec::new();
-    for _ in 0..cap_mib {
+    for i in 0..cap_mib {
+        if let Some(rate) = rate_mib_s {
+            // Pace by elapsed time, so the rate holds whatever a step costs.
+            let due = Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                thread::sleep(wait);
+            }
+        }
         // Touch every page so the memory is really charged to the cgroup.
         blocks.push(vec![0x5a; 1 << 20]);
     }

@@ -1,0 +1,198 @@
+//! What an eviction does. Standalone: SIGTERM to the pod's processes, the grace period, then
+//! the whole cgroup killed (`cgroup.kill` where a v2 cgroup exists, else SIGKILL to every pid
+//! of cgroup.procs until it is empty). Only pids read from the pod's own cgroups are signalled.
+//! The cluster action (the Eviction API) implements the same trait later.
+
+use std::{
+    fs, io,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use thiserror::Error;
+
+use super::{
+    select::PodKey,
+    signals::{SignalError, read_procs},
+};
+
+/// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(10);
+
+/// The cgroups of one pod: every directory its processes are in (the v1 controllers' and, on
+/// hybrid hosts, the unified tree's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodCgroups {
+    /// Directories whose `cgroup.procs` are the pod's processes.
+    pub procs: Vec<PathBuf>,
+    /// A cgroup v2 directory with `cgroup.kill` (kernel 5.14+), when the pod has one.
+    pub unified: Option<PathBuf>,
+}
+
+#[derive(Debug, Error)]
+pub enum ActionError {
+    #[error(transparent)]
+    Read(#[from] SignalError),
+    #[error("signalling pid {pid}")]
+    Signal {
+        pid: i32,
+        #[source]
+        source: Errno,
+    },
+    #[error("writing {path}")]
+    Kill {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the cgroups of {pod} still hold processes {timeout:?} after SIGKILL")]
+    NotEmpty { pod: PodKey, timeout: Duration },
+}
+
+/// The pod status an eviction leaves (pkg/kubelet/eviction/eviction_manager.go `evictPod`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictedStatus {
+    /// `Failed`.
+    pub phase: &'static str,
+    /// `Evicted`.
+    pub reason: &'static str,
+    pub message: String,
+    pub conditions: Vec<PodCondition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCondition {
+    /// `DisruptionTarget`.
+    pub type_: &'static str,
+    pub status: &'static str,
+    /// `TerminationByKubelet` (v1.PodReasonTerminationByKubelet).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl EvictedStatus {
+    pub fn new(message: String) -> Self {
+        Self {
+            phase: "Failed",
+            reason: "Evicted",
+            conditions: vec![PodCondition {
+                type_: "DisruptionTarget",
+                status: "True",
+                reason: "TerminationByKubelet",
+                message: message.clone(),
+            }],
+            message,
+        }
+    }
+}
+
+/// What an action did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// When the first signal went out; `None` if the pod had no process left.
+    pub first_signal_at: Option<Instant>,
+    pub signalled: usize,
+    pub status: EvictedStatus,
+}
+
+/// Evicts one pod.
+pub trait EvictionAction: Send + Sync {
+    fn evict(
+        &self,
+        pod: &PodKey,
+        cgroups: &PodCgroups,
+        grace: Duration,
+        message: &str,
+    ) -> impl Future<Output = Result<Outcome, ActionError>> + Send;
+}
+
+/// The standalone action: signals and cgroup kills, no API server.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StandaloneAction;
+
+fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
+    let mut all = Vec::new();
+    for d in &cgroups.procs {
+        all.extend(read_procs(d)?);
+    }
+    if let Some(u) = &cgroups.unified {
+        all.extend(read_procs(u)?);
+    }
+    all.sort_unstable();
+    all.dedup();
+    Ok(all)
+}
+
+/// Signals each pid; one that exited meanwhile is not an error.
+fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
+    let mut n = 0;
+    for &pid in pids {
+        match kill(Pid::from_raw(pid), sig) {
+            Ok(()) => n += 1,
+            Err(Errno::ESRCH) => {}
+            Err(source) => return Err(ActionError::Signal { pid, source }),
+        }
+    }
+    Ok(n)
+}
+
+impl EvictionAction for StandaloneAction {
+    async fn evict(
+        &self,
+        pod: &PodKey,
+        cgroups: &PodCgroups,
+        grace: Duration,
+        message: &str,
+    ) -> Result<Outcome, ActionError> {
+        let mut first_signal_at = None;
+        let mut signalled = 0;
+        // A zero grace period kills at once, as the runtime does for StopContainer(timeout 0).
+        if !grace.is_zero() {
+            let pids = procs(cgroups)?;
+            if !pids.is_empty() {
+                first_signal_at = Some(Instant::now());
+                signalled += signal_all(&pids, Signal::SIGTERM)?;
+            }
+            let deadline = tokio::time::Instant::now() + grace;
+            while tokio::time::Instant::now() < deadline && !procs(cgroups)?.is_empty() {
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        if let Some(u) = cgroups.unified.as_ref()
+            && u.join("cgroup.kill").exists()
+            && !procs(cgroups)?.is_empty()
+        {
+            first_signal_at.get_or_insert_with(Instant::now);
+            let path = u.join("cgroup.kill");
+            fs::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
+            signalled += 1;
+        }
+        let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
+        loop {
+            let pids = procs(cgroups)?;
+            if pids.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(ActionError::NotEmpty {
+                    pod: pod.clone(),
+                    timeout: KILL_TIMEOUT,
+                });
+            }
+            first_signal_at.get_or_insert_with(Instant::now);
+            signalled += signal_all(&pids, Signal::SIGKILL)?;
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(Outcome {
+            first_signal_at,
+            signalled,
+            status: EvictedStatus::new(message.to_owned()),
+        })
+    }
+}

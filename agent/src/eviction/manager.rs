@@ -1,0 +1,418 @@
+//! The event-driven eviction manager: one pass per wake-up (or per housekeeping interval at the
+//! latest), stats read fresh, at most one unit evicted per pass, then a wait until its memory is
+//! released and an immediate re-check with minimum reclaim (eviction_manager.go `synchronize`,
+//! `waitForPodsCleanup`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    action::{ActionError, EvictionAction, PodCgroups},
+    conditions::{ConditionState, NodeCondition},
+    node::NodeSignals,
+    select::{Order, PodKey, Sample, choose},
+    signals::{MemoryCgroup, SignalError, read_procs},
+    stats::{Decision, EvictionStats},
+    thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
+    watch::Wake,
+};
+use crate::{
+    config::QosletConfiguration,
+    policy::{
+        eviction::{Candidate, Threshold, eviction_grace_secs},
+        qos::QosClass,
+        settings::NodeSettings,
+    },
+    workload::Forest,
+};
+
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// A pod the manager may evict.
+#[derive(Debug, Clone)]
+pub struct ManagedPod {
+    pub key: PodKey,
+    pub qos: QosClass,
+    pub request_bytes: i64,
+    pub priority: i32,
+    /// Static, mirror or priority >= 2e9.
+    pub critical: bool,
+    pub start_time: i64,
+    /// `terminationGracePeriodSeconds`.
+    pub grace_secs: i64,
+    /// Where the pod's memory usage is read.
+    pub memory: MemoryCgroup,
+    pub cgroups: PodCgroups,
+}
+
+/// The pods and workload hierarchies, as the source last saw them.
+#[derive(Debug, Clone, Default)]
+pub struct Inventory {
+    pub pods: Vec<ManagedPod>,
+    /// Namespace -> hierarchy, for disruption units and gangs.
+    pub forests: BTreeMap<String, Forest>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub hard: Vec<Threshold>,
+    pub soft: Vec<Threshold>,
+    pub pressure_transition: Duration,
+    /// `evictionMaxPodGracePeriod`; 0 or less: the pod's own.
+    pub max_pod_grace_secs: i64,
+    pub housekeeping: Duration,
+    pub order: Order,
+    /// How long to wait for an evicted unit's memory (upstream's podCleanupTimeout is 30 s).
+    pub release_timeout: Duration,
+}
+
+impl ManagerConfig {
+    pub fn from_settings(s: &NodeSettings, q: &QosletConfiguration) -> Self {
+        Self {
+            hard: s.hard_eviction.clone(),
+            soft: s.soft_eviction.clone(),
+            pressure_transition: Duration::from_secs(s.eviction_pressure_transition_secs),
+            max_pod_grace_secs: s.eviction_max_pod_grace_secs,
+            housekeeping: q.housekeeping_interval,
+            order: if q.gang_aware_eviction {
+                Order::GangAware
+            } else {
+                Order::Kubelet
+            },
+            release_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Usage at which the node root is worth a look: capacity minus the largest memory.available
+    /// amount (for the watcher).
+    pub fn watch_level(&self, capacity: i64) -> i64 {
+        let largest = self
+            .hard
+            .iter()
+            .chain(&self.soft)
+            .filter(|t| t.signal == "memory.available")
+            .map(|t| threshold_amount(t, capacity, false))
+            .max()
+            .unwrap_or(0);
+        capacity - largest
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ManagerError {
+    #[error("reading the eviction signals")]
+    Signals(#[from] SignalError),
+    #[error("evicting {pod}")]
+    Action {
+        pod: PodKey,
+        #[source]
+        source: ActionError,
+    },
+}
+
+pub struct Manager<A> {
+    cfg: ManagerConfig,
+    signals: NodeSignals,
+    action: A,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    thresholds: ThresholdState,
+    conditions: ConditionState,
+    conditions_tx: watch::Sender<Vec<NodeCondition>>,
+    /// Evicted pods, treated as Failed until the source drops them.
+    evicted: BTreeSet<PodKey>,
+    stats: Arc<Mutex<EvictionStats>>,
+}
+
+impl<A: EvictionAction> Manager<A> {
+    pub fn new(
+        cfg: ManagerConfig,
+        signals: NodeSignals,
+        action: A,
+        inventory: watch::Receiver<Arc<Inventory>>,
+    ) -> Self {
+        Self {
+            cfg,
+            signals,
+            action,
+            inventory,
+            thresholds: ThresholdState::default(),
+            conditions: ConditionState::default(),
+            conditions_tx: watch::Sender::new(Vec::new()),
+            evicted: BTreeSet::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Shared counters, histogram and recent decisions.
+    pub fn stats(&self) -> Arc<Mutex<EvictionStats>> {
+        self.stats.clone()
+    }
+
+    /// MemoryPressure / PIDPressure in force, for status and admission.
+    pub fn conditions(&self) -> watch::Receiver<Vec<NodeCondition>> {
+        self.conditions_tx.subscribe()
+    }
+
+    fn with_stats(&self, f: impl FnOnce(&mut EvictionStats)) {
+        if let Ok(mut s) = self.stats.lock() {
+            f(&mut s);
+        }
+    }
+
+    /// Runs passes on wake-ups and every housekeeping interval, until the task is aborted.
+    pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>) {
+        let mut open = true;
+        let mut trigger: Option<Wake> = None;
+        loop {
+            let evicted = match self.pass(trigger.take()).await {
+                Ok(d) => d.is_some(),
+                Err(e) => {
+                    self.with_stats(|s| s.errors += 1);
+                    tracing::error!(error = %e, source = ?std::error::Error::source(&e), "An eviction pass failed.");
+                    false
+                }
+            };
+            // Wake-ups queued during a pass that evicted are stale: the re-check follows now.
+            while let Ok(w) = wakes.try_recv() {
+                self.with_stats(|s| *s.wakes.entry(w.source.as_str()).or_default() += 1);
+                if !evicted && trigger.is_none() {
+                    trigger = Some(w);
+                }
+            }
+            if evicted || trigger.is_some() {
+                continue;
+            }
+            tokio::select! {
+                w = wakes.recv(), if open => match w {
+                    Some(w) => {
+                        self.with_stats(|s| *s.wakes.entry(w.source.as_str()).or_default() += 1);
+                        trigger = Some(w);
+                    }
+                    None => open = false,
+                },
+                _ = tokio::time::sleep(self.cfg.housekeeping) => {}
+            }
+        }
+    }
+
+    /// One `synchronize`: observe, update thresholds and conditions, evict at most one unit and
+    /// wait for its memory. Returns the decision, if any.
+    pub async fn pass(&mut self, trigger: Option<Wake>) -> Result<Option<Decision>, ManagerError> {
+        let now = Instant::now();
+        let seen = trigger.map_or(now, |w| w.at.min(now));
+        self.with_stats(|s| s.passes += 1);
+        let obs = self.signals.observe()?;
+        let all: Vec<Threshold> = self
+            .cfg
+            .hard
+            .iter()
+            .chain(&self.cfg.soft)
+            .cloned()
+            .collect();
+        let eval = self.thresholds.observe(&all, &obs, now);
+        let conditions = self
+            .conditions
+            .update(&eval.met, self.cfg.pressure_transition, now);
+        self.conditions_tx.send_if_modified(|c| {
+            let changed = *c != conditions;
+            *c = conditions.clone();
+            changed
+        });
+        let Some((threshold, resource)) = to_reclaim(&eval.actionable) else {
+            return Ok(None);
+        };
+        let threshold = threshold.clone();
+        let o = obs[&threshold.signal];
+        let need = shortfall(&threshold, &o);
+        let inventory = self.inventory.borrow().clone();
+        let (samples, pods) = self.samples(&inventory);
+        let forests = self.forests_with_evictions(&inventory);
+        let Some(choice) = choose(&samples, &forests, resource, need, self.cfg.order) else {
+            self.with_stats(|s| s.nothing_to_evict += 1);
+            tracing::warn!(signal = %threshold.signal, observed = o.available, "A threshold is met but no pod can be evicted.");
+            return Ok(None);
+        };
+        let amount = threshold_amount(&threshold, o.capacity, false);
+        let unit = choice.unit.as_ref().map(|(ns, r)| format!("{ns}/{r:?}"));
+        let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            signal = %threshold.signal,
+            observed = o.available,
+            threshold = amount,
+            need,
+            unit = unit.as_deref().unwrap_or("single pod"),
+            pods = ?names,
+            reason = %choice.reason,
+            "Evicting to relieve node pressure."
+        );
+        let hard = threshold.grace_period_secs == 0;
+        let message = eviction_message(resource, amount, o.available);
+        let action = &self.action;
+        let max_grace = self.cfg.max_pod_grace_secs;
+        let evictions = choice.pods.iter().map(|k| {
+            let p = pods[k];
+            let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
+            let grace = Duration::from_secs(grace.max(0) as u64);
+            let message = message.clone();
+            async move {
+                action
+                    .evict(k, &p.cgroups, grace, &message)
+                    .await
+                    .map(|o| (k.clone(), o))
+                    .map_err(|source| ManagerError::Action {
+                        pod: k.clone(),
+                        source,
+                    })
+            }
+        });
+        let results = futures::future::join_all(evictions).await;
+        self.evicted.extend(choice.pods.iter().cloned());
+        let mut first_signal: Option<Instant> = None;
+        let mut statuses = Vec::new();
+        let mut failure = None;
+        for r in results {
+            match r {
+                Ok((k, out)) => {
+                    first_signal = match (first_signal, out.first_signal_at) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    statuses.push((k, out.status));
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        let decision = Decision {
+            signal: threshold.signal.clone(),
+            observed: o.available,
+            threshold: amount,
+            pods: choice.pods.clone(),
+            unit,
+            reason: choice.reason.to_string(),
+            latency: first_signal.map(|f| f.saturating_duration_since(seen)),
+            first_signal_at: first_signal,
+            statuses,
+        };
+        tracing::info!(
+            pods = ?names,
+            latency_ms = decision.latency.map(|l| l.as_secs_f64() * 1e3),
+            "Evicted."
+        );
+        self.with_stats(|s| s.record(decision.clone()));
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let unit_pods: Vec<&ManagedPod> = choice.pods.iter().map(|k| pods[k]).collect();
+        self.wait_released(&threshold, &unit_pods, choice.frees, resource)
+            .await;
+        Ok(Some(decision))
+    }
+
+    fn samples<'a>(&self, inv: &'a Inventory) -> (Vec<Sample>, BTreeMap<PodKey, &'a ManagedPod>) {
+        let mut samples = Vec::new();
+        let mut pods = BTreeMap::new();
+        for p in inv.pods.iter().filter(|p| !self.evicted.contains(&p.key)) {
+            let usage = match p.memory.read() {
+                Ok(r) => r.working_set(),
+                Err(e) => {
+                    // A pod whose cgroup is gone or unreadable cannot be ranked this pass.
+                    tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
+                    continue;
+                }
+            };
+            let processes = p
+                .cgroups
+                .procs
+                .iter()
+                .chain(&p.cgroups.unified)
+                .map(|d| read_procs(d).map(|v| v.len()).unwrap_or(0))
+                .max()
+                .unwrap_or(0) as u64;
+            samples.push(Sample {
+                key: p.key.clone(),
+                candidate: Candidate {
+                    usage_bytes: usage,
+                    request_bytes: p.request_bytes,
+                    priority: p.priority,
+                    critical: p.critical,
+                    start_time: p.start_time,
+                    processes,
+                },
+            });
+            pods.insert(p.key.clone(), p);
+        }
+        (samples, pods)
+    }
+
+    /// The hierarchies with the pods this manager evicted marked Failed, so gangs count right
+    /// before the source catches up.
+    fn forests_with_evictions(&self, inv: &Inventory) -> BTreeMap<String, Forest> {
+        let mut forests = inv.forests.clone();
+        for k in &self.evicted {
+            if let Some(p) = forests
+                .get_mut(&k.namespace)
+                .and_then(|f| f.pods.get_mut(&k.name))
+            {
+                p.phase = Some("Failed".into());
+            }
+        }
+        forests
+    }
+
+    /// Waits until the unit's processes are gone and its memory has left the node (most of it
+    /// out of the pods' cgroups, or the threshold no longer met), up to the release timeout.
+    async fn wait_released(
+        &self,
+        t: &Threshold,
+        unit: &[&ManagedPod],
+        frees: i64,
+        resource: Resource,
+    ) {
+        let deadline = tokio::time::Instant::now() + self.cfg.release_timeout;
+        loop {
+            let gone = unit.iter().all(|p| {
+                p.cgroups
+                    .procs
+                    .iter()
+                    .chain(&p.cgroups.unified)
+                    .all(|d| read_procs(d).is_ok_and(|v| v.is_empty()))
+            });
+            let held: i64 = unit
+                .iter()
+                .map(|p| p.memory.read().map(|r| r.working_set()).unwrap_or(0))
+                .sum();
+            let relieved = self.signals.observe().is_ok_and(|o: Observations| {
+                o.get(&t.signal).is_some_and(|x| shortfall(t, x) == 0)
+            });
+            if gone && (resource == Resource::Pids || held <= frees / 10 || relieved) {
+                return;
+            }
+            if tokio::time::Instant::now() > deadline {
+                self.with_stats(|s| s.release_timeouts += 1);
+                tracing::warn!(timeout = ?self.cfg.release_timeout, "An evicted unit did not release its resources in time; re-checking.");
+                return;
+            }
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// The kubelet's eviction message (`evictionMessage`, first sentences).
+fn eviction_message(resource: Resource, threshold: i64, available: i64) -> String {
+    let r = match resource {
+        Resource::Memory => "memory",
+        Resource::Pids => "pids",
+    };
+    format!(
+        "The node was low on resource: {r}. Threshold quantity: {threshold}, available: {available}. "
+    )
+}

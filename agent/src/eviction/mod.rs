@@ -1,0 +1,25 @@
+//! The eviction manager (issue 8): node-pressure signals read fresh from the node root cgroup,
+//! kubelet thresholds and node conditions, the kubelet's ranking with a gang-aware layer, and
+//! actions, woken by kernel events with a housekeeping interval as the floor.
+//!
+//! [`signals`] and [`node`] read cgroup files; [`thresholds`], [`conditions`] and [`select`]
+//! are pure; [`action`] signals processes; [`watch`] produces wake-ups; [`manager`] ties them.
+
+pub mod action;
+pub mod conditions;
+pub mod manager;
+pub mod node;
+pub mod select;
+pub mod signals;
+pub mod stats;
+pub mod thresholds;
+pub mod watch;
+
+pub use action::{EvictedStatus, EvictionAction, Outcome, PodCgroups, StandaloneAction};
+pub use conditions::{Admission, NodeCondition, admit};
+pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
+pub use node::NodeSignals;
+pub use select::{Order, PodKey};
+pub use signals::MemoryCgroup;
+pub use stats::{Decision, EvictionStats, Histogram};
+pub use watch::{Wake, WakeSource, WatchConfig, spawn_watcher};

@@ -1,0 +1,247 @@
+//! Reading the eviction signals from cgroup files, fresh at every decision (REFERENCE §5;
+//! pkg/kubelet/eviction/helpers.go `makeSignalObservations`). The only cgroup reads of the
+//! eviction manager live here.
+//!
+//! - working set = usage - inactive_file, floor 0: v1 `memory.usage_in_bytes` minus
+//!   `total_inactive_file` of `memory.stat`; v2 `memory.current` minus `inactive_file`.
+//! - capacity of a node root (or kubepods) cgroup = its memory limit (v1
+//!   `memory.limit_in_bytes`, v2 `memory.max`); an unlimited cgroup needs a capacity override.
+//! - pid.available = pids.max - pids.current of the node root.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use thiserror::Error;
+
+/// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
+const V1_UNLIMITED: i64 = 1 << 62;
+
+#[derive(Debug, Error)]
+pub enum SignalError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: unexpected content {content:?}")]
+    Parse { path: PathBuf, content: String },
+    #[error("{path}: field {field} is missing")]
+    MissingField { path: PathBuf, field: &'static str },
+    #[error("{path} has no memory limit and no capacity was given")]
+    NoCapacity { path: PathBuf },
+}
+
+/// A memory cgroup directory and the hierarchy version it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryCgroup {
+    /// A directory of the v1 memory controller (`/sys/fs/cgroup/memory/...`).
+    V1(PathBuf),
+    /// A cgroup v2 directory with the memory controller enabled.
+    V2(PathBuf),
+}
+
+/// One memory reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReading {
+    pub usage_bytes: i64,
+    pub inactive_file_bytes: i64,
+    /// `None` when unlimited.
+    pub limit_bytes: Option<i64>,
+}
+
+impl MemoryReading {
+    /// usage - inactive_file, never negative (cadvisor's `setMemoryStats`).
+    pub fn working_set(&self) -> i64 {
+        (self.usage_bytes - self.inactive_file_bytes).max(0)
+    }
+}
+
+impl MemoryCgroup {
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::V1(p) | Self::V2(p) => p,
+        }
+    }
+
+    /// The file whose usage crossing a level the watchers wait for.
+    pub fn usage_file(&self) -> PathBuf {
+        match self {
+            Self::V1(p) => p.join("memory.usage_in_bytes"),
+            Self::V2(p) => p.join("memory.current"),
+        }
+    }
+
+    /// Usage only (one read), for the watchers' fast path.
+    pub fn usage(&self) -> Result<i64, SignalError> {
+        read_i64(&self.usage_file())
+    }
+
+    pub fn read(&self) -> Result<MemoryReading, SignalError> {
+        let (usage, stat, field, limit) = match self {
+            Self::V1(p) => (
+                p.join("memory.usage_in_bytes"),
+                p.join("memory.stat"),
+                "total_inactive_file",
+                p.join("memory.limit_in_bytes"),
+            ),
+            Self::V2(p) => (
+                p.join("memory.current"),
+                p.join("memory.stat"),
+                "inactive_file",
+                p.join("memory.max"),
+            ),
+        };
+        let usage_bytes = read_i64(&usage)?;
+        let stat_text = read(&stat)?;
+        let inactive_file_bytes =
+            stat_field(&stat_text, field).ok_or(SignalError::MissingField { path: stat, field })?;
+        let limit_bytes = read_limit(&limit)?.filter(|&l| l < V1_UNLIMITED);
+        Ok(MemoryReading {
+            usage_bytes,
+            inactive_file_bytes,
+            limit_bytes,
+        })
+    }
+
+    /// The kernel's OOM-kill count (v2 `memory.events` `oom_kill`, which includes descendants;
+    /// v1 `memory.oom_control` `oom_kill`, which counts only kills charged to this memcg itself).
+    pub fn oom_kills(&self) -> Result<u64, SignalError> {
+        let file = match self {
+            Self::V1(p) => p.join("memory.oom_control"),
+            Self::V2(p) => p.join("memory.events"),
+        };
+        let text = read(&file)?;
+        stat_field(&text, "oom_kill")
+            .map(|v| v.max(0) as u64)
+            .ok_or(SignalError::MissingField {
+                path: file,
+                field: "oom_kill",
+            })
+    }
+}
+
+/// A pids cgroup directory (v1 `/sys/fs/cgroup/pids/...` or a v2 directory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidsReading {
+    pub current: i64,
+    /// `None` for `max`.
+    pub max: Option<i64>,
+}
+
+pub fn read_pids(dir: &Path) -> Result<PidsReading, SignalError> {
+    Ok(PidsReading {
+        current: read_i64(&dir.join("pids.current"))?,
+        max: read_limit(&dir.join("pids.max"))?,
+    })
+}
+
+/// The pids listed in `cgroup.procs` of `dir`; an absent cgroup has none.
+pub fn read_procs(dir: &Path) -> Result<Vec<i32>, SignalError> {
+    let path = dir.join("cgroup.procs");
+    match fs::read_to_string(&path) {
+        Ok(t) => Ok(t.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(SignalError::Read { path, source }),
+    }
+}
+
+/// `/proc/sys/kernel/pid_max`: the capacity when the node root has no `pids.max`.
+pub fn pid_max() -> Result<i64, SignalError> {
+    read_i64(Path::new("/proc/sys/kernel/pid_max"))
+}
+
+/// `key value` lines (memory.stat, memory.events, memory.oom_control).
+pub fn stat_field(text: &str, key: &str) -> Option<i64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok())?
+    })
+}
+
+fn read(path: &Path) -> Result<String, SignalError> {
+    fs::read_to_string(path).map_err(|source| SignalError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_i64(path: &Path) -> Result<i64, SignalError> {
+    let text = read(path)?;
+    text.trim().parse().map_err(|_| SignalError::Parse {
+        path: path.to_owned(),
+        content: text,
+    })
+}
+
+/// A number, or `max` (v2) as `None`.
+fn read_limit(path: &Path) -> Result<Option<i64>, SignalError> {
+    let text = read(path)?;
+    match text.trim() {
+        "max" => Ok(None),
+        t => t.parse().map(Some).map_err(|_| SignalError::Parse {
+            path: path.to_owned(),
+            content: text,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn working_set_subtracts_inactive_file_with_a_floor_of_zero() {
+        let r = |u, i| MemoryReading {
+            usage_bytes: u,
+            inactive_file_bytes: i,
+            limit_bytes: None,
+        };
+        assert_eq!(r(100, 30).working_set(), 70);
+        assert_eq!(r(100, 130).working_set(), 0);
+    }
+
+    #[test]
+    fn stat_fields_are_found_by_exact_key() {
+        let text = "inactive_anon 5\ninactive_file 42\ntotal_inactive_file 7\n";
+        assert_eq!(stat_field(text, "inactive_file"), Some(42));
+        assert_eq!(stat_field(text, "total_inactive_file"), Some(7));
+        assert_eq!(stat_field(text, "active_file"), None);
+    }
+
+    #[test]
+    fn files_of_both_versions_are_read() {
+        let dir = std::env::temp_dir().join(format!("qoslet-signals-{}", std::process::id()));
+        let v1 = dir.join("v1");
+        let v2 = dir.join("v2");
+        fs::create_dir_all(&v1).unwrap();
+        fs::create_dir_all(&v2).unwrap();
+        fs::write(v1.join("memory.usage_in_bytes"), "1000\n").unwrap();
+        fs::write(
+            v1.join("memory.stat"),
+            "inactive_file 1\ntotal_inactive_file 300\n",
+        )
+        .unwrap();
+        fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        fs::write(v2.join("memory.current"), "2000\n").unwrap();
+        fs::write(v2.join("memory.stat"), "anon 5\ninactive_file 500\n").unwrap();
+        fs::write(v2.join("memory.max"), "4096\n").unwrap();
+        fs::write(v2.join("pids.current"), "3\n").unwrap();
+        fs::write(v2.join("pids.max"), "max\n").unwrap();
+        let r1 = MemoryCgroup::V1(v1).read().unwrap();
+        assert_eq!((r1.working_set(), r1.limit_bytes), (700, None));
+        let r2 = MemoryCgroup::V2(v2.clone()).read().unwrap();
+        assert_eq!((r2.working_set(), r2.limit_bytes), (1500, Some(4096)));
+        assert_eq!(
+            read_pids(&v2).unwrap(),
+            PidsReading {
+                current: 3,
+                max: None
+            }
+        );
+        assert!(read_procs(&dir.join("absent")).unwrap().is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

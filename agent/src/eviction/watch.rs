@@ -1,0 +1,250 @@
+//! Wake-ups of the eviction manager. Any source sends [`Wake`]s down one channel: the sensors'
+//! memcg events (see [`Wake::from_sensor`]), PSI triggers, and the watcher here on the node root:
+//!
+//! - v1: a memory threshold notification (`cgroup.event_control` + eventfd on
+//!   `memory.usage_in_bytes`), the kernel's own mechanism, which the kubelet also uses
+//!   (pkg/kubelet/eviction/threshold_notifier_linux.go);
+//! - v2: inotify on `memory.events` (high/max/oom changes; the kubelet has no v2 notifier);
+//! - both: a cheap level check of the usage file every `poll` (one read), because usage can sit
+//!   above the notification level on page cache and a notification only fires on a crossing.
+//!
+//! The watcher only wakes the manager; the manager reads every signal afresh.
+
+use std::{
+    fs,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use thiserror::Error;
+use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
+
+use super::signals::MemoryCgroup;
+use crate::sensors::SensorEvent;
+
+/// Where a wake-up came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WakeSource {
+    /// A memcg event of the eBPF sensors (high, max, oom) on the node root or kubepods.
+    Memcg,
+    /// A PSI trigger.
+    Pressure,
+    /// `memory.events` changed (v2).
+    MemoryEvents,
+    /// The v1 usage threshold notification fired.
+    UsageThreshold,
+    /// The watcher's level check saw usage at or above the level.
+    UsageLevel,
+    /// Anything else (the pod inventory changed, a test).
+    Other,
+}
+
+impl WakeSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memcg => "memcg",
+            Self::Pressure => "pressure",
+            Self::MemoryEvents => "memory_events",
+            Self::UsageThreshold => "usage_threshold",
+            Self::UsageLevel => "usage_level",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// One wake-up: what and when it was seen (the start of the decision latency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wake {
+    pub source: WakeSource,
+    pub at: Instant,
+}
+
+impl Wake {
+    pub fn now(source: WakeSource) -> Self {
+        Self {
+            source,
+            at: Instant::now(),
+        }
+    }
+
+    /// A wake-up for a memcg event of one of `memcg_ids` (the node root and kubepods).
+    pub fn from_sensor(e: &SensorEvent, memcg_ids: &[u64]) -> Option<Self> {
+        match e {
+            SensorEvent::Memcg { memcg_id, .. } if memcg_ids.contains(memcg_id) => {
+                Some(Self::now(WakeSource::Memcg))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum WatchError {
+    #[error("{what} failed")]
+    Sys {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("registering the threshold notification in {path}")]
+    Register {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the watcher watches.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    pub node_root: MemoryCgroup,
+    /// Usage in bytes at which to wake: capacity minus the largest memory.available amount.
+    /// Usage >= working set, so it crosses no later than the signal does.
+    pub level_bytes: i64,
+    /// The level check interval; `None` for notifications only.
+    pub poll: Option<Duration>,
+}
+
+fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> WatchError {
+    move |source| WatchError::Sys { what, source }
+}
+
+/// Starts the watcher; it stops when the receiver is dropped.
+pub fn spawn_watcher(
+    cfg: WatchConfig,
+    tx: mpsc::Sender<Wake>,
+) -> Result<JoinHandle<()>, WatchError> {
+    let notifier = match &cfg.node_root {
+        MemoryCgroup::V1(dir) => Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?),
+        MemoryCgroup::V2(dir) => Notifier::Events(inotify_events(&dir.join("memory.events"))?),
+    };
+    Ok(tokio::spawn(run(cfg, notifier, tx)))
+}
+
+enum Notifier {
+    Threshold(AsyncFd<OwnedFd>),
+    Events(AsyncFd<OwnedFd>),
+}
+
+impl Notifier {
+    /// Waits for the next notification and consumes it.
+    async fn next(&self) -> Result<WakeSource, std::io::Error> {
+        match self {
+            Self::Threshold(fd) => drain(fd, WakeSource::UsageThreshold).await,
+            Self::Events(fd) => drain(fd, WakeSource::MemoryEvents).await,
+        }
+    }
+}
+
+/// Waits until `fd` (an eventfd or inotify descriptor) is readable and empties it.
+async fn drain(fd: &AsyncFd<OwnedFd>, source: WakeSource) -> Result<WakeSource, std::io::Error> {
+    loop {
+        let mut g = fd.readable().await?;
+        let mut buf = [0u8; 4096];
+        // SAFETY: read(2) into a buffer of the length given, from a descriptor we own.
+        let n = unsafe { libc::read(fd.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            return Ok(source);
+        }
+        let e = std::io::Error::last_os_error();
+        if n < 0 && e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        g.clear_ready();
+    }
+}
+
+/// Registers an owned descriptor with the runtime.
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, WatchError> {
+    // SAFETY: the AsyncFd owns the descriptor, so it stays open and unchanged while registered.
+    unsafe { AsyncFd::register(fd) }
+        .map_err(|e| sys("registering with the runtime")(e.into_parts().1))
+}
+
+/// An inotify descriptor watching `file` for modifications (memory.events changes).
+fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, WatchError> {
+    // SAFETY: inotify_init1(2) with valid flags; the result is checked before it is owned.
+    let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if raw < 0 {
+        return Err(WatchError::Sys {
+            what: "inotify_init1",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|e| {
+        WatchError::Sys {
+            what: "inotify path",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        }
+    })?;
+    // SAFETY: a valid descriptor and a NUL-terminated path.
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) } < 0 {
+        return Err(WatchError::Register {
+            path: file.to_owned(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    register(fd)
+}
+
+async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
+    let mut tick = cfg.poll.map(tokio::time::interval);
+    if let Some(t) = &mut tick {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+    loop {
+        let source = tokio::select! {
+            n = notifier.next() => match n {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "The memory notification failed; the level check and housekeeping remain.");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    None
+                }
+            },
+            _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => {
+                // Keep waking while above: usage may sit above the level on page cache while the
+                // working set climbs, and the manager decides on fresh stats each time.
+                let above = cfg.node_root.usage().is_ok_and(|u| u >= cfg.level_bytes);
+                above.then_some(WakeSource::UsageLevel)
+            }
+        };
+        if let Some(source) = source {
+            match tx.try_send(Wake::now(source)) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Registers `memory.usage_in_bytes >= level` (either crossing) on a v1 memory cgroup.
+fn threshold_eventfd(dir: &std::path::Path, level: i64) -> Result<AsyncFd<OwnedFd>, WatchError> {
+    // SAFETY: eventfd(2) with valid flags; the result is checked before it is owned.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if raw < 0 {
+        return Err(WatchError::Sys {
+            what: "eventfd",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let efd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let usage = fs::File::open(dir.join("memory.usage_in_bytes"))
+        .map_err(sys("opening memory.usage_in_bytes"))?;
+    let control = dir.join("cgroup.event_control");
+    let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), level.max(0));
+    fs::write(&control, line).map_err(|source| WatchError::Register {
+        path: control,
+        source,
+    })?;
+    // The kernel holds its own reference to the usage file; ours may close.
+    drop(usage);
+    register(efd)
+}
