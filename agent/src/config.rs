@@ -254,7 +254,7 @@ impl KubeletConfig {
         Ok(kc)
     }
 
-    fn gate(&self, name: &str) -> Option<bool> {
+    pub fn gate(&self, name: &str) -> Option<bool> {
         self.feature_gates
             .as_ref()
             .and_then(|g| g.get(name).copied())

@@ -12,4 +12,5 @@ pub mod runtime;
 pub mod sensors;
 pub mod server;
 pub mod source;
+pub mod standalone;
 pub mod workload;

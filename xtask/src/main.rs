@@ -30,7 +30,7 @@ enum Cmd {
     BuildEbpf,
     /// Unit tests, root integration tests on this kernel, then the VM kernel matrix.
     Test(TestArgs),
-    /// Run qoslet on the example node in deploy/examples (Ctrl-C stops it).
+    /// Run qoslet's standalone demo node in deploy/examples/standalone (Ctrl-C stops it).
     Run {
         /// Extra arguments for `qoslet run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -162,7 +162,7 @@ fn run_example(extra: &[String]) -> Result<()> {
     let tc = toolchain::ensure()?;
     cargo::run(&tc, &["build", "-p", "qoslet"])?;
     let root = cargo::workspace_root();
-    let examples = root.join("deploy/examples");
+    let examples = root.join("deploy/examples/standalone");
     let mut cmd = std::process::Command::new(root.join("target/debug/qoslet"));
     cmd.arg("run")
         .arg("--kubelet-config")
@@ -171,9 +171,12 @@ fn run_example(extra: &[String]) -> Result<()> {
         .arg(examples.join("qoslet-config.yaml"))
         .arg("--standalone")
         .arg(examples.join("pods"))
-        // Cgroup writes, the runtime and eviction are not built yet: observe only.
-        .arg("--observe")
+        .arg("--log-dir")
+        .arg(root.join("target/qoslet-demo/logs"))
         .args(extra);
+    println!(
+        "xtask: the demo node is the cgroup /qoslet-demo (1Gi); watch it with `target/debug/qoslet status` in another terminal. Ctrl-C stops it and removes its cgroups."
+    );
     println!("xtask: {cmd:?}");
     let status = cmd.status()?;
     if !status.success() {

@@ -301,7 +301,10 @@ fn set_score(
                     return;
                 }
                 Err(source) => {
-                    warn!(pid, value = score, error = %source, "oom_score_adj could not be set.");
+                    // Retried every scan; said once per process and value.
+                    if first_failure(pid, score) {
+                        warn!(pid, value = score, error = %source, "oom_score_adj could not be set.");
+                    }
                     report.errors.push(OomError::Write {
                         pid,
                         value: score,
@@ -343,4 +346,30 @@ mod tests {
         ));
         assert!(!in_cgroup("4:memory:/x\n", Tree::V2, "/x"));
     }
+}
+
+/// Whether this (pid, value) failure is new. Bounded: forgets everything past 4096 entries.
+fn first_failure(pid: i32, value: i32) -> bool {
+    use std::{collections::HashSet, sync::Mutex};
+    static SEEN: Mutex<Option<HashSet<(i32, i32)>>> = Mutex::new(None);
+    let mut guard = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = guard.get_or_insert_with(HashSet::new);
+    if seen.len() > 4096 {
+        seen.clear();
+    }
+    seen.insert((pid, value))
+}
+
+/// CAP_SYS_RESOURCE is what lets a process lower another's oom_score_adj below 0 (the kernel's
+/// `oom_score_adj_min` check); without it Guaranteed (-997) and qoslet's own -999 cannot be set.
+pub fn can_lower_scores() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
 }

@@ -266,7 +266,7 @@ fn parse_capacity(spec: &str) -> Result<Capacity, String> {
 
 /// The machine's capacity as the kubelet (cadvisor) sees it: online CPUs, MemTotal, pid_max;
 /// entries of the qoslet config's `capacity` win.
-fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, String> {
+pub(crate) fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, String> {
     let read =
         |path: &str| fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"));
     let cpus: CpuSet = read("/sys/devices/system/cpu/online")?

@@ -84,7 +84,7 @@ pub fn render(s: &StatusSnapshot) -> String {
     let _ = writeln!(out, "sensors: {}", n.sensors.join(", "));
     let _ = writeln!(
         out,
-        "\n{:<32} {:<11} {:<10} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
+        "\n{:<32} {:<11} {:<18} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
         "POD",
         "CLASS",
         "PHASE",
@@ -99,7 +99,7 @@ pub fn render(s: &StatusSnapshot) -> String {
     for p in &s.pods {
         let _ = writeln!(
             out,
-            "{:<32} {:<11} {:<10} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
+            "{:<32} {:<11} {:<18} {:>6} {:<24} {:>9} {:>9} {:>9} {:>10} {:>4}",
             format!("{}/{}", p.namespace, p.name),
             p.qos_class,
             p.phase,

@@ -1,0 +1,123 @@
+//! The node root: the cgroup that acts as the node in standalone mode. qoslet creates it when it
+//! is missing (and then removes it on exit), gives it the configured memory limit, and prepares
+//! it for children: v1 cpusets copy their parent's CPUs and memory nodes (a v1 cpuset takes no
+//! task until set); on v2 the controllers are enabled for its children.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use thiserror::Error;
+
+use crate::cgroup::{CgroupPath, Mounts, Tree, layout::Controller};
+
+#[derive(Debug, Error)]
+#[error("node root cgroup {path}: {what}")]
+pub struct NodeRootError {
+    pub path: PathBuf,
+    pub what: String,
+    #[source]
+    pub source: io::Error,
+}
+
+/// The directories qoslet created for the node root, removed on drop of [`NodeRoot::remove`].
+#[derive(Debug, Default)]
+pub struct NodeRoot {
+    created: Vec<PathBuf>,
+}
+
+impl NodeRoot {
+    /// Makes sure `path` exists in every hierarchy of `mounts`. Writes only to directories it
+    /// creates itself.
+    pub fn ensure(
+        mounts: &Mounts,
+        path: &CgroupPath,
+        memory_limit: Option<i64>,
+    ) -> Result<Self, NodeRootError> {
+        let mut root = Self::default();
+        if path.depth() == 0 {
+            return Ok(root);
+        }
+        for (tree, mount) in &mounts.trees {
+            let mut dir = mount.clone();
+            for component in path.components() {
+                let parent = dir.clone();
+                dir.push(component);
+                if dir.is_dir() {
+                    continue;
+                }
+                fs::create_dir(&dir).map_err(|source| NodeRootError {
+                    path: dir.clone(),
+                    what: "cannot create".into(),
+                    source,
+                })?;
+                root.created.push(dir.clone());
+                prepare(*tree, &parent, &dir, memory_limit)?;
+            }
+        }
+        Ok(root)
+    }
+
+    pub fn created_any(&self) -> bool {
+        !self.created.is_empty()
+    }
+
+    /// Removes what `ensure` created, deepest first. The caller has stopped every process.
+    pub fn remove(self) {
+        for dir in self.created.iter().rev() {
+            if let Err(e) = fs::remove_dir(dir) {
+                tracing::warn!(path = %dir.display(), error = %e, "Could not remove a cgroup qoslet created.");
+            }
+        }
+    }
+}
+
+fn write(dir: &Path, file: &str, value: &str) -> Result<(), NodeRootError> {
+    fs::write(dir.join(file), value).map_err(|source| NodeRootError {
+        path: dir.to_path_buf(),
+        what: format!("cannot write {value:?} to {file}"),
+        source,
+    })
+}
+
+fn prepare(
+    tree: Tree,
+    parent: &Path,
+    dir: &Path,
+    memory_limit: Option<i64>,
+) -> Result<(), NodeRootError> {
+    match tree {
+        Tree::V1(Controller::Cpuset) => {
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let value =
+                    fs::read_to_string(parent.join(file)).map_err(|source| NodeRootError {
+                        path: parent.to_path_buf(),
+                        what: format!("cannot read {file}"),
+                        source,
+                    })?;
+                write(dir, file, value.trim())?;
+            }
+        }
+        Tree::V1(Controller::Memory) => {
+            if let Some(limit) = memory_limit {
+                write(dir, "memory.limit_in_bytes", &limit.to_string())?;
+            }
+        }
+        Tree::V2 => {
+            if let Some(limit) = memory_limit {
+                write(dir, "memory.max", &limit.to_string())?;
+                write(dir, "memory.swap.max", "0").ok();
+            }
+            // Children need the controllers the parent hands down; enable what we may.
+            let available = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+            for c in ["cpu", "cpuset", "memory", "pids"] {
+                if available.split_whitespace().any(|a| a == c) {
+                    write(dir, "cgroup.subtree_control", &format!("+{c}"))?;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,692 @@
+//! One pass of the standalone node: manifests -> plan -> cgroups -> runtime -> eviction inventory,
+//! metrics and status; plus the housekeeping and sensor-event reactions.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::unix::fs::MetadataExt as _,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::{
+    cgroup::{
+        self, CgroupFs, CgroupPath, CgroupRef, ContainerIds, DesiredState, Mode, Naming,
+        OomTargets, Reconciler, Tree, WriteResult, desired::Role, desired_state,
+        layout::Controller,
+    },
+    eviction::{
+        Admission, EvictionAction, EvictionStats, Inventory, ManagedPod, MemoryCgroup,
+        NodeCondition, Outcome, PodCgroups, PodKey as EvictionKey, action::ActionError, admit,
+    },
+    policy::{
+        plan::{Plan, plan_node},
+        pod::PodSpecView,
+        qos::QosClass,
+        settings::NodeSettings,
+    },
+    runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, Runtime},
+    sensors::{CgroupOwner, SensorEvent, Sensors, WatchedCgroup},
+    server::{
+        AgentState, Summary, SummarySource,
+        metrics::{ContainerLabels, EvictionLabels, MemcgEventLabels},
+        status::{EventRow, PodRow},
+        summary::{MemoryStats, NodeStats, PodReference, PodStats},
+    },
+    source::watch::ManifestWatch,
+    workload::{Forest, ValidationOptions},
+};
+
+/// What one pod is on this node, after a pass.
+struct PodEntry {
+    view: PodSpecView,
+    /// The pod cgroup in every hierarchy.
+    dirs: Vec<PathBuf>,
+    memory: Option<MemoryCgroup>,
+}
+
+pub struct Synced {
+    settings: NodeSettings,
+    naming: Naming,
+    reconciler: Reconciler,
+    runtime: Arc<Runtime>,
+    state: Arc<AgentState>,
+    validation: ValidationOptions,
+    inventory_tx: watch::Sender<Arc<Inventory>>,
+    /// memcg ids of the node root, whose memcg events wake the eviction manager.
+    pub node_memory_ids: Vec<u64>,
+    targets: Option<OomTargets>,
+    desired: DesiredState,
+    plan: Option<Plan>,
+    pods: BTreeMap<PodKey, PodEntry>,
+    summary_pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+    reported: BTreeSet<String>,
+    evictions_seen: usize,
+}
+
+/// The node root's memcg id (the inode of its memory cgroup directory).
+pub fn memory_ids(root: &MemoryCgroup) -> Vec<u64> {
+    let dir = match root {
+        MemoryCgroup::V1(p) | MemoryCgroup::V2(p) => p,
+    };
+    std::fs::metadata(dir)
+        .map(|m| vec![m.ino()])
+        .unwrap_or_default()
+}
+
+impl Synced {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        settings: NodeSettings,
+        naming: Naming,
+        fs: CgroupFs,
+        mode: Mode,
+        runtime: Arc<Runtime>,
+        state: Arc<AgentState>,
+        validation: ValidationOptions,
+        inventory_tx: watch::Sender<Arc<Inventory>>,
+        summary_pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+    ) -> Self {
+        Self {
+            settings,
+            naming,
+            reconciler: Reconciler::new(fs, mode),
+            runtime,
+            state,
+            validation,
+            inventory_tx,
+            node_memory_ids: Vec::new(),
+            targets: None,
+            desired: DesiredState::default(),
+            plan: None,
+            pods: BTreeMap::new(),
+            summary_pods,
+            reported: BTreeSet::new(),
+            evictions_seen: 0,
+        }
+    }
+
+    fn fs(&self) -> &CgroupFs {
+        self.reconciler.fs()
+    }
+
+    fn enforce(&self) -> bool {
+        self.reconciler.mode() == Mode::Enforce
+    }
+
+    /// Reports each problem line once (the watch reports new ones; spec errors are ours).
+    pub fn log_problems(&mut self, lines: &[String]) {
+        for l in lines {
+            if self.reported.insert(l.clone()) {
+                warn!(problem = %l, "Manifest skipped.");
+                self.state
+                    .status
+                    .push_event(event("", format!("skipped: {l}")));
+            }
+        }
+    }
+
+    /// The whole pass.
+    pub fn sync(
+        &mut self,
+        manifests: &ManifestWatch,
+        conditions: &[NodeCondition],
+        sensors: &Sensors,
+    ) {
+        let desired_state_now = manifests.state();
+        let mut views = Vec::new();
+        let mut specs = Vec::new();
+        let mut problems = Vec::new();
+        for (key, mp) in &desired_state_now.pods {
+            match (
+                PodSpecView::from_pod(&mp.pod),
+                PodRuntimeSpec::from_pod(&mp.pod),
+            ) {
+                (Ok(v), Ok(s)) => {
+                    views.push((key.clone(), v, &mp.pod));
+                    specs.push(s);
+                }
+                (Err(e), _) => problems.push(format!("Pod/{}/{}: {e}", key.namespace, key.name)),
+                (_, Err(e)) => problems.push(e.to_string()),
+            }
+        }
+        self.log_problems(&problems);
+        let pod_views: Vec<PodSpecView> = views.iter().map(|(_, v, _)| v.clone()).collect();
+        let plan = match plan_node(&self.settings, &pod_views) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "The node plan failed; keeping the last one.");
+                return;
+            }
+        };
+        let ids: ContainerIds = pod_views
+            .iter()
+            .flat_map(|v| {
+                v.containers
+                    .iter()
+                    .map(|c| ((v.uid.clone(), c.name.clone()), c.name.clone()))
+            })
+            .collect();
+        let desired = desired_state(&plan, &self.naming, &ids);
+        for r in &desired.refused_pods {
+            self.log_problems(&[format!("{r}: {}", r.source)]);
+        }
+        let started = Instant::now();
+        let report = self.reconciler.reconcile(&desired);
+        self.state
+            .metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        for w in &report.writes {
+            match &w.result {
+                WriteResult::Failed { .. } => {
+                    warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.")
+                }
+                WriteResult::Drift => {
+                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode: not written).")
+                }
+                _ => {}
+            }
+        }
+        for e in &report.errors {
+            warn!(error = %e, "Cgroup reconcile error.");
+        }
+        let targets = OomTargets::new(self.fs(), &desired);
+
+        // Where each pod and container lives, in every hierarchy.
+        let trees: Vec<Tree> = self.fs().trees().collect();
+        let memory_tree = trees
+            .iter()
+            .copied()
+            .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)));
+        let unified_tree = trees
+            .iter()
+            .copied()
+            .find(|t| matches!(t, Tree::V2 | Tree::Unified));
+        let mut pod_paths: BTreeMap<String, CgroupPath> = BTreeMap::new();
+        let mut container_paths: BTreeMap<(String, String), CgroupPath> = BTreeMap::new();
+        for c in &desired.cgroups {
+            let Some(uid) = &c.pod_uid else { continue };
+            match c.role {
+                Role::Pod => {
+                    pod_paths.insert(uid.clone(), c.path.clone());
+                }
+                Role::Container => {
+                    let name = c.path.components().last().cloned().unwrap_or_default();
+                    container_paths.insert((uid.clone(), name), c.path.clone());
+                }
+                _ => {}
+            }
+        }
+        for spec in &mut specs {
+            let names: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
+            for name in names {
+                if let Some(path) = container_paths.get(&(spec.key.uid.clone(), name.clone())) {
+                    let dirs = trees
+                        .iter()
+                        .map(|t| self.fs().display_path(*t, path))
+                        .collect();
+                    spec.set_cgroups(&name, ContainerCgroups { dirs });
+                }
+            }
+        }
+
+        // Admission: under MemoryPressure BestEffort pods that are not running yet wait.
+        let running: BTreeSet<PodKey> = self
+            .runtime
+            .status()
+            .into_iter()
+            .filter(|s| s.containers.iter().any(|c| !c.pids.is_empty()))
+            .map(|s| s.key)
+            .collect();
+        let startable = desired_state_now.startable_pods(&self.validation);
+        let qos: BTreeMap<PodKey, (QosClass, bool)> = plan
+            .pods
+            .iter()
+            .zip(&views)
+            .map(|(p, (k, v, _))| (k.clone(), (p.qos_class, v.is_critical())))
+            .collect();
+        let may_start = |k: &PodKey| {
+            startable.contains(k)
+                && (running.contains(k)
+                    || qos.get(k).is_none_or(|(q, critical)| {
+                        admit(conditions, *q, *critical, false) == Admission::Admit
+                    }))
+        };
+        if self.enforce() {
+            self.runtime.apply(specs, may_start);
+        }
+
+        // Eviction inventory, sensors' watch list, summary sources.
+        self.pods.clear();
+        let mut managed = Vec::new();
+        let mut summary = Vec::new();
+        for ((key, view, pod), p) in views.iter().zip(&plan.pods) {
+            let Some(path) = pod_paths.get(&view.uid) else {
+                continue;
+            };
+            let dirs: Vec<PathBuf> = trees
+                .iter()
+                .map(|t| self.fs().display_path(*t, path))
+                .collect();
+            let memory = memory_tree.map(|t| match t {
+                Tree::V2 => MemoryCgroup::V2(self.fs().display_path(t, path)),
+                _ => MemoryCgroup::V1(self.fs().display_path(t, path)),
+            });
+            let unified = unified_tree.map(|t| self.fs().display_path(t, path));
+            if let Some(memory) = &memory {
+                managed.push(ManagedPod {
+                    key: EvictionKey {
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
+                    },
+                    qos: p.qos_class,
+                    request_bytes: view.requests().memory_bytes(),
+                    priority: view.effective_priority(),
+                    critical: view.is_critical(),
+                    start_time: pod
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(0, |t| t.0.as_second()),
+                    grace_secs: pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                        .unwrap_or(30),
+                    memory: memory.clone(),
+                    cgroups: PodCgroups {
+                        procs: dirs.clone(),
+                        unified: unified.clone().filter(|_| unified_tree.is_some()),
+                    },
+                });
+                summary.push((
+                    PodReference {
+                        name: key.name.clone(),
+                        namespace: key.namespace.clone(),
+                        uid: view.uid.clone(),
+                    },
+                    memory.clone(),
+                ));
+            }
+            if let Some(u) = &unified {
+                if let Ok(meta) = std::fs::metadata(u) {
+                    sensors.watch(WatchedCgroup {
+                        id: meta.ino(),
+                        v2_dir: Some(u.clone()),
+                        memory_dir: memory.as_ref().map(|m| match m {
+                            MemoryCgroup::V1(p) | MemoryCgroup::V2(p) => p.clone(),
+                        }),
+                    });
+                }
+                for c in &p.containers {
+                    let Some(cpath) = container_paths.get(&(view.uid.clone(), c.name.clone()))
+                    else {
+                        continue;
+                    };
+                    if let Some(t) = unified_tree
+                        && let Ok(meta) = std::fs::metadata(self.fs().display_path(t, cpath))
+                    {
+                        sensors.set_owner(
+                            meta.ino(),
+                            CgroupOwner {
+                                pod_uid: view.uid.clone(),
+                                container: c.name.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+            self.pods.insert(
+                key.clone(),
+                PodEntry {
+                    view: view.clone(),
+                    dirs,
+                    memory,
+                },
+            );
+        }
+        let forests = Forest::by_namespace(
+            desired_state_now
+                .objects
+                .values()
+                .cloned()
+                .chain(desired_state_now.pods.values().map(|p| p.object.clone())),
+        );
+        self.inventory_tx.send_replace(Arc::new(Inventory {
+            pods: managed,
+            forests,
+        }));
+        *self.summary_pods.lock().unwrap_or_else(|e| e.into_inner()) = summary;
+        self.state.metrics.set_plan(&plan);
+        self.targets = Some(targets);
+        self.desired = desired;
+        self.plan = Some(plan);
+        self.refresh_status(conditions);
+    }
+
+    /// Every housekeeping interval: oom_score_adj of new processes, eviction results, status.
+    pub fn housekeeping(
+        &mut self,
+        stats: &Arc<Mutex<EvictionStats>>,
+        conditions: &[NodeCondition],
+        _sensors: &Sensors,
+    ) {
+        if let Some(t) = &self.targets {
+            let report = cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
+            let _ = report;
+        }
+        let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
+        for d in stats
+            .recent
+            .iter()
+            .skip(self.evictions_seen.min(stats.recent.len()))
+        {
+            for pod in &d.pods {
+                let qos = self
+                    .plan
+                    .as_ref()
+                    .and_then(|p| {
+                        p.pods
+                            .iter()
+                            .find(|pp| pp.namespace == pod.namespace && pp.name == pod.name)
+                    })
+                    .map_or("unknown".into(), |pp| format!("{:?}", pp.qos_class));
+                self.state
+                    .metrics
+                    .evictions
+                    .get_or_create(&EvictionLabels {
+                        signal: d.signal.clone(),
+                        qos_class: qos,
+                    })
+                    .inc();
+                self.state.status.push_event(event(
+                    &pod.to_string(),
+                    format!(
+                        "evicted: {} observed {} threshold {} ({})",
+                        d.signal, d.observed, d.threshold, d.reason
+                    ),
+                ));
+            }
+            if let Some(l) = d.latency {
+                self.state
+                    .metrics
+                    .eviction_decision_latency
+                    .observe(l.as_secs_f64());
+            }
+        }
+        self.evictions_seen = stats.recent.len();
+        self.refresh_status(conditions);
+    }
+
+    pub fn on_sensor_event(&mut self, e: &SensorEvent) {
+        match e {
+            SensorEvent::Process { pid, cgroup_id, .. } => {
+                if let Some(t) = &self.targets {
+                    let _ = cgroup::apply_oom_score(
+                        self.fs(),
+                        t,
+                        *pid as i32,
+                        CgroupRef::Id(*cgroup_id),
+                        self.reconciler.mode(),
+                    );
+                }
+            }
+            SensorEvent::OomVictim(v) => {
+                let (ns, pod, container) = v
+                    .owner
+                    .as_ref()
+                    .and_then(|o| {
+                        self.pods
+                            .iter()
+                            .find(|(_, p)| p.view.uid == o.pod_uid)
+                            .map(|(k, _)| {
+                                (k.namespace.clone(), k.name.clone(), o.container.clone())
+                            })
+                    })
+                    .unwrap_or_default();
+                if !pod.is_empty() {
+                    self.state
+                        .metrics
+                        .oom_kills
+                        .get_or_create(&ContainerLabels {
+                            namespace: ns.clone(),
+                            pod: pod.clone(),
+                            container: container.clone(),
+                        })
+                        .inc();
+                }
+                warn!(pid = v.pid, comm = %v.comm, pod = %format!("{ns}/{pod}"), container = %container, "Kernel OOM killer chose a victim.");
+                self.state.status.push_event(event(
+                    &format!("{ns}/{pod}"),
+                    format!("kernel OOM kill: pid {} ({})", v.pid, v.comm),
+                ));
+            }
+            SensorEvent::Memcg {
+                memcg_id,
+                kind,
+                count,
+                ..
+            } => {
+                self.state
+                    .metrics
+                    .memcg_events
+                    .get_or_create(&MemcgEventLabels {
+                        cgroup: memcg_id.to_string(),
+                        event: kind.as_str().into(),
+                    })
+                    .inc_by(*count);
+            }
+            _ => {}
+        }
+    }
+
+    fn refresh_status(&self, conditions: &[NodeCondition]) {
+        let Some(plan) = &self.plan else { return };
+        let statuses: BTreeMap<PodKey, _> = self
+            .runtime
+            .status()
+            .into_iter()
+            .map(|s| (s.key.clone(), s))
+            .collect();
+        let rows = plan
+            .pods
+            .iter()
+            .map(|p| {
+                let entry = self
+                    .pods
+                    .iter()
+                    .find(|(k, _)| k.namespace == p.namespace && k.name == p.name);
+                let status = entry.and_then(|(k, _)| statuses.get(k));
+                let working_set = entry
+                    .and_then(|(_, e)| e.memory.as_ref())
+                    .and_then(|m| m.read().ok())
+                    .map(|r| r.working_set() as u64);
+                PodRow {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    qos_class: format!("{:?}", p.qos_class),
+                    phase: status.map_or_else(
+                        || {
+                            if self.enforce() {
+                                "Pending".into()
+                            } else {
+                                "Planned".into()
+                            }
+                        },
+                        |s| match &s.reason {
+                            Some(r) => format!("{:?} ({r})", s.phase),
+                            None => format!("{:?}", s.phase),
+                        },
+                    ),
+                    cpu_weight: p.cpu_weight,
+                    oom_score_adj: p
+                        .containers
+                        .iter()
+                        .map(|c| format!("{}={}", c.name, c.oom_score_adj))
+                        .collect(),
+                    working_set_bytes: working_set,
+                    memory_request_bytes: entry.map(|(_, e)| e.view.requests().memory_bytes()),
+                    memory_limit_bytes: p.memory_limit_bytes,
+                    runqueue_p99_seconds: None,
+                    restarts: status
+                        .map_or(0, |s| s.containers.iter().map(|c| c.restart_count).sum()),
+                }
+            })
+            .collect();
+        let mode = if self.enforce() { "enforce" } else { "observe" };
+        self.state.status.update(|s| {
+            s.node.mode = mode.into();
+            s.node.memory_pressure = conditions.contains(&NodeCondition::MemoryPressure);
+            s.node.pid_pressure = conditions.contains(&NodeCondition::PidPressure);
+            s.pods = rows;
+        });
+    }
+
+    /// Removes the cgroups of the desired state qoslet created, deepest first (pods are stopped).
+    pub fn remove_cgroups(&self) {
+        let trees: Vec<Tree> = self.fs().trees().collect();
+        let mut paths: Vec<&CgroupPath> = self
+            .desired
+            .cgroups
+            .iter()
+            .filter(|c| c.role != Role::Reserved)
+            .map(|c| &c.path)
+            .collect();
+        paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        for p in paths {
+            for t in &trees {
+                let dir = self.fs().display_path(*t, p);
+                if dir.is_dir()
+                    && let Err(e) = std::fs::remove_dir(&dir)
+                {
+                    warn!(path = %dir.display(), error = %e, "Could not remove a cgroup qoslet created.");
+                }
+            }
+        }
+    }
+
+    #[allow(dead_code)]
+    fn pod_dirs(&self, key: &PodKey) -> Option<&[PathBuf]> {
+        self.pods.get(key).map(|p| p.dirs.as_slice())
+    }
+}
+
+fn event(pod: &str, message: String) -> EventRow {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    EventRow {
+        time: format!("{}.{:03}", now.as_secs(), now.subsec_millis()),
+        pod: pod.into(),
+        message,
+    }
+}
+
+/// The eviction action of the standalone node: the runtime marks the pod Evicted (so it is not
+/// restarted and its phase is Failed) and the cgroup-wide kill makes sure nothing survives.
+pub struct RuntimeEviction<A> {
+    runtime: Arc<Runtime>,
+    kill: A,
+}
+
+impl<A> RuntimeEviction<A> {
+    pub fn new(runtime: Arc<Runtime>, kill: A) -> Self {
+        Self { runtime, kill }
+    }
+}
+
+impl<A: EvictionAction> EvictionAction for RuntimeEviction<A> {
+    async fn evict(
+        &self,
+        pod: &EvictionKey,
+        cgroups: &PodCgroups,
+        grace: std::time::Duration,
+        message: &str,
+    ) -> Result<Outcome, ActionError> {
+        let key = self
+            .runtime
+            .status()
+            .into_iter()
+            .map(|s| s.key)
+            .find(|k| k.namespace == pod.namespace && k.name == pod.name);
+        if let Some(k) = &key {
+            self.runtime.mark_evicted(k, message, grace);
+        }
+        self.kill.evict(pod, cgroups, grace, message).await
+    }
+}
+
+/// `/stats/summary` from the cgroup files at request time.
+pub struct CgroupSummary {
+    node_root: MemoryCgroup,
+    node_name: String,
+    pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+}
+
+impl CgroupSummary {
+    pub fn new(
+        node_root: MemoryCgroup,
+        pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+    ) -> Self {
+        let node_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        Self {
+            node_root,
+            node_name,
+            pods,
+        }
+    }
+}
+
+fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
+    let r = m.read().ok()?;
+    Some(MemoryStats {
+        time: time.into(),
+        available_bytes: r.limit_bytes.map(|l| (l - r.working_set()).max(0) as u64),
+        usage_bytes: Some(r.usage_bytes as u64),
+        working_set_bytes: Some(r.working_set() as u64),
+        rss_bytes: None,
+        page_faults: None,
+        major_page_faults: None,
+    })
+}
+
+impl SummarySource for CgroupSummary {
+    fn summary(&self) -> Summary {
+        let time = rfc3339_now();
+        let pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
+        Summary {
+            node: NodeStats {
+                node_name: self.node_name.clone(),
+                system_containers: Vec::new(),
+                start_time: time.clone(),
+                cpu: None,
+                memory: memory_stats(&self.node_root, &time),
+            },
+            pods: pods
+                .iter()
+                .map(|(r, m)| PodStats {
+                    pod_ref: r.clone(),
+                    start_time: time.clone(),
+                    containers: Vec::new(),
+                    cpu: None,
+                    memory: memory_stats(m, &time),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_secs() as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
