@@ -228,7 +228,7 @@ pub async fn run(
     let first = manifests
         .reload()
         .map_err(setup("reading the manifest directory"))?;
-    synced.log_problems(&first.new_problems);
+    synced.note_problems(&first.new_problems);
     synced.sync(&manifests, &conditions.borrow(), &sensors);
     state.readiness.set("reconciler", true, "first pass done");
 
@@ -244,7 +244,7 @@ pub async fn run(
             _ = sigterm.recv() => break,
             changed = manifests.changed() => match changed {
                 Ok(diff) => {
-                    synced.log_problems(&diff.new_problems);
+                    synced.note_problems(&diff.new_problems);
                     if !diff.is_empty() {
                         info!(added = diff.pods_added.len(), changed = diff.pods_changed.len(), removed = diff.pods_removed.len(), "Manifests changed.");
                     }

@@ -63,11 +63,29 @@ impl NodeRoot {
         !self.created.is_empty()
     }
 
-    /// Removes what `ensure` created, deepest first. The caller has stopped every process.
+    /// Removes what `ensure` created, with every cgroup below it, deepest first. Everything
+    /// under a node root qoslet created is qoslet's. The caller has stopped every process.
     pub fn remove(self) {
         for dir in self.created.iter().rev() {
+            remove_below(dir);
             if let Err(e) = fs::remove_dir(dir) {
                 tracing::warn!(path = %dir.display(), error = %e, "Could not remove a cgroup qoslet created.");
+            }
+        }
+    }
+}
+
+/// Removes the cgroup directories below `dir` (not `dir` itself), deepest first.
+fn remove_below(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            let child = e.path();
+            remove_below(&child);
+            if let Err(err) = fs::remove_dir(&child) {
+                tracing::warn!(path = %child.display(), error = %err, "Could not remove a cgroup qoslet created.");
             }
         }
     }

@@ -65,6 +65,8 @@ pub struct Synced {
     summary_pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
     reported: BTreeSet<String>,
     evictions_seen: usize,
+    /// Pod and container cgroups no longer desired, removed once their processes are gone.
+    stale: BTreeSet<CgroupPath>,
 }
 
 /// The node root's memcg id (the inode of its memory cgroup directory).
@@ -106,6 +108,7 @@ impl Synced {
             summary_pods,
             reported: BTreeSet::new(),
             evictions_seen: 0,
+            stale: BTreeSet::new(),
         }
     }
 
@@ -122,6 +125,17 @@ impl Synced {
         for l in lines {
             if self.reported.insert(l.clone()) {
                 warn!(problem = %l, "Manifest skipped.");
+                self.state
+                    .status
+                    .push_event(event("", format!("skipped: {l}")));
+            }
+        }
+    }
+
+    /// Problems the manifest watch has already logged: status events only.
+    pub fn note_problems(&mut self, lines: &[String]) {
+        for l in lines {
+            if self.reported.insert(l.clone()) {
                 self.state
                     .status
                     .push_event(event("", format!("skipped: {l}")));
@@ -362,6 +376,13 @@ impl Synced {
         }));
         *self.summary_pods.lock().unwrap_or_else(|e| e.into_inner()) = summary;
         self.state.metrics.set_plan(&plan);
+        let wanted: BTreeSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
+        for c in &self.desired.cgroups {
+            if matches!(c.role, Role::Pod | Role::Container) && !wanted.contains(&c.path) {
+                self.stale.insert(c.path.clone());
+            }
+        }
+        self.stale.retain(|p| !wanted.contains(p));
         self.targets = Some(targets);
         self.desired = desired;
         self.plan = Some(plan);
@@ -375,6 +396,7 @@ impl Synced {
         conditions: &[NodeCondition],
         _sensors: &Sensors,
     ) {
+        self.remove_stale();
         if let Some(t) = &self.targets {
             let report = cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
             let _ = report;
@@ -546,6 +568,29 @@ impl Synced {
         });
     }
 
+    /// Removes cgroups of pods that left the desired state once their processes are gone
+    /// (rmdir fails while a cgroup has tasks; a later pass retries).
+    fn remove_stale(&mut self) {
+        if !self.enforce() || self.stale.is_empty() {
+            return;
+        }
+        let trees: Vec<Tree> = self.fs().trees().collect();
+        let mut paths: Vec<CgroupPath> = self.stale.iter().cloned().collect();
+        paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+        for p in paths {
+            let mut all_gone = true;
+            for t in &trees {
+                let dir = self.fs().display_path(*t, &p);
+                if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
+                    all_gone = false;
+                }
+            }
+            if all_gone {
+                self.stale.remove(&p);
+            }
+        }
+    }
+
     /// Removes the cgroups of the desired state qoslet created, deepest first (pods are stopped).
     pub fn remove_cgroups(&self) {
         let trees: Vec<Tree> = self.fs().trees().collect();
@@ -555,6 +600,7 @@ impl Synced {
             .iter()
             .filter(|c| c.role != Role::Reserved)
             .map(|c| &c.path)
+            .chain(&self.stale)
             .collect();
         paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
         for p in paths {
