@@ -326,28 +326,6 @@ fn set_score(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cgroup_membership_per_hierarchy() {
-        let text = "12:pids:/a\n4:memory:/n/kubepods/pod1/c1\n0::/n/kubepods/pod1/c1\n";
-        assert!(in_cgroup(
-            text,
-            Tree::V1(Controller::Memory),
-            "/n/kubepods/pod1/c1"
-        ));
-        assert!(in_cgroup(text, Tree::V2, "/n/kubepods/pod1/c1"));
-        assert!(!in_cgroup(
-            text,
-            Tree::V1(Controller::Memory),
-            "/n/kubepods/pod1"
-        ));
-        assert!(!in_cgroup("4:memory:/x\n", Tree::V2, "/x"));
-    }
-}
-
 /// Whether this (pid, value) failure is new. Bounded: forgets everything past 4096 entries.
 fn first_failure(pid: i32, value: i32) -> bool {
     use std::{collections::HashSet, sync::Mutex};
@@ -372,4 +350,26 @@ pub fn can_lower_scores() -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_membership_per_hierarchy() {
+        let text = "12:pids:/a\n4:memory:/n/kubepods/pod1/c1\n0::/n/kubepods/pod1/c1\n";
+        assert!(in_cgroup(
+            text,
+            Tree::V1(Controller::Memory),
+            "/n/kubepods/pod1/c1"
+        ));
+        assert!(in_cgroup(text, Tree::V2, "/n/kubepods/pod1/c1"));
+        assert!(!in_cgroup(
+            text,
+            Tree::V1(Controller::Memory),
+            "/n/kubepods/pod1"
+        ));
+        assert!(!in_cgroup("4:memory:/x\n", Tree::V2, "/x"));
+    }
 }

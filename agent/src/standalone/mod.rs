@@ -126,9 +126,8 @@ pub async fn run(
     let validation = ValidationOptions {
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
     };
-    let mut manifests =
-        ManifestWatch::new(&opts.dir, Duration::from_millis(200), validation.clone())
-            .map_err(setup("watching the manifest directory"))?;
+    let mut manifests = ManifestWatch::new(&opts.dir, Duration::from_millis(200), validation)
+        .map_err(setup("watching the manifest directory"))?;
 
     // Eviction: the node root is the node; kubepods gives allocatableMemory.available.
     let memory_tree = mounts
