@@ -301,28 +301,45 @@ impl EventReader {
     }
 }
 
+/// Finds `program` in the object as a `P` and runs `attach` on it, naming the hook in errors.
+fn attach_with<P>(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    hook: String,
+    attach: impl FnOnce(&mut P) -> Result<(), aya::programs::ProgramError>,
+) -> Result<AttachedProgram, SensorError>
+where
+    for<'a> &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let wrap = |source| SensorError::Program {
+        program,
+        hook: hook.clone(),
+        source,
+    };
+    let prog: &mut P = ebpf
+        .program_mut(program)
+        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
+        .try_into()
+        .map_err(wrap)?;
+    attach(prog).map_err(wrap)?;
+    Ok(AttachedProgram { program, hook })
+}
+
 fn attach_btf_tracepoint(
     ebpf: &mut Ebpf,
     program: &'static str,
     hook: &str,
     btf: &aya::Btf,
 ) -> Result<AttachedProgram, SensorError> {
-    let wrap = |source| SensorError::Program {
+    attach_with(
+        ebpf,
         program,
-        hook: format!("tp_btf/{hook}"),
-        source,
-    };
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(wrap)?;
-    prog.load(hook, btf).map_err(wrap)?;
-    prog.attach().map_err(wrap)?;
-    Ok(AttachedProgram {
-        program,
-        hook: format!("tp_btf/{hook}"),
-    })
+        format!("tp_btf/{hook}"),
+        |p: &mut BtfTracePoint| {
+            p.load(hook, btf)?;
+            p.attach().map(drop)
+        },
+    )
 }
 
 fn attach_fentry(
@@ -331,20 +348,15 @@ fn attach_fentry(
     function: &str,
     btf: &aya::Btf,
 ) -> Result<AttachedProgram, SensorError> {
-    let hook = format!("fentry/{function}");
-    let wrap = |source| SensorError::Program {
+    attach_with(
+        ebpf,
         program,
-        hook: hook.clone(),
-        source,
-    };
-    let prog: &mut FEntry = ebpf
-        .program_mut(program)
-        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(wrap)?;
-    prog.load(function, btf).map_err(wrap)?;
-    prog.attach().map_err(wrap)?;
-    Ok(AttachedProgram { program, hook })
+        format!("fentry/{function}"),
+        |p: &mut FEntry| {
+            p.load(function, btf)?;
+            p.attach().map(drop)
+        },
+    )
 }
 
 fn attach_tracepoint(
@@ -353,20 +365,15 @@ fn attach_tracepoint(
     category: &str,
     name: &str,
 ) -> Result<AttachedProgram, SensorError> {
-    let hook = format!("tracepoint/{category}/{name}");
-    let wrap = |source| SensorError::Program {
+    attach_with(
+        ebpf,
         program,
-        hook: hook.clone(),
-        source,
-    };
-    let prog: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
-        .try_into()
-        .map_err(wrap)?;
-    prog.load().map_err(wrap)?;
-    prog.attach(category, name).map_err(wrap)?;
-    Ok(AttachedProgram { program, hook })
+        format!("tracepoint/{category}/{name}"),
+        |p: &mut TracePoint| {
+            p.load()?;
+            p.attach(category, name).map(drop)
+        },
+    )
 }
 
 fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
