@@ -10,6 +10,11 @@ use crate::{cargo, toolchain::Toolchain};
 
 pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
     cargo::run(tc, &["build", "--release", "-p", "qoslet-tests", "--bins"])?;
+    // qoslet-bench-agent measures the release daemon itself.
+    cargo::run(
+        tc,
+        &["build", "--release", "-p", "qoslet", "--bin", "qoslet"],
+    )?;
     let root = cargo::workspace_root();
     let release = target_dir().join("release");
     let mut benches: Vec<PathBuf> = fs::read_dir(&release)
