@@ -218,6 +218,19 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
         }
     }
 
+    // Run-queue latency of each pod, from the kernel's histograms, at the next housekeeping.
+    wait_until(
+        "the run-queue histogram of db",
+        Duration::from_secs(5),
+        || {
+            let (_, metrics) = get(addr, "/metrics")?;
+            metric(
+                &metrics,
+                "qoslet_runqueue_latency_seconds_count{namespace=\"demo\",pod=\"db\"}",
+            )
+        },
+    );
+
     // The cgroups are real: the Guaranteed pod's memory limit is in its cgroup file.
     let db = plan["pods"]
         .as_array()

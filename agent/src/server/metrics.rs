@@ -1,11 +1,12 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text). The names are a stable interface,
 //! documented in the README; change them only on purpose.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock, atomic::AtomicU64};
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet, text::encode},
     metrics::{
+        MetricType, TypedMetric,
         counter::Counter,
         family::Family,
         gauge::Gauge,
@@ -81,6 +82,83 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
 }
 
+/// A histogram as the kernel keeps it: log2 microsecond buckets (bucket `i` counts values in
+/// `[2^i, 2^(i+1))` µs), exported as is instead of being replayed into a client-side histogram.
+#[derive(Debug, Clone, Default)]
+pub struct KernelHistogram {
+    inner: Arc<RwLock<KernelHistogramData>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct KernelHistogramData {
+    count: u64,
+    sum_ns: u64,
+    buckets: Vec<u64>,
+}
+
+impl KernelHistogram {
+    /// Replaces the snapshot (the kernel's counters are cumulative already).
+    pub fn set(&self, count: u64, sum_ns: u64, buckets: &[u64]) {
+        let mut d = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        d.count = count;
+        d.sum_ns = sum_ns;
+        d.buckets = buckets.to_vec();
+    }
+
+    /// The upper bound (seconds) of the bucket holding the `q` quantile, `None` when empty.
+    pub fn quantile_upper_bound(&self, q: f64) -> Option<f64> {
+        let d = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let total: u64 = d.buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (q * total as f64).ceil() as u64;
+        let mut seen = 0;
+        for (i, n) in d.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(bucket_upper_bound(i));
+            }
+        }
+        None
+    }
+}
+
+fn bucket_upper_bound(i: usize) -> f64 {
+    (1u64 << (i + 1).min(63)) as f64 * 1e-6
+}
+
+impl TypedMetric for KernelHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for KernelHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let d = self.inner.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let last = d.buckets.len().saturating_sub(1);
+        let buckets: Vec<(f64, u64)> = d
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    if i == last {
+                        f64::MAX
+                    } else {
+                        bucket_upper_bound(i)
+                    },
+                    *n,
+                )
+            })
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(d.sum_ns as f64 * 1e-9, d.count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 /// All of qoslet's metric families. Cloning a family shares it, so producers keep clones.
 pub struct Metrics {
     registry: Registry,
@@ -93,7 +171,7 @@ pub struct Metrics {
     pub oom_kills: Family<ContainerLabels, Counter>,
     pub evictions: Family<EvictionLabels, Counter>,
     pub eviction_decision_latency: Histogram,
-    pub runqueue_latency: Family<PodLabels, Histogram>,
+    pub runqueue_latency: Family<PodLabels, KernelHistogram>,
     pub reconcile_duration: Histogram,
     pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
     pub ebpf_events_lost: Family<RingLabels, Counter>,
@@ -164,7 +242,7 @@ impl Metrics {
             Unit::Seconds,
             eviction_decision_latency.clone(),
         );
-        let runqueue_latency = Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let runqueue_latency = Family::default();
         registry.register_with_unit(
             "qoslet_runqueue_latency",
             "Run-queue latency (wakeup to running) of a pod's tasks, from eBPF",

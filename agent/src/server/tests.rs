@@ -136,3 +136,39 @@ async fn serves_the_plan_as_metrics_and_readiness_per_subsystem() {
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     server.abort();
 }
+
+#[test]
+fn kernel_histograms_are_exported_with_log2_microsecond_buckets() {
+    let metrics = Metrics::new();
+    let h = metrics
+        .runqueue_latency
+        .get_or_create_owned(&metrics::PodLabels {
+            namespace: "demo".into(),
+            pod: "db".into(),
+        });
+    // 3 waits under 2 µs, 1 in [4, 8) µs; 10 µs in all.
+    let mut buckets = [0u64; 32];
+    buckets[0] = 3;
+    buckets[2] = 1;
+    h.set(4, 10_000, &buckets);
+    assert_eq!(h.quantile_upper_bound(0.5), Some(2e-6));
+    assert_eq!(h.quantile_upper_bound(0.99), Some(8e-6));
+    let text = metrics.encode().unwrap();
+    let labels = "namespace=\"demo\",pod=\"db\"";
+    assert_eq!(
+        metric_value(
+            &text,
+            &format!("qoslet_runqueue_latency_seconds_count{{{labels}}}")
+        ),
+        Some(4.0)
+    );
+    // Buckets are cumulative in the text format: le=2e-6 holds 3, le=8e-6 holds all 4.
+    let bucket = |le: &str| {
+        metric_value(
+            &text,
+            &format!("qoslet_runqueue_latency_seconds_bucket{{le=\"{le}\",{labels}}}"),
+        )
+    };
+    assert_eq!(bucket("0.000002"), Some(3.0), "{text}");
+    assert_eq!(bucket("0.000008"), Some(4.0));
+}

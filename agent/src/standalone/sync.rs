@@ -32,7 +32,7 @@ use crate::{
     sensors::{CgroupOwner, SensorEvent, Sensors, WatchedCgroup},
     server::{
         AgentState, Summary, SummarySource,
-        metrics::{ContainerLabels, EvictionLabels, MemcgEventLabels},
+        metrics::{ContainerLabels, EvictionLabels, MemcgEventLabels, PodLabels},
         status::{EventRow, PodRow},
         summary::{MemoryStats, NodeStats, PodReference, PodStats},
     },
@@ -46,6 +46,11 @@ struct PodEntry {
     /// The pod cgroup in every hierarchy.
     dirs: Vec<PathBuf>,
     memory: Option<MemoryCgroup>,
+    /// cgroup v2 ids of the pod's container cgroups (unified tree on hybrid hosts): the CPU
+    /// sensor keys by the task's own cgroup.
+    container_ids: Vec<u64>,
+    /// Run-queue latency p99 (bucket upper bound, seconds), from the last housekeeping.
+    runq_p99: Option<f64>,
 }
 
 pub struct Synced {
@@ -67,6 +72,8 @@ pub struct Synced {
     evictions_seen: usize,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
     stale: BTreeSet<CgroupPath>,
+    /// cgroup ids handed to the sensors, so each is watched once and unwatched when it goes.
+    watched: BTreeSet<u64>,
 }
 
 /// The node root's memcg id (the inode of its memory cgroup directory).
@@ -109,6 +116,7 @@ impl Synced {
             reported: BTreeSet::new(),
             evictions_seen: 0,
             stale: BTreeSet::new(),
+            watched: BTreeSet::new(),
         }
     }
 
@@ -276,6 +284,7 @@ impl Synced {
 
         // Eviction inventory, sensors' watch list, summary sources.
         self.pods.clear();
+        let mut now_watched = BTreeSet::new();
         let mut managed = Vec::new();
         let mut summary = Vec::new();
         for ((key, view, pod), p) in views.iter().zip(&plan.pods) {
@@ -328,6 +337,11 @@ impl Synced {
             }
             if let Some(u) = &unified {
                 if let Ok(meta) = std::fs::metadata(u) {
+                    now_watched.insert(meta.ino());
+                }
+                if let Ok(meta) = std::fs::metadata(u)
+                    && !self.watched.contains(&meta.ino())
+                {
                     sensors.watch(WatchedCgroup {
                         id: meta.ino(),
                         v2_dir: Some(u.clone()),
@@ -354,15 +368,41 @@ impl Synced {
                     }
                 }
             }
+            let container_ids: Vec<u64> = p
+                .containers
+                .iter()
+                .filter_map(|c| container_paths.get(&(view.uid.clone(), c.name.clone())))
+                .filter_map(|cpath| {
+                    let t = unified_tree?;
+                    std::fs::metadata(self.fs().display_path(t, cpath)).ok()
+                })
+                .map(|m| m.ino())
+                .collect();
+            for id in &container_ids {
+                now_watched.insert(*id);
+                if !self.watched.contains(id) {
+                    sensors.watch(WatchedCgroup {
+                        id: *id,
+                        v2_dir: None,
+                        memory_dir: None,
+                    });
+                }
+            }
             self.pods.insert(
                 key.clone(),
                 PodEntry {
                     view: view.clone(),
                     dirs,
                     memory,
+                    container_ids,
+                    runq_p99: None,
                 },
             );
         }
+        for gone in self.watched.difference(&now_watched) {
+            sensors.unwatch(*gone);
+        }
+        self.watched = now_watched;
         let forests = Forest::by_namespace(
             desired_state_now
                 .objects
@@ -394,9 +434,37 @@ impl Synced {
         &mut self,
         stats: &Arc<Mutex<EvictionStats>>,
         conditions: &[NodeCondition],
-        _sensors: &Sensors,
+        sensors: &Sensors,
     ) {
         self.remove_stale();
+        // Run-queue latency per pod, from the eBPF CPU sensor's kernel histograms.
+        for (key, entry) in &mut self.pods {
+            let mut seen = false;
+            let (mut count, mut total) = (0, 0);
+            let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
+            for id in &entry.container_ids {
+                if let Ok(Some(stats)) = sensors.cpu_stats(*id) {
+                    seen = true;
+                    count += stats.runq_count;
+                    total += stats.runq_total_ns;
+                    for (h, n) in hist.iter_mut().zip(stats.runq_hist) {
+                        *h += n;
+                    }
+                }
+            }
+            if seen {
+                let h = self
+                    .state
+                    .metrics
+                    .runqueue_latency
+                    .get_or_create_owned(&PodLabels {
+                        namespace: key.namespace.clone(),
+                        pod: key.name.clone(),
+                    });
+                h.set(count, total, &hist);
+                entry.runq_p99 = h.quantile_upper_bound(0.99);
+            }
+        }
         if let Some(t) = &self.targets {
             let report = cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
             let _ = report;
@@ -553,7 +621,7 @@ impl Synced {
                     working_set_bytes: working_set,
                     memory_request_bytes: entry.map(|(_, e)| e.view.requests().memory_bytes()),
                     memory_limit_bytes: p.memory_limit_bytes,
-                    runqueue_p99_seconds: None,
+                    runqueue_p99_seconds: entry.and_then(|(_, e)| e.runq_p99),
                     restarts: status
                         .map_or(0, |s| s.containers.iter().map(|c| c.restart_count).sum()),
                 }
