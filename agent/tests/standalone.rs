@@ -231,6 +231,17 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
         },
     );
 
+    // Kernel time of the eBPF programs, from the kernel's BPF run-time statistics.
+    wait_until("eBPF program run time", Duration::from_secs(5), || {
+        let (_, metrics) = get(addr, "/metrics")?;
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("qoslet_ebpf_program_run_seconds_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .any(|v| v > 0.0)
+            .then_some(())
+    });
+
     // The cgroups are real: the Guaranteed pod's memory limit is in its cgroup file.
     let db = plan["pods"]
         .as_array()

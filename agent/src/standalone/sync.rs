@@ -32,7 +32,9 @@ use crate::{
     sensors::{CgroupOwner, SensorEvent, Sensors, WatchedCgroup},
     server::{
         AgentState, Summary, SummarySource,
-        metrics::{ContainerLabels, EvictionLabels, MemcgEventLabels, PodLabels},
+        metrics::{
+            ContainerLabels, EvictionLabels, MemcgEventLabels, PodLabels, ProgramLabels, RingLabels,
+        },
         status::{EventRow, PodRow},
         summary::{MemoryStats, NodeStats, PodReference, PodStats},
     },
@@ -74,6 +76,10 @@ pub struct Synced {
     stale: BTreeSet<CgroupPath>,
     /// cgroup ids handed to the sensors, so each is watched once and unwatched when it goes.
     watched: BTreeSet<u64>,
+    /// Kernel run time per program and lost records at the last housekeeping (counters grow by
+    /// the difference).
+    last_run_ns: BTreeMap<String, u64>,
+    last_lost: u64,
 }
 
 /// The node root's memcg id (the inode of its memory cgroup directory).
@@ -117,6 +123,8 @@ impl Synced {
             evictions_seen: 0,
             stale: BTreeSet::new(),
             watched: BTreeSet::new(),
+            last_run_ns: BTreeMap::new(),
+            last_lost: 0,
         }
     }
 
@@ -437,6 +445,28 @@ impl Synced {
         sensors: &Sensors,
     ) {
         self.remove_stale();
+        for cost in sensors.program_costs() {
+            let last = self
+                .last_run_ns
+                .insert(cost.program.clone(), cost.run_time_ns);
+            let delta = cost.run_time_ns.saturating_sub(last.unwrap_or(0));
+            self.state
+                .metrics
+                .ebpf_program_run
+                .get_or_create(&ProgramLabels {
+                    program: cost.program,
+                })
+                .inc_by(delta as f64 * 1e-9);
+        }
+        let lost = sensors.events_lost();
+        self.state
+            .metrics
+            .ebpf_events_lost
+            .get_or_create(&RingLabels {
+                ring: "EVENTS".into(),
+            })
+            .inc_by(lost.saturating_sub(self.last_lost));
+        self.last_lost = lost;
         // Run-queue latency per pod, from the eBPF CPU sensor's kernel histograms.
         for (key, entry) in &mut self.pods {
             let mut seen = false;
