@@ -41,10 +41,12 @@ pub fn boot(
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-machine", "q35", "-cpu", "max", "-smp", "2"])
         .args(["-m", &memory_mib.to_string()])
-        // KVM is not usable on the CI machines: plain TCG, no -enable-kvm.
+        // KVM is not usable on the CI machines: plain TCG, no -enable-kvm. Single-threaded TCG:
+        // with one host thread per vCPU (MTTCG) on a loaded 2-core host, guests saw int3 oopses
+        // while the kernel live-patched static keys and RCU stalls from starved vCPU timers.
         .args([
             "-accel",
-            "tcg",
+            "tcg,thread=single",
             "-nographic",
             "-no-reboot",
             "-nodefaults",
