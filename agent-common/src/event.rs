@@ -85,6 +85,27 @@ pub struct OomVictimEvent {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
+impl OomVictimEvent {
+    /// All fields zero; programs fill in what their hook provides.
+    pub const EMPTY: Self = Self {
+        header: EventHeader {
+            kind: 0,
+            flags: 0,
+            boot_ns: 0,
+        },
+        pid: 0,
+        tgid: 0,
+        cgroup_id: 0,
+        memcg_id: 0,
+        anon_rss_pages: 0,
+        file_rss_pages: 0,
+        shmem_rss_pages: 0,
+        oom_score_adj: 0,
+        _pad: 0,
+        comm: [0; TASK_COMM_LEN],
+    };
+}
+
 /// `MemcgEvent::item` values: which memory cgroup event was counted (stable across kernels; the
 /// programs translate the kernel's enum values into these).
 pub const MEMCG_ITEM_OOM_KILL: u32 = 1;

@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use qoslet_common::{
-    EventHeader, EventKind, OomBtfLayout, OomTracepointLayout, OomVictimEvent, TASK_COMM_LEN,
+    EventHeader, EventKind, OomBtfLayout, OomTracepointLayout, OomVictimEvent,
     event::{
         OOM_FLAG_CGROUP_OF_CURRENT, OOM_FLAG_FROM_BTF, OOM_FLAG_HAS_MEMCG, OOM_FLAG_HAS_RSS,
         OOM_FLAG_HAS_SCORE_ADJ,
@@ -61,19 +61,7 @@ fn try_oom_mark_victim_btf(ctx: &BtfTracePointContext) -> Result<(), i32> {
     }
     let task: *const u8 = ctx.arg(0);
     let mut flags = OOM_FLAG_FROM_BTF;
-    let mut event = OomVictimEvent {
-        header: EventHeader::default(),
-        pid: 0,
-        tgid: 0,
-        cgroup_id: 0,
-        memcg_id: 0,
-        anon_rss_pages: 0,
-        file_rss_pages: 0,
-        shmem_rss_pages: 0,
-        oom_score_adj: 0,
-        _pad: 0,
-        comm: [0; TASK_COMM_LEN],
-    };
+    let mut event = OomVictimEvent::EMPTY;
     unsafe {
         event.pid = read_at::<i32>(task, layout.task_pid)? as u32;
         event.tgid = read_at::<i32>(task, layout.task_tgid)? as u32;
@@ -124,19 +112,11 @@ fn try_oom_mark_victim_tp(ctx: &TracePointContext) -> Result<(), i32> {
     }
     let mut flags = OOM_FLAG_CGROUP_OF_CURRENT;
     let pid = unsafe { ctx.read_at::<i32>(layout.pid as usize)? } as u32;
+    // The classic record has no tgid: it stays 0 unless the victim is the current task (below).
     let mut event = OomVictimEvent {
-        header: EventHeader::default(),
         pid,
-        // The classic record has no tgid; the agent resolves it from /proc while the task exits.
-        tgid: 0,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        memcg_id: 0,
-        anon_rss_pages: 0,
-        file_rss_pages: 0,
-        shmem_rss_pages: 0,
-        oom_score_adj: 0,
-        _pad: 0,
-        comm: [0; TASK_COMM_LEN],
+        ..OomVictimEvent::EMPTY
     };
     if layout.anon_rss != OomTracepointLayout::ABSENT {
         unsafe {

@@ -342,14 +342,7 @@ fn first_failure(pid: i32, value: i32) -> bool {
 /// `oom_score_adj_min` check); without it Guaranteed (-997) and qoslet's own -999 cannot be set.
 pub fn can_lower_scores() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+    crate::sensors::privilege::effective_capabilities() & (1 << CAP_SYS_RESOURCE) != 0
 }
 
 #[cfg(test)]

@@ -15,11 +15,16 @@ pub enum PrivilegeError {
     MissingCapabilities,
 }
 
-/// Checks the effective capability set from `/proc/self/status` (no libcap dependency).
-pub fn check() -> Result<(), PrivilegeError> {
+/// This process's effective capability set, from `/proc/self/status` (no libcap dependency);
+/// 0 when it cannot be read.
+pub fn effective_capabilities() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = parse_cap_eff(&status).unwrap_or(0);
-    if has_bpf_capabilities(effective) {
+    parse_cap_eff(&status).unwrap_or(0)
+}
+
+/// Checks that the effective capabilities allow loading tracing programs.
+pub fn check() -> Result<(), PrivilegeError> {
+    if has_bpf_capabilities(effective_capabilities()) {
         Ok(())
     } else {
         Err(PrivilegeError::MissingCapabilities)

@@ -20,10 +20,7 @@ pub use node_root::{NodeRoot, NodeRootError};
 use crate::{
     cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime},
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
-    eviction::{
-        Inventory, Manager, ManagerConfig, NodeSignals, StandaloneAction, Wake,
-        signals::MemoryCgroup,
-    },
+    eviction::{Inventory, Manager, ManagerConfig, NodeSignals, StandaloneAction, Wake},
     policy::settings::Capacity,
     runtime::{BackoffConfig, Runtime, RuntimeConfig},
     sensors::{SensorMode, Sensors, SensorsConfig},
@@ -130,22 +127,12 @@ pub async fn run(
         .map_err(setup("watching the manifest directory"))?;
 
     // Eviction: the node root is the node; kubepods gives allocatableMemory.available.
-    let memory_tree = mounts
-        .trees
-        .keys()
-        .copied()
-        .find(|t| {
-            matches!(
-                t,
-                cgroup::Tree::V2 | cgroup::Tree::V1(cgroup::layout::Controller::Memory)
-            )
-        })
+    let memory_tree = sync::memory_tree(mounts.trees.keys().copied())
         .ok_or_else(|| StandaloneError::Setup("no memory cgroup hierarchy is mounted".into()))?;
-    let memory_cgroup = |p: PathBuf| match memory_tree {
-        cgroup::Tree::V2 => MemoryCgroup::V2(p),
-        _ => MemoryCgroup::V1(p),
-    };
-    let node_root_memory = memory_cgroup(fs.display_path(memory_tree, &CgroupPath::root()));
+    let node_root_memory = sync::memory_cgroup(
+        memory_tree,
+        fs.display_path(memory_tree, &CgroupPath::root()),
+    );
     let summary_pods = Arc::new(std::sync::Mutex::new(Vec::new()));
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),

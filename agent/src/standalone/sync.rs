@@ -45,8 +45,6 @@ use crate::{
 /// What one pod is on this node, after a pass.
 struct PodEntry {
     view: PodSpecView,
-    /// The pod cgroup in every hierarchy.
-    dirs: Vec<PathBuf>,
     memory: Option<MemoryCgroup>,
     /// cgroup v2 ids of the pod's container cgroups (unified tree on hybrid hosts): the CPU
     /// sensor keys by the task's own cgroup.
@@ -80,6 +78,21 @@ pub struct Synced {
     /// the difference).
     last_run_ns: BTreeMap<String, u64>,
     last_lost: u64,
+}
+
+/// The hierarchy that holds memory accounting: the v2 tree, or v1's memory controller.
+pub fn memory_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
+    trees
+        .into_iter()
+        .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)))
+}
+
+/// A directory of `tree` as the eviction signals read it.
+pub fn memory_cgroup(tree: Tree, dir: PathBuf) -> MemoryCgroup {
+    match tree {
+        Tree::V2 => MemoryCgroup::V2(dir),
+        _ => MemoryCgroup::V1(dir),
+    }
 }
 
 /// The node root's memcg id (the inode of its memory cgroup directory).
@@ -228,10 +241,7 @@ impl Synced {
 
         // Where each pod and container lives, in every hierarchy.
         let trees: Vec<Tree> = self.fs().trees().collect();
-        let memory_tree = trees
-            .iter()
-            .copied()
-            .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)));
+        let memory_tree = memory_tree(trees.iter().copied());
         let unified_tree = trees
             .iter()
             .copied()
@@ -303,10 +313,7 @@ impl Synced {
                 .iter()
                 .map(|t| self.fs().display_path(*t, path))
                 .collect();
-            let memory = memory_tree.map(|t| match t {
-                Tree::V2 => MemoryCgroup::V2(self.fs().display_path(t, path)),
-                _ => MemoryCgroup::V1(self.fs().display_path(t, path)),
-            });
+            let memory = memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path)));
             let unified = unified_tree.map(|t| self.fs().display_path(t, path));
             if let Some(memory) = &memory {
                 managed.push(ManagedPod {
@@ -330,8 +337,8 @@ impl Synced {
                         .unwrap_or(30),
                     memory: memory.clone(),
                     cgroups: PodCgroups {
-                        procs: dirs.clone(),
-                        unified: unified.clone().filter(|_| unified_tree.is_some()),
+                        procs: dirs,
+                        unified: unified.clone(),
                     },
                 });
                 summary.push((
@@ -344,18 +351,14 @@ impl Synced {
                 ));
             }
             if let Some(u) = &unified {
-                if let Ok(meta) = std::fs::metadata(u) {
-                    now_watched.insert(meta.ino());
-                }
                 if let Ok(meta) = std::fs::metadata(u)
+                    && now_watched.insert(meta.ino())
                     && !self.watched.contains(&meta.ino())
                 {
                     sensors.watch(WatchedCgroup {
                         id: meta.ino(),
                         v2_dir: Some(u.clone()),
-                        memory_dir: memory.as_ref().map(|m| match m {
-                            MemoryCgroup::V1(p) | MemoryCgroup::V2(p) => p.clone(),
-                        }),
+                        memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
                     });
                 }
                 for c in &p.containers {
@@ -400,7 +403,6 @@ impl Synced {
                 key.clone(),
                 PodEntry {
                     view: view.clone(),
-                    dirs,
                     memory,
                     container_ids,
                     runq_p99: None,
@@ -496,8 +498,8 @@ impl Synced {
             }
         }
         if let Some(t) = &self.targets {
-            let report = cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
-            let _ = report;
+            // Failures are logged by the scan itself, once per process and value.
+            cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
         }
         let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
         for d in stats
@@ -711,11 +713,6 @@ impl Synced {
                 }
             }
         }
-    }
-
-    #[allow(dead_code)]
-    fn pod_dirs(&self, key: &PodKey) -> Option<&[PathBuf]> {
-        self.pods.get(key).map(|p| p.dirs.as_slice())
     }
 }
 
