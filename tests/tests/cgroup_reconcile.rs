@@ -519,3 +519,86 @@ fn the_node_root_memory_limit_is_the_node_capacity() {
     .unwrap();
     assert_eq!(node_root_memory_limit(&fs).unwrap(), Some(3 << 30));
 }
+
+/// Enough pods for the reconciler to survey pod subtrees on several threads (it does from 256
+/// pods): the result must be the same as one thread's, drift anywhere is found, and a container
+/// cgroup removed behind its back is made again.
+#[test]
+fn a_node_of_300_pods_is_enforced_and_kept() {
+    require_root();
+    let root = NodeRoot::create();
+    let s = node_settings("");
+    let classes = [
+        ("500m", "256Mi", "500m", "256Mi"),
+        ("250m", "", "1", "512Mi"),
+        ("", "", "", ""),
+    ];
+    let mut pods = Vec::new();
+    let mut ids = ContainerIds::new();
+    let mut ctrs = Vec::new();
+    for i in 0..300usize {
+        let uid = format!("{i:08x}-0000-4000-8000-{i:012x}");
+        let id = format!("{:064x}", i + 1);
+        let (rc, rm, lc, lm) = classes[i % 3];
+        pods.push(pod_view(&format!("pod-{i}"), &uid, &[("app", rc, rm, lc, lm)]));
+        ids.insert((uid.clone(), "app".into()), id.clone());
+        let tier = ["kubepods", "kubepods/burstable", "kubepods/besteffort"][i % 3];
+        ctrs.push(format!("{tier}/pod{uid}/{id}"));
+    }
+    let expect = |root: &NodeRoot, i: usize| {
+        let cg = &ctrs[i];
+        match i % 3 {
+            0 => {
+                assert_cpu(root, cg, 512, 59);
+                assert_quota(root, cg, "50000");
+                assert_eq!(mem_limit(root, cg), (256 * MIB).to_string(), "{cg}");
+            }
+            1 => {
+                assert_cpu(root, cg, 256, 35);
+                assert_eq!(mem_limit(root, cg), (512 * MIB).to_string(), "{cg}");
+            }
+            _ => assert_cpu(root, cg, 2, 1),
+        }
+    };
+    let first = reconcile(&root, &s, &pods, &ids, Mode::Enforce);
+    no_errors(&first);
+    for i in 0..ctrs.len() {
+        expect(&root, i);
+    }
+    let second = reconcile(&root, &s, &pods, &ids, Mode::Enforce);
+    no_errors(&second);
+    assert_eq!(second.writes_issued(), 0, "{:#?}", second.writes);
+    assert!(second.created.is_empty(), "{:#?}", second.created);
+
+    // Drift in the first and the last pod (different survey threads), and one container
+    // cgroup removed from one hierarchy.
+    let cpu_file = if v2() { "cpu.weight" } else { "cpu.shares" };
+    for i in [0, 298] {
+        let f = root.path(cpu_tree(), &ctrs[i]).join(cpu_file);
+        std::fs::write(&f, "300").unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    }
+    let removed = root.path(mem_tree(), &ctrs[150]);
+    std::fs::remove_dir(&removed).unwrap_or_else(|e| panic!("{}: {e}", removed.display()));
+    let third = reconcile(&root, &s, &pods, &ids, Mode::Enforce);
+    no_errors(&third);
+    assert_eq!(third.created, vec![removed.clone()]);
+    let rewritten: Vec<_> = third
+        .writes
+        .iter()
+        .filter(|w| w.file == cpu_file)
+        .map(|w| w.path.clone())
+        .collect();
+    assert_eq!(
+        rewritten,
+        vec![
+            root.path(cpu_tree(), &ctrs[0]),
+            root.path(cpu_tree(), &ctrs[298])
+        ]
+    );
+    for i in [0, 150, 298] {
+        expect(&root, i);
+    }
+    let fourth = reconcile(&root, &s, &pods, &ids, Mode::Enforce);
+    assert_eq!(fourth.writes_issued(), 0, "{:#?}", fourth.writes);
+    assert!(fourth.created.is_empty(), "{:#?}", fourth.created);
+}

@@ -151,8 +151,10 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
             }),
         }
     }
-    // Parents before children; the order within a depth is the plan's.
-    out.cgroups.sort_by_key(|c| c.path.depth());
+    // Depth-first pre-order: parents before children and each subtree contiguous, so the
+    // reconciler opens every cgroup relative to its parent's directory, held open meanwhile.
+    out.cgroups
+        .sort_by(|a, b| a.path.components().cmp(b.path.components()));
     out
 }
 

@@ -60,31 +60,89 @@ impl Reconciler {
         let ctx = FileContext {
             node_mems: self.node_mems(),
         };
-        // Parents first: each cgroup is made (with its children's controllers enabled) before
-        // its children, and its files are read through the directory just opened.
+        // Node cgroups (kubepods, tiers, reserved) first: they are the pods' parents. Then the
+        // pod subtrees, which are independent of each other, on a few threads: a no-op pass is
+        // thousands of small opens and reads that each cost the kernel a few microseconds.
+        let (node, pods): (Vec<_>, Vec<_>) = desired
+            .cgroups
+            .iter()
+            .enumerate()
+            .partition(|(_, c)| c.pod_uid.is_none());
+        let mut states = self.survey(&node, &ctx, &mut report);
+        let chunks = pod_chunks(&pods, survey_threads(pods.len()));
+        let surveyed: Vec<(Vec<FileState>, ReconcileReport)> = if chunks.len() <= 1 {
+            let mut part = report.empty_like();
+            vec![(self.survey(&pods, &ctx, &mut part), part)]
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = chunks
+                    .iter()
+                    .map(|chunk| {
+                        let ctx = &ctx;
+                        let mut part = report.empty_like();
+                        scope.spawn(move || (self.survey(chunk, ctx, &mut part), part))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .collect()
+            })
+        };
+        for (part_states, part) in surveyed {
+            states.extend(part_states);
+            report.absorb(part);
+        }
+        // The order of a sequential pass: by cgroup, then tree, then file.
+        states.sort_by_key(|s| s.cgroup);
+        for w in plan_writes(states, self.fs.page_size()) {
+            let c = &desired.cgroups[w.cgroup];
+            let r = self.apply(c, &w, &mut report);
+            report.writes.push(r);
+        }
+        report
+    }
+
+    /// Makes the cgroups exist (parents first) and reads the current value of each of their
+    /// files. `cgroups` is in depth-first pre-order with each cgroup's desired-state index.
+    fn survey(
+        &self,
+        cgroups: &[(usize, &DesiredCgroup)],
+        ctx: &FileContext,
+        report: &mut ReconcileReport,
+    ) -> Vec<FileState> {
         let mut states = Vec::new();
-        for (i, c) in desired.cgroups.iter().enumerate() {
-            for (tree, dir) in self.ensure(c, &ctx, &mut report) {
-                for (file, want) in files(c, tree, &ctx) {
-                    let current = match &dir {
+        let mut open = OpenParents::default();
+        for &(i, c) in cgroups {
+            for Located {
+                tree,
+                dir,
+                files,
+                mut first,
+            } in self.ensure(c, ctx, &mut open, report)
+            {
+                for (file, want) in files {
+                    let read = match (&dir, first.take()) {
+                        (None, _) => None,
+                        (Some(_), Some(r)) => Some(r),
+                        (Some(d), None) => Some(d.read(file)),
+                    };
+                    let current = match read {
                         None => None,
-                        Some(d) => match d.read(file) {
-                            Ok(s) => Some(s),
-                            Err(e)
-                                if vanished(&e)
-                                    && !self.fs.exists(tree, &c.path).unwrap_or(false) =>
-                            {
-                                break;
-                            }
-                            Err(source) => {
-                                report.errors.push(ReconcileError::Read {
-                                    path: self.fs.display_path(tree, &c.path),
-                                    file,
-                                    source,
-                                });
-                                continue;
-                            }
-                        },
+                        Some(Ok(s)) => Some(s),
+                        Some(Err(e))
+                            if vanished(&e) && !self.fs.exists(tree, &c.path).unwrap_or(false) =>
+                        {
+                            break;
+                        }
+                        Some(Err(source)) => {
+                            report.errors.push(ReconcileError::Read {
+                                path: self.fs.display_path(tree, &c.path),
+                                file,
+                                source,
+                            });
+                            continue;
+                        }
                     };
                     states.push(FileState {
                         cgroup: i,
@@ -95,14 +153,12 @@ impl Reconciler {
                         want,
                     });
                 }
+                if let Some(dir) = dir.filter(|_| has_managed_children(c)) {
+                    open.push(tree, c.path.clone(), dir);
+                }
             }
         }
-        for w in plan_writes(states, self.fs.page_size()) {
-            let c = &desired.cgroups[w.cgroup];
-            let r = self.apply(c, &w, &mut report);
-            report.writes.push(r);
-        }
-        report
+        states
     }
 
     /// The node root's memory nodes in a v1 cpuset hierarchy.
@@ -118,28 +174,33 @@ impl Reconciler {
     /// Makes the cgroup exist in every tree it belongs to and prepares it for children: v2
     /// controllers enabled, v1 cpusets cloned into new children (`cgroup.clone_children`, so a
     /// new pod starts with the right cpuset instead of an empty one and needs no write). Returns
-    /// the trees to manage files in with the open directory (`None`: missing, observe mode).
+    /// the trees to manage files in with the directory (`None`: missing, observe mode).
     fn ensure(
         &self,
         c: &DesiredCgroup,
         ctx: &FileContext,
+        open: &mut OpenParents,
         report: &mut ReconcileReport,
-    ) -> Vec<(Tree, Option<CgroupDir>)> {
+    ) -> Vec<Located> {
         let mut out = Vec::new();
         let trees: Vec<Tree> = self.fs.trees().collect();
         for tree in trees {
             if c.role == Role::Reserved && tree == Tree::Unified {
                 continue;
             }
-            let path = self.fs.display_path(tree, &c.path);
-            let mut dir = match self.fs.open_dir(tree, &c.path) {
-                Ok(d) => d,
+            let files = files(c, tree, ctx);
+            let probe = files.first().map(|(f, _)| *f);
+            let (mut dir, first) = match open.open(&self.fs, tree, c, probe) {
+                Ok(Some((d, first))) => (Some(d), first),
+                Ok(None) => (None, None),
                 Err(source) => {
+                    let path = self.fs.display_path(tree, &c.path);
                     report.errors.push(ReconcileError::Create { path, source });
                     continue;
                 }
             };
             if dir.is_none() {
+                let path = self.fs.display_path(tree, &c.path);
                 if c.role == Role::Reserved {
                     warn!(path = %path.display(), "Reserved cgroup missing; it is not written.");
                     report.errors.push(ReconcileError::ReservedMissing { path });
@@ -151,7 +212,12 @@ impl Reconciler {
                 if self.mode == Mode::Observe {
                     info!(path = %path.display(), "Cgroup missing (observe mode: not created).");
                     report.created.push(path);
-                    out.push((tree, None));
+                    out.push(Located {
+                        tree,
+                        dir: None,
+                        files,
+                        first: None,
+                    });
                     continue;
                 }
                 match self
@@ -180,7 +246,7 @@ impl Reconciler {
                         // now cannot narrow anything; the tiers and pods then clone it.
                         let cpus = dir.as_ref().and_then(|d| d.read("cpuset.cpus").ok());
                         if cpus.is_some_and(|e| e.trim().is_empty()) {
-                            for (file, want) in files(c, tree, ctx) {
+                            for (file, want) in &files {
                                 let want = want.render();
                                 self.ensure_file(c, tree, dir.as_ref(), file, &want, report);
                             }
@@ -191,7 +257,12 @@ impl Reconciler {
                     _ => {}
                 }
             }
-            out.push((tree, dir));
+            out.push(Located {
+                tree,
+                dir,
+                files,
+                first,
+            });
         }
         out
     }
@@ -380,6 +451,108 @@ impl Reconciler {
             _ => self.failed(path, w.file, &w.new.render(), first, report),
         }
     }
+}
+
+/// Threads for surveying `pods` cgroups: one below a few hundred (spawning costs more than it
+/// saves), else one per CPU up to four.
+fn survey_threads(pods: usize) -> usize {
+    if pods < 256 {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// Splits pod cgroups (pre-order) into about `n` runs of equal length, cutting only where a pod
+/// begins so that each pod's subtree stays in one run.
+fn pod_chunks<'a>(
+    pods: &[(usize, &'a DesiredCgroup)],
+    n: usize,
+) -> Vec<Vec<(usize, &'a DesiredCgroup)>> {
+    let target = pods.len().div_ceil(n.max(1)).max(1);
+    let mut chunks: Vec<Vec<(usize, &DesiredCgroup)>> = vec![Vec::new()];
+    for &(i, c) in pods {
+        let last = chunks.last_mut().expect("never empty");
+        if last.len() >= target && c.role == Role::Pod {
+            chunks.push(vec![(i, c)]);
+        } else {
+            last.push((i, c));
+        }
+    }
+    chunks
+}
+
+/// The open directories of the cgroups on the path to the current one, per tree. Desired state
+/// comes in depth-first pre-order, so each cgroup is opened by a one-component walk from its
+/// parent and at most one branch of fds (kubepods, tier, pod) is held at a time.
+#[derive(Default)]
+struct OpenParents(Vec<(Tree, Vec<(CgroupPath, CgroupDir)>)>);
+
+impl OpenParents {
+    fn branch(&mut self, tree: Tree) -> &mut Vec<(CgroupPath, CgroupDir)> {
+        let i = match self.0.iter().position(|(t, _)| *t == tree) {
+            Some(i) => i,
+            None => {
+                self.0.push((tree, Vec::new()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    fn push(&mut self, tree: Tree, path: CgroupPath, dir: CgroupDir) {
+        self.branch(tree).push((path, dir));
+    }
+
+    /// Finds `c` from its nearest open ancestor (or the node root), dropping the branch entries
+    /// that are not its ancestors. Node cgroups are opened; pod and container cgroups are named
+    /// relative to the nearest opened one (see `CgroupDir`), and their existence is learnt by
+    /// reading `probe`, their first file, whose result is returned with them.
+    fn open(
+        &mut self,
+        fs: &CgroupFs,
+        tree: Tree,
+        c: &DesiredCgroup,
+        probe: Option<&str>,
+    ) -> io::Result<Option<(CgroupDir, Option<io::Result<String>>)>> {
+        let path = &c.path;
+        let opened = |d: Option<CgroupDir>| d.map(|d| (d, None));
+        let branch = self.branch(tree);
+        while let Some((p, _)) = branch.last() {
+            if p.depth() < path.depth() && path.starts_with(p) {
+                break;
+            }
+            branch.pop();
+        }
+        if c.pod_uid.is_none() {
+            return match branch.last() {
+                Some((p, dir)) => dir
+                    .open_descendant(&path.components()[p.depth()..].join("/"))
+                    .map(opened),
+                None => fs.open_dir(tree, path).map(opened),
+            };
+        }
+        if branch.is_empty() {
+            // The first pod of a run: open its parent (kubepods or a tier) once for the run.
+            let Some(parent) = path.parent().filter(|p| p.depth() > 0) else {
+                return fs.open_dir(tree, path).map(opened);
+            };
+            let Some(dir) = fs.open_dir(tree, &parent)? else {
+                return Ok(None);
+            };
+            branch.push((parent, dir));
+        }
+        let (p, dir) = branch.last().expect("pushed above");
+        dir.descendant(&path.components()[p.depth()..].join("/"), probe)
+    }
+}
+
+/// A cgroup in one tree, ready to have its files read.
+struct Located {
+    tree: Tree,
+    dir: Option<CgroupDir>,
+    files: Vec<(&'static str, Value)>,
+    /// The first file's content, when reading it is how the cgroup was found.
+    first: Option<io::Result<String>>,
 }
 
 fn is_memory_limit(w: &PlannedWrite) -> bool {

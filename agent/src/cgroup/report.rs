@@ -92,6 +92,23 @@ pub struct ReconcileReport {
 }
 
 impl ReconcileReport {
+    /// An empty report of the same mode, for one part of a pass.
+    pub(super) fn empty_like(&self) -> Self {
+        Self {
+            mode: self.mode,
+            created: Vec::new(),
+            writes: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Appends a part's entries after this report's.
+    pub(super) fn absorb(&mut self, part: Self) {
+        self.created.extend(part.created);
+        self.writes.extend(part.writes);
+        self.errors.extend(part.errors);
+    }
+
     /// Writes actually issued to the kernel (retries included).
     pub fn writes_issued(&self) -> usize {
         self.writes

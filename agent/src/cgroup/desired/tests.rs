@@ -66,7 +66,7 @@ fn paths(d: &DesiredState) -> Vec<String> {
 }
 
 #[test]
-fn cgroupfs_names_sit_under_the_node_root_parents_first() {
+fn cgroupfs_names_sit_under_the_node_root_in_depth_first_pre_order() {
     let s = settings(CgroupDriver::Cgroupfs, "/");
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     let d = desired_state(
@@ -79,8 +79,8 @@ fn cgroupfs_names_sit_under_the_node_root_parents_first() {
         paths(&d),
         vec![
             "/kubepods".to_string(),
-            "/kubepods/burstable".into(),
             "/kubepods/besteffort".into(),
+            "/kubepods/burstable".into(),
             format!("/kubepods/burstable/pod{UID}"),
             format!("/kubepods/burstable/pod{UID}/{ID}"),
         ]
