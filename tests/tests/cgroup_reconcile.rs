@@ -540,7 +540,11 @@ fn a_node_of_300_pods_is_enforced_and_kept() {
         let uid = format!("{i:08x}-0000-4000-8000-{i:012x}");
         let id = format!("{:064x}", i + 1);
         let (rc, rm, lc, lm) = classes[i % 3];
-        pods.push(pod_view(&format!("pod-{i}"), &uid, &[("app", rc, rm, lc, lm)]));
+        pods.push(pod_view(
+            &format!("pod-{i}"),
+            &uid,
+            &[("app", rc, rm, lc, lm)],
+        ));
         ids.insert((uid.clone(), "app".into()), id.clone());
         let tier = ["kubepods", "kubepods/burstable", "kubepods/besteffort"][i % 3];
         ctrs.push(format!("{tier}/pod{uid}/{id}"));
@@ -601,4 +605,63 @@ fn a_node_of_300_pods_is_enforced_and_kept() {
     let fourth = reconcile(&root, &s, &pods, &ids, Mode::Enforce);
     assert_eq!(fourth.writes_issued(), 0, "{:#?}", fourth.writes);
     assert!(fourth.created.is_empty(), "{:#?}", fourth.created);
+}
+
+/// With the change feed, a pass reads only the cgroups inotify reported written or removed since
+/// they were last found as planned, and still puts back whatever anyone changed.
+#[test]
+fn the_change_feed_reads_only_what_changed_and_still_repairs_drift() {
+    require_root();
+    let root = NodeRoot::create();
+    let s = node_settings("");
+    let plan = plan_node(&s, &three_pods()).expect("a plan");
+    let naming = Naming {
+        driver: s.cgroup_driver,
+        runtime: Runtime::Containerd,
+        node_root: CgroupPath::parse(&root.name).unwrap(),
+        create_containers: true,
+    };
+    let desired = desired_state(&plan, &naming, &ids());
+    let mut reconciler = Reconciler::new(root.open(), Mode::Enforce);
+    reconciler
+        .enable_change_feed(std::time::Duration::from_secs(3600))
+        .expect("inotify");
+    let pass = || {
+        let r = reconciler.reconcile(&desired);
+        no_errors(&r);
+        r
+    };
+    let scratch = pass();
+    assert!(scratch.writes_issued() > 0);
+    // Scratch's own writes raise events: the next pass reads those cgroups again, finds them
+    // right, and from then on nothing is read.
+    let settle = pass();
+    assert_eq!(settle.writes_issued(), 0, "{:#?}", settle.writes);
+    let quiet = pass();
+    assert_eq!(quiet.read, 0, "a quiet pass read {} cgroups", quiet.read);
+    assert_eq!(quiet.writes_issued(), 0);
+
+    let b_ctr = format!("kubepods/burstable/pod{B_UID}/{B_ID}");
+    let g_ctr = format!("kubepods/pod{G_UID}/{G_ID}");
+    let cpu_file = if v2() { "cpu.weight" } else { "cpu.shares" };
+    let f = root.path(cpu_tree(), &b_ctr).join(cpu_file);
+    std::fs::write(&f, "300").unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    let drift = pass();
+    assert_eq!(drift.read, 1, "only the written cgroup is read");
+    let rewritten: Vec<_> = drift
+        .writes
+        .iter()
+        .map(|w| (w.path.clone(), w.file))
+        .collect();
+    assert_eq!(rewritten, vec![(root.path(cpu_tree(), &b_ctr), cpu_file)]);
+    assert_cpu(&root, &b_ctr, 256, 35);
+
+    let removed = root.path(mem_tree(), &g_ctr);
+    std::fs::remove_dir(&removed).unwrap_or_else(|e| panic!("{}: {e}", removed.display()));
+    let remade = pass();
+    assert_eq!(remade.created, vec![removed]);
+    assert_eq!(mem_limit(&root, &g_ctr), (256 * MIB).to_string());
+    pass();
+    let quiet = pass();
+    assert_eq!(quiet.read, 0, "a quiet pass read {} cgroups", quiet.read);
 }

@@ -3,8 +3,8 @@
 //!
 //! Pure parts: [`name`] (validation, runtime naming), [`desired`] (plan -> cgroups), [`files`]
 //! (settings -> interface files), [`value`] (comparison, directions), [`diff`] (minimal ordered
-//! writes). I/O parts: [`layout`] (mount detection), [`fs`] (safe opens), [`reconcile`], [`oom`],
-//! [`capacity`].
+//! writes). I/O parts: [`layout`] (mount detection), [`fs`] (safe opens), [`reconcile`],
+//! [`changes`] (inotify: which cgroups need reading again), [`oom`], [`capacity`].
 //!
 //! Why not cgroups-rs: it models one cgroup per hierarchy set and writes whole resource structs,
 //! so it can neither keep a second, controller-less unified tree beside the v1 controllers
@@ -14,6 +14,7 @@
 //! `openat2` beneath the node root with symlinks refused.
 
 pub mod capacity;
+pub mod changes;
 pub mod desired;
 pub mod diff;
 pub mod files;

@@ -2,11 +2,19 @@
 //! Directories are made (parents first) and, on cgroup v2, controllers enabled for the children
 //! before any file is read, so a freshly created cgroup is compared like any other.
 
-use std::{collections::BTreeSet, io};
+use std::{
+    collections::{BTreeSet, HashSet},
+    io,
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use nix::sys::inotify::WatchDescriptor;
 
 use tracing::{debug, info, warn};
 
 use super::{
+    changes::{ChangeFeed, Files, Key},
     desired::{DesiredCgroup, DesiredState, Role},
     diff::{FileState, PlannedWrite, plan_writes},
     files::{FileContext, V2_CONTROLLERS, files, has_managed_children},
@@ -22,6 +30,33 @@ use super::{
 pub struct Reconciler {
     fs: CgroupFs,
     mode: Mode,
+    /// With a change feed, a pass reads only the cgroups that may have changed (see
+    /// [`super::changes`]); without one, every pass reads every file.
+    feed: Option<Mutex<ChangeFeed>>,
+}
+
+/// What one pass needs besides the desired state.
+struct PassContext<'a> {
+    files: FileContext,
+    feed: Option<&'a ChangeFeed>,
+}
+
+/// What surveying a run of cgroups found.
+#[derive(Default)]
+struct Survey {
+    states: Vec<FileState>,
+    /// Cgroups read in full without error: (index, tree, files), verified unless written.
+    checked: Vec<(usize, Tree, Files)>,
+    /// Watches placed in this run.
+    watches: Vec<(Key, WatchDescriptor)>,
+}
+
+impl Survey {
+    fn absorb(&mut self, other: Survey) {
+        self.states.extend(other.states);
+        self.checked.extend(other.checked);
+        self.watches.extend(other.watches);
+    }
 }
 
 fn vanished(e: &io::Error) -> bool {
@@ -30,7 +65,30 @@ fn vanished(e: &io::Error) -> bool {
 
 impl Reconciler {
     pub fn new(fs: CgroupFs, mode: Mode) -> Self {
-        Self { fs, mode }
+        Self {
+            fs,
+            mode,
+            feed: None,
+        }
+    }
+
+    /// Reads only what may have changed since the last pass, from inotify events, and every
+    /// file once per `full_every`.
+    pub fn enable_change_feed(&mut self, full_every: Duration) -> io::Result<()> {
+        self.feed = Some(Mutex::new(ChangeFeed::new(full_every)?));
+        Ok(())
+    }
+
+    fn feed(&self) -> Option<MutexGuard<'_, ChangeFeed>> {
+        // A panicked pass leaves plain data behind; a full pass is due anyway on its next error.
+        self.feed
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Cgroup directories (per tree) the change feed watches; 0 without a feed.
+    pub fn watched_cgroups(&self) -> usize {
+        self.feed().map_or(0, |f| f.watch_count())
     }
 
     pub fn fs(&self) -> &CgroupFs {
@@ -48,6 +106,7 @@ impl Reconciler {
             created: Vec::new(),
             writes: Vec::new(),
             errors: Vec::new(),
+            read: 0,
         };
         for p in &desired.refused_pods {
             warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %p.source, "Pod refused: its cgroup names are not valid.");
@@ -57,20 +116,36 @@ impl Reconciler {
             warn!(cgroup = %n.name, error = %n.source, "Node cgroup refused: its name is not valid.");
             report.errors.push(n.clone().into());
         }
-        let ctx = FileContext {
-            node_mems: self.node_mems(),
+        let mut feed = self.feed();
+        if let Some(f) = feed.as_mut() {
+            f.begin_pass();
+            // The node root's own watch sees kubepods (or a reserved cgroup) removed.
+            let root = CgroupPath::root();
+            for tree in self.fs.trees() {
+                if !f.is_watched(tree, &root)
+                    && let Ok(wd) = f.add_watch(&self.fs.display_path(tree, &root))
+                {
+                    f.watching((tree, root.clone()), wd);
+                }
+            }
+        }
+        let ctx = PassContext {
+            files: FileContext {
+                node_mems: self.node_mems(),
+            },
+            feed: feed.as_deref(),
         };
         // Node cgroups (kubepods, tiers, reserved) first: they are the pods' parents. Then the
-        // pod subtrees, which are independent of each other, on a few threads: a no-op pass is
+        // pod subtrees, which are independent of each other, on a few threads: a full pass is
         // thousands of small opens and reads that each cost the kernel a few microseconds.
         let (node, pods): (Vec<_>, Vec<_>) = desired
             .cgroups
             .iter()
             .enumerate()
             .partition(|(_, c)| c.pod_uid.is_none());
-        let mut states = self.survey(&node, &ctx, &mut report);
+        let mut survey = self.survey(&node, &ctx, &mut report);
         let chunks = pod_chunks(&pods, survey_threads(pods.len()));
-        let surveyed: Vec<(Vec<FileState>, ReconcileReport)> = if chunks.len() <= 1 {
+        let parts: Vec<(Survey, ReconcileReport)> = if chunks.len() <= 1 {
             let mut part = report.empty_like();
             vec![(self.survey(&pods, &ctx, &mut part), part)]
         } else {
@@ -89,13 +164,41 @@ impl Reconciler {
                     .collect()
             })
         };
-        for (part_states, part) in surveyed {
-            states.extend(part_states);
-            report.absorb(part);
+        for (part, part_report) in parts {
+            survey.absorb(part);
+            report.absorb(part_report);
         }
+        let Survey {
+            mut states,
+            checked,
+            watches,
+        } = survey;
         // The order of a sequential pass: by cgroup, then tree, then file.
         states.sort_by_key(|s| s.cgroup);
-        for w in plan_writes(states, self.fs.page_size()) {
+        let writes = plan_writes(states, self.fs.page_size());
+        if let Some(f) = feed.as_mut() {
+            for (key, wd) in watches {
+                f.watching(key, wd);
+            }
+            // Written cgroups are read again next pass (their own writes raise events anyway).
+            let written: HashSet<(usize, Tree)> =
+                writes.iter().map(|w| (w.cgroup, w.tree)).collect();
+            for (i, tree, files) in checked {
+                if !written.contains(&(i, tree)) {
+                    f.verified(tree, &desired.cgroups[i].path, files);
+                }
+            }
+            // The node root is watched as well as every desired cgroup.
+            if f.cgroup_count() > desired.cgroups.len() + 1 {
+                let root = CgroupPath::root();
+                let mut keep: HashSet<&CgroupPath> =
+                    desired.cgroups.iter().map(|c| &c.path).collect();
+                keep.insert(&root);
+                f.retain(&keep);
+            }
+        }
+        drop(feed);
+        for w in writes {
             let c = &desired.cgroups[w.cgroup];
             let r = self.apply(c, &w, &mut report);
             report.writes.push(r);
@@ -108,10 +211,10 @@ impl Reconciler {
     fn survey(
         &self,
         cgroups: &[(usize, &DesiredCgroup)],
-        ctx: &FileContext,
+        ctx: &PassContext,
         report: &mut ReconcileReport,
-    ) -> Vec<FileState> {
-        let mut states = Vec::new();
+    ) -> Survey {
+        let mut out = Survey::default();
         let mut open = OpenParents::default();
         for &(i, c) in cgroups {
             for Located {
@@ -119,8 +222,15 @@ impl Reconciler {
                 dir,
                 files,
                 mut first,
+                watch,
             } in self.ensure(c, ctx, &mut open, report)
             {
+                if let Some(wd) = watch {
+                    out.watches.push(((tree, c.path.clone()), wd));
+                }
+                report.read += 1;
+                let copy = ctx.feed.is_some().then(|| files.clone());
+                let mut complete = dir.is_some();
                 for (file, want) in files {
                     let read = match (&dir, first.take()) {
                         (None, _) => None,
@@ -133,6 +243,7 @@ impl Reconciler {
                         Some(Err(e))
                             if vanished(&e) && !self.fs.exists(tree, &c.path).unwrap_or(false) =>
                         {
+                            complete = false;
                             break;
                         }
                         Some(Err(source)) => {
@@ -141,10 +252,11 @@ impl Reconciler {
                                 file,
                                 source,
                             });
+                            complete = false;
                             continue;
                         }
                     };
-                    states.push(FileState {
+                    out.states.push(FileState {
                         cgroup: i,
                         depth: c.path.depth(),
                         tree,
@@ -153,12 +265,15 @@ impl Reconciler {
                         want,
                     });
                 }
+                if let Some(files) = copy.filter(|_| complete) {
+                    out.checked.push((i, tree, files));
+                }
                 if let Some(dir) = dir.filter(|_| has_managed_children(c)) {
                     open.push(tree, c.path.clone(), dir);
                 }
             }
         }
-        states
+        out
     }
 
     /// The node root's memory nodes in a v1 cpuset hierarchy.
@@ -178,7 +293,7 @@ impl Reconciler {
     fn ensure(
         &self,
         c: &DesiredCgroup,
-        ctx: &FileContext,
+        ctx: &PassContext,
         open: &mut OpenParents,
         report: &mut ReconcileReport,
     ) -> Vec<Located> {
@@ -188,7 +303,17 @@ impl Reconciler {
             if c.role == Role::Reserved && tree == Tree::Unified {
                 continue;
             }
-            let files = files(c, tree, ctx);
+            let files = files(c, tree, &ctx.files);
+            if ctx.feed.is_some_and(|f| f.unchanged(tree, &c.path, &files)) {
+                continue;
+            }
+            // Watched before anything is read, so a write landing after the read is seen.
+            let watch = match ctx.feed {
+                Some(f) if !f.is_watched(tree, &c.path) => {
+                    f.add_watch(&self.fs.display_path(tree, &c.path)).ok()
+                }
+                _ => None,
+            };
             let probe = files.first().map(|(f, _)| *f);
             let (mut dir, first) = match open.open(&self.fs, tree, c, probe) {
                 Ok(Some((d, first))) => (Some(d), first),
@@ -217,6 +342,7 @@ impl Reconciler {
                         dir: None,
                         files,
                         first: None,
+                        watch,
                     });
                     continue;
                 }
@@ -257,11 +383,19 @@ impl Reconciler {
                     _ => {}
                 }
             }
+            // A cgroup made in this pass is watched from now on, before its files are read.
+            let watch = match (watch, ctx.feed) {
+                (None, Some(f)) if dir.is_some() && !f.is_watched(tree, &c.path) => {
+                    f.add_watch(&self.fs.display_path(tree, &c.path)).ok()
+                }
+                (w, _) => w,
+            };
             out.push(Located {
                 tree,
                 dir,
                 files,
                 first,
+                watch,
             });
         }
         out
@@ -553,6 +687,8 @@ struct Located {
     files: Vec<(&'static str, Value)>,
     /// The first file's content, when reading it is how the cgroup was found.
     first: Option<io::Result<String>>,
+    /// A watch placed on it in this pass (change feed).
+    watch: Option<WatchDescriptor>,
 }
 
 fn is_memory_limit(w: &PlannedWrite) -> bool {

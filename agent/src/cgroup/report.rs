@@ -89,6 +89,9 @@ pub struct ReconcileReport {
     pub created: Vec<PathBuf>,
     pub writes: Vec<WriteReport>,
     pub errors: Vec<ReconcileError>,
+    /// Cgroups (per tree) whose files this pass read; with a change feed, only those that may
+    /// have changed.
+    pub read: usize,
 }
 
 impl ReconcileReport {
@@ -99,6 +102,7 @@ impl ReconcileReport {
             created: Vec::new(),
             writes: Vec::new(),
             errors: Vec::new(),
+            read: 0,
         }
     }
 
@@ -107,6 +111,7 @@ impl ReconcileReport {
         self.created.extend(part.created);
         self.writes.extend(part.writes);
         self.errors.extend(part.errors);
+        self.read += part.read;
     }
 
     /// Writes actually issued to the kernel (retries included).

@@ -121,7 +121,7 @@ impl Synced {
         Self {
             settings,
             naming,
-            reconciler: Reconciler::new(fs, mode),
+            reconciler: with_change_feed(Reconciler::new(fs, mode)),
             runtime,
             state,
             validation,
@@ -830,4 +830,17 @@ fn rfc3339_now() -> String {
     k8s_openapi::jiff::Timestamp::from_second(now.as_secs() as i64)
         .map(|t| t.to_string())
         .unwrap_or_default()
+}
+
+/// Every file is read again at least this often, for changes inotify cannot see (the kernel
+/// itself narrowing a v1 cpuset when a CPU goes offline).
+const FULL_RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The reconciler reading only what inotify says may have changed; every file on each pass
+/// when inotify is unavailable (out of instances), which is slower but as correct.
+fn with_change_feed(mut reconciler: Reconciler) -> Reconciler {
+    if let Err(e) = reconciler.enable_change_feed(FULL_RECONCILE_EVERY) {
+        tracing::warn!(error = %e, "No inotify for the cgroup change feed; every pass reads every cgroup file.");
+    }
+    reconciler
 }
