@@ -154,7 +154,9 @@ impl ChangeFeed {
     }
 
     /// Watches a cgroup directory (its full path on this host). Call before reading its files,
-    /// so that a write landing after the read is seen. Safe from several threads; the returned
+    /// so that a write landing after the read is seen. The watch only tells what to read again;
+    /// nothing is read or written through this path (files are opened with openat2 beneath the
+    /// node root), so a redirected path could cost a read, never a wrong write. Safe from several threads; the returned
     /// descriptor goes to [`ChangeFeed::watching`] afterwards.
     pub fn add_watch(&self, dir: &Path) -> io::Result<WatchDescriptor> {
         let flags = AddWatchFlags::IN_MODIFY
