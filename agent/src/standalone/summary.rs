@@ -134,6 +134,16 @@ impl CgroupSummary {
         });
         (cpu, c.memory.as_ref().and_then(|m| memory_stats(m, time)))
     }
+
+    fn container(&self, name: &str, c: &StatsCgroup, start: String, time: &str) -> ContainerStats {
+        let (cpu, memory) = self.stats(c, time);
+        ContainerStats {
+            name: name.into(),
+            start_time: start,
+            cpu,
+            memory,
+        }
+    }
 }
 
 impl SummarySource for CgroupSummary {
@@ -151,15 +161,7 @@ impl SummarySource for CgroupSummary {
         let system_containers = targets
             .system
             .iter()
-            .map(|(name, c)| {
-                let (cpu, memory) = self.stats(c, &time);
-                ContainerStats {
-                    name: name.clone(),
-                    start_time: self.inner.node_start.clone(),
-                    cpu,
-                    memory,
-                }
-            })
+            .map(|(name, c)| self.container(name, c, self.inner.node_start.clone(), &time))
             .collect();
         let pods = targets
             .pods
@@ -175,13 +177,8 @@ impl SummarySource for CgroupSummary {
                     .containers
                     .iter()
                     .map(|(name, c)| {
-                        let (cpu, memory) = self.stats(c, &time);
-                        ContainerStats {
-                            name: name.clone(),
-                            start_time: started(name).map_or_else(|| time.clone(), rfc3339),
-                            cpu,
-                            memory,
-                        }
+                        let start = started(name).map_or_else(|| time.clone(), rfc3339);
+                        self.container(name, c, start, &time)
                     })
                     .collect();
                 let (cpu, memory) = self.stats(&p.cgroup, &time);
