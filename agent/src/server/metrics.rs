@@ -49,7 +49,7 @@ pub struct ContainerLabels {
     pub container: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemcgEventLabels {
     pub namespace: String,
     pub pod: String,

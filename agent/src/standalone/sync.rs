@@ -55,15 +55,6 @@ struct PodEntry {
     runq_p99: Option<f64>,
 }
 
-/// The pod (and container, empty for the pod's own cgroup) a memory cgroup belongs to.
-#[derive(Debug, Clone)]
-struct MemcgOwner {
-    namespace: String,
-    pod: String,
-    uid: String,
-    container: String,
-}
-
 pub struct Synced {
     settings: NodeSettings,
     naming: Naming,
@@ -79,8 +70,9 @@ pub struct Synced {
     plan: Option<Plan>,
     pods: BTreeMap<PodKey, PodEntry>,
     summary: CgroupSummary,
-    /// memcg ids (memory cgroup inodes) of pods and containers, for the memcg event labels.
-    memcg_owners: BTreeMap<u64, MemcgOwner>,
+    /// memcg ids (memory cgroup inodes) of pods and containers, with their memcg event labels
+    /// (`event` left empty).
+    memcg_owners: BTreeMap<u64, MemcgEventLabels>,
     reported: BTreeSet<String>,
     evictions_seen: usize,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
@@ -345,11 +337,12 @@ impl Synced {
                     ))
                 })
                 .collect();
-            let owner = |container: &str| MemcgOwner {
+            let owner = |container: &str| MemcgEventLabels {
                 namespace: key.namespace.clone(),
                 pod: key.name.clone(),
                 uid: view.uid.clone(),
                 container: container.into(),
+                event: String::new(),
             };
             if let Some(memory) = &memory {
                 managed.push(ManagedPod {
@@ -696,18 +689,14 @@ impl Synced {
                 ..
             } => {
                 // Node-level cgroups (node root, kubepods, QoS tiers) have no pod: empty labels.
-                let o = self.memcg_owners.get(memcg_id);
-                let label = |f: fn(&MemcgOwner) -> &String| o.map(f).cloned().unwrap_or_default();
+                let labels = MemcgEventLabels {
+                    event: kind.as_str().into(),
+                    ..self.memcg_owners.get(memcg_id).cloned().unwrap_or_default()
+                };
                 self.state
                     .metrics
                     .memcg_events
-                    .get_or_create(&MemcgEventLabels {
-                        namespace: label(|o| &o.namespace),
-                        pod: label(|o| &o.pod),
-                        uid: label(|o| &o.uid),
-                        container: label(|o| &o.container),
-                        event: kind.as_str().into(),
-                    })
+                    .get_or_create(&labels)
                     .inc_by(*count);
             }
             _ => {}
