@@ -93,6 +93,165 @@ impl Drop for Daemon {
     }
 }
 
+/// `/a/b` with the node root `a` in front or not: `b`.
+fn relative(cgroup: &str, node_root: &str) -> String {
+    let c = cgroup.trim_start_matches('/');
+    c.strip_prefix(&format!("{node_root}/"))
+        .unwrap_or(c)
+        .to_owned()
+}
+
+/// A cgroup's memory directory and its cgroup v2 directory (the controller-less tree on hybrid
+/// hosts, where qoslet also places every container).
+struct CgroupDirs {
+    memory: PathBuf,
+    v2: PathBuf,
+    pure_v2: bool,
+}
+
+/// The numbers the Summary API takes from one cgroup, read by the test itself.
+#[derive(Debug)]
+struct Reading {
+    usage: u64,
+    working_set: u64,
+    rss: u64,
+    page_faults: u64,
+    major_page_faults: u64,
+    limit: Option<u64>,
+    cpu_ns: u64,
+}
+
+fn stat(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{key} missing"))
+}
+
+impl CgroupDirs {
+    fn new(node_root: &str, rel: &str, pure_v2: bool) -> Self {
+        let under = |base: &str| Path::new(base).join(node_root).join(rel);
+        let (memory, v2) = if pure_v2 {
+            (under("/sys/fs/cgroup"), under("/sys/fs/cgroup"))
+        } else {
+            (
+                under("/sys/fs/cgroup/memory"),
+                under("/sys/fs/cgroup/unified"),
+            )
+        };
+        assert!(memory.is_dir() && v2.is_dir(), "{}", memory.display());
+        Self {
+            memory,
+            v2,
+            pure_v2,
+        }
+    }
+
+    fn read(&self) -> Reading {
+        let file = |f: &str| fs::read_to_string(self.memory.join(f)).unwrap();
+        let memory_stat = file("memory.stat");
+        let (usage, inactive_file, rss, limit) = if self.pure_v2 {
+            (
+                file("memory.current"),
+                stat(&memory_stat, "inactive_file"),
+                stat(&memory_stat, "anon"),
+                file("memory.max"),
+            )
+        } else {
+            (
+                file("memory.usage_in_bytes"),
+                stat(&memory_stat, "total_inactive_file"),
+                stat(&memory_stat, "total_rss"),
+                file("memory.limit_in_bytes"),
+            )
+        };
+        let usage: u64 = usage.trim().parse().unwrap();
+        let cpu_stat = fs::read_to_string(self.v2.join("cpu.stat")).unwrap();
+        Reading {
+            usage,
+            working_set: usage.saturating_sub(inactive_file),
+            rss,
+            page_faults: stat(&memory_stat, "pgfault"),
+            major_page_faults: stat(&memory_stat, "pgmajfault"),
+            // v1 says "unlimited" with a page-rounded i64::MAX.
+            limit: limit.trim().parse().ok().filter(|&l: &u64| l < 1 << 62),
+            cpu_ns: stat(&cpu_stat, "usage_usec") * 1000,
+        }
+    }
+}
+
+/// The stats of `what`: `node`, a system container, `pod` or `pod/container`.
+fn summary_stats<'a>(summary: &'a Value, what: &str) -> Option<&'a Value> {
+    let named = |list: &'a Value, key: &str, name: &str| {
+        list.as_array()?
+            .iter()
+            .find(|v| v[key] == name || v["podRef"][key] == name)
+    };
+    match what.split_once('/') {
+        _ if what == "node" => Some(&summary["node"]),
+        _ if what == "pods" => named(&summary["node"]["systemContainers"], "name", "pods"),
+        Some((pod, c)) => named(
+            &named(&summary["pods"], "name", pod)?["containers"],
+            "name",
+            c,
+        ),
+        None => named(&summary["pods"], "name", what),
+    }
+}
+
+/// Memory gauges may move between the test's two reads and the agent's; they must lie within
+/// the two readings, widened by one memcg charge batch per CPU (64 pages: the kernel charges
+/// and uncharges per-CPU stock in such batches, so usage can step that far and back between
+/// two reads without any allocation the test could see). Counters (CPU time, page faults) only
+/// grow: they lie within the two readings exactly.
+fn check_summary(what: &str, s: &Value, b: &Reading, a: &Reading, cpus: u64) {
+    let tolerance = 64 * 4096 * cpus;
+    let m = &s["memory"];
+    let gauge = |field: &str, before: u64, after: u64| {
+        let v = m[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: memory.{field} in {s}"));
+        assert!(
+            v + tolerance >= before.min(after) && v <= before.max(after) + tolerance,
+            "{what}: memory.{field} {v}, the cgroup said {before} then {after}"
+        );
+        v
+    };
+    let counter = |v: &Value, field: &str, before: u64, after: u64| {
+        let v = v[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: {field} in {s}"));
+        assert!(
+            before <= v && v <= after,
+            "{what}: {field} {v}, the cgroup said {before} then {after}"
+        );
+    };
+    gauge("usageBytes", b.usage, a.usage);
+    let working_set = gauge("workingSetBytes", b.working_set, a.working_set);
+    gauge("rssBytes", b.rss, a.rss);
+    counter(m, "pageFaults", b.page_faults, a.page_faults);
+    counter(
+        m,
+        "majorPageFaults",
+        b.major_page_faults,
+        a.major_page_faults,
+    );
+    assert_eq!(
+        m["availableBytes"].as_u64(),
+        b.limit.map(|l| l.saturating_sub(working_set)),
+        "{what}: availableBytes = limit - workingSet"
+    );
+    counter(&s["cpu"], "usageCoreNanoSeconds", b.cpu_ns, a.cpu_ns);
+    // A rate since the last housekeeping sample (1 s): at most every CPU busy, with slack for
+    // the sample's timestamp being taken just after its read.
+    let cores = s["cpu"]["usageNanoCores"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what}: usageNanoCores in {s}"));
+    assert!(
+        cores <= cpus * 1_100_000_000,
+        "{what}: usageNanoCores {cores}"
+    );
+}
+
 #[test]
 fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     // SAFETY: geteuid has no preconditions.
@@ -274,10 +433,31 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     wait_until("the added pod Running", Duration::from_secs(15), || {
         (phase(&status(addr)?, "extra").as_deref() == Some("Running")).then_some(())
     });
+    // Its per-pod series (info, requests, run-queue histogram from the kernel) appear...
+    wait_until("the added pod's series", Duration::from_secs(10), || {
+        let (_, metrics) = get(addr, "/metrics")?;
+        metric(
+            &metrics,
+            "qoslet_runqueue_latency_seconds_count{namespace=\"demo\",pod=\"extra\"}",
+        )?;
+        metric(
+            &metrics,
+            "qoslet_pod_requests{namespace=\"demo\",pod=\"extra\",resource=\"memory\"}",
+        )
+    });
     fs::remove_file(pods.join("extra.yaml")).unwrap();
     wait_until("the removed pod gone", Duration::from_secs(20), || {
         phase(&status(addr)?, "extra").is_none().then_some(())
     });
+    // ... and go with it, so series do not pile up as pods come and go.
+    wait_until(
+        "the removed pod's series gone",
+        Duration::from_secs(5),
+        || {
+            let (_, metrics) = get(addr, "/metrics")?;
+            (!metrics.contains("pod=\"extra\"")).then_some(())
+        },
+    );
 
     // A broken manifest: one clear error, the others keep running.
     fs::write(
@@ -315,27 +495,41 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     });
     assert_eq!(evictions, 1.0);
 
-    // /stats/summary has the kubelet's shape and numbers from the cgroup files.
+    // /stats/summary has the kubelet's shape and its numbers are the cgroup files', read by this
+    // test just before and just after the request.
+    let kubepods = plan["node"]["kubepods"]["cgroup"].as_str().unwrap();
+    let mut cgroups = vec![
+        ("node".to_owned(), String::new()),
+        ("pods".to_owned(), relative(kubepods, &node_root)),
+    ];
+    for name in ["db", "web", "idle", "train-0", "train-1"] {
+        let p = plan["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        let rel = relative(p["cgroup"].as_str().unwrap(), &node_root);
+        for c in p["containers"].as_array().unwrap() {
+            let c = c["name"].as_str().unwrap();
+            cgroups.push((format!("{name}/{c}"), format!("{rel}/{c}")));
+        }
+        cgroups.push((name.to_owned(), rel));
+    }
+    let dirs: Vec<(String, CgroupDirs)> = cgroups
+        .into_iter()
+        .map(|(what, rel)| (what, CgroupDirs::new(&node_root, &rel, v2)))
+        .collect();
+    let before: Vec<Reading> = dirs.iter().map(|(_, d)| d.read()).collect();
     let (code, body) = get(addr, "/stats/summary").unwrap();
+    let after: Vec<Reading> = dirs.iter().map(|(_, d)| d.read()).collect();
     assert_eq!(code, 200);
     let summary: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        summary["node"]["memory"]["availableBytes"]
-            .as_i64()
-            .unwrap()
-            + summary["node"]["memory"]["workingSetBytes"]
-                .as_i64()
-                .unwrap(),
-        1 << 30
-    );
-    let pod_names: Vec<&str> = summary["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["podRef"]["name"].as_str().unwrap())
-        .collect();
-    for n in ["db", "web", "idle", "train-0", "train-1"] {
-        assert!(pod_names.contains(&n), "{n} in {pod_names:?}");
+    assert!(summary["node"]["nodeName"].as_str().is_some());
+    for (((what, _), b), a) in dirs.iter().zip(&before).zip(&after) {
+        let stats = summary_stats(&summary, what)
+            .unwrap_or_else(|| panic!("{what} missing in {summary:#}"));
+        check_summary(what, stats, b, a, cpu_count as u64);
     }
 
     // Stopping qoslet stops its pods and removes the cgroups it created.

@@ -80,6 +80,12 @@ impl MemoryCgroup {
     }
 
     pub fn read(&self) -> Result<MemoryReading, SignalError> {
+        self.read_with_stat().map(|(r, _)| r)
+    }
+
+    /// The reading and the `memory.stat` text it came from (the Summary API takes more fields
+    /// from the same read).
+    pub fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
         let (usage, stat, field, limit) = match self {
             Self::V1(p) => (
                 p.join("memory.usage_in_bytes"),
@@ -99,11 +105,14 @@ impl MemoryCgroup {
         let inactive_file_bytes =
             stat_field(&stat_text, field).ok_or(SignalError::MissingField { path: stat, field })?;
         let limit_bytes = read_limit(&limit)?.filter(|&l| l < V1_UNLIMITED);
-        Ok(MemoryReading {
-            usage_bytes,
-            inactive_file_bytes,
-            limit_bytes,
-        })
+        Ok((
+            MemoryReading {
+                usage_bytes,
+                inactive_file_bytes,
+                limit_bytes,
+            },
+            stat_text,
+        ))
     }
 
     /// The kernel's OOM-kill count (v2 `memory.events` `oom_kill`, which includes descendants;

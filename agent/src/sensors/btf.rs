@@ -4,7 +4,7 @@
 //! need are resolved here and handed to them as load-time globals. Uses btf-rs because aya keeps
 //! its BTF lookups private.
 
-use btf_rs::{Btf, Type};
+use btf_rs::{Backend, Btf, Type};
 use fallible_iterator::FallibleIterator as _;
 use qoslet_common::{MemcgEventLayout, OomBtfLayout, SchedBtfLayout};
 use thiserror::Error;
@@ -23,17 +23,22 @@ pub enum BtfError {
     Missing(String),
 }
 
-/// The running kernel's type information.
+/// The running kernel's type information, read in place: dropped once the layouts are resolved.
 pub struct KernelBtf {
     btf: Btf,
 }
 
 impl KernelBtf {
+    /// Maps the file and indexes only type offsets (about 1 MiB for vmlinux): btf-rs's default
+    /// cache of every parsed type and name held tens of MiB, the agent's peak memory. Falls back
+    /// to that cache where the file cannot be mapped (sysfs BTF is mappable since Linux 6.16).
     pub fn from_file(path: &str) -> Result<Self, BtfError> {
-        let btf = Btf::from_file(path).map_err(|source| BtfError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let btf = Btf::from_file_with_backend(path, Backend::Mmap)
+            .or_else(|_| Btf::from_file(path))
+            .map_err(|source| BtfError::Read {
+                path: path.into(),
+                source,
+            })?;
         Ok(Self { btf })
     }
 
@@ -125,41 +130,50 @@ impl KernelBtf {
     /// (for anonymous enums such as the one holding `MM_FILEPAGES`).
     pub fn enum_value(&self, enum_name: Option<&str>, name: &str) -> Result<i64, BtfError> {
         let missing = || BtfError::Missing(format!("enumerator {name}"));
-        let candidates: Vec<Type> = match enum_name {
-            Some(e) => self.btf.resolve_types_by_name(e).map_err(|_| missing())?,
+        match enum_name {
+            Some(e) => self
+                .btf
+                .resolve_types_by_name(e)
+                .map_err(|_| missing())?
+                .iter()
+                .find_map(|t| self.enumerator(t, name)),
+            // One type at a time: collecting every type first parsed all of vmlinux at once.
             None => {
-                let mut all = Vec::new();
                 let mut iter = self.btf.type_iter();
+                let mut found = None;
                 while let Ok(Some(t)) = iter.next() {
-                    all.push(t);
-                }
-                all
-            }
-        };
-        for t in candidates {
-            match t {
-                Type::Enum(e) => {
-                    for m in &e.members {
-                        if self.btf.resolve_name(m).is_ok_and(|n| n == name) {
-                            return Ok(if e.is_signed() {
-                                m.val() as i32 as i64
-                            } else {
-                                m.val() as i64
-                            });
-                        }
+                    found = self.enumerator(&t, name);
+                    if found.is_some() {
+                        break;
                     }
                 }
-                Type::Enum64(e) => {
-                    for m in &e.members {
-                        if self.btf.resolve_name(m).is_ok_and(|n| n == name) {
-                            return Ok(m.val() as i64);
-                        }
-                    }
-                }
-                _ => {}
+                found
             }
         }
-        Err(missing())
+        .ok_or_else(missing)
+    }
+
+    /// The value of enumerator `name` when `t` is an enum that has it.
+    fn enumerator(&self, t: &Type, name: &str) -> Option<i64> {
+        match t {
+            Type::Enum(e) => e
+                .members
+                .iter()
+                .find(|m| self.btf.resolve_name(*m).is_ok_and(|n| n == name))
+                .map(|m| {
+                    if e.is_signed() {
+                        m.val() as i32 as i64
+                    } else {
+                        m.val() as i64
+                    }
+                }),
+            Type::Enum64(e) => e
+                .members
+                .iter()
+                .find(|m| self.btf.resolve_name(*m).is_ok_and(|n| n == name))
+                .map(|m| m.val() as i64),
+            _ => None,
+        }
     }
 
     /// Offsets of the `i`-th RSS counter (an i64) inside `mm_struct`. Handles both layouts:

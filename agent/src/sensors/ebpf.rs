@@ -126,6 +126,8 @@ impl EbpfSensors {
             None => SchedBtfLayout::UNSET,
         };
         let lifecycle_layout = tracefs::lifecycle_layout(root);
+        // Every layout is resolved: unmap it before aya parses its own copy of the BTF.
+        drop(kernel_btf);
 
         let aya_btf = aya::Btf::from_sys_fs().ok();
         let mut ebpf = EbpfLoader::new()

@@ -12,7 +12,7 @@ use prometheus_client::{
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
-    registry::{Registry, Unit},
+    registry::{Metric, Registry, Unit},
 };
 
 use crate::policy::plan::{CgroupPlan, Plan};
@@ -31,6 +31,13 @@ pub struct PodInfoLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodResourceLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CgroupLabels {
     pub cgroup: String,
 }
@@ -42,9 +49,13 @@ pub struct ContainerLabels {
     pub container: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemcgEventLabels {
-    pub cgroup: String,
+    pub namespace: String,
+    pub pod: String,
+    pub uid: String,
+    /// Empty for the pod's own cgroup.
+    pub container: String,
     pub event: String,
 }
 
@@ -76,6 +87,9 @@ pub struct SensorLabels {
     /// `ebpf`, or the fallback in use (`psi`, `memory.events`, `polling`).
     pub source: String,
 }
+
+/// The `event` label values of `qoslet_memcg_events_total` (`MemcgEventKind::as_str`).
+pub const MEMCG_EVENTS: [&str; 5] = ["high", "max", "oom", "oom_kill", "oom_group_kill"];
 
 fn latency_histogram() -> Histogram {
     // 100 us .. ~52 s.
@@ -159,12 +173,43 @@ impl EncodeMetric for KernelHistogram {
     }
 }
 
+/// The registry and the series names it exposes, suffixes included (`_total`, `_bucket`, ...).
+#[derive(Default)]
+struct Registrar {
+    registry: Registry,
+    series: Vec<String>,
+}
+
+impl Registrar {
+    fn add(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.note(name, &metric);
+        self.registry.register(name, help, metric);
+    }
+
+    fn add_with_unit(&mut self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
+        self.note(&format!("{name}_{}", unit.as_str()), &metric);
+        self.registry.register_with_unit(name, help, unit, metric);
+    }
+
+    fn note(&mut self, base: &str, metric: &impl Metric) {
+        let suffixes: &[&str] = match metric.metric_type() {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        self.series
+            .extend(suffixes.iter().map(|s| format!("{base}{s}")));
+    }
+}
+
 /// All of qoslet's metric families. Cloning a family shares it, so producers keep clones.
 pub struct Metrics {
     registry: Registry,
+    series: Vec<String>,
     pub node_capacity: Family<ResourceLabels, Gauge>,
     pub node_allocatable: Family<ResourceLabels, Gauge>,
     pub pod_info: Family<PodInfoLabels, Gauge>,
+    pub pod_requests: Family<PodResourceLabels, Gauge>,
     pub cgroup_cpu_weight: Family<CgroupLabels, Gauge>,
     pub container_oom_score_adj: Family<ContainerLabels, Gauge>,
     pub memcg_events: Family<MemcgEventLabels, Counter>,
@@ -186,100 +231,108 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
+        let mut reg = Registrar::default();
         let node_capacity = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_node_capacity",
             "Node capacity per resource (cpu in millicores, memory in bytes, pids)",
             node_capacity.clone(),
         );
         let node_allocatable = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_node_allocatable",
             "Node Allocatable per resource: capacity - kubeReserved - systemReserved - hard eviction threshold",
             node_allocatable.clone(),
         );
         let pod_info = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_pod_info",
             "One per pod qoslet manages, with its QoS class",
             pod_info.clone(),
         );
+        let pod_requests = Family::default();
+        reg.add(
+            "qoslet_pod_requests",
+            "Requests of each pod qoslet manages (cpu in millicores, memory in bytes), pod-level resources where set",
+            pod_requests.clone(),
+        );
         let cgroup_cpu_weight = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_cgroup_cpu_weight",
             "cgroup v2 cpu.weight qoslet wants for each managed cgroup (kubelet formula)",
             cgroup_cpu_weight.clone(),
         );
         let container_oom_score_adj = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_container_oom_score_adj",
             "oom_score_adj qoslet sets on every process of a container",
             container_oom_score_adj.clone(),
         );
         let memcg_events = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_memcg_events",
-            "Memory cgroup events seen (high, max, oom, oom_kill, oom_group_kill)",
+            "Memory cgroup events seen (high, max, oom, oom_kill, oom_group_kill) by pod and container; empty pod labels for the node's own cgroups",
             memcg_events.clone(),
         );
         let oom_kills = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_oom_kills",
             "Kernel OOM kills of processes in managed containers",
             oom_kills.clone(),
         );
         let evictions = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_evictions",
             "Pods evicted, by signal and QoS class",
             evictions.clone(),
         );
         let eviction_decision_latency = latency_histogram();
-        registry.register_with_unit(
+        reg.add_with_unit(
             "qoslet_eviction_decision_latency",
             "From a threshold crossing seen to the first signal sent to the victim",
             Unit::Seconds,
             eviction_decision_latency.clone(),
         );
         let runqueue_latency = Family::default();
-        registry.register_with_unit(
+        reg.add_with_unit(
             "qoslet_runqueue_latency",
             "Run-queue latency (wakeup to running) of a pod's tasks, from eBPF",
             Unit::Seconds,
             runqueue_latency.clone(),
         );
         let reconcile_duration = latency_histogram();
-        registry.register_with_unit(
+        reg.add_with_unit(
             "qoslet_reconcile_duration",
             "Duration of a cgroup reconcile pass",
             Unit::Seconds,
             reconcile_duration.clone(),
         );
         let ebpf_program_run = Family::default();
-        registry.register_with_unit(
+        reg.add_with_unit(
             "qoslet_ebpf_program_run",
             "Kernel time spent in each eBPF program (kernel.bpf_stats_enabled)",
             Unit::Seconds,
             ebpf_program_run.clone(),
         );
         let ebpf_events_lost = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_ebpf_events_lost",
             "Records the kernel could not put in a ring buffer because it was full",
             ebpf_events_lost.clone(),
         );
         let sensor_active = Family::default();
-        registry.register(
+        reg.add(
             "qoslet_sensor_active",
             "1 for each sensor that runs, with its source (ebpf or a fallback)",
             sensor_active.clone(),
         );
         Self {
-            registry,
+            registry: reg.registry,
+            series: reg.series,
             node_capacity,
             node_allocatable,
             pod_info,
+            pod_requests,
             cgroup_cpu_weight,
             container_oom_score_adj,
             memcg_events,
@@ -353,6 +406,50 @@ impl Metrics {
         }
     }
 
+    /// Replaces the pods' requests: `(namespace, pod, cpu millicores, memory bytes)`.
+    pub fn set_pod_requests<'a>(
+        &self,
+        pods: impl IntoIterator<Item = (&'a str, &'a str, i64, i64)>,
+    ) {
+        self.pod_requests.clear();
+        for (namespace, pod, cpu, memory) in pods {
+            for (resource, value) in [("cpu", cpu), ("memory", memory)] {
+                self.pod_requests
+                    .get_or_create(&PodResourceLabels {
+                        namespace: namespace.into(),
+                        pod: pod.into(),
+                        resource: resource.into(),
+                    })
+                    .set(value);
+            }
+        }
+    }
+
+    /// Drops the per-pod series of a pod that left the node, so series do not pile up as pods
+    /// come and go (the plan-derived ones are replaced by `set_plan`).
+    pub fn drop_pod(&self, namespace: &str, pod: &str, uid: &str, containers: &[&str]) {
+        for container in std::iter::once("").chain(containers.iter().copied()) {
+            for event in MEMCG_EVENTS {
+                self.memcg_events.remove(&MemcgEventLabels {
+                    namespace: namespace.into(),
+                    pod: pod.into(),
+                    uid: uid.into(),
+                    container: container.into(),
+                    event: event.into(),
+                });
+            }
+            self.oom_kills.remove(&ContainerLabels {
+                namespace: namespace.into(),
+                pod: pod.into(),
+                container: container.into(),
+            });
+        }
+        self.runqueue_latency.remove(&PodLabels {
+            namespace: namespace.into(),
+            pod: pod.into(),
+        });
+    }
+
     fn set_weight(&self, tier: &CgroupPlan) {
         if let (Some(cgroup), Some(w)) = (&tier.cgroup, tier.cpu_weight) {
             self.cgroup_cpu_weight
@@ -361,6 +458,12 @@ impl Metrics {
                 })
                 .set(w as i64);
         }
+    }
+
+    /// Every series name `/metrics` can carry, whether or not it has a value yet (empty
+    /// families are not encoded).
+    pub fn series_names(&self) -> &[String] {
+        &self.series
     }
 
     pub fn encode(&self) -> Result<String, std::fmt::Error> {

@@ -1,5 +1,6 @@
 //! The kubelet's Summary API (`/stats/summary`, stats/v1alpha1) shape, which operators use to size
-//! system-reserved. Field names follow k8s.io/kubelet/pkg/apis/stats/v1alpha1.
+//! system-reserved. Field names follow k8s.io/kubelet/pkg/apis/stats/v1alpha1; absent values
+//! are left out, as the kubelet's `omitempty` pointers are.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +23,9 @@ pub struct NodeStats {
     #[serde(default)]
     pub system_containers: Vec<ContainerStats>,
     pub start_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
 }
 
@@ -33,7 +36,9 @@ pub struct PodStats {
     pub start_time: String,
     #[serde(default)]
     pub containers: Vec<ContainerStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
 }
 
@@ -49,7 +54,9 @@ pub struct PodReference {
 pub struct ContainerStats {
     pub name: String,
     pub start_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
 }
 
@@ -57,7 +64,9 @@ pub struct ContainerStats {
 #[serde(rename_all = "camelCase")]
 pub struct CpuStats {
     pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_nano_cores: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_core_nano_seconds: Option<u64>,
 }
 
@@ -65,10 +74,16 @@ pub struct CpuStats {
 #[serde(rename_all = "camelCase")]
 pub struct MemoryStats {
     pub time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub available_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub working_set_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rss_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub page_faults: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub major_page_faults: Option<u64>,
 }

@@ -172,3 +172,78 @@ fn kernel_histograms_are_exported_with_log2_microsecond_buckets() {
     assert_eq!(bucket("0.000002"), Some(3.0), "{text}");
     assert_eq!(bucket("0.000008"), Some(4.0));
 }
+
+#[test]
+fn a_removed_pods_series_leave_metrics() {
+    let m = Metrics::new();
+    for (pod, uid) in [("gone", "u1"), ("kept", "u2")] {
+        m.memcg_events
+            .get_or_create(&metrics::MemcgEventLabels {
+                namespace: "ns".into(),
+                pod: pod.into(),
+                uid: uid.into(),
+                container: "c".into(),
+                event: "high".into(),
+            })
+            .inc();
+        m.oom_kills
+            .get_or_create(&metrics::ContainerLabels {
+                namespace: "ns".into(),
+                pod: pod.into(),
+                container: "c".into(),
+            })
+            .inc();
+        m.runqueue_latency
+            .get_or_create(&metrics::PodLabels {
+                namespace: "ns".into(),
+                pod: pod.into(),
+            })
+            .set(1, 1000, &[1]);
+    }
+    m.drop_pod("ns", "gone", "u1", &["c"]);
+    let text = m.encode().unwrap();
+    assert!(!text.contains("pod=\"gone\""), "{text}");
+    for family in [
+        "qoslet_memcg_events_total{",
+        "qoslet_oom_kills_total{",
+        "qoslet_runqueue_latency_seconds_count{",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(family) && l.contains("pod=\"kept\"")),
+            "{family} of the kept pod in {text}"
+        );
+    }
+}
+
+#[test]
+fn series_names_are_what_metrics_carries() {
+    let m = Metrics::new();
+    m.set_plan(&example_plan());
+    m.set_pod_requests([("ns", "p", 100, 1 << 20)]);
+    m.memcg_events
+        .get_or_create(&metrics::MemcgEventLabels {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            uid: "u".into(),
+            container: String::new(),
+            event: "max".into(),
+        })
+        .inc();
+    m.reconcile_duration.observe(0.01);
+    let names = m.series_names();
+    let text = m.encode().unwrap();
+    let mut seen = 0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+        seen += 1;
+    }
+    assert!(seen > 20, "{text}");
+    assert!(names.iter().any(|n| n == "qoslet_memcg_events_total"));
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "qoslet_reconcile_duration_seconds_bucket")
+    );
+}

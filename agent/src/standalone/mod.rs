@@ -7,6 +7,7 @@
 //! the metrics.
 
 mod node_root;
+mod summary;
 mod sync;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -18,7 +19,7 @@ use tracing::{info, warn};
 pub use node_root::{NodeRoot, NodeRootError};
 
 use crate::{
-    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime},
+    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime, Tree},
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
     eviction::{Inventory, Manager, ManagerConfig, NodeSignals, StandaloneAction, Wake},
     policy::settings::Capacity,
@@ -133,15 +134,27 @@ pub async fn run(
         memory_tree,
         fs.display_path(memory_tree, &CgroupPath::root()),
     );
-    let summary_pods = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let runtime = Arc::new(Runtime::new(RuntimeConfig {
+        log_dir: opts.log_dir.clone(),
+        backoff: BackoffConfig::default(),
+    }));
+    let unified_tree = mounts
+        .trees
+        .keys()
+        .copied()
+        .find(|t| matches!(t, Tree::V2 | Tree::Unified));
+    let summary = summary::CgroupSummary::new(
+        summary::StatsCgroup {
+            memory: Some(node_root_memory.clone()),
+            cpu: unified_tree.map(|t| fs.display_path(t, &CgroupPath::root())),
+        },
+        runtime.clone(),
+    );
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
         readiness: Readiness::default(),
         status: StatusStore::default(),
-        summary: Box::new(sync::CgroupSummary::new(
-            node_root_memory.clone(),
-            summary_pods.clone(),
-        )),
+        summary: Box::new(summary.clone()),
     });
     for s in ["sensors", "reconciler", "eviction"] {
         state.readiness.register(s);
@@ -157,11 +170,7 @@ pub async fn run(
         ..SensorsConfig::default()
     });
     report_sensors(&state, &sensors);
-
-    let runtime = Arc::new(Runtime::new(RuntimeConfig {
-        log_dir: opts.log_dir.clone(),
-        backoff: BackoffConfig::default(),
-    }));
+    release_freed_memory();
 
     let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Inventory::default()));
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>(256);
@@ -208,7 +217,7 @@ pub async fn run(
         state.clone(),
         validation,
         inventory_tx,
-        summary_pods,
+        summary,
     );
     synced.node_memory_ids = sync::memory_ids(&node_root_memory);
     let first = manifests
@@ -265,6 +274,16 @@ pub async fn run(
     server_task.abort();
     info!("qoslet stopped.");
     Ok(())
+}
+
+/// Loading the sensors parses the kernel's BTF and leaves its freed memory scattered in the heap,
+/// which glibc keeps resident; hand whole free pages back to the kernel once.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn report_sensors(state: &AgentState, sensors: &Sensors) {

@@ -28,19 +28,21 @@ use crate::{
         qos::QosClass,
         settings::NodeSettings,
     },
-    runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, Runtime},
+    runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, PodStatus, Runtime},
     sensors::{CgroupOwner, SensorEvent, Sensors, WatchedCgroup},
     server::{
-        AgentState, Summary, SummarySource,
+        AgentState,
         metrics::{
             ContainerLabels, EvictionLabels, MemcgEventLabels, PodLabels, ProgramLabels, RingLabels,
         },
         status::{EventRow, PodRow},
-        summary::{MemoryStats, NodeStats, PodReference, PodStats},
+        summary::PodReference,
     },
     source::watch::ManifestWatch,
     workload::{Forest, ValidationOptions},
 };
+
+use super::summary::{CgroupSummary, PodTarget, StatsCgroup, SummaryTargets};
 
 /// What one pod is on this node, after a pass.
 struct PodEntry {
@@ -67,7 +69,10 @@ pub struct Synced {
     desired: DesiredState,
     plan: Option<Plan>,
     pods: BTreeMap<PodKey, PodEntry>,
-    summary_pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+    summary: CgroupSummary,
+    /// memcg ids (memory cgroup inodes) of pods and containers, with their memcg event labels
+    /// (`event` left empty).
+    memcg_owners: BTreeMap<u64, MemcgEventLabels>,
     reported: BTreeSet<String>,
     evictions_seen: usize,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
@@ -116,7 +121,7 @@ impl Synced {
         state: Arc<AgentState>,
         validation: ValidationOptions,
         inventory_tx: watch::Sender<Arc<Inventory>>,
-        summary_pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
+        summary: CgroupSummary,
     ) -> Self {
         Self {
             settings,
@@ -131,7 +136,8 @@ impl Synced {
             desired: DesiredState::default(),
             plan: None,
             pods: BTreeMap::new(),
-            summary_pods,
+            summary,
+            memcg_owners: BTreeMap::new(),
             reported: BTreeSet::new(),
             evictions_seen: 0,
             stale: BTreeSet::new(),
@@ -275,12 +281,12 @@ impl Synced {
         }
 
         // Admission: under MemoryPressure BestEffort pods that are not running yet wait.
-        let running: BTreeSet<PodKey> = self
-            .runtime
-            .status()
-            .into_iter()
+        // One status read per pass: admission now, the status table at the end.
+        let statuses = self.runtime.status();
+        let running: BTreeSet<PodKey> = statuses
+            .iter()
             .filter(|s| s.containers.iter().any(|c| !c.pids.is_empty()))
-            .map(|s| s.key)
+            .map(|s| s.key.clone())
             .collect();
         let startable = desired_state_now.startable_pods(&self.validation);
         let qos: BTreeMap<PodKey, (QosClass, bool)> = plan
@@ -300,11 +306,15 @@ impl Synced {
             self.runtime.apply(specs, may_start);
         }
 
-        // Eviction inventory, sensors' watch list, summary sources.
-        self.pods.clear();
+        // Eviction inventory, sensors' watch list, summary sources, memcg owners.
+        let old_pods = std::mem::take(&mut self.pods);
+        self.memcg_owners.clear();
         let mut now_watched = BTreeSet::new();
         let mut managed = Vec::new();
-        let mut summary = Vec::new();
+        let mut summary = SummaryTargets {
+            system: self.system_containers(&plan, memory_tree, unified_tree),
+            pods: Vec::new(),
+        };
         for ((key, view, pod), p) in views.iter().zip(&plan.pods) {
             let Some(path) = pod_paths.get(&view.uid) else {
                 continue;
@@ -313,8 +323,27 @@ impl Synced {
                 .iter()
                 .map(|t| self.fs().display_path(*t, path))
                 .collect();
-            let memory = memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path)));
-            let unified = unified_tree.map(|t| self.fs().display_path(t, path));
+            let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
+            let memory = cgroup.memory.clone();
+            let unified = cgroup.cpu.clone();
+            let containers: Vec<(String, StatsCgroup)> = p
+                .containers
+                .iter()
+                .filter_map(|c| {
+                    let cpath = container_paths.get(&(view.uid.clone(), c.name.clone()))?;
+                    Some((
+                        c.name.clone(),
+                        self.stats_cgroup(memory_tree, unified_tree, cpath),
+                    ))
+                })
+                .collect();
+            let owner = |container: &str| MemcgEventLabels {
+                namespace: key.namespace.clone(),
+                pod: key.name.clone(),
+                uid: view.uid.clone(),
+                container: container.into(),
+                event: String::new(),
+            };
             if let Some(memory) = &memory {
                 managed.push(ManagedPod {
                     key: EvictionKey {
@@ -341,64 +370,60 @@ impl Synced {
                         unified: unified.clone(),
                     },
                 });
-                summary.push((
-                    PodReference {
-                        name: key.name.clone(),
-                        namespace: key.namespace.clone(),
-                        uid: view.uid.clone(),
-                    },
-                    memory.clone(),
-                ));
+                if let Ok(meta) = std::fs::metadata(memory.path()) {
+                    self.memcg_owners.insert(meta.ino(), owner(""));
+                }
             }
-            if let Some(u) = &unified {
-                if let Ok(meta) = std::fs::metadata(u)
-                    && now_watched.insert(meta.ino())
-                    && !self.watched.contains(&meta.ino())
+            if let Some(u) = &unified
+                && let Ok(meta) = std::fs::metadata(u)
+                && now_watched.insert(meta.ino())
+                && !self.watched.contains(&meta.ino())
+            {
+                sensors.watch(WatchedCgroup {
+                    id: meta.ino(),
+                    v2_dir: Some(u.clone()),
+                    memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
+                });
+            }
+            let mut container_ids = Vec::new();
+            for (name, c) in &containers {
+                if let Some(m) = &c.memory
+                    && let Ok(meta) = std::fs::metadata(m.path())
                 {
-                    sensors.watch(WatchedCgroup {
-                        id: meta.ino(),
-                        v2_dir: Some(u.clone()),
-                        memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
-                    });
+                    self.memcg_owners.insert(meta.ino(), owner(name));
                 }
-                for c in &p.containers {
-                    let Some(cpath) = container_paths.get(&(view.uid.clone(), c.name.clone()))
-                    else {
-                        continue;
-                    };
-                    if let Some(t) = unified_tree
-                        && let Ok(meta) = std::fs::metadata(self.fs().display_path(t, cpath))
-                    {
-                        sensors.set_owner(
-                            meta.ino(),
-                            CgroupOwner {
-                                pod_uid: view.uid.clone(),
-                                container: c.name.clone(),
-                            },
-                        );
-                    }
-                }
-            }
-            let container_ids: Vec<u64> = p
-                .containers
-                .iter()
-                .filter_map(|c| container_paths.get(&(view.uid.clone(), c.name.clone())))
-                .filter_map(|cpath| {
-                    let t = unified_tree?;
-                    std::fs::metadata(self.fs().display_path(t, cpath)).ok()
-                })
-                .map(|m| m.ino())
-                .collect();
-            for id in &container_ids {
-                now_watched.insert(*id);
-                if !self.watched.contains(id) {
+                // The CPU sensor keys by the task's own (v2) cgroup.
+                let Some(id) = c.cpu.as_ref().and_then(|d| std::fs::metadata(d).ok()) else {
+                    continue;
+                };
+                let id = id.ino();
+                sensors.set_owner(
+                    id,
+                    CgroupOwner {
+                        pod_uid: view.uid.clone(),
+                        container: name.clone(),
+                    },
+                );
+                container_ids.push(id);
+                now_watched.insert(id);
+                if !self.watched.contains(&id) {
                     sensors.watch(WatchedCgroup {
-                        id: *id,
+                        id,
                         v2_dir: None,
                         memory_dir: None,
                     });
                 }
             }
+            summary.pods.push(PodTarget {
+                pod_ref: PodReference {
+                    name: key.name.clone(),
+                    namespace: key.namespace.clone(),
+                    uid: view.uid.clone(),
+                },
+                key: key.clone(),
+                cgroup,
+                containers,
+            });
             self.pods.insert(
                 key.clone(),
                 PodEntry {
@@ -408,6 +433,23 @@ impl Synced {
                     runq_p99: None,
                 },
             );
+        }
+        for (key, old) in &old_pods {
+            if self
+                .pods
+                .get(key)
+                .is_none_or(|new| new.view.uid != old.view.uid)
+            {
+                let containers: Vec<&str> = old
+                    .view
+                    .containers
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect();
+                self.state
+                    .metrics
+                    .drop_pod(&key.namespace, &key.name, &old.view.uid, &containers);
+            }
         }
         for gone in self.watched.difference(&now_watched) {
             sensors.unwatch(*gone);
@@ -424,8 +466,19 @@ impl Synced {
             pods: managed,
             forests,
         }));
-        *self.summary_pods.lock().unwrap_or_else(|e| e.into_inner()) = summary;
+        self.summary.set_targets(summary);
         self.state.metrics.set_plan(&plan);
+        self.state
+            .metrics
+            .set_pod_requests(views.iter().map(|(k, v, _)| {
+                let r = v.requests();
+                (
+                    k.namespace.as_str(),
+                    k.name.as_str(),
+                    r.cpu_millis(),
+                    r.memory_bytes(),
+                )
+            }));
         let wanted: BTreeSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
         for c in &self.desired.cgroups {
             if matches!(c.role, Role::Pod | Role::Container) && !wanted.contains(&c.path) {
@@ -436,7 +489,47 @@ impl Synced {
         self.targets = Some(targets);
         self.desired = desired;
         self.plan = Some(plan);
-        self.refresh_status(conditions);
+        self.refresh_status(conditions, statuses);
+    }
+
+    /// Where the Summary API reads one cgroup: the memory hierarchy and the v2 tree.
+    fn stats_cgroup(
+        &self,
+        memory_tree: Option<Tree>,
+        unified_tree: Option<Tree>,
+        path: &CgroupPath,
+    ) -> StatsCgroup {
+        StatsCgroup {
+            memory: memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path))),
+            cpu: unified_tree.map(|t| self.fs().display_path(t, path)),
+        }
+    }
+
+    /// The kubelet's system containers that exist here: `pods` (kubepods), `kubelet`
+    /// (kubeReservedCgroup) and `misc` (systemReservedCgroup).
+    fn system_containers(
+        &self,
+        plan: &Plan,
+        memory_tree: Option<Tree>,
+        unified_tree: Option<Tree>,
+    ) -> Vec<(String, StatsCgroup)> {
+        let n = &plan.node;
+        [
+            ("pods", &n.kubepods),
+            ("kubelet", &n.kube_reserved),
+            ("misc", &n.system_reserved),
+        ]
+        .into_iter()
+        .filter_map(|(name, tier)| {
+            let path =
+                CgroupPath::under_root(tier.cgroup.as_deref()?, &self.naming.node_root).ok()?;
+            let c = self.stats_cgroup(memory_tree, unified_tree, &path);
+            c.memory
+                .as_ref()
+                .is_some_and(|m| m.path().is_dir())
+                .then(|| (name.to_owned(), c))
+        })
+        .collect()
     }
 
     /// Every housekeeping interval: oom_score_adj of new processes, eviction results, status.
@@ -541,7 +634,9 @@ impl Synced {
             }
         }
         self.evictions_seen = stats.recent.len();
-        self.refresh_status(conditions);
+        // The base of the Summary API's usageNanoCores.
+        self.summary.sample_cpu();
+        self.refresh_status(conditions, self.runtime.status());
     }
 
     pub fn on_sensor_event(&mut self, e: &SensorEvent) {
@@ -593,27 +688,25 @@ impl Synced {
                 count,
                 ..
             } => {
+                // Node-level cgroups (node root, kubepods, QoS tiers) have no pod: empty labels.
+                let labels = MemcgEventLabels {
+                    event: kind.as_str().into(),
+                    ..self.memcg_owners.get(memcg_id).cloned().unwrap_or_default()
+                };
                 self.state
                     .metrics
                     .memcg_events
-                    .get_or_create(&MemcgEventLabels {
-                        cgroup: memcg_id.to_string(),
-                        event: kind.as_str().into(),
-                    })
+                    .get_or_create(&labels)
                     .inc_by(*count);
             }
             _ => {}
         }
     }
 
-    fn refresh_status(&self, conditions: &[NodeCondition]) {
+    fn refresh_status(&self, conditions: &[NodeCondition], statuses: Vec<PodStatus>) {
         let Some(plan) = &self.plan else { return };
-        let statuses: BTreeMap<PodKey, _> = self
-            .runtime
-            .status()
-            .into_iter()
-            .map(|s| (s.key.clone(), s))
-            .collect();
+        let statuses: BTreeMap<PodKey, _> =
+            statuses.into_iter().map(|s| (s.key.clone(), s)).collect();
         let rows = plan
             .pods
             .iter()
@@ -760,78 +853,6 @@ impl<A: EvictionAction> EvictionAction for RuntimeEviction<A> {
         self.kill.evict(pod, cgroups, grace, message).await
     }
 }
-
-/// `/stats/summary` from the cgroup files at request time.
-pub struct CgroupSummary {
-    node_root: MemoryCgroup,
-    node_name: String,
-    pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
-}
-
-impl CgroupSummary {
-    pub fn new(
-        node_root: MemoryCgroup,
-        pods: Arc<Mutex<Vec<(PodReference, MemoryCgroup)>>>,
-    ) -> Self {
-        let node_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_default();
-        Self {
-            node_root,
-            node_name,
-            pods,
-        }
-    }
-}
-
-fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
-    let r = m.read().ok()?;
-    Some(MemoryStats {
-        time: time.into(),
-        available_bytes: r.limit_bytes.map(|l| (l - r.working_set()).max(0) as u64),
-        usage_bytes: Some(r.usage_bytes as u64),
-        working_set_bytes: Some(r.working_set() as u64),
-        rss_bytes: None,
-        page_faults: None,
-        major_page_faults: None,
-    })
-}
-
-impl SummarySource for CgroupSummary {
-    fn summary(&self) -> Summary {
-        let time = rfc3339_now();
-        let pods = self.pods.lock().map(|p| p.clone()).unwrap_or_default();
-        Summary {
-            node: NodeStats {
-                node_name: self.node_name.clone(),
-                system_containers: Vec::new(),
-                start_time: time.clone(),
-                cpu: None,
-                memory: memory_stats(&self.node_root, &time),
-            },
-            pods: pods
-                .iter()
-                .map(|(r, m)| PodStats {
-                    pod_ref: r.clone(),
-                    start_time: time.clone(),
-                    containers: Vec::new(),
-                    cpu: None,
-                    memory: memory_stats(m, &time),
-                })
-                .collect(),
-        }
-    }
-}
-
-fn rfc3339_now() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    k8s_openapi::jiff::Timestamp::from_second(now.as_secs() as i64)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
 /// Every file is read again at least this often, for changes inotify cannot see (the kernel
 /// itself narrowing a v1 cpuset when a CPU goes offline).
 const FULL_RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);

@@ -1,0 +1,309 @@
+//! `/stats/summary` from the cgroup files at request time, filled as the kubelet fills the
+//! Summary API (cadvisor's `setMemoryStats`, the kubelet's `cadvisorInfoToContainerStats` and its
+//! CRI stats provider):
+//!
+//! - workingSetBytes = usage - inactive_file, floor 0 (v1 `memory.usage_in_bytes` -
+//!   `total_inactive_file`, v2 `memory.current` - `inactive_file`); availableBytes = limit -
+//!   workingSet, only for a limited cgroup; rssBytes = v1 `total_rss`, v2 `anon`; pageFaults and
+//!   majorPageFaults = `pgfault` and `pgmajfault` of `memory.stat` (on v1 these are the cgroup's
+//!   own, not its children's, as cadvisor reads them).
+//! - usageCoreNanoSeconds = cgroup v2 `cpu.stat` `usage_usec` x 1000. qoslet puts every
+//!   container in a v2 tree, on hybrid hosts too (the controller-less one), and its `cpu.stat`
+//!   counts usage without the cpu controller; the kubelet's v1 source, `cpuacct.usage`, counts the
+//!   same time. usageNanoCores = the rate from the last housekeeping sample to the request, as
+//!   the kubelet's CRI provider rates against one cached sample per container.
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    eviction::{MemoryCgroup, signals::stat_field},
+    runtime::{ContainerState, ContainerStatus, PodKey, Runtime},
+    server::{
+        Summary, SummarySource,
+        summary::{ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats},
+    },
+};
+
+/// Where one cgroup's numbers are read.
+#[derive(Debug, Clone, Default)]
+pub struct StatsCgroup {
+    pub memory: Option<MemoryCgroup>,
+    /// A cgroup v2 directory (for its `cpu.stat`).
+    pub cpu: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PodTarget {
+    pub pod_ref: PodReference,
+    pub key: PodKey,
+    pub cgroup: StatsCgroup,
+    pub containers: Vec<(String, StatsCgroup)>,
+}
+
+/// What the last sync pass put on the node: system containers by the kubelet's names (`pods`,
+/// `kubelet`, `misc`) and pods.
+#[derive(Debug, Clone, Default)]
+pub struct SummaryTargets {
+    pub system: Vec<(String, StatsCgroup)>,
+    pub pods: Vec<PodTarget>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CpuSample {
+    at: Instant,
+    usage_ns: u64,
+}
+
+/// Shared by the sync loop (targets, CPU samples) and the HTTP server (requests).
+#[derive(Clone)]
+pub struct CgroupSummary {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node_name: String,
+    node_start: String,
+    node: StatsCgroup,
+    runtime: Arc<Runtime>,
+    targets: Mutex<SummaryTargets>,
+    samples: Mutex<HashMap<PathBuf, CpuSample>>,
+}
+
+impl CgroupSummary {
+    pub fn new(node: StatsCgroup, runtime: Arc<Runtime>) -> Self {
+        let node_name = fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
+        Self {
+            inner: Arc::new(Inner {
+                node_name,
+                node_start: boot_time().map(rfc3339).unwrap_or_default(),
+                node,
+                runtime,
+                targets: Mutex::default(),
+                samples: Mutex::default(),
+            }),
+        }
+    }
+
+    pub fn set_targets(&self, targets: SummaryTargets) {
+        *lock(&self.inner.targets) = targets;
+    }
+
+    /// A CPU sample of every cgroup, the base of the next requests' usageNanoCores (taken at
+    /// housekeeping; cgroups gone since are forgotten).
+    pub fn sample_cpu(&self) {
+        let targets = lock(&self.inner.targets).clone();
+        let dirs = std::iter::once(&self.inner.node)
+            .chain(targets.system.iter().map(|(_, c)| c))
+            .chain(targets.pods.iter().flat_map(|p| {
+                std::iter::once(&p.cgroup).chain(p.containers.iter().map(|(_, c)| c))
+            }))
+            .filter_map(|c| c.cpu.clone());
+        let samples: HashMap<PathBuf, CpuSample> = dirs
+            .filter_map(|d| {
+                let usage_ns = cpu_usage_ns(&d)?;
+                Some((
+                    d,
+                    CpuSample {
+                        at: Instant::now(),
+                        usage_ns,
+                    },
+                ))
+            })
+            .collect();
+        *lock(&self.inner.samples) = samples;
+    }
+
+    fn stats(&self, c: &StatsCgroup, time: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
+        let cpu = c.cpu.as_ref().and_then(|dir| {
+            let usage_ns = cpu_usage_ns(dir)?;
+            let now = Instant::now();
+            let base = lock(&self.inner.samples).get(dir).copied();
+            Some(CpuStats {
+                time: time.into(),
+                usage_nano_cores: base.and_then(|b| nano_cores(b, usage_ns, now)),
+                usage_core_nano_seconds: Some(usage_ns),
+            })
+        });
+        (cpu, c.memory.as_ref().and_then(|m| memory_stats(m, time)))
+    }
+
+    fn container(&self, name: &str, c: &StatsCgroup, start: String, time: &str) -> ContainerStats {
+        let (cpu, memory) = self.stats(c, time);
+        ContainerStats {
+            name: name.into(),
+            start_time: start,
+            cpu,
+            memory,
+        }
+    }
+}
+
+impl SummarySource for CgroupSummary {
+    fn summary(&self) -> Summary {
+        let time = rfc3339(SystemTime::now());
+        let targets = lock(&self.inner.targets).clone();
+        let statuses: HashMap<PodKey, Vec<ContainerStatus>> = self
+            .inner
+            .runtime
+            .status()
+            .into_iter()
+            .map(|s| (s.key, s.containers))
+            .collect();
+        let (cpu, memory) = self.stats(&self.inner.node, &time);
+        let system_containers = targets
+            .system
+            .iter()
+            .map(|(name, c)| self.container(name, c, self.inner.node_start.clone(), &time))
+            .collect();
+        let pods = targets
+            .pods
+            .iter()
+            .map(|p| {
+                let status = statuses.get(&p.key);
+                let started = |name: &str| {
+                    status
+                        .and_then(|cs| cs.iter().find(|c| c.name == name))
+                        .and_then(started_at)
+                };
+                let containers: Vec<ContainerStats> = p
+                    .containers
+                    .iter()
+                    .map(|(name, c)| {
+                        let start = started(name).map_or_else(|| time.clone(), rfc3339);
+                        self.container(name, c, start, &time)
+                    })
+                    .collect();
+                let (cpu, memory) = self.stats(&p.cgroup, &time);
+                PodStats {
+                    pod_ref: p.pod_ref.clone(),
+                    start_time: status
+                        .and_then(|cs| cs.iter().filter_map(started_at).min())
+                        .map_or_else(|| time.clone(), rfc3339),
+                    containers,
+                    cpu,
+                    memory,
+                }
+            })
+            .collect();
+        Summary {
+            node: NodeStats {
+                node_name: self.inner.node_name.clone(),
+                system_containers,
+                start_time: self.inner.node_start.clone(),
+                cpu,
+                memory,
+            },
+            pods,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
+    let (r, stat) = m.read_with_stat().ok()?;
+    let rss = match m {
+        MemoryCgroup::V1(_) => "total_rss",
+        MemoryCgroup::V2(_) => "anon",
+    };
+    let field = |k: &str| stat_field(&stat, k).map(|v| v.max(0) as u64);
+    let working_set = r.working_set();
+    Some(MemoryStats {
+        time: time.into(),
+        available_bytes: r.limit_bytes.map(|l| (l - working_set).max(0) as u64),
+        usage_bytes: Some(r.usage_bytes.max(0) as u64),
+        working_set_bytes: Some(working_set as u64),
+        rss_bytes: field(rss),
+        page_faults: field("pgfault"),
+        major_page_faults: field("pgmajfault"),
+    })
+}
+
+/// `usage_usec` of a cgroup v2 `cpu.stat`, in nanoseconds.
+fn cpu_usage_ns(dir: &std::path::Path) -> Option<u64> {
+    let text = fs::read_to_string(dir.join("cpu.stat")).ok()?;
+    stat_field(&text, "usage_usec").map(|us| us.max(0) as u64 * 1000)
+}
+
+/// Cores used between `base` and now, in billionths; `None` when the counter went back (the
+/// cgroup was recreated) or no time passed.
+fn nano_cores(base: CpuSample, usage_ns: u64, now: Instant) -> Option<u64> {
+    let elapsed = now.checked_duration_since(base.at)?.as_nanos();
+    let used = u128::from(usage_ns.checked_sub(base.usage_ns)?);
+    (elapsed > 0).then(|| (used * 1_000_000_000 / elapsed) as u64)
+}
+
+fn started_at(c: &ContainerStatus) -> Option<SystemTime> {
+    match &c.state {
+        ContainerState::Running { started_at, .. } => Some(*started_at),
+        ContainerState::Terminated(t) => t.started_at,
+        ContainerState::Waiting { .. } => c.last_termination.as_ref()?.started_at,
+    }
+}
+
+/// `btime` of /proc/stat: the kubelet's node start time is the root cgroup's, the boot.
+fn boot_time() -> Option<SystemTime> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let secs = stat_field(&stat, "btime")?;
+    Some(UNIX_EPOCH + std::time::Duration::from_secs(secs.max(0) as u64))
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    k8s_openapi::jiff::Timestamp::from_second(secs as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn nano_cores_is_the_rate_between_two_samples() {
+        let at = Instant::now();
+        let base = CpuSample {
+            at,
+            usage_ns: 1_000,
+        };
+        // 1 s of CPU in 2 s: half a core.
+        assert_eq!(
+            nano_cores(base, 1_000_001_000, at + Duration::from_secs(2)),
+            Some(500_000_000)
+        );
+        assert_eq!(nano_cores(base, 999, at + Duration::from_secs(1)), None);
+        assert_eq!(nano_cores(base, 2_000, at), None);
+    }
+
+    #[test]
+    fn memory_stats_follow_cadvisor() {
+        let dir = std::env::temp_dir().join(format!("qoslet-summary-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("memory.usage_in_bytes"), "1000\n").unwrap();
+        fs::write(dir.join("memory.limit_in_bytes"), "4096\n").unwrap();
+        fs::write(
+            dir.join("memory.stat"),
+            "rss 1\ninactive_file 5\npgfault 7\npgmajfault 2\ntotal_rss 300\ntotal_inactive_file 200\n",
+        )
+        .unwrap();
+        let s = memory_stats(&MemoryCgroup::V1(dir.clone()), "t").unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(s.usage_bytes, Some(1000));
+        assert_eq!(s.working_set_bytes, Some(800));
+        assert_eq!(s.available_bytes, Some(4096 - 800));
+        assert_eq!(s.rss_bytes, Some(300));
+        assert_eq!((s.page_faults, s.major_page_faults), (Some(7), Some(2)));
+    }
+}

@@ -1,0 +1,157 @@
+//! deploy/grafana/qoslet.json cannot drift from the code: every metric name in every PromQL
+//! expression of the dashboard is one the agent's registry exposes.
+
+use std::{collections::BTreeSet, path::Path};
+
+use qoslet::server::Metrics;
+use serde_json::Value;
+
+/// Metric names in a PromQL expression: identifiers outside strings, label matchers, ranges
+/// and grouping clauses that are neither function calls nor keywords.
+fn metric_names(expr: &str) -> Vec<String> {
+    const GROUPING: [&str; 6] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    // Binary operators, modifiers and the aggregations (`sum by (x) (...)` puts a clause
+    // between the name and its parenthesis).
+    const KEYWORDS: [&str; 19] = [
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "limitk",
+        "limit_ratio",
+    ];
+    let c: Vec<char> = expr.chars().collect();
+    let skip_to = |from: usize, close: char| {
+        c[from + 1..]
+            .iter()
+            .position(|&x| x == close)
+            .map_or(c.len(), |p| from + 1 + p + 1)
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < c.len() {
+        match c[i] {
+            '"' | '\'' => i = skip_to(i, c[i]),
+            '{' => i = skip_to(i, '}'),
+            '[' => i = skip_to(i, ']'),
+            '$' => {
+                i += 1;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                    i += 1;
+                }
+            }
+            x if x.is_ascii_digit() || x == '.' => {
+                while i < c.len() && (c[i].is_ascii_alphanumeric() || c[i] == '.') {
+                    i += 1;
+                }
+            }
+            x if x.is_alphabetic() || x == '_' || x == ':' => {
+                let start = i;
+                while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_' || c[i] == ':') {
+                    i += 1;
+                }
+                let ident: String = c[start..i].iter().collect();
+                let mut j = i;
+                while j < c.len() && c[j].is_whitespace() {
+                    j += 1;
+                }
+                let call = j < c.len() && c[j] == '(';
+                if GROUPING.contains(&ident.as_str()) {
+                    // The label list, when there is one (`group_left` may stand alone).
+                    if call {
+                        i = skip_to(j, ')');
+                    }
+                } else if !call && !KEYWORDS.contains(&ident.as_str()) {
+                    out.push(ident);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Grafana's `label_values(metric, label)` names a metric, then a label.
+fn query_metrics(expr: &str) -> Vec<String> {
+    match expr.strip_prefix("label_values(") {
+        Some(args) => metric_names(args.split(',').next().unwrap_or_default()),
+        None => metric_names(expr),
+    }
+}
+
+fn expressions(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    // Panel targets and the query variable's definition.
+                    ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
+                    ("query", Value::String(s)) if s.contains('(') => out.push(s.clone()),
+                    _ => expressions(v, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| expressions(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_expression_parser_finds_metric_names_only() {
+    assert_eq!(
+        metric_names(
+            r#"histogram_quantile(0.99, sum by (namespace, le) (rate(a_bucket{pod!="", x=~"$node"}[$__rate_interval]))) / on (pod) group_left b_total or vector(1e3)"#
+        ),
+        ["a_bucket", "b_total"]
+    );
+    assert_eq!(
+        query_metrics("label_values(qoslet_node_allocatable, instance)"),
+        ["qoslet_node_allocatable"]
+    );
+}
+
+#[test]
+fn every_dashboard_metric_is_registered_by_the_agent() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/qoslet.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(dashboard["templating"]["list"][0]["type"], "datasource");
+    let mut exprs = Vec::new();
+    expressions(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    let metrics = Metrics::new();
+    let exposed: BTreeSet<&str> = metrics.series_names().iter().map(String::as_str).collect();
+    assert!(exposed.contains("qoslet_memcg_events_total"), "{exposed:?}");
+    let mut used = BTreeSet::new();
+    for e in &exprs {
+        let names = query_metrics(e);
+        assert!(!names.is_empty(), "no metric in {e}");
+        for n in names {
+            assert!(
+                exposed.contains(n.as_str()),
+                "{n} (in {e}) is not registered"
+            );
+            used.insert(n);
+        }
+    }
+    assert!(used.len() >= 10, "{used:?}");
+}
