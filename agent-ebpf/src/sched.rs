@@ -97,7 +97,15 @@ fn try_wakeup(task: *const u8) {
     }
     if let Some((cgroup_id, _)) = watched_stats(&l, task) {
         let pid = pid_of(&l, task);
-        set(pid, cgroup_id, TASK_QUEUED, unsafe { bpf_ktime_get_ns() });
+        let now = unsafe { bpf_ktime_get_ns() };
+        // Updated in place: an LRU insert costs several times a lookup.
+        match known(pid, cgroup_id) {
+            Some(t) => {
+                t.since_ns = now;
+                t.state = TASK_QUEUED;
+            }
+            None => set(pid, cgroup_id, TASK_QUEUED, now),
+        }
     }
 }
 
