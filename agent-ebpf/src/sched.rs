@@ -13,7 +13,7 @@ use aya_ebpf::{
     Global,
     helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{HashMap, LruHashMap},
+    maps::{LruHashMap, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use qoslet_common::{
@@ -27,9 +27,15 @@ use crate::maps::{MAX_CGROUPS, add};
 static SCHED_LAYOUT: Global<SchedBtfLayout> = Global::new(SchedBtfLayout::UNSET);
 
 /// Per watched cgroup v2 id: created by the agent when it watches the cgroup (its presence is
-/// the scheduler programs' watch test), deleted on unwatch and by `cgroup_rmdir`.
+/// the scheduler programs' watch test), deleted on unwatch and by `cgroup_rmdir`. One copy per
+/// CPU, summed by the agent, so the CPUs running one cgroup's tasks do not bounce a cache line
+/// on every switch; not preallocated, so its memory follows the watched cgroups rather than
+/// `MAX_CGROUPS` times the CPUs.
 #[map]
-pub static CPU_STATS: HashMap<u64, CpuStats> = HashMap::with_max_entries(MAX_CGROUPS, 0);
+pub static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
+    PerCpuHashMap::with_max_entries(MAX_CGROUPS, BPF_F_NO_PREALLOC);
+
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Tasks of watched cgroups, by thread id. LRU: exited tasks age out.
 #[map]

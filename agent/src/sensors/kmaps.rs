@@ -1,7 +1,7 @@
 //! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
 //! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use qoslet_common::{
     event::{MemcgCounter, MemcgCounterKey},
     sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED},
@@ -48,6 +48,15 @@ impl EbpfSensors {
         HashMap::try_from(map).map_err(map_err(name))
     }
 
+    fn cpu_stats_map(&mut self) -> Result<PerCpuHashMap<&mut MapData, u64, CpuStats>, SensorError> {
+        const NAME: &str = "CPU_STATS";
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap(NAME))?;
+        PerCpuHashMap::try_from(map).map_err(map_err(NAME))
+    }
+
     fn hash_map_mut<V: aya::Pod>(
         &mut self,
         name: &'static str,
@@ -66,9 +75,12 @@ impl EbpfSensors {
         watched
             .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
             .map_err(map_err("WATCHED_CGROUPS"))?;
-        let mut stats = self.hash_map_mut::<CpuStats>("CPU_STATS")?;
+        let zeros = aya::util::nr_cpus()
+            .map_err(|(_, e)| e)
+            .and_then(|cpus| PerCpuValues::try_from(vec![CpuStats::ZERO; cpus]))
+            .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))?;
         // BPF_NOEXIST: watching a cgroup again keeps its statistics.
-        match stats.insert(cgroup_id, CpuStats::ZERO, BPF_NOEXIST) {
+        match self.cpu_stats_map()?.insert(cgroup_id, zeros, BPF_NOEXIST) {
             Ok(()) => Ok(()),
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
                 Ok(())
@@ -84,16 +96,27 @@ impl EbpfSensors {
             cgroup_id,
             "WATCHED_CGROUPS",
         )?;
-        remove(
-            self.hash_map_mut::<CpuStats>("CPU_STATS")?,
-            cgroup_id,
-            "CPU_STATS",
-        )
+        match self.cpu_stats_map()?.remove(&cgroup_id) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err("CPU_STATS")(e)),
+        }
     }
 
-    /// Run-queue latency and on-CPU time of a watched cgroup, `None` when it is not watched.
+    /// Run-queue latency and on-CPU time of a watched cgroup (summed over the CPUs), `None`
+    /// when it is not watched.
     pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
-        lookup(self.hash_map("CPU_STATS")?, cgroup_id, "CPU_STATS")
+        const NAME: &str = "CPU_STATS";
+        let map = self.ebpf.map(NAME).ok_or(SensorError::MissingMap(NAME))?;
+        let stats: PerCpuHashMap<&MapData, u64, CpuStats> =
+            PerCpuHashMap::try_from(map).map_err(map_err(NAME))?;
+        match stats.get(&cgroup_id, 0) {
+            Ok(per_cpu) => Ok(Some(per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
+                sum.merge(s);
+                sum
+            }))),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(NAME)(e)),
+        }
     }
 
     /// Reclaim stalls of a watched cgroup, `None` before its first stall.
@@ -115,8 +138,8 @@ impl EbpfSensors {
                 .keys()
                 .map(|k| k.map(drop))
                 .collect(),
-            "CPU_STATS" => self
-                .hash_map::<CpuStats>(name)?
+            "CPU_STATS" => PerCpuHashMap::<&MapData, u64, CpuStats>::try_from(map)
+                .map_err(map_err(name))?
                 .keys()
                 .map(|k| k.map(drop))
                 .collect(),
