@@ -10,6 +10,8 @@ use std::{fs, io, path::Path};
 
 use qoslet_common::sched::{CpuStats, RUNQ_HIST_BUCKETS};
 
+use super::memory_events::flat_keyed;
+
 /// Where a [`CpuUsage`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuSource {
@@ -128,11 +130,7 @@ impl CpuStat {
 
 fn parse_cpu_stat(text: &str) -> CpuStat {
     let mut s = CpuStat::default();
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(key), Some(Ok(v))) = (it.next(), it.next().map(str::parse::<u64>)) else {
-            continue;
-        };
+    for (key, v) in flat_keyed(text) {
         match key {
             "usage_usec" => s.usage_usec = Some(v),
             "nr_throttled" => s.nr_throttled = Some(v),
