@@ -90,26 +90,6 @@ impl OomBtfLayout {
     };
 }
 
-/// Field offsets of a `memcg/count_memcg_events` record and the kernel's value of the
-/// `vm_event_item` we forward (`OOM_KILL`); `oom_kill_item` is -1 when it is unknown.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemcgTracepointLayout {
-    pub id: u32,
-    pub item: u32,
-    pub val: u32,
-    pub oom_kill_item: i32,
-}
-
-impl MemcgTracepointLayout {
-    pub const UNSET: Self = Self {
-        id: 0,
-        item: 0,
-        val: 0,
-        oom_kill_item: -1,
-    };
-}
-
 /// Offsets and enum values for the `fentry/__memcg_memory_event` program (Linux 6.15+, where
 /// `memcg_memory_event()` is no longer only inline): `mem_cgroup.css.cgroup->kn->id` and the
 /// kernel's `enum memcg_memory_event` values of the events we forward (-1 when unknown).
@@ -216,5 +196,4 @@ mod user {
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomTracepointLayout {}
     unsafe impl aya::Pod for super::OomBtfLayout {}
-    unsafe impl aya::Pod for super::MemcgTracepointLayout {}
 }

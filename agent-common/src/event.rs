@@ -118,7 +118,7 @@ pub const MEMCG_ITEM_OOM_GROUP_KILL: u32 = 5;
 /// item (the program coalesces bursts of `high`/`max`), not a single event.
 pub const MEMCG_FLAG_COALESCED: u32 = 1;
 
-/// A memory cgroup counted an event (`memcg:count_memcg_events`).
+/// A memory cgroup event (`high`, `max`, `oom`, `oom_kill`, `oom_group_kill`) from the fentry program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemcgEvent {

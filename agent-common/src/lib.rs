@@ -10,8 +10,7 @@ pub mod event;
 pub mod sched;
 
 pub use config::{
-    LifecycleTracepointLayout, MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout,
-    OomTracepointLayout, SchedBtfLayout,
+    LifecycleTracepointLayout, MemcgEventLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout,
 };
 pub use event::{
     CgroupEvent, EventHeader, EventKind, MemcgEvent, OomScoreAdjEvent, OomVictimEvent,

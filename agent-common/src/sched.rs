@@ -7,7 +7,7 @@ pub const RUNQ_HIST_BUCKETS: usize = 32;
 /// `WATCHED_CGROUPS` value: the cgroup is watched (the only flag so far).
 pub const WATCH_FLAG_WATCHED: u32 = 1;
 
-/// CPU use of one watched cgroup (v2 id), filled by the scheduler programs.
+/// CPU use of one watched cgroup (v2 id) on one CPU, filled by the scheduler programs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuStats {
@@ -26,6 +26,16 @@ impl CpuStats {
         runq_total_ns: 0,
         runq_hist: [0; RUNQ_HIST_BUCKETS],
     };
+
+    /// Adds another CPU's copy (the kernel keeps one per CPU).
+    pub fn merge(&mut self, other: &Self) {
+        self.oncpu_ns = self.oncpu_ns.wrapping_add(other.oncpu_ns);
+        self.runq_count = self.runq_count.wrapping_add(other.runq_count);
+        self.runq_total_ns = self.runq_total_ns.wrapping_add(other.runq_total_ns);
+        for (a, b) in self.runq_hist.iter_mut().zip(other.runq_hist.iter()) {
+            *a = a.wrapping_add(*b);
+        }
+    }
 }
 
 /// `TaskState::state`: waiting on a run queue since `since_ns`.

@@ -2,18 +2,18 @@
 //!
 //! Linux 6.15+ has an attachable `__memcg_memory_event()`; the fentry program counts every event
 //! per cgroup in `MEMCG_COUNTERS` and forwards OOM events at once and `high`/`max` at most every
-//! 10 ms per cgroup, so pressure cannot flood the ring. Older kernels that count OOM kills through
-//! `count_memcg_events()` are covered by the `memcg:count_memcg_events` tracepoint program.
+//! 10 ms per cgroup, so pressure cannot flood the ring. Older kernels run on memory.events polling
+//! (the agent's fallback); why `memcg:count_memcg_events` is not used is said in the loader.
 
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
-    macros::{fentry, map, tracepoint},
+    macros::{fentry, map},
     maps::LruHashMap,
-    programs::{FEntryContext, TracePointContext},
+    programs::FEntryContext,
 };
 use qoslet_common::{
-    EventHeader, EventKind, MemcgEvent, MemcgEventLayout, MemcgTracepointLayout,
+    EventHeader, EventKind, MemcgEvent, MemcgEventLayout,
     event::{
         MEMCG_EMIT_INTERVAL_NS, MEMCG_FLAG_COALESCED, MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX,
         MEMCG_ITEM_OOM, MEMCG_ITEM_OOM_GROUP_KILL, MEMCG_ITEM_OOM_KILL, MemcgCounter,
@@ -22,9 +22,6 @@ use qoslet_common::{
 };
 
 use crate::maps::emit;
-
-#[unsafe(no_mangle)]
-static MEMCG_TP_LAYOUT: Global<MemcgTracepointLayout> = Global::new(MemcgTracepointLayout::UNSET);
 
 #[unsafe(no_mangle)]
 static MEMCG_EVENT_LAYOUT: Global<MemcgEventLayout> = Global::new(MemcgEventLayout::UNSET);
@@ -37,12 +34,6 @@ pub static MEMCG_COUNTERS: LruHashMap<MemcgCounterKey, MemcgCounter> =
 #[fentry(function = "__memcg_memory_event")]
 pub fn memcg_memory_event(ctx: FEntryContext) -> i32 {
     let _ = try_memcg_memory_event(&ctx);
-    0
-}
-
-#[tracepoint]
-pub fn memcg_count_events_tp(ctx: TracePointContext) -> u32 {
-    let _ = try_memcg_count_events_tp(&ctx);
     0
 }
 
@@ -123,20 +114,4 @@ fn count_and_emit(memcg_id: u64, item: u32, n: u64) {
         pid: bpf_get_current_pid_tgid() as u32,
         count,
     });
-}
-
-fn try_memcg_count_events_tp(ctx: &TracePointContext) -> Result<(), i32> {
-    let layout = MEMCG_TP_LAYOUT.load();
-    if layout.oom_kill_item < 0 {
-        return Err(0);
-    }
-    let item = unsafe { ctx.read_at::<i32>(layout.item as usize)? };
-    // This tracepoint fires for every counted vm event; only OOM kills leave the kernel.
-    if item != layout.oom_kill_item {
-        return Ok(());
-    }
-    let memcg_id = unsafe { ctx.read_at::<u64>(layout.id as usize)? };
-    let val = unsafe { ctx.read_at::<u64>(layout.val as usize)? };
-    count_and_emit(memcg_id, MEMCG_ITEM_OOM_KILL, val);
-    Ok(())
 }

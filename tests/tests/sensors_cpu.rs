@@ -5,20 +5,20 @@ mod sensors_common;
 
 use std::time::Duration;
 
-use qoslet::sensors::{SensorMode, SensorsConfig};
-use qoslet_common::sched::CpuStats;
+use qoslet::sensors::cpu_usage::RunQueueWaits;
+use qoslet::sensors::{CpuSource, SensorMode, SensorsConfig};
 use qoslet_tests::require_root;
-use sensors_common::{Cgroups, Script, start};
+use sensors_common::{Cgroups, Script, start, status};
 
-fn mean_wait_ns(s: &CpuStats) -> f64 {
-    s.runq_total_ns as f64 / s.runq_count.max(1) as f64
+fn mean_wait_ns(s: &RunQueueWaits) -> f64 {
+    s.total_ns as f64 / s.count.max(1) as f64
 }
 
 /// Highest histogram bucket with half of the waits at or below it.
-fn median_bucket(s: &CpuStats) -> usize {
-    let total: u64 = s.runq_hist.iter().sum();
+fn median_bucket(s: &RunQueueWaits) -> usize {
+    let total: u64 = s.hist.iter().sum();
     let mut acc = 0;
-    for (i, n) in s.runq_hist.iter().enumerate() {
+    for (i, n) in s.hist.iter().enumerate() {
         acc += n;
         if acc * 2 >= total {
             return i;
@@ -31,12 +31,7 @@ fn median_bucket(s: &CpuStats) -> usize {
 async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
     require_root();
     let (sensors, _rx) = start(SensorsConfig::default());
-    let status = sensors
-        .statuses()
-        .iter()
-        .find(|s| s.name == "cpu_runqueue")
-        .cloned()
-        .expect("a cpu_runqueue sensor");
+    let status = status(&sensors, "cpu_runqueue");
     assert_eq!(
         status.mode,
         SensorMode::Active,
@@ -68,36 +63,39 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     drop(spinners);
 
-    let h = sensors
-        .cpu_stats(heavy.id())
-        .expect("reading CPU_STATS")
-        .expect("stats for the heavy cgroup");
-    let l = sensors
-        .cpu_stats(light.id())
-        .expect("reading CPU_STATS")
-        .expect("stats for the light cgroup");
+    let stats = |id: u64| {
+        let u = sensors
+            .cpu_stats(id)
+            .expect("reading CPU_STATS")
+            .expect("stats for a watched cgroup");
+        assert_eq!(u.source, CpuSource::Ebpf);
+        let waits = u.runq.clone().expect("eBPF fills the run-queue waits");
+        (u, waits)
+    };
+    let (h, hw) = stats(heavy.id());
+    let (l, lw) = stats(light.id());
     eprintln!(
         "heavy: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}; light: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}",
-        h.oncpu_ns / 1_000_000,
-        h.runq_count,
-        mean_wait_ns(&h) / 1e3,
-        median_bucket(&h),
-        l.oncpu_ns / 1_000_000,
-        l.runq_count,
-        mean_wait_ns(&l) / 1e3,
-        median_bucket(&l)
+        h.usage_ns / 1_000_000,
+        hw.count,
+        mean_wait_ns(&hw) / 1e3,
+        median_bucket(&hw),
+        l.usage_ns / 1_000_000,
+        lw.count,
+        mean_wait_ns(&lw) / 1e3,
+        median_bucket(&lw)
     );
-    assert!(h.runq_count > 0 && l.runq_count > 0, "both waited");
+    assert!(hw.count > 0 && lw.count > 0, "both waited");
     assert!(
-        h.oncpu_ns > 3 * l.oncpu_ns,
+        h.usage_ns > 3 * l.usage_ns,
         "the heavy cgroup ran much longer"
     );
     assert!(
-        mean_wait_ns(&l) > 3.0 * mean_wait_ns(&h),
+        mean_wait_ns(&lw) > 3.0 * mean_wait_ns(&hw),
         "the light cgroup waited much longer per wait"
     );
     assert!(
-        median_bucket(&l) > median_bucket(&h),
+        median_bucket(&lw) > median_bucket(&hw),
         "the light cgroup's histogram sits in higher buckets"
     );
 }

@@ -1,28 +1,25 @@
 //! With eBPF disabled by configuration, the fallback sensors report the same OOM: memory.events
-//! `oom_kill` (v2) or memory.oom_control `oom_kill` (v1).
+//! `oom_kill` (v2) or memory.oom_control `oom_kill` (v1); CPU use comes from the cgroup's CPU
+//! files. Also: the PSI trigger of a removed cgroup ends by itself.
 
 mod sensors_common;
 
 use std::time::Duration;
 
-use qoslet::sensors::{SensorEvent, SensorMode, SensorsConfig, event::MemcgEventKind};
+use qoslet::sensors::{
+    CpuSource, SensorEvent, SensorMode,
+    event::MemcgEventKind,
+    psi::{self, PsiTrigger},
+};
 use qoslet_tests::{Hog, require_root};
-use sensors_common::{Cgroups, start, wait_for};
+use sensors_common::{Cgroups, Script, start, status, wait_for, without_ebpf};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_ebpf_the_fallbacks_report_the_oom_kill() {
     require_root();
-    let config = SensorsConfig {
-        ebpf: false,
-        ..SensorsConfig::default()
-    };
-    let (sensors, mut rx) = start(config);
+    let (sensors, mut rx) = start(without_ebpf());
     for name in ["oom_victim", "memcg_events"] {
-        let s = sensors
-            .statuses()
-            .iter()
-            .find(|s| s.name == name)
-            .expect("a status per sensor");
+        let s = status(&sensors, name);
         assert_eq!(s.mode, SensorMode::Fallback, "{s:?}");
         assert_eq!(s.reason.as_deref(), Some("eBPF disabled by configuration"));
     }
@@ -59,4 +56,147 @@ async fn without_ebpf_the_fallbacks_report_the_oom_kill() {
         "one oom_kill of memcg {} within 1 s",
         memory.id()
     );
+}
+
+/// A process's CPU time (user + system) from /proc, in nanoseconds.
+fn process_cpu_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading /proc stat");
+    // Fields after the parenthesised comm: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: plain sysconf query.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    (f[11] + f[12]) * 1_000_000_000 / hz
+}
+
+/// The cgroup's own usage counter, read here without the agent.
+fn kernel_usage_ns(cgroups: &Cgroups) -> u64 {
+    let stat = cgroups.v2.read("cpu.stat");
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("usage_usec in cpu.stat")
+        * 1000
+}
+
+fn close(a: u64, b: u64, tolerance: f64, slack_ns: u64) -> bool {
+    a.abs_diff(b) as f64 <= a.max(b) as f64 * tolerance + slack_ns as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ebpf_the_cpu_fallback_reports_real_usage_and_throttling() {
+    require_root();
+    let (sensors, _rx) = start(without_ebpf());
+    let status = status(&sensors, "cpu_runqueue");
+    assert_eq!(status.mode, SensorMode::Fallback, "{status:?}");
+    let Some(cgroups) = Cgroups::create(&["cpu"]) else {
+        return;
+    };
+    // Half a CPU: the hog is throttled, which the fallback must report.
+    if cgroups.is_v1() {
+        cgroups.of("cpu").write("cpu.cfs_quota_us", "50000");
+    } else {
+        cgroups.v2.write("cpu.max", "50000 100000");
+    }
+    sensors.watch(cgroups.watched());
+    let before = sensors
+        .cpu_stats(cgroups.id())
+        .expect("reading the cgroup's CPU files")
+        .expect("usage of a watched cgroup");
+    assert_eq!(before.source, CpuSource::CgroupFiles);
+    assert!(before.runq.is_none(), "no run-queue histogram without eBPF");
+
+    let mut hog = Script::spawn("while :; do :; done");
+    cgroups.add(hog.pid());
+    hog.release();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Stopped, so the three readings below see the same total.
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(hog.pid() as i32, libc::SIGSTOP) }, 0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = sensors
+        .cpu_stats(cgroups.id())
+        .expect("reading the cgroup's CPU files")
+        .expect("usage of a watched cgroup");
+    let kernel = kernel_usage_ns(&cgroups);
+    let process = process_cpu_ns(hog.pid());
+    drop(hog);
+    let grown = after.usage_ns - before.usage_ns;
+    eprintln!(
+        "fallback usage {} ms (grew {} ms), cpu.stat {} ms, hog's own CPU time {} ms, throttled {:?}, cpu.pressure some {:?} µs",
+        after.usage_ns / 1_000_000,
+        grown / 1_000_000,
+        kernel / 1_000_000,
+        process / 1_000_000,
+        after.throttled,
+        after.pressure_some_us
+    );
+    assert!(grown >= 100_000_000, "the hog's CPU time is counted");
+    assert!(
+        close(after.usage_ns, kernel, 0.01, 1_000_000),
+        "agrees with the cgroup's cpu.stat"
+    );
+    // /proc's utime+stime is scaled to the task's exact runtime, in clock ticks.
+    assert!(
+        close(grown, process, 0.05, 30_000_000),
+        "agrees with the hog's own CPU time"
+    );
+    let throttled = after
+        .throttled
+        .expect("throttling from the cpu controller's cpu.stat");
+    assert!(
+        throttled.periods > 0 && throttled.total_ns > 0,
+        "{throttled:?}"
+    );
+    if std::path::Path::new("/proc/pressure/cpu").exists() {
+        assert!(after.pressure_some_us.is_some(), "cpu.pressure read");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_psi_trigger_of_a_removed_cgroup_ends_by_itself() {
+    require_root();
+    let Some(cgroups) = Cgroups::create(&[]) else {
+        return;
+    };
+    let path = cgroups.v2.path.join("memory.pressure");
+    if !path.exists() {
+        eprintln!("skipped: no per-cgroup PSI on this kernel");
+        return;
+    }
+    // A 2 s window: triggers without CAP_SYS_RESOURCE must use multiples of 2 s (Linux 6.5+).
+    let mut trigger = PsiTrigger::open(&path, Duration::from_millis(150), Duration::from_secs(2))
+        .expect("arming a PSI trigger");
+    let dir = cgroups.v2.path.clone();
+    drop(cgroups);
+    assert!(!dir.exists(), "the test cgroup was removed");
+    let fired = tokio::time::timeout(Duration::from_secs(2), trigger.fired())
+        .await
+        .expect("the trigger reports the removal within 2 s");
+    let err = fired.expect_err("a removed cgroup is an error, not pressure");
+    assert!(psi::is_gone(&err), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ebpf_a_removed_cgroup_is_unwatched_by_the_scan() {
+    require_root();
+    let (sensors, _rx) = start(without_ebpf());
+    let status = status(&sensors, "cgroup_lifecycle");
+    assert_eq!(status.mode, SensorMode::Fallback, "{status:?}");
+    let (Some(kept), Some(removed)) = (Cgroups::create(&[]), Cgroups::create(&[])) else {
+        return;
+    };
+    sensors.watch(kept.watched());
+    sensors.watch(removed.watched());
+    let id = removed.id();
+    drop(removed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while sensors.is_watched(id) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!sensors.is_watched(id), "the removed cgroup is unwatched");
+    assert!(sensors.is_watched(kept.id()), "the other one stays watched");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use qoslet::sensors::{SensorEvent, SensorMode, SensorsConfig, event::MemcgEventKind};
 use qoslet_tests::{Hog, require_root};
-use sensors_common::{Cgroups, start, wait_for};
+use sensors_common::{Cgroups, start, status, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
@@ -40,12 +40,7 @@ async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
         _ => None,
     })
     .await;
-    let memcg_sensor = sensors
-        .statuses()
-        .iter()
-        .find(|s| s.name == "memcg_events")
-        .cloned()
-        .expect("a memcg_events sensor");
+    let memcg_sensor = status(&sensors, "memcg_events");
     assert_eq!(
         seen,
         Some(expected_kind),
@@ -54,12 +49,7 @@ async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
     // Over its limit the hog reclaims until the OOM killer ends it.
     let _ = tokio::task::block_in_place(|| hog.wait_signal(Duration::from_secs(60)));
 
-    let reclaim = sensors
-        .statuses()
-        .iter()
-        .find(|s| s.name == "reclaim_stall")
-        .cloned()
-        .expect("a reclaim_stall sensor");
+    let reclaim = status(&sensors, "reclaim_stall");
     assert_eq!(reclaim.mode, SensorMode::Active, "{reclaim:?}");
     let stats = sensors
         .reclaim_stats(cgroups.id())

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use qoslet::sensors::{ScoreKey, SensorEvent, SensorMode, SensorsConfig};
 use qoslet_tests::require_root;
-use sensors_common::{Cgroups, Script, start, wait_for};
+use sensors_common::{Cgroups, Script, start, status, wait_for};
 
 const EXPECTED: i32 = 100;
 
@@ -24,12 +24,7 @@ async fn a_process_that_changes_its_oom_score_adj_is_reset_within_a_second() {
     cgroups.add(pid);
     std::fs::write(format!("/proc/{pid}/oom_score_adj"), EXPECTED.to_string())
         .expect("setting the starting score");
-    let mode = sensors
-        .statuses()
-        .iter()
-        .find(|s| s.name == "oom_score_adj")
-        .expect("an oom_score_adj sensor")
-        .mode;
+    let mode = status(&sensors, "oom_score_adj").mode;
     if mode == SensorMode::Fallback {
         // The fallback polls the expected score of known pids.
         sensors.expect_score(ScoreKey::Pid(pid), EXPECTED);

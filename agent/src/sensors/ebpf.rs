@@ -6,9 +6,7 @@ use aya::{
     maps::{MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, TracePoint},
 };
-use qoslet_common::{
-    MemcgEventLayout, MemcgTracepointLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout,
-};
+use qoslet_common::{MemcgEventLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout};
 use std::os::fd::OwnedFd;
 use tokio::io::unix::AsyncFd;
 
@@ -109,7 +107,6 @@ impl EbpfSensors {
         };
         let root = tracefs::ensure_mounted()?;
         let oom_tp_layout = oom_tracepoint_layout(root);
-        let memcg_layout = memcg_tracepoint_layout(root, kernel_btf.as_ref(), &mut skipped);
         let memcg_event_layout = match &kernel_btf {
             Some(b) => b.memcg_event_layout().unwrap_or_else(|e| {
                 skipped.push(format!("fentry/__memcg_memory_event: {e}"));
@@ -134,7 +131,6 @@ impl EbpfSensors {
             .btf(aya_btf.as_ref())
             .override_global("OOM_BTF_LAYOUT", &oom_btf_layout, true)
             .override_global("OOM_TP_LAYOUT", &oom_tp_layout, true)
-            .override_global("MEMCG_TP_LAYOUT", &memcg_layout, true)
             .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
             .override_global("SCHED_LAYOUT", &sched_layout, true)
             .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
@@ -162,27 +158,15 @@ impl EbpfSensors {
                 Err(e) => return Err(SensorError::NoOomProgram(error_chain(&e))),
             }
         }
-        // memcg events: fentry where `__memcg_memory_event` exists (6.15+); otherwise OOM kills
-        // counted through `count_memcg_events` on the kernels that do so.
-        let mut memcg_attached = false;
+        // memcg events: fentry where `__memcg_memory_event` exists (6.15+), memory.events polling
+        // elsewhere. `memcg:count_memcg_events` is deliberately not used: it fires for every
+        // memcg vm event (tens of thousands a second under load), carries OOM_KILL only on
+        // 6.12-6.14 (no such tracepoint on 6.1, no OOM_KILL through it on 6.15+), and there it
+        // only repeated what `oom:mark_victim` (the victim) and memory.events (the count) give.
         if memcg_event_layout.valid == 1
             && let Some(btf) = aya_btf.as_ref()
         {
             match attach_fentry(&mut ebpf, "memcg_memory_event", "__memcg_memory_event", btf) {
-                Ok(a) => {
-                    attached.push(a);
-                    memcg_attached = true;
-                }
-                Err(e) => skipped.push(error_chain(&e)),
-            }
-        }
-        if !memcg_attached && memcg_layout.oom_kill_item >= 0 {
-            match attach_tracepoint(
-                &mut ebpf,
-                "memcg_count_events_tp",
-                "memcg",
-                "count_memcg_events",
-            ) {
                 Ok(a) => attached.push(a),
                 Err(e) => skipped.push(error_chain(&e)),
             }
@@ -401,41 +385,6 @@ fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
         shmem_rss: at("shmem_rss"),
         oom_score_adj: at("oom_score_adj"),
         _pad: 0,
-    }
-}
-
-fn memcg_tracepoint_layout(
-    root: &str,
-    btf: Option<&KernelBtf>,
-    skipped: &mut Vec<String>,
-) -> MemcgTracepointLayout {
-    let fields = match tracefs::read_format(root, "memcg", "count_memcg_events") {
-        Ok(f) => f,
-        Err(e) => {
-            skipped.push(format!("tracepoint/memcg/count_memcg_events: {e}"));
-            return MemcgTracepointLayout::UNSET;
-        }
-    };
-    let oom_kill = btf.map(|b| b.enum_value(Some("vm_event_item"), "OOM_KILL"));
-    match (
-        fields.get("id"),
-        fields.get("item"),
-        fields.get("val"),
-        oom_kill,
-    ) {
-        (Some(id), Some(item), Some(val), Some(Ok(oom_kill))) => MemcgTracepointLayout {
-            id: id.offset,
-            item: item.offset,
-            val: val.offset,
-            oom_kill_item: i32::try_from(oom_kill).unwrap_or(-1),
-        },
-        _ => {
-            skipped.push(
-                "tracepoint/memcg/count_memcg_events: fields or vm_event_item OOM_KILL unknown"
-                    .into(),
-            );
-            MemcgTracepointLayout::UNSET
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `Sensors` facade: decides at start-up which sensor runs on which hook or fallback, logs
-//! one line per sensor, and runs the intake (ring buffer, memory.events poller, PSI triggers)
-//! as tokio tasks feeding one channel.
+//! one line per sensor, and runs the intake (ring buffer, memory.events poller, PSI triggers,
+//! the removed-cgroup scan) as tokio tasks feeding one channel.
 
 use std::{
     collections::HashMap,
@@ -12,18 +12,19 @@ use std::{
     time::Duration,
 };
 
-use qoslet_common::sched::{CpuStats, ReclaimStats};
+use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     EbpfSensors, SensorError,
+    cpu_usage::{CpuUsage, read_cgroup_cpu},
     ebpf::{EbpfOptions, error_chain},
     event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
     kmaps::ProgramCost,
     memory_events::MemoryEventsWatch,
     owners::CgroupOwners,
-    psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE},
+    psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
 };
 
@@ -83,6 +84,18 @@ pub struct WatchedCgroup {
     pub v2_dir: Option<PathBuf>,
     /// The memory cgroup directory (v2 or v1) for the memory.events fallback.
     pub memory_dir: Option<PathBuf>,
+    /// The v1 cpu,cpuacct directory (hybrid and v1 hosts) for the CPU fallback.
+    pub cpu_dir: Option<PathBuf>,
+}
+
+impl WatchedCgroup {
+    /// A directory whose disappearance means the cgroup was removed.
+    fn any_dir(&self) -> Option<&Path> {
+        self.v2_dir
+            .as_deref()
+            .or(self.memory_dir.as_deref())
+            .or(self.cpu_dir.as_deref())
+    }
 }
 
 /// Counters for the metrics; each error log is paired with one of these.
@@ -114,6 +127,10 @@ struct Shared {
     /// Which fallbacks the poller runs.
     poll_memory_events: bool,
     poll_scores: bool,
+    /// CPU figures come from the cgroup files, not the scheduler programs.
+    cpu_from_files: bool,
+    /// Without the rmdir program, watched cgroups whose directory is gone are unwatched here.
+    scan_removed: bool,
 }
 
 /// The node's sensors. Dropping it stops the tasks and detaches the programs.
@@ -125,6 +142,9 @@ pub struct Sensors {
 
 /// Events waiting for the consumer; beyond this the producers wait (the ring keeps counting).
 const CHANNEL_DEPTH: usize = 4096;
+
+/// Period of the scan for removed cgroups (one stat per watched cgroup).
+const REMOVED_SCAN_PERIOD: Duration = Duration::from_secs(1);
 
 impl Sensors {
     /// Starts every sensor, on eBPF where it can and on its fallback otherwise. Call inside a
@@ -168,6 +188,8 @@ impl Sensors {
         };
         let poll_memory_events = mode_of("memcg_events") == SensorMode::Fallback;
         let poll_scores = mode_of("oom_score_adj") == SensorMode::Fallback;
+        let cpu_from_files = mode_of("cpu_runqueue") == SensorMode::Fallback;
+        let scan_removed = mode_of("cgroup_lifecycle") == SensorMode::Fallback;
         let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
         let mut ebpf = ebpf;
         let reader = ebpf.as_mut().and_then(|s| match s.event_reader() {
@@ -187,6 +209,8 @@ impl Sensors {
             config,
             poll_memory_events,
             poll_scores,
+            cpu_from_files,
+            scan_removed,
         });
         let mut tasks = Vec::new();
         if let Some(reader) = reader {
@@ -228,6 +252,11 @@ impl Sensors {
         self.shared.unwatch_cgroup(id);
     }
 
+    /// Whether a cgroup is watched (removed cgroups stop being watched by themselves).
+    pub fn is_watched(&self, id: u64) -> bool {
+        lock(&self.shared.watch).cgroups.contains_key(&id)
+    }
+
     /// Records which pod and container a cgroup (v2 id or v1 memcg id) belongs to.
     pub fn set_owner(&self, cgroup_id: u64, owner: CgroupOwner) {
         lock(&self.shared.owners).insert(cgroup_id, owner);
@@ -251,8 +280,30 @@ impl Sensors {
         lock(&self.shared.ebpf).as_mut().map(f)
     }
 
-    pub fn cpu_stats(&self, id: u64) -> Result<Option<CpuStats>, SensorError> {
-        self.with_ebpf(|e| e.cpu_stats(id)).unwrap_or(Ok(None))
+    /// CPU use of a watched cgroup, from the scheduler programs or, on the fallback, read now
+    /// from its cgroup files (see [`CpuUsage`] for which fields each source fills). `None` for a
+    /// cgroup that is not watched or no longer exists.
+    pub fn cpu_stats(&self, id: u64) -> Result<Option<CpuUsage>, SensorError> {
+        if !self.shared.cpu_from_files {
+            return self
+                .with_ebpf(|e| e.cpu_stats(id))
+                .unwrap_or(Ok(None))
+                .map(|s| s.map(CpuUsage::from));
+        }
+        let Some(c) = lock(&self.shared.watch).cgroups.get(&id).cloned() else {
+            return Ok(None);
+        };
+        if c.v2_dir.is_none() && c.cpu_dir.is_none() {
+            return Ok(None);
+        }
+        match read_cgroup_cpu(c.v2_dir.as_deref(), c.cpu_dir.as_deref()) {
+            Ok(u) => Ok(Some(u)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(SensorError::CgroupFiles {
+                cgroup_id: id,
+                source,
+            }),
+        }
     }
 
     pub fn reclaim_stats(&self, id: u64) -> Result<Option<ReclaimStats>, SensorError> {
@@ -383,15 +434,25 @@ fn decide(ebpf: Option<&EbpfSensors>, why_not: Option<&str>) -> Vec<SensorStatus
         one(
             "cpu_runqueue",
             &["sched_wakeup", "sched_wakeup_new", "sched_switch"],
-            None,
+            Some(
+                "cgroup CPU files read at housekeeping (usage, throttling, cpu.pressure; no run-queue histograms)",
+            ),
         ),
         one(
             "oom_score_adj",
             &["oom_score_adj_update"],
             Some("oom_score_adj polling of expected pids"),
         ),
-        one("process_lifecycle", &["process_fork", "process_exec"], None),
-        one("cgroup_lifecycle", &["cgroup_mkdir", "cgroup_rmdir"], None),
+        one(
+            "process_lifecycle",
+            &["process_fork", "process_exec"],
+            Some("periodic cgroup.procs scan of the oom_score_adj housekeeping"),
+        ),
+        one(
+            "cgroup_lifecycle",
+            &["cgroup_mkdir", "cgroup_rmdir"],
+            Some("scan of watched cgroup directories every second; removed ones unwatched"),
+        ),
     ]
 }
 
@@ -435,6 +496,20 @@ impl Shared {
             }
         }
         w.cgroups.insert(cgroup.id, cgroup);
+    }
+
+    /// The `cgroup_lifecycle` fallback: unwatches cgroups whose directory is gone.
+    fn unwatch_removed(&self) {
+        let gone: Vec<u64> = lock(&self.watch)
+            .cgroups
+            .values()
+            .filter(|c| c.any_dir().is_some_and(|d| !d.exists()))
+            .map(|c| c.id)
+            .collect();
+        for id in gone {
+            debug!(cgroup_id = id, "Watched cgroup removed; unwatching it.");
+            self.unwatch_cgroup(id);
+        }
     }
 
     fn unwatch_cgroup(&self, id: u64) {
@@ -536,16 +611,21 @@ async fn intake(shared: Arc<Shared>, mut reader: super::EventReader) {
     }
 }
 
-/// The polling fallbacks: memory.events deltas and expected scores of pids.
+/// The polling fallbacks: memory.events deltas, expected scores of pids and removed cgroups.
 async fn poller(shared: Arc<Shared>) {
-    if !shared.poll_memory_events && !shared.poll_scores {
+    if !shared.poll_memory_events && !shared.poll_scores && !shared.scan_removed {
         return;
     }
     let mut tick = tokio::time::interval(shared.config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut out = Vec::new();
+    let mut last_scan = tokio::time::Instant::now();
     loop {
         tick.tick().await;
+        if shared.scan_removed && last_scan.elapsed() >= REMOVED_SCAN_PERIOD {
+            last_scan = tokio::time::Instant::now();
+            shared.unwatch_removed();
+        }
         let boot_ns = boot_ns();
         {
             let mut w = lock(&shared.watch);
@@ -589,6 +669,10 @@ async fn psi_task(shared: Arc<Shared>, path: PathBuf, scope: PressureScope) {
     };
     loop {
         if let Err(e) = trigger.fired().await {
+            if is_gone(&e) {
+                debug!(path = %path.display(), "PSI trigger's cgroup removed; trigger task ends.");
+                return;
+            }
             shared.counters.psi_errors.fetch_add(1, Ordering::Relaxed);
             warn!(path = %path.display(), error = %e, "PSI trigger failed.");
             return;

@@ -1,7 +1,7 @@
 //! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
 //! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use qoslet_common::{
     event::{MemcgCounter, MemcgCounterKey},
     sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED},
@@ -32,6 +32,9 @@ impl ProgramCost {
     }
 }
 
+/// `BPF_NOEXIST` map update flag.
+const BPF_NOEXIST: u64 = 1;
+
 fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
     move |source| SensorError::Map { name, source }
 }
@@ -45,38 +48,75 @@ impl EbpfSensors {
         HashMap::try_from(map).map_err(map_err(name))
     }
 
-    /// Adds a cgroup v2 id to the programs' watch list.
-    pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
-        const NAME: &str = "WATCHED_CGROUPS";
+    fn cpu_stats_map(&mut self) -> Result<PerCpuHashMap<&mut MapData, u64, CpuStats>, SensorError> {
+        const NAME: &str = "CPU_STATS";
         let map = self
             .ebpf
             .map_mut(NAME)
             .ok_or(SensorError::MissingMap(NAME))?;
-        let mut watched: HashMap<&mut MapData, u64, u32> =
-            HashMap::try_from(map).map_err(map_err(NAME))?;
+        PerCpuHashMap::try_from(map).map_err(map_err(NAME))
+    }
+
+    fn hash_map_mut<V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<HashMap<&mut MapData, u64, V>, SensorError> {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(SensorError::MissingMap(name))?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// Adds a cgroup v2 id to the programs' watch list. Its `CPU_STATS` entry is created here:
+    /// the scheduler programs take its presence as their (single-lookup) watch test.
+    pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+        let mut watched = self.hash_map_mut::<u32>("WATCHED_CGROUPS")?;
         watched
             .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
-            .map_err(map_err(NAME))
+            .map_err(map_err("WATCHED_CGROUPS"))?;
+        let zeros = aya::util::nr_cpus()
+            .map_err(|(_, e)| e)
+            .and_then(|cpus| PerCpuValues::try_from(vec![CpuStats::ZERO; cpus]))
+            .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))?;
+        // BPF_NOEXIST: watching a cgroup again keeps its statistics.
+        match self.cpu_stats_map()?.insert(cgroup_id, zeros, BPF_NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(())
+            }
+            Err(e) => Err(map_err("CPU_STATS")(e)),
+        }
     }
 
     /// Removes a cgroup from the watch list (a removed cgroup is dropped by the kernel program).
     pub fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
-        const NAME: &str = "WATCHED_CGROUPS";
-        let map = self
-            .ebpf
-            .map_mut(NAME)
-            .ok_or(SensorError::MissingMap(NAME))?;
-        let mut watched: HashMap<&mut MapData, u64, u32> =
-            HashMap::try_from(map).map_err(map_err(NAME))?;
-        match watched.remove(&cgroup_id) {
+        remove(
+            self.hash_map_mut::<u32>("WATCHED_CGROUPS")?,
+            cgroup_id,
+            "WATCHED_CGROUPS",
+        )?;
+        match self.cpu_stats_map()?.remove(&cgroup_id) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err(NAME)(e)),
+            Err(e) => Err(map_err("CPU_STATS")(e)),
         }
     }
 
-    /// Run-queue latency and on-CPU time of a watched cgroup, `None` before its first switch.
+    /// Run-queue latency and on-CPU time of a watched cgroup (summed over the CPUs), `None`
+    /// when it is not watched.
     pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
-        lookup(self.hash_map("CPU_STATS")?, cgroup_id, "CPU_STATS")
+        const NAME: &str = "CPU_STATS";
+        let map = self.ebpf.map(NAME).ok_or(SensorError::MissingMap(NAME))?;
+        let stats: PerCpuHashMap<&MapData, u64, CpuStats> =
+            PerCpuHashMap::try_from(map).map_err(map_err(NAME))?;
+        match stats.get(&cgroup_id, 0) {
+            Ok(per_cpu) => Ok(Some(per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
+                sum.merge(s);
+                sum
+            }))),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(NAME)(e)),
+        }
     }
 
     /// Reclaim stalls of a watched cgroup, `None` before its first stall.
@@ -98,8 +138,8 @@ impl EbpfSensors {
                 .keys()
                 .map(|k| k.map(drop))
                 .collect(),
-            "CPU_STATS" => self
-                .hash_map::<CpuStats>(name)?
+            "CPU_STATS" => PerCpuHashMap::<&MapData, u64, CpuStats>::try_from(map)
+                .map_err(map_err(name))?
                 .keys()
                 .map(|k| k.map(drop))
                 .collect(),
@@ -132,6 +172,17 @@ impl EbpfSensors {
         }
         costs.sort_by(|a, b| a.program.cmp(&b.program));
         costs
+    }
+}
+
+fn remove<V: aya::Pod>(
+    mut map: HashMap<&mut MapData, u64, V>,
+    key: u64,
+    name: &'static str,
+) -> Result<(), SensorError> {
+    match map.remove(&key) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(e) => Err(map_err(name)(e)),
     }
 }
 

@@ -32,14 +32,19 @@ pub fn read_counts(dir: &Path) -> io::Result<MemoryCounts> {
     }
 }
 
+/// The `key value` lines of a flat-keyed cgroup file (`memory.events`, `cpu.stat`); lines
+/// without a number are skipped.
+pub fn flat_keyed(text: &str) -> impl Iterator<Item = (&str, u64)> {
+    text.lines().filter_map(|line| {
+        let mut it = line.split_whitespace();
+        Some((it.next()?, it.next()?.parse().ok()?))
+    })
+}
+
 /// `memory.events`: `high N`, `max N`, `oom N`, `oom_kill N`, `oom_group_kill N`, ...
 pub fn parse_memory_events(text: &str) -> MemoryCounts {
     let mut c = MemoryCounts::default();
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(key), Some(Ok(v))) = (it.next(), it.next().map(str::parse::<u64>)) else {
-            continue;
-        };
+    for (key, v) in flat_keyed(text) {
         match key {
             "high" => c.high = v,
             "max" => c.max = v,
@@ -59,11 +64,10 @@ pub fn parse_v1(failcnt: &str, oom_control: &str) -> MemoryCounts {
         max: failcnt.trim().parse().unwrap_or(0),
         ..MemoryCounts::default()
     };
-    for line in oom_control.lines() {
-        let mut it = line.split_whitespace();
-        match (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) {
-            (Some("under_oom"), Some(v)) => c.oom = v,
-            (Some("oom_kill"), Some(v)) => c.oom_kill = v,
+    for (key, v) in flat_keyed(oom_control) {
+        match key {
+            "under_oom" => c.oom = v,
+            "oom_kill" => c.oom_kill = v,
             _ => {}
         }
     }

@@ -2,6 +2,7 @@
 //! not available, the reason why, stated once.
 
 pub mod btf;
+pub mod cpu_usage;
 pub mod ebpf;
 pub mod event;
 pub mod facade;
@@ -13,6 +14,7 @@ pub mod psi;
 pub mod scores;
 pub mod tracefs;
 
+pub use cpu_usage::{CpuSource, CpuUsage};
 pub use ebpf::{AttachedProgram, EbpfSensors, EventReader};
 pub use event::{CgroupOwner, OomVictim, SensorEvent};
 pub use facade::{SensorMode, SensorStatus, Sensors, SensorsConfig, WatchedCgroup};
@@ -56,4 +58,10 @@ pub enum SensorError {
     NoOomProgram(String),
     #[error("registering the ring buffer with the runtime failed")]
     Intake(#[source] std::io::Error),
+    #[error("the CPU files of cgroup {cgroup_id} could not be read")]
+    CgroupFiles {
+        cgroup_id: u64,
+        #[source]
+        source: std::io::Error,
+    },
 }

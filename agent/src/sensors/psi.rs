@@ -1,10 +1,14 @@
 //! PSI triggers: `some <stall µs> <window µs>` written to a `*.pressure` file (system-wide in
 //! /proc/pressure or per cgroup v2), then POLLPRI when the stall in a window exceeds it.
+//!
+//! When the cgroup is removed the kernel destroys the trigger and the fd polls as POLLERR (its
+//! kernfs node is no longer active); [`PsiTrigger::fired`] reports that as [`TriggerGone`] so
+//! the task watching it ends by itself instead of waiting forever on a dead fd.
 
 use std::{
     fs::{File, OpenOptions},
     io::{self, Write as _},
-    os::unix::fs::OpenOptionsExt as _,
+    os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
     path::Path,
     time::Duration,
 };
@@ -33,10 +37,40 @@ impl PsiTrigger {
         Ok(Self { fd })
     }
 
-    /// Waits until the trigger fires.
+    /// Waits until the trigger fires. An error of kind `NotFound` wrapping [`TriggerGone`] means
+    /// the cgroup (and with it the trigger) was removed.
     pub async fn fired(&mut self) -> io::Result<()> {
         let mut guard = self.fd.ready(Interest::PRIORITY).await?;
+        // The same wakeup carries POLLPRI for a removed cgroup; only poll(2) tells them apart.
+        let gone = revents(self.fd.get_ref().as_raw_fd())? & libc::POLLERR != 0;
         guard.clear_ready();
+        if gone {
+            return Err(io::Error::new(io::ErrorKind::NotFound, TriggerGone));
+        }
         Ok(())
     }
+}
+
+/// The trigger's cgroup was removed.
+#[derive(Debug, thiserror::Error)]
+#[error("the pressure file's cgroup was removed")]
+pub struct TriggerGone;
+
+/// Whether an error from [`PsiTrigger::fired`] means the cgroup is gone.
+pub fn is_gone(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<TriggerGone>())
+}
+
+/// The fd's current poll events, without waiting.
+fn revents(fd: i32) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    if unsafe { libc::poll(&mut p, 1, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.revents)
 }

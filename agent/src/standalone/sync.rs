@@ -29,7 +29,7 @@ use crate::{
         settings::NodeSettings,
     },
     runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, PodStatus, Runtime},
-    sensors::{CgroupOwner, SensorEvent, Sensors, WatchedCgroup},
+    sensors::{CgroupOwner, CpuUsage, SensorEvent, Sensors, WatchedCgroup},
     server::{
         AgentState,
         metrics::{
@@ -252,6 +252,11 @@ impl Synced {
             .iter()
             .copied()
             .find(|t| matches!(t, Tree::V2 | Tree::Unified));
+        // The v1 cpu hierarchy, for the sensors' CPU fallback (throttling, cpuacct.usage).
+        let cpu_tree = trees
+            .iter()
+            .copied()
+            .find(|t| *t == Tree::V1(Controller::Cpu));
         let mut pod_paths: BTreeMap<String, CgroupPath> = BTreeMap::new();
         let mut container_paths: BTreeMap<(String, String), CgroupPath> = BTreeMap::new();
         for c in &desired.cgroups {
@@ -383,6 +388,7 @@ impl Synced {
                     id: meta.ino(),
                     v2_dir: Some(u.clone()),
                     memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
+                    cpu_dir: cpu_tree.map(|t| self.fs().display_path(t, path)),
                 });
             }
             let mut container_ids = Vec::new();
@@ -411,6 +417,7 @@ impl Synced {
                         id,
                         v2_dir: None,
                         memory_dir: None,
+                        cpu_dir: None,
                     });
                 }
             }
@@ -568,11 +575,12 @@ impl Synced {
             let (mut count, mut total) = (0, 0);
             let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
             for id in &entry.container_ids {
-                if let Ok(Some(stats)) = sensors.cpu_stats(*id) {
+                // Only the eBPF sensor sees run-queue waits; its fallback leaves `runq` empty.
+                if let Ok(Some(CpuUsage { runq: Some(w), .. })) = sensors.cpu_stats(*id) {
                     seen = true;
-                    count += stats.runq_count;
-                    total += stats.runq_total_ns;
-                    for (h, n) in hist.iter_mut().zip(stats.runq_hist) {
+                    count += w.count;
+                    total += w.total_ns;
+                    for (h, n) in hist.iter_mut().zip(w.hist) {
                         *h += n;
                     }
                 }

@@ -99,6 +99,7 @@ async fn bench() {
             id,
             v2_dir: Some(dir.clone()),
             memory_dir: dir.join("memory.events").exists().then(|| dir.clone()),
+            cpu_dir: None,
         });
         cgroups.push(Cgroup(dir));
     }

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use qoslet::sensors::{SensorEvent, Sensors, SensorsConfig, WatchedCgroup};
+use qoslet::sensors::{SensorEvent, SensorStatus, Sensors, SensorsConfig, WatchedCgroup};
 use qoslet_tests::{Layout, TestCgroup, layout, unique_name};
 use tokio::sync::mpsc;
 
@@ -96,6 +96,11 @@ impl Cgroups {
             id: self.id(),
             v2_dir: Some(self.v2.path.clone()),
             memory_dir: Some(self.of("memory").path.clone()),
+            cpu_dir: self
+                .v1
+                .iter()
+                .find(|(c, _)| c == "cpu")
+                .map(|(_, cg)| cg.path.clone()),
         }
     }
 }
@@ -121,6 +126,24 @@ pub fn start(config: SensorsConfig) -> (Sensors, mpsc::UnboundedReceiver<SensorE
         }
     });
     (sensors, out)
+}
+
+/// The start-up decision for one sensor.
+pub fn status(sensors: &Sensors, name: &str) -> SensorStatus {
+    sensors
+        .statuses()
+        .iter()
+        .find(|s| s.name == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {name} sensor"))
+}
+
+/// The configuration with eBPF disabled: every sensor on its fallback.
+pub fn without_ebpf() -> SensorsConfig {
+    SensorsConfig {
+        ebpf: false,
+        ..SensorsConfig::default()
+    }
 }
 
 /// Waits up to `timeout` for an event `f` accepts.
