@@ -167,9 +167,10 @@ async fn a_psi_trigger_of_a_removed_cgroup_ends_by_itself() {
         eprintln!("skipped: no per-cgroup PSI on this kernel");
         return;
     }
-    // A 2 s window: triggers without CAP_SYS_RESOURCE must use multiples of 2 s (Linux 6.5+).
-    let mut trigger = PsiTrigger::open(&path, Duration::from_millis(150), Duration::from_secs(2))
-        .expect("arming a PSI trigger");
+    // The agent's default 1 s window: without CAP_SYS_RESOURCE (this sandbox's root) Linux
+    // 6.5+ refuses it and the trigger is armed with a 2 s window instead.
+    let mut trigger = PsiTrigger::open(&path, Duration::from_millis(150), Duration::from_secs(1))
+        .expect("arming a PSI trigger with a 1 s window");
     let dir = cgroups.v2.path.clone();
     drop(cgroups);
     assert!(!dir.exists(), "the test cgroup was removed");

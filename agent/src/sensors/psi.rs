@@ -23,8 +23,26 @@ pub struct PsiTrigger {
 }
 
 impl PsiTrigger {
-    /// Arms a trigger on `path` (a `memory.pressure` or `/proc/pressure/memory`).
+    /// Arms a trigger on `path` (a `memory.pressure` or `/proc/pressure/memory`). Without
+    /// CAP_SYS_RESOURCE, Linux 6.5+ takes only windows in whole multiples of 2 s (EINVAL
+    /// otherwise): the window is then rounded up to one, which coarsens detection but keeps it.
     pub fn open(path: &Path, stall: Duration, window: Duration) -> io::Result<Self> {
+        const UNPRIVILEGED_STEP_US: u128 = 2_000_000;
+        match Self::arm(path, stall, window) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINVAL)
+                    && !window.as_micros().is_multiple_of(UNPRIVILEGED_STEP_US) =>
+            {
+                let steps = window.as_micros().div_ceil(UNPRIVILEGED_STEP_US).max(1);
+                let rounded = Duration::from_micros((steps * UNPRIVILEGED_STEP_US) as u64);
+                tracing::debug!(path = %path.display(), window = ?rounded, "PSI window rounded up to a multiple of 2 s (no CAP_SYS_RESOURCE).");
+                Self::arm(path, stall, rounded)
+            }
+            r => r,
+        }
+    }
+
+    fn arm(path: &Path, stall: Duration, window: Duration) -> io::Result<Self> {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
