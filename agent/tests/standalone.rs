@@ -72,6 +72,16 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The test's work directory (manifests, logs), removed however the test ends. Declared before
+/// the daemon, so it goes after the daemon has stopped.
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Stops the daemon (SIGINT) if the test fails half way; the daemon removes its cgroups.
 struct Daemon {
     child: Child,
@@ -259,7 +269,9 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
         eprintln!("skipped: the standalone node needs root (real cgroups and processes)");
         return;
     }
-    let work = std::env::temp_dir().join(format!("qoslet-standalone-{}", std::process::id()));
+    let work_dir =
+        WorkDir(std::env::temp_dir().join(format!("qoslet-standalone-{}", std::process::id())));
+    let work = work_dir.0.clone();
     let pods = work.join("pods");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&pods).unwrap();
@@ -545,5 +557,4 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
         format!("/sys/fs/cgroup/memory/{node_root}")
     };
     assert!(!Path::new(&root_dir).exists(), "{root_dir} removed");
-    let _ = fs::remove_dir_all(&work);
 }
