@@ -88,9 +88,9 @@ impl ChangeFeed {
         Some(wd)
     }
 
-    /// Starts a pass: forgets the verification of every cgroup an event names. Returns whether
-    /// this pass must read everything (first pass, overflow, or a full pass is due).
-    pub fn begin_pass(&mut self) -> bool {
+    /// Starts a pass: forgets the verification of every cgroup an event names, and of every
+    /// cgroup when this pass must read everything (first pass, overflow, or a full pass is due).
+    pub fn begin_pass(&mut self) {
         let mut full = self
             .last_full
             .is_none_or(|t| t.elapsed() >= self.full_every);
@@ -138,7 +138,6 @@ impl ChangeFeed {
             }
             self.last_full = Some(Instant::now());
         }
-        full
     }
 
     /// Whether the cgroup was found holding exactly `files` in `tree` and nothing has touched

@@ -86,6 +86,20 @@ impl Reconciler {
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// A watch on a cgroup the feed does not watch yet; `None` when it does or the cgroup does
+    /// not exist (yet).
+    fn new_watch(
+        &self,
+        feed: &ChangeFeed,
+        tree: Tree,
+        path: &CgroupPath,
+    ) -> Option<WatchDescriptor> {
+        if feed.is_watched(tree, path) {
+            return None;
+        }
+        feed.add_watch(&self.fs.display_path(tree, path)).ok()
+    }
+
     /// Cgroup directories (per tree) the change feed watches; 0 without a feed.
     pub fn watched_cgroups(&self) -> usize {
         self.feed().map_or(0, |f| f.watch_count())
@@ -101,13 +115,7 @@ impl Reconciler {
 
     /// One pass. Every problem is reported per pod, cgroup or file; nothing aborts the pass.
     pub fn reconcile(&self, desired: &DesiredState) -> ReconcileReport {
-        let mut report = ReconcileReport {
-            mode: self.mode,
-            created: Vec::new(),
-            writes: Vec::new(),
-            errors: Vec::new(),
-            read: 0,
-        };
+        let mut report = ReconcileReport::new(self.mode);
         for p in &desired.refused_pods {
             warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %p.source, "Pod refused: its cgroup names are not valid.");
             report.errors.push(p.clone().into());
@@ -122,9 +130,7 @@ impl Reconciler {
             // The node root's own watch sees kubepods (or a reserved cgroup) removed.
             let root = CgroupPath::root();
             for tree in self.fs.trees() {
-                if !f.is_watched(tree, &root)
-                    && let Ok(wd) = f.add_watch(&self.fs.display_path(tree, &root))
-                {
+                if let Some(wd) = self.new_watch(f, tree, &root) {
                     f.watching((tree, root.clone()), wd);
                 }
             }
@@ -146,7 +152,7 @@ impl Reconciler {
         let mut survey = self.survey(&node, &ctx, &mut report);
         let chunks = pod_chunks(&pods, survey_threads(pods.len()));
         let parts: Vec<(Survey, ReconcileReport)> = if chunks.len() <= 1 {
-            let mut part = report.empty_like();
+            let mut part = ReconcileReport::new(self.mode);
             vec![(self.survey(&pods, &ctx, &mut part), part)]
         } else {
             std::thread::scope(|scope| {
@@ -154,7 +160,7 @@ impl Reconciler {
                     .iter()
                     .map(|chunk| {
                         let ctx = &ctx;
-                        let mut part = report.empty_like();
+                        let mut part = ReconcileReport::new(self.mode);
                         scope.spawn(move || (self.survey(chunk, ctx, &mut part), part))
                     })
                     .collect();
@@ -308,12 +314,7 @@ impl Reconciler {
                 continue;
             }
             // Watched before anything is read, so a write landing after the read is seen.
-            let watch = match ctx.feed {
-                Some(f) if !f.is_watched(tree, &c.path) => {
-                    f.add_watch(&self.fs.display_path(tree, &c.path)).ok()
-                }
-                _ => None,
-            };
+            let watch = ctx.feed.and_then(|f| self.new_watch(f, tree, &c.path));
             let probe = files.first().map(|(f, _)| *f);
             let (mut dir, first) = match open.open(&self.fs, tree, c, probe) {
                 Ok(Some((d, first))) => (Some(d), first),
@@ -385,9 +386,7 @@ impl Reconciler {
             }
             // A cgroup made in this pass is watched from now on, before its files are read.
             let watch = match (watch, ctx.feed) {
-                (None, Some(f)) if dir.is_some() && !f.is_watched(tree, &c.path) => {
-                    f.add_watch(&self.fs.display_path(tree, &c.path)).ok()
-                }
+                (None, Some(f)) if dir.is_some() => self.new_watch(f, tree, &c.path),
                 (w, _) => w,
             };
             out.push(Located {

@@ -95,10 +95,9 @@ pub struct ReconcileReport {
 }
 
 impl ReconcileReport {
-    /// An empty report of the same mode, for one part of a pass.
-    pub(super) fn empty_like(&self) -> Self {
+    pub(super) fn new(mode: Mode) -> Self {
         Self {
-            mode: self.mode,
+            mode,
             created: Vec::new(),
             writes: Vec::new(),
             errors: Vec::new(),
