@@ -135,6 +135,15 @@ fn parse_cpu_max(text: &str) -> Option<(Option<i64>, u64)> {
     Some((quota, it.next()?.parse().ok()?))
 }
 
+/// The `key value` lines of a flat-keyed kernel file (`memory.stat`, `memory.events`,
+/// `cpu.stat`, `/proc/stat`); lines whose value is not a `T` are skipped.
+pub fn flat_keyed<T: std::str::FromStr>(text: &str) -> impl Iterator<Item = (&str, T)> {
+    text.lines().filter_map(|line| {
+        let mut it = line.split_whitespace();
+        Some((it.next()?, it.next()?.parse().ok()?))
+    })
+}
+
 /// An empty file is the empty set.
 pub fn parse_list(text: &str) -> Option<CpuSet> {
     let text = text.trim();

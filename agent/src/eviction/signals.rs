@@ -15,6 +15,8 @@ use std::{
 
 use thiserror::Error;
 
+use crate::cgroup::value::flat_keyed;
+
 /// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
 const V1_UNLIMITED: i64 = 1 << 62;
 
@@ -162,12 +164,9 @@ pub fn pid_max() -> Result<i64, SignalError> {
     read_i64(Path::new("/proc/sys/kernel/pid_max"))
 }
 
-/// `key value` lines (memory.stat, memory.events, memory.oom_control).
+/// One value of a `key value` file (memory.stat, memory.events, memory.oom_control).
 pub fn stat_field(text: &str, key: &str) -> Option<i64> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == key).then(|| v.trim().parse().ok())?
-    })
+    flat_keyed(text).find_map(|(k, v)| (k == key).then_some(v))
 }
 
 fn read(path: &Path) -> Result<String, SignalError> {

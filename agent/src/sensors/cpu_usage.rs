@@ -10,7 +10,7 @@ use std::{fs, io, path::Path};
 
 use qoslet_common::sched::{CpuStats, RUNQ_HIST_BUCKETS};
 
-use super::memory_events::flat_keyed;
+use crate::cgroup::value::flat_keyed;
 
 /// Where a [`CpuUsage`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

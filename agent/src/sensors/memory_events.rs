@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::event::{MemcgEventKind, SensorEvent};
+use crate::cgroup::value::flat_keyed;
 
 /// The counters of one memory cgroup, as last read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,15 +31,6 @@ pub fn read_counts(dir: &Path) -> io::Result<MemoryCounts> {
         }
         Err(e) => Err(e),
     }
-}
-
-/// The `key value` lines of a flat-keyed cgroup file (`memory.events`, `cpu.stat`); lines
-/// without a number are skipped.
-pub fn flat_keyed(text: &str) -> impl Iterator<Item = (&str, u64)> {
-    text.lines().filter_map(|line| {
-        let mut it = line.split_whitespace();
-        Some((it.next()?, it.next()?.parse().ok()?))
-    })
 }
 
 /// `memory.events`: `high N`, `max N`, `oom N`, `oom_kill N`, `oom_group_kill N`, ...
