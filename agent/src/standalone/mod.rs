@@ -19,7 +19,7 @@ use tracing::{info, warn};
 pub use node_root::{NodeRoot, NodeRootError};
 
 use crate::{
-    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime, Tree},
+    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime},
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
     eviction::{Inventory, Manager, ManagerConfig, NodeSignals, StandaloneAction, Wake},
     policy::settings::Capacity,
@@ -138,11 +138,7 @@ pub async fn run(
         log_dir: opts.log_dir.clone(),
         backoff: BackoffConfig::default(),
     }));
-    let unified_tree = mounts
-        .trees
-        .keys()
-        .copied()
-        .find(|t| matches!(t, Tree::V2 | Tree::Unified));
+    let unified_tree = sync::unified_tree(mounts.trees.keys().copied());
     let summary = summary::CgroupSummary::new(
         summary::StatsCgroup {
             memory: Some(node_root_memory.clone()),

@@ -92,6 +92,13 @@ pub fn memory_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
         .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)))
 }
 
+/// The cgroup v2 hierarchy: the only one on v2 hosts, the controller-less one on hybrid hosts.
+pub fn unified_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
+    trees
+        .into_iter()
+        .find(|t| matches!(t, Tree::V2 | Tree::Unified))
+}
+
 /// A directory of `tree` as the eviction signals read it.
 pub fn memory_cgroup(tree: Tree, dir: PathBuf) -> MemoryCgroup {
     match tree {
@@ -248,10 +255,7 @@ impl Synced {
         // Where each pod and container lives, in every hierarchy.
         let trees: Vec<Tree> = self.fs().trees().collect();
         let memory_tree = memory_tree(trees.iter().copied());
-        let unified_tree = trees
-            .iter()
-            .copied()
-            .find(|t| matches!(t, Tree::V2 | Tree::Unified));
+        let unified_tree = unified_tree(trees.iter().copied());
         // The v1 cpu hierarchy, for the sensors' CPU fallback (throttling, cpuacct.usage).
         let cpu_tree = trees
             .iter()
