@@ -14,3 +14,9 @@ pub mod server;
 pub mod source;
 pub mod standalone;
 pub mod workload;
+
+/// Locks a mutex even if a holder panicked: qoslet's mutexes guard plain data (maps, lists,
+/// counters) that stays usable, and a node agent must keep running.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -80,10 +80,7 @@ impl Reconciler {
     }
 
     fn feed(&self) -> Option<MutexGuard<'_, ChangeFeed>> {
-        // A panicked pass leaves plain data behind; a full pass is due anyway on its next error.
-        self.feed
-            .as_ref()
-            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+        self.feed.as_ref().map(crate::lock)
     }
 
     /// A watch on a cgroup the feed does not watch yet; `None` when it does or the cgroup does

@@ -16,6 +16,8 @@ use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
+use crate::lock;
+
 use super::{
     EbpfSensors, SensorError,
     cpu_usage::{CpuUsage, read_cgroup_cpu},
@@ -330,11 +332,6 @@ impl Drop for Sensors {
             t.abort();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panicked holder leaves plain data behind; keep using it.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The one-line-per-sensor decision.

@@ -23,6 +23,7 @@ use std::{
 
 use crate::{
     eviction::{MemoryCgroup, signals::stat_field},
+    lock,
     runtime::{ContainerState, ContainerStatus, PodKey, Runtime},
     server::{
         Summary, SummarySource,
@@ -204,10 +205,6 @@ impl SummarySource for CgroupSummary {
             pods,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
