@@ -51,8 +51,11 @@ mod kubelet_order {
         let mut hog_g = g.start_hog(56, None);
         let mut hog_bu = bu.start_hog(32, None);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        // BestEffort grows faster, so at the first crossing it is further over its (zero) request.
+        // BestEffort starts first and grows faster, so at the first crossing it is further over
+        // its (zero) request. Started together, a slow process start under emulation (the 6.12
+        // VM once) could let the Burstable pod lead.
         let mut hog_be = be.start_hog(250, Some(80.0));
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let mut hog_bo = bo.start_hog(240, Some(30.0));
 
         let decisions = run.wait_decisions(2, Duration::from_secs(40)).await;
