@@ -124,18 +124,27 @@ impl MemcgEventLayout {
     };
 }
 
-/// Offsets the scheduler programs use to find a task's pid and cgroup v2 id:
-/// `task->cgroups->dfl_cgrp->kn->id`.
+/// Offsets the scheduler program reads from a task: its pid, its cgroup v2 id
+/// (`task->cgroups->dfl_cgrp->kn->id`), the kernel's own run-queue timestamps
+/// (`task->sched_info.last_queued` / `last_arrival`, `CONFIG_SCHED_INFO`) and the clock they are
+/// taken from (`task->se.cfs_rq->rq->clock`, `CONFIG_FAIR_GROUP_SCHED`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedBtfLayout {
-    /// 1 when every offset below was resolved; 0 makes the programs do nothing.
+    /// 1 when every offset below was resolved; 0 makes the program do nothing.
     pub valid: u32,
     pub task_pid: u32,
     pub task_cgroups: u32,
     pub css_set_dfl_cgrp: u32,
     pub cgroup_kn: u32,
     pub kernfs_node_id: u32,
+    /// `task_struct.sched_info` plus the member's offset within it.
+    pub task_last_queued: u32,
+    pub task_last_arrival: u32,
+    /// `task_struct.se` plus `sched_entity.cfs_rq`.
+    pub task_se_cfs_rq: u32,
+    pub cfs_rq_rq: u32,
+    pub rq_clock: u32,
 }
 
 impl SchedBtfLayout {
@@ -146,6 +155,11 @@ impl SchedBtfLayout {
         css_set_dfl_cgrp: 0,
         cgroup_kn: 0,
         kernfs_node_id: 0,
+        task_last_queued: 0,
+        task_last_arrival: 0,
+        task_se_cfs_rq: 0,
+        cfs_rq_rq: 0,
+        rq_clock: 0,
     };
 }
 

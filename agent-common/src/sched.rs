@@ -7,6 +7,19 @@ pub const RUNQ_HIST_BUCKETS: usize = 32;
 /// `WATCHED_CGROUPS` value: the cgroup is watched (the only flag so far).
 pub const WATCH_FLAG_WATCHED: u32 = 1;
 
+/// Words of `WATCH_FILTER`, the scheduler program's first watch test: bit `id & 0xffff` is set
+/// when some watched cgroup's id has those low 16 bits. Reading it is an inlined array access,
+/// where a hash lookup is a call; so a task of an unwatched cgroup costs no lookup unless its id
+/// shares the bit with a watched one (about watched / 65,536 of them).
+pub const WATCH_FILTER_WORDS: u32 = 1024;
+
+/// The `WATCH_FILTER` word and bit of a cgroup id.
+#[inline(always)]
+pub const fn watch_filter_slot(cgroup_id: u64) -> (u32, u64) {
+    let bit = (cgroup_id & 0xffff) as u32;
+    (bit >> 6, 1 << (bit & 63))
+}
+
 /// CPU use of one watched cgroup (v2 id) on one CPU, filled by the scheduler programs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,21 +49,6 @@ impl CpuStats {
             *a = a.wrapping_add(*b);
         }
     }
-}
-
-/// `TaskState::state`: waiting on a run queue since `since_ns`.
-pub const TASK_QUEUED: u32 = 1;
-/// `TaskState::state`: running since `since_ns`.
-pub const TASK_ONCPU: u32 = 2;
-
-/// What the scheduler programs remember about a task of a watched cgroup, keyed by thread id.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TaskState {
-    pub cgroup_id: u64,
-    pub since_ns: u64,
-    pub state: u32,
-    pub _pad: u32,
 }
 
 /// Reclaim stalls of one watched cgroup (v2 id of the stalled task).
@@ -85,7 +83,6 @@ pub struct ReclaimStart {
 mod user {
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::CpuStats {}
-    unsafe impl aya::Pod for super::TaskState {}
     unsafe impl aya::Pod for super::ReclaimStats {}
     unsafe impl aya::Pod for super::ReclaimStart {}
 }

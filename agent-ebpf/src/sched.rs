@@ -1,24 +1,34 @@
-//! Run-queue latency (wakeup to running) and on-CPU time per watched cgroup, from
-//! `tp_btf/sched_wakeup`, `sched_wakeup_new` and `sched_switch`.
+//! Run-queue latency (enqueue to running) and on-CPU time per watched cgroup, from
+//! `tp_btf/sched_switch` alone.
 //!
-//! These run on every context switch of the node, so the common case, a task of a cgroup nobody
-//! watches, must be cheap: its cgroup id (`task->cgroups->dfl_cgrp->kn->id`) is read with direct
-//! BTF-typed loads (the offsets are frozen `.rodata` constants, so the verifier checks each load
-//! against the kernel's own types; the JIT makes them fault-safe) and one hash lookup in
-//! `CPU_STATS`, whose entries the agent creates for exactly the watched cgroups. The clock and
-//! the per-task map are touched only for tasks of watched cgroups. The cgroup is read on every
-//! event rather than cached per task, so a task moved between cgroups is attributed at once.
+//! The kernel already times both edges for its own delay accounting (`CONFIG_SCHED_INFO`): a
+//! task's `sched_info.last_queued` is the run-queue clock when it was enqueued (woken, created or
+//! preempted) and `last_arrival` when it last got a CPU. `sched_switch` fires just before the
+//! kernel folds them into `run_delay` (`sched_info_switch`), with `rq->clock` already read for
+//! this switch, so
+//!   wait of `next`    = rq->clock - next->sched_info.last_queued,
+//!   on-CPU of `prev`  = rq->clock - prev->sched_info.last_arrival,
+//! exactly the deltas the kernel adds to `/proc/<pid>/schedstat`. So there is no wakeup program,
+//! no per-task map and no clock helper: this program runs on every context switch of the node,
+//! and each helper call or map it touches costs every switch.
+//!
+//! The common case, a task of a cgroup nobody watches, costs its cgroup id
+//! (`task->cgroups->dfl_cgrp->kn->id`, direct BTF-typed loads whose offsets are frozen `.rodata`
+//! constants, so the verifier checks each against the kernel's own types and the JIT makes them
+//! fault-safe) and one bit of `WATCH_FILTER`. Only a set bit leads to the hash lookup in
+//! `CPU_STATS`, whose entries the agent creates for exactly the watched cgroups: measured here,
+//! the lookups were most of the program's cost. When `prev` and `next` share a css_set (threads
+//! of one process), `next` reuses `prev`'s answer.
 
 use aya_ebpf::{
     Global,
-    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map},
-    maps::{LruHashMap, PerCpuHashMap},
+    maps::{Array, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use qoslet_common::{
     SchedBtfLayout,
-    sched::{CpuStats, RUNQ_HIST_BUCKETS, TASK_ONCPU, TASK_QUEUED, TaskState},
+    sched::{CpuStats, RUNQ_HIST_BUCKETS, WATCH_FILTER_WORDS, watch_filter_slot},
 };
 
 use crate::maps::{MAX_CGROUPS, add};
@@ -27,7 +37,7 @@ use crate::maps::{MAX_CGROUPS, add};
 static SCHED_LAYOUT: Global<SchedBtfLayout> = Global::new(SchedBtfLayout::UNSET);
 
 /// Per watched cgroup v2 id: created by the agent when it watches the cgroup (its presence is
-/// the scheduler programs' watch test), deleted on unwatch and by `cgroup_rmdir`. One copy per
+/// the scheduler program's watch test), deleted on unwatch and by `cgroup_rmdir`. One copy per
 /// CPU, summed by the agent, so the CPUs running one cgroup's tasks do not bounce a cache line
 /// on every switch; not preallocated, so its memory follows the watched cgroups rather than
 /// `MAX_CGROUPS` times the CPUs.
@@ -37,29 +47,16 @@ pub static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
 
 const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// Tasks of watched cgroups, by thread id. LRU: exited tasks age out.
+/// One bit per low-16-bit value of the watched cgroups' ids, kept by the agent (see
+/// `qoslet_common::sched::WATCH_FILTER_WORDS`). A set bit may be a neighbour's: `CPU_STATS`
+/// decides.
 #[map]
-static TASKS: LruHashMap<u32, TaskState> = LruHashMap::with_max_entries(65536, 0);
-
-/// `prev_state` of a task that was preempted while runnable.
-const TASK_RUNNING: u32 = 0;
-
-#[btf_tracepoint(function = "sched_wakeup")]
-pub fn sched_wakeup(ctx: BtfTracePointContext) -> i32 {
-    try_wakeup(ctx.arg(0));
-    0
-}
-
-#[btf_tracepoint(function = "sched_wakeup_new")]
-pub fn sched_wakeup_new(ctx: BtfTracePointContext) -> i32 {
-    try_wakeup(ctx.arg(0));
-    0
-}
+static WATCH_FILTER: Array<u64> = Array::with_max_entries(WATCH_FILTER_WORDS, 0);
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // (bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
-    try_switch(ctx.arg(1), ctx.arg(2), ctx.arg(3));
+    try_switch(ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -73,132 +70,98 @@ unsafe fn load<T: Copy>(base: *const u8, offset: u32) -> T {
 }
 
 #[inline(always)]
-fn pid_of(l: &SchedBtfLayout, task: *const u8) -> u32 {
-    unsafe { load::<i32>(task, l.task_pid) as u32 }
+fn pid_of(l: &SchedBtfLayout, task: *const u8) -> i32 {
+    unsafe { load::<i32>(task, l.task_pid) }
 }
 
 #[inline(always)]
-fn cgroup_of(l: &SchedBtfLayout, task: *const u8) -> u64 {
-    unsafe {
-        let css_set: *const u8 = load(task, l.task_cgroups);
+fn css_set_of(l: &SchedBtfLayout, task: *const u8) -> *const u8 {
+    unsafe { load(task, l.task_cgroups) }
+}
+
+/// The stats of the css_set's default-hierarchy cgroup when that cgroup is watched.
+#[inline(always)]
+fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut CpuStats> {
+    let cgroup_id: u64 = unsafe {
         let cgroup: *const u8 = load(css_set, l.css_set_dfl_cgrp);
         let kn: *const u8 = load(cgroup, l.cgroup_kn);
         load(kn, l.kernfs_node_id)
-    }
-}
-
-/// The stats of the task's cgroup when that cgroup is watched.
-#[inline(always)]
-fn watched_stats(l: &SchedBtfLayout, task: *const u8) -> Option<(u64, &'static mut CpuStats)> {
-    let cgroup_id = cgroup_of(l, task);
-    let s = CPU_STATS.get_ptr_mut(&cgroup_id)?;
-    // SAFETY: a live map value.
-    Some((cgroup_id, unsafe { &mut *s }))
-}
-
-fn try_wakeup(task: *const u8) {
-    let l = SCHED_LAYOUT.load();
-    if l.valid == 0 {
-        return;
-    }
-    if let Some((cgroup_id, _)) = watched_stats(&l, task) {
-        let pid = pid_of(&l, task);
-        let now = unsafe { bpf_ktime_get_ns() };
-        // Updated in place: an LRU insert costs several times a lookup.
-        match known(pid, cgroup_id) {
-            Some(t) => {
-                t.since_ns = now;
-                t.state = TASK_QUEUED;
-            }
-            None => set(pid, cgroup_id, TASK_QUEUED, now),
-        }
-    }
-}
-
-/// Records the task's state, replacing whatever was known.
-#[inline(always)]
-fn set(pid: u32, cgroup_id: u64, state: u32, now: u64) {
-    let t = TaskState {
-        cgroup_id,
-        since_ns: now,
-        state,
-        _pad: 0,
     };
-    let _ = TASKS.insert(&pid, &t, 0);
+    let (word, bit) = watch_filter_slot(cgroup_id);
+    if WATCH_FILTER.get(word).is_none_or(|w| w & bit == 0) {
+        return None;
+    }
+    let s = CPU_STATS.get_ptr_mut(&cgroup_id)?;
+    // SAFETY: a live map value, this CPU's copy.
+    Some(unsafe { &mut *s })
 }
 
-/// The task's state if it was learnt in this cgroup (a task moved in from elsewhere starts over).
+/// `rq->clock` of this CPU, reached through the current task's CFS run queue
+/// (`se.cfs_rq->rq`, set for tasks of every class and for the idle task): the clock `__schedule`
+/// read for this switch, and the one the kernel's `sched_info` timestamps come from.
 #[inline(always)]
-fn known(pid: u32, cgroup_id: u64) -> Option<&'static mut TaskState> {
-    let t = TASKS.get_ptr_mut(&pid)?;
-    // SAFETY: a live map value.
-    let t = unsafe { &mut *t };
-    (t.cgroup_id == cgroup_id).then_some(t)
+fn rq_clock(l: &SchedBtfLayout, current: *const u8) -> u64 {
+    unsafe {
+        let cfs_rq: *const u8 = load(current, l.task_se_cfs_rq);
+        let rq: *const u8 = load(cfs_rq, l.cfs_rq_rq);
+        load(rq, l.rq_clock)
+    }
 }
 
-fn try_switch(prev: *const u8, next: *const u8, prev_state: u32) {
+fn try_switch(prev: *const u8, next: *const u8) {
     let l = SCHED_LAYOUT.load();
     if l.valid == 0 {
         return;
     }
-    // The clock is read once, and only when a watched task is involved.
+    // Read once, and only when a watched task is involved.
     let mut now = 0u64;
     let mut clock = || {
         if now == 0 {
-            now = unsafe { bpf_ktime_get_ns() };
+            now = rq_clock(&l, prev);
         }
         now
     };
-    // pid 0 is the idle task of every CPU.
-    let prev_pid = pid_of(&l, prev);
-    if prev_pid != 0
-        && let Some((cgroup_id, s)) = watched_stats(&l, prev)
-    {
-        switched_out(prev_pid, cgroup_id, s, prev_state == TASK_RUNNING, clock());
-    }
-    let next_pid = pid_of(&l, next);
-    if next_pid != 0
-        && let Some((cgroup_id, s)) = watched_stats(&l, next)
-    {
-        switched_in(next_pid, cgroup_id, s, clock());
-    }
-}
-
-#[inline(always)]
-fn switched_out(pid: u32, cgroup_id: u64, s: &mut CpuStats, runnable: bool, now: u64) {
-    // A preempted task waits on the run queue from now on; a sleeping one waits for its wakeup,
-    // which restarts the clock. A CPU-bound task never wakes up: it is learnt here.
-    let state = if runnable { TASK_QUEUED } else { 0 };
-    match known(pid, cgroup_id) {
-        Some(t) => {
-            if t.state == TASK_ONCPU {
-                add(&mut s.oncpu_ns, now.wrapping_sub(t.since_ns));
-            }
-            t.since_ns = now;
-            t.state = state;
+    // pid 0 is the idle task of every CPU; the kernel keeps no sched_info for it.
+    let prev_set = if pid_of(&l, prev) != 0 {
+        css_set_of(&l, prev)
+    } else {
+        core::ptr::null()
+    };
+    let mut prev_stats = if prev_set.is_null() {
+        None
+    } else {
+        watched_stats(&l, prev_set)
+    };
+    if let Some(s) = prev_stats.as_deref_mut() {
+        let arrived: u64 = unsafe { load(prev, l.task_last_arrival) };
+        let ran = clock().wrapping_sub(arrived);
+        // `last_arrival` is 0 before the first arrival.
+        if arrived != 0 && (ran as i64) > 0 {
+            add(&mut s.oncpu_ns, ran);
         }
-        None if runnable => set(pid, cgroup_id, state, now),
-        None => {}
     }
-}
-
-#[inline(always)]
-fn switched_in(pid: u32, cgroup_id: u64, s: &mut CpuStats, now: u64) {
-    match known(pid, cgroup_id) {
-        Some(t) => {
-            if t.state == TASK_QUEUED {
-                let waited = now.wrapping_sub(t.since_ns);
-                let bucket = log2(waited / 1000);
-                add(&mut s.runq_count, 1);
-                add(&mut s.runq_total_ns, waited);
-                if bucket < RUNQ_HIST_BUCKETS {
-                    add(&mut s.runq_hist[bucket], 1);
-                }
+    if pid_of(&l, next) == 0 {
+        return;
+    }
+    let next_set = css_set_of(&l, next);
+    let next_stats = if next_set == prev_set {
+        prev_stats
+    } else {
+        watched_stats(&l, next_set)
+    };
+    if let Some(s) = next_stats {
+        // 0 when the task was not queued through `enqueue_task` (never the case for a task
+        // being switched in, but the kernel checks it too).
+        let queued: u64 = unsafe { load(next, l.task_last_queued) };
+        let waited = clock().wrapping_sub(queued);
+        if queued != 0 && (waited as i64) >= 0 {
+            add(&mut s.runq_count, 1);
+            add(&mut s.runq_total_ns, waited);
+            let bucket = log2(waited / 1000);
+            if bucket < RUNQ_HIST_BUCKETS {
+                add(&mut s.runq_hist[bucket], 1);
             }
-            t.since_ns = now;
-            t.state = TASK_ONCPU;
         }
-        None => set(pid, cgroup_id, TASK_ONCPU, now),
     }
 }
 

@@ -1,5 +1,7 @@
 //! Two cgroups competing for CPU 0 with very different CPU weights: the light one waits longer
-//! on the run queue and runs less, as the scheduler programs' per-cgroup stats show.
+//! on the run queue and runs less, as the scheduler program's per-cgroup stats show; and those
+//! stats agree with what the kernel itself accounts to the same tasks in
+//! `/proc/<pid>/schedstat`.
 
 mod sensors_common;
 
@@ -9,6 +11,20 @@ use qoslet::sensors::cpu_usage::RunQueueWaits;
 use qoslet::sensors::{CpuSource, SensorMode, SensorsConfig};
 use qoslet_tests::require_root;
 use sensors_common::{Cgroups, Script, start, status};
+
+/// `/proc/<pid>/schedstat`: (time on CPU, time waiting on a run queue), in nanoseconds.
+fn schedstat(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    let mut f = text
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().expect("a number"));
+    (f.next().expect("on-CPU"), f.next().expect("run delay"))
+}
+
+/// `a` within `pct` percent (and 2 ms) of `b`.
+fn close(a: u64, b: u64, pct: f64) -> bool {
+    (a as f64 - b as f64).abs() <= (b as f64 * pct / 100.0).max(2e6)
+}
 
 fn mean_wait_ns(s: &RunQueueWaits) -> f64 {
     s.total_ns as f64 / s.count.max(1) as f64
@@ -57,12 +73,6 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         s.pin_to_cpu0();
         spinners.push(s);
     }
-    for s in &mut spinners {
-        s.release();
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    drop(spinners);
-
     let stats = |id: u64| {
         let u = sensors
             .cpu_stats(id)
@@ -72,19 +82,61 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         let waits = u.runq.clone().expect("eBPF fills the run-queue waits");
         (u, waits)
     };
-    let (h, hw) = stats(heavy.id());
-    let (l, lw) = stats(light.id());
-    eprintln!(
-        "heavy: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}; light: on-CPU {} ms, {} waits, mean {:.0} µs, median bucket {}",
-        h.usage_ns / 1_000_000,
-        hw.count,
-        mean_wait_ns(&hw) / 1e3,
-        median_bucket(&hw),
-        l.usage_ns / 1_000_000,
-        lw.count,
-        mean_wait_ns(&lw) / 1e3,
-        median_bucket(&lw)
-    );
+    // Both spinners are blocked on stdin: nothing of theirs is pending in either account.
+    let before: Vec<_> = [&heavy, &light].iter().map(|c| stats(c.id())).collect();
+    let kernel_before: Vec<_> = spinners.iter().map(|s| schedstat(s.pid())).collect();
+    for s in &mut spinners {
+        s.release();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Stopped, they leave the run queue for good: both accounts are final.
+    for s in &spinners {
+        // SAFETY: our own child.
+        unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let kernel: Vec<_> = spinners
+        .iter()
+        .zip(&kernel_before)
+        .map(|(s, b)| {
+            let a = schedstat(s.pid());
+            (a.0 - b.0, a.1 - b.1)
+        })
+        .collect();
+    let after: Vec<_> = [&heavy, &light].iter().map(|c| stats(c.id())).collect();
+    drop(spinners);
+    let [(h, hw), (l, lw)] = [0, 1].map(|i| {
+        let ((u0, w0), (u1, w1)) = (&before[i], &after[i]);
+        let mut u = u1.clone();
+        u.usage_ns -= u0.usage_ns;
+        let mut w = w1.clone();
+        w.count -= w0.count;
+        w.total_ns -= w0.total_ns;
+        for (a, b) in w.hist.iter_mut().zip(w0.hist) {
+            *a -= b;
+        }
+        (u, w)
+    });
+    for (name, (u, w), (oncpu, delay)) in [
+        ("heavy", (&h, &hw), kernel[0]),
+        ("light", (&l, &lw), kernel[1]),
+    ] {
+        eprintln!(
+            "{name}: eBPF on-CPU {} µs, waited {} µs; schedstat on-CPU {} µs, run delay {} µs",
+            u.usage_ns / 1000,
+            w.total_ns / 1000,
+            oncpu / 1000,
+            delay / 1000
+        );
+        assert!(
+            close(w.total_ns, delay, 2.0),
+            "{name}: run-queue wait as the kernel's own run_delay"
+        );
+        assert!(
+            close(u.usage_ns, oncpu, 5.0),
+            "{name}: on-CPU time as the kernel's own sum_exec_runtime"
+        );
+    }
     assert!(hw.count > 0 && lw.count > 0, "both waited");
     assert!(
         h.usage_ns > 3 * l.usage_ns,

@@ -28,6 +28,14 @@ fn sizes(sensors: &qoslet::sensors::Sensors) -> Vec<(&'static str, usize)> {
         .collect()
 }
 
+/// Bits set in the scheduler program's `WATCH_FILTER`.
+fn filter_bits(sensors: &qoslet::sensors::Sensors) -> u32 {
+    sensors
+        .with_ebpf(|e| e.watch_filter_bits())
+        .expect("eBPF loaded")
+        .expect("reading WATCH_FILTER")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
     require_root();
@@ -37,6 +45,7 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
         "cgroup_rmdir attached"
     );
     let base = sizes(&sensors);
+    let base_filter_bits = filter_bits(&sensors);
     let root_dir = match layout() {
         Layout::Hybrid => "/sys/fs/cgroup/unified",
         _ => "/sys/fs/cgroup",
@@ -69,6 +78,11 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
         base[1].1 + CGROUPS,
         "a CPU_STATS entry per watched cgroup"
     );
+    let grown_bits = filter_bits(&sensors);
+    assert!(
+        grown_bits > base_filter_bits,
+        "watching sets filter bits ({base_filter_bits} -> {grown_bits})"
+    );
     drop(children);
 
     let mut removed = HashSet::new();
@@ -98,4 +112,14 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
         ids.len()
     );
     assert_eq!(sizes(&sensors), base, "maps back to their base size");
+    // The agent clears a bit once it has handled the removal event.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while filter_bits(&sensors) != base_filter_bits && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        filter_bits(&sensors),
+        base_filter_bits,
+        "the scheduler program's watch filter is back to its base"
+    );
 }

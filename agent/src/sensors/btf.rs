@@ -245,8 +245,12 @@ impl KernelBtf {
         })
     }
 
-    /// Everything the scheduler programs read from a task: its pid and cgroup v2 id.
+    /// Everything the scheduler program reads from a task: its pid, its cgroup v2 id, the
+    /// kernel's `sched_info` timestamps and the run-queue clock they come from. A kernel without
+    /// `CONFIG_SCHED_INFO` (no `task_struct.sched_info`) or `CONFIG_FAIR_GROUP_SCHED` (no
+    /// `cfs_rq.rq`) has no such layout, and the CPU sensor falls back to the cgroup files.
     pub fn sched_layout(&self) -> Result<SchedBtfLayout, BtfError> {
+        let sched_info = self.offset_of("task_struct", "sched_info")?;
         Ok(SchedBtfLayout {
             valid: 1,
             task_pid: self.offset_of("task_struct", "pid")?,
@@ -254,6 +258,12 @@ impl KernelBtf {
             css_set_dfl_cgrp: self.offset_of("css_set", "dfl_cgrp")?,
             cgroup_kn: self.offset_of("cgroup", "kn")?,
             kernfs_node_id: self.offset_of("kernfs_node", "id")?,
+            task_last_queued: sched_info + self.offset_of("sched_info", "last_queued")?,
+            task_last_arrival: sched_info + self.offset_of("sched_info", "last_arrival")?,
+            task_se_cfs_rq: self.offset_of("task_struct", "se")?
+                + self.offset_of("sched_entity", "cfs_rq")?,
+            cfs_rq_rq: self.offset_of("cfs_rq", "rq")?,
+            rq_clock: self.offset_of("rq", "clock")?,
         })
     }
 

@@ -7,7 +7,7 @@ use aya::{
     programs::{BtfTracePoint, FEntry, TracePoint},
 };
 use qoslet_common::{MemcgEventLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout};
-use std::os::fd::OwnedFd;
+use std::{collections::HashSet, os::fd::OwnedFd};
 use tokio::io::unix::AsyncFd;
 
 use super::{
@@ -75,6 +75,9 @@ pub struct EbpfSensors {
     attached: Vec<AttachedProgram>,
     /// Hooks that were tried and skipped, with the reason (logged once by the caller).
     skipped: Vec<String>,
+    /// The watched cgroup ids, from which each `WATCH_FILTER` word is recomputed (one bit may
+    /// stand for several ids).
+    pub(super) watched_ids: HashSet<u64>,
 }
 
 impl EbpfSensors {
@@ -117,7 +120,7 @@ impl EbpfSensors {
 
         let sched_layout = match &kernel_btf {
             Some(b) => b.sched_layout().unwrap_or_else(|e| {
-                skipped.push(format!("tp_btf/sched_*: {e}"));
+                skipped.push(format!("tp_btf/sched_switch: {e}"));
                 SchedBtfLayout::UNSET
             }),
             None => SchedBtfLayout::UNSET,
@@ -174,11 +177,9 @@ impl EbpfSensors {
         if sched_layout.valid == 1
             && let Some(btf) = aya_btf.as_ref()
         {
-            for hook in ["sched_wakeup", "sched_wakeup_new", "sched_switch"] {
-                match attach_btf_tracepoint(&mut ebpf, hook, hook, btf) {
-                    Ok(a) => attached.push(a),
-                    Err(e) => skipped.push(error_chain(&e)),
-                }
+            match attach_btf_tracepoint(&mut ebpf, "sched_switch", "sched_switch", btf) {
+                Ok(a) => attached.push(a),
+                Err(e) => skipped.push(error_chain(&e)),
             }
         }
         for (program, category, name) in OPTIONAL_TRACEPOINTS {
@@ -199,6 +200,7 @@ impl EbpfSensors {
             stats,
             attached,
             skipped,
+            watched_ids: HashSet::new(),
         })
     }
 

@@ -430,7 +430,7 @@ fn decide(ebpf: Option<&EbpfSensors>, why_not: Option<&str>) -> Vec<SensorStatus
         },
         one(
             "cpu_runqueue",
-            &["sched_wakeup", "sched_wakeup_new", "sched_switch"],
+            &["sched_switch"],
             Some(
                 "cgroup CPU files read at housekeeping (usage, throttling, cpu.pressure; no run-queue histograms)",
             ),
@@ -556,7 +556,18 @@ impl Shared {
                 op: CgroupOp::Removed,
                 id,
                 ..
-            } => self.forget(*id),
+            } => {
+                // The kernel program deleted the map entries; the filter bit is the agent's.
+                if let Some(e) = lock(&self.ebpf).as_mut()
+                    && let Err(err) = e.removed_cgroup(*id)
+                {
+                    self.counters
+                        .map_update_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(cgroup_id = *id, error = %error_chain(&err), "Could not clear a removed cgroup's watch filter bit.");
+                }
+                self.forget(*id)
+            }
             _ => {}
         }
         self.tx.send(event).await.is_ok()

@@ -1,10 +1,10 @@
 //! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
 //! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
 
-use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use qoslet_common::{
     event::{MemcgCounter, MemcgCounterKey},
-    sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED},
+    sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED, watch_filter_slot},
 };
 
 use super::{SensorError, ebpf::EbpfSensors};
@@ -68,8 +68,38 @@ impl EbpfSensors {
         HashMap::try_from(map).map_err(map_err(name))
     }
 
-    /// Adds a cgroup v2 id to the programs' watch list. Its `CPU_STATS` entry is created here:
-    /// the scheduler programs take its presence as their (single-lookup) watch test.
+    /// Writes the `WATCH_FILTER` word holding `cgroup_id`'s bit, from the watched ids.
+    fn update_watch_filter(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+        const NAME: &str = "WATCH_FILTER";
+        let (word, _) = watch_filter_slot(cgroup_id);
+        let value = self
+            .watched_ids
+            .iter()
+            .map(|&id| watch_filter_slot(id))
+            .filter(|&(w, _)| w == word)
+            .fold(0, |v, (_, bit)| v | bit);
+        let map = self
+            .ebpf
+            .map_mut(NAME)
+            .ok_or(SensorError::MissingMap(NAME))?;
+        let mut filter: Array<&mut MapData, u64> = Array::try_from(map).map_err(map_err(NAME))?;
+        filter.set(word, value, 0).map_err(map_err(NAME))
+    }
+
+    /// Bits set in `WATCH_FILTER`: back to 0 once nothing is watched.
+    pub fn watch_filter_bits(&self) -> Result<u32, SensorError> {
+        const NAME: &str = "WATCH_FILTER";
+        let map = self.ebpf.map(NAME).ok_or(SensorError::MissingMap(NAME))?;
+        let filter: Array<&MapData, u64> = Array::try_from(map).map_err(map_err(NAME))?;
+        filter
+            .iter()
+            .try_fold(0, |n, w| w.map(|w| n + w.count_ones()))
+            .map_err(map_err(NAME))
+    }
+
+    /// Adds a cgroup v2 id to the programs' watch list. Its `CPU_STATS` entry is created here,
+    /// then its `WATCH_FILTER` bit set: the scheduler program's watch test is the bit, then the
+    /// entry's presence.
     pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         let mut watched = self.hash_map_mut::<u32>("WATCHED_CGROUPS")?;
         watched
@@ -81,12 +111,14 @@ impl EbpfSensors {
             .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))?;
         // BPF_NOEXIST: watching a cgroup again keeps its statistics.
         match self.cpu_stats_map()?.insert(cgroup_id, zeros, BPF_NOEXIST) {
-            Ok(()) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
-                Ok(())
-            }
-            Err(e) => Err(map_err("CPU_STATS")(e)),
+            Ok(()) => {}
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(map_err("CPU_STATS")(e)),
         }
+        if self.watched_ids.insert(cgroup_id) {
+            self.update_watch_filter(cgroup_id)?;
+        }
+        Ok(())
     }
 
     /// Removes a cgroup from the watch list (a removed cgroup is dropped by the kernel program).
@@ -96,10 +128,22 @@ impl EbpfSensors {
             cgroup_id,
             "WATCHED_CGROUPS",
         )?;
+        if self.watched_ids.remove(&cgroup_id) {
+            self.update_watch_filter(cgroup_id)?;
+        }
         match self.cpu_stats_map()?.remove(&cgroup_id) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(map_err("CPU_STATS")(e)),
         }
+    }
+
+    /// A watched cgroup was removed: the `cgroup_rmdir` program has deleted its map entries,
+    /// this clears its `WATCH_FILTER` bit.
+    pub fn removed_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+        if self.watched_ids.remove(&cgroup_id) {
+            self.update_watch_filter(cgroup_id)?;
+        }
+        Ok(())
     }
 
     /// Run-queue latency and on-CPU time of a watched cgroup (summed over the CPUs), `None`

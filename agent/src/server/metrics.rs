@@ -296,7 +296,7 @@ impl Metrics {
         let runqueue_latency = Family::default();
         reg.add_with_unit(
             "qoslet_runqueue_latency",
-            "Run-queue latency (wakeup to running) of a pod's tasks, from eBPF",
+            "Run-queue latency (enqueued to running) of a pod's tasks, from eBPF",
             Unit::Seconds,
             runqueue_latency.clone(),
         );

@@ -1,0 +1,295 @@
+//! Bench: the eBPF sensors' cost per event under a context-switch storm, and the agent's added
+//! CPU time, with 100 watched cgroups. Prints GitHub-markdown tables; asserts nothing.
+//!
+//! The stressor is this binary re-run as `qoslet-bench-sensors stress SECONDS`: two threads
+//! ping-ponging one byte over two pipes. Two loads, each run twice, in watched cgroups (every
+//! switch takes the program's watched path) and in unwatched ones (the path of every task qoslet
+//! does not manage):
+//! - one stressor: each hand-off goes through the idle task, and on a VM through a halted vCPU,
+//!   so each switch finds cold caches;
+//! - two stressors per CPU, each in its own cgroup: the CPUs never idle and switch from task to
+//!   task, across cgroups, the scheduler-heavy case.
+//!
+//! An empty program on the same hook (`floor.rs`) gives what the kernel itself spends per program
+//! run on this machine.
+
+mod floor;
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    os::unix::fs::MetadataExt as _,
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use floor::Floor;
+use qoslet::sensors::{Sensors, SensorsConfig, WatchedCgroup, kmaps::ProgramCost};
+
+const WATCHED: usize = 100;
+const SECONDS: u64 = 5;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("stress") {
+        let secs = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(SECONDS);
+        stress(Duration::from_secs(secs));
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(bench());
+}
+
+/// Two threads handing a byte back and forth: two context switches per round trip.
+fn stress(duration: Duration) {
+    let (mut a_rx, mut a_tx) = std::io::pipe().expect("pipe");
+    let (mut b_rx, mut b_tx) = std::io::pipe().expect("pipe");
+    let deadline = Instant::now() + duration;
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while a_rx.read_exact(&mut byte).is_ok() {
+            if b_tx.write_all(&byte).is_err() {
+                return;
+            }
+        }
+    });
+    let mut byte = [0u8; 1];
+    let mut rounds = 0u64;
+    while Instant::now() < deadline {
+        a_tx.write_all(&byte).expect("ping");
+        b_rx.read_exact(&mut byte).expect("pong");
+        rounds += 1;
+    }
+    drop(a_tx);
+    let _ = echo.join();
+    println!("{rounds}");
+}
+
+/// The process's user+system CPU time.
+fn self_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+struct Cgroup(PathBuf);
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// What one stressor run cost.
+struct Phase {
+    wall: Duration,
+    /// Per attached program, over the run.
+    costs: Vec<ProgramCost>,
+    /// The empty program's (run_time_ns, run_cnt), when it could be attached.
+    floor: Option<(u64, u64)>,
+    agent_cpu: Duration,
+    rounds: u64,
+}
+
+impl Phase {
+    fn cost(&self, program: &str) -> Option<&ProgramCost> {
+        self.costs.iter().find(|c| c.program == program)
+    }
+
+    fn percent_of_core(&self, ns: u64) -> f64 {
+        ns as f64 / self.wall.as_nanos() as f64 * 100.0
+    }
+}
+
+fn delta(before: &[ProgramCost], after: &[ProgramCost]) -> Vec<ProgramCost> {
+    after
+        .iter()
+        .map(|a| {
+            let (t, n) = before
+                .iter()
+                .find(|b| b.program == a.program)
+                .map_or((0, 0), |b| (b.run_time_ns, b.run_count));
+            ProgramCost {
+                program: a.program.clone(),
+                run_time_ns: a.run_time_ns - t,
+                run_count: a.run_count - n,
+            }
+        })
+        .collect()
+}
+
+/// Runs one stressor for `SECONDS` inside each of `cgroups`, all at once.
+async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) -> Phase {
+    let floor_cost = || floor.and_then(|f| f.cost().ok());
+    let before_costs = sensors.program_costs();
+    let before_floor = floor_cost();
+    let before_cpu = self_cpu();
+    let start = Instant::now();
+    let children: Vec<_> = cgroups
+        .iter()
+        .map(|cg| {
+            let child = Command::new(std::env::current_exe().expect("current_exe"))
+                .args(["stress", &SECONDS.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting a stressor");
+            // Moved in at once: the first few switches happen before the move.
+            let _ = fs::write(cg.0.join("cgroup.procs"), child.id().to_string());
+            child
+        })
+        .collect();
+    let out = tokio::task::spawn_blocking(move || {
+        children
+            .into_iter()
+            .map(|mut child| {
+                let mut s = String::new();
+                if let Some(mut o) = child.stdout.take() {
+                    let _ = o.read_to_string(&mut s);
+                }
+                let _ = child.wait();
+                s.trim().parse::<u64>().unwrap_or(0)
+            })
+            .sum::<u64>()
+    })
+    .await
+    .unwrap_or_default();
+    let wall = start.elapsed();
+    Phase {
+        wall,
+        costs: delta(&before_costs, &sensors.program_costs()),
+        floor: before_floor
+            .zip(floor_cost())
+            .map(|((t0, n0), (t1, n1))| (t1 - t0, n1 - n0)),
+        agent_cpu: self_cpu() - before_cpu,
+        rounds: out,
+    }
+}
+
+async fn bench() {
+    let (sensors, mut rx) = Sensors::start(SensorsConfig::default());
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let root = if PathBuf::from("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/unified"
+    };
+    let top = Cgroup(PathBuf::from(root).join(format!("qoslet-bench-{}", std::process::id())));
+    fs::create_dir(&top.0).expect("creating the bench cgroup");
+    let mut cgroups = Vec::new();
+    for i in 0..WATCHED {
+        let dir = top.0.join(format!("pod{i}"));
+        fs::create_dir(&dir).expect("creating a bench cgroup");
+        let id = fs::metadata(&dir).expect("stat").ino();
+        sensors.watch(WatchedCgroup {
+            id,
+            v2_dir: Some(dir.clone()),
+            memory_dir: dir.join("memory.events").exists().then(|| dir.clone()),
+            cpu_dir: None,
+        });
+        cgroups.push(Cgroup(dir));
+    }
+    let busy = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
+    let unwatched: Vec<Cgroup> = (0..busy)
+        .map(|i| {
+            let dir = top.0.join(format!("unwatched{i}"));
+            fs::create_dir(&dir).expect("creating an unwatched bench cgroup");
+            Cgroup(dir)
+        })
+        .collect();
+    // Attached after qoslet's programs, so it runs after them on each switch and finds the
+    // caches they warmed: a floor, not an overstatement.
+    let empty_program = Floor::attach()
+        .map_err(|e| eprintln!("empty program not attached: {e}"))
+        .ok();
+    let floor = empty_program.as_ref();
+    let watched = phase(&sensors, &[&cgroups[0]], floor).await;
+    let idle_unwatched = phase(&sensors, &[&unwatched[0]], floor).await;
+    let busy_watched = phase(&sensors, &cgroups[..busy].iter().collect::<Vec<_>>(), floor).await;
+    let busy_unwatched = phase(&sensors, &unwatched.iter().collect::<Vec<_>>(), floor).await;
+    let stats = sensors.with_ebpf(|e| e.stats_enabled()).unwrap_or(false);
+
+    println!(
+        "## eBPF sensors: cost per event ({WATCHED} watched cgroups, pipe ping-pong {SECONDS} s)"
+    );
+    println!();
+    println!(
+        "Kernel BPF statistics {}. Every program, stressor in a watched cgroup:",
+        if stats { "on" } else { "unavailable" }
+    );
+    println!();
+    println!("| program | runs | mean ns/run | BPF CPU % of one core |");
+    println!("|---|---:|---:|---:|");
+    let mut bpf_total = 0u64;
+    for d in &watched.costs {
+        bpf_total += d.run_time_ns;
+        let mean = d.mean_ns().map_or("-".to_owned(), |m| format!("{m:.0}"));
+        println!(
+            "| {} | {} | {} | {:.3} |",
+            d.program,
+            d.run_count,
+            mean,
+            watched.percent_of_core(d.run_time_ns)
+        );
+    }
+    println!(
+        "| all programs | - | - | {:.3} |",
+        watched.percent_of_core(bpf_total)
+    );
+    println!(
+        "| agent userspace CPU ({} ping-pong rounds) | - | - | {:.3} |",
+        watched.rounds,
+        watched.percent_of_core(watched.agent_cpu.as_nanos() as u64)
+    );
+    println!();
+    println!(
+        "`sched_switch` by load and path, beside an empty program on the same hook (the kernel's \
+         own dispatch and timing cost per run on this machine; target: at or under 150 ns per \
+         event):"
+    );
+    println!();
+    println!(
+        "| load | stressors in | switches/s | sched_switch ns/run | empty program ns/run | sched_switch above the empty program, ns | sched_switch CPU % of one core |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let idle = "1 stressor, hand-offs through idle";
+    let saturated = format!("{busy} stressors, CPUs saturated");
+    for (load, label, p) in [
+        (idle, "a watched cgroup", &watched),
+        (idle, "an unwatched cgroup", &idle_unwatched),
+        (saturated.as_str(), "watched cgroups", &busy_watched),
+        (saturated.as_str(), "unwatched cgroups", &busy_unwatched),
+    ] {
+        let Some(c) = p.cost("sched_switch").filter(|c| c.run_count > 0) else {
+            println!("| {load} | {label} | - | - | - | - | - |");
+            continue;
+        };
+        let mean = c.mean_ns().unwrap_or(0.0);
+        let floor = p
+            .floor
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| t as f64 / n as f64);
+        println!(
+            "| {load} | {label} | {:.0} | {:.0} | {} | {} | {:.3} |",
+            c.run_count as f64 / p.wall.as_secs_f64(),
+            mean,
+            floor.map_or("-".to_owned(), |f| format!("{f:.0}")),
+            floor.map_or("-".to_owned(), |f| format!("{:.0}", mean - f)),
+            p.percent_of_core(c.run_time_ns)
+        );
+    }
+    drop(empty_program);
+    drop(unwatched);
+    drop(cgroups);
+}
