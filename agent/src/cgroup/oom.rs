@@ -330,7 +330,7 @@ fn set_score(
 fn first_failure(pid: i32, value: i32) -> bool {
     use std::{collections::HashSet, sync::Mutex};
     static SEEN: Mutex<Option<HashSet<(i32, i32)>>> = Mutex::new(None);
-    let mut guard = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = crate::lock(&SEEN);
     let seen = guard.get_or_insert_with(HashSet::new);
     if seen.len() > 4096 {
         seen.clear();

@@ -67,7 +67,7 @@ pub(crate) struct ContainerCtx {
 
 impl ContainerCtx {
     fn update(&self, f: impl FnOnce(&mut super::status::ContainerStatus)) {
-        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = crate::lock(&self.status);
         if let Some(c) = s.containers.get_mut(self.index) {
             f(c);
         }

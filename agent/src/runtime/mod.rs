@@ -47,10 +47,7 @@ struct PodHandle {
 
 impl PodHandle {
     fn stop(&self, deadline: Instant) {
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .terminating = true;
+        crate::lock(&self.status).terminating = true;
         self.control.send_modify(|c| {
             // An earlier deadline stands: a second stop only shortens it.
             c.stop = Some(c.stop.map_or(deadline, |d| d.min(deadline)));
@@ -84,7 +81,7 @@ impl Runtime {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.state)
     }
 
     /// Makes the running pods match `desired`: new pods start (once `may_start` says workload
@@ -187,7 +184,7 @@ impl Runtime {
             return false;
         };
         {
-            let mut s = h.status.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = crate::lock(&h.status);
             s.reason = Some("Evicted".into());
             s.message = Some(message.into());
         }
@@ -227,7 +224,7 @@ impl Runtime {
 }
 
 fn snapshot(h: &PodHandle) -> PodStatus {
-    let mut s = h.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut s = crate::lock(&h.status).clone();
     s.phase = status::phase(PhaseInput {
         policy: s.restart_policy,
         containers: &s.containers,

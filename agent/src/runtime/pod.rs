@@ -71,10 +71,7 @@ impl PodTask {
                 }
             }
         }
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .terminating |= apps_tx.borrow().is_some();
+        crate::lock(&self.status).terminating |= apps_tx.borrow().is_some();
         let _ = self.done.send(true);
     }
 
@@ -90,7 +87,7 @@ impl PodTask {
     }
 
     fn set_waiting(&self, kinds: &[ContainerKind], reason: &str) {
-        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = crate::lock(&self.status);
         for c in s.containers.iter_mut().filter(|c| kinds.contains(&c.kind)) {
             if matches!(c.state, ContainerState::Waiting { .. }) {
                 c.state = ContainerState::Waiting {
@@ -101,7 +98,7 @@ impl PodTask {
     }
 
     fn set_reason(&self, reason: Option<&str>) {
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).reason = reason.map(Into::into);
+        crate::lock(&self.status).reason = reason.map(Into::into);
     }
 }
 

@@ -104,6 +104,15 @@ pub enum MemcgEventKind {
 }
 
 impl MemcgEventKind {
+    /// Every kind, in `memory.events` order.
+    pub const ALL: [Self; 5] = [
+        Self::High,
+        Self::Max,
+        Self::Oom,
+        Self::OomKill,
+        Self::OomGroupKill,
+    ];
+
     fn from_item(item: u32) -> Option<Self> {
         Some(match item {
             MEMCG_ITEM_HIGH => Self::High,

@@ -1,7 +1,7 @@
 //! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
 //! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
 
-use aya::maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use qoslet_common::{
     event::{MemcgCounter, MemcgCounterKey},
     sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED, watch_filter_slot},
@@ -32,6 +32,9 @@ impl ProgramCost {
     }
 }
 
+/// `CPU_STATS`: per-CPU statistics by cgroup v2 id.
+type CpuStatsMap<T> = PerCpuHashMap<T, u64, CpuStats>;
+
 /// `BPF_NOEXIST` map update flag.
 const BPF_NOEXIST: u64 = 1;
 
@@ -40,32 +43,25 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> SensorError {
 }
 
 impl EbpfSensors {
-    fn hash_map<V: aya::Pod>(
-        &self,
-        name: &'static str,
-    ) -> Result<HashMap<&MapData, u64, V>, SensorError> {
+    /// One of the object's maps, as the typed aya map `M`.
+    fn typed<'a, M>(&'a self, name: &'static str) -> Result<M, SensorError>
+    where
+        M: TryFrom<&'a Map, Error = MapError>,
+    {
         let map = self.ebpf.map(name).ok_or(SensorError::MissingMap(name))?;
-        HashMap::try_from(map).map_err(map_err(name))
+        M::try_from(map).map_err(map_err(name))
     }
 
-    fn cpu_stats_map(&mut self) -> Result<PerCpuHashMap<&mut MapData, u64, CpuStats>, SensorError> {
-        const NAME: &str = "CPU_STATS";
-        let map = self
-            .ebpf
-            .map_mut(NAME)
-            .ok_or(SensorError::MissingMap(NAME))?;
-        PerCpuHashMap::try_from(map).map_err(map_err(NAME))
-    }
-
-    fn hash_map_mut<V: aya::Pod>(
-        &mut self,
-        name: &'static str,
-    ) -> Result<HashMap<&mut MapData, u64, V>, SensorError> {
+    /// [`Self::typed`], writable.
+    fn typed_mut<'a, M>(&'a mut self, name: &'static str) -> Result<M, SensorError>
+    where
+        M: TryFrom<&'a mut Map, Error = MapError>,
+    {
         let map = self
             .ebpf
             .map_mut(name)
             .ok_or(SensorError::MissingMap(name))?;
-        HashMap::try_from(map).map_err(map_err(name))
+        M::try_from(map).map_err(map_err(name))
     }
 
     /// Writes the `WATCH_FILTER` word holding `cgroup_id`'s bit, from the watched ids.
@@ -78,19 +74,14 @@ impl EbpfSensors {
             .map(|&id| watch_filter_slot(id))
             .filter(|&(w, _)| w == word)
             .fold(0, |v, (_, bit)| v | bit);
-        let map = self
-            .ebpf
-            .map_mut(NAME)
-            .ok_or(SensorError::MissingMap(NAME))?;
-        let mut filter: Array<&mut MapData, u64> = Array::try_from(map).map_err(map_err(NAME))?;
+        let mut filter: Array<&mut MapData, u64> = self.typed_mut(NAME)?;
         filter.set(word, value, 0).map_err(map_err(NAME))
     }
 
     /// Bits set in `WATCH_FILTER`: back to 0 once nothing is watched.
     pub fn watch_filter_bits(&self) -> Result<u32, SensorError> {
         const NAME: &str = "WATCH_FILTER";
-        let map = self.ebpf.map(NAME).ok_or(SensorError::MissingMap(NAME))?;
-        let filter: Array<&MapData, u64> = Array::try_from(map).map_err(map_err(NAME))?;
+        let filter: Array<&MapData, u64> = self.typed(NAME)?;
         filter
             .iter()
             .try_fold(0, |n, w| w.map(|w| n + w.count_ones()))
@@ -101,7 +92,7 @@ impl EbpfSensors {
     /// then its `WATCH_FILTER` bit set: the scheduler program's watch test is the bit, then the
     /// entry's presence.
     pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
-        let mut watched = self.hash_map_mut::<u32>("WATCHED_CGROUPS")?;
+        let mut watched: HashMap<&mut MapData, u64, u32> = self.typed_mut("WATCHED_CGROUPS")?;
         watched
             .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
             .map_err(map_err("WATCHED_CGROUPS"))?;
@@ -110,7 +101,8 @@ impl EbpfSensors {
             .and_then(|cpus| PerCpuValues::try_from(vec![CpuStats::ZERO; cpus]))
             .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))?;
         // BPF_NOEXIST: watching a cgroup again keeps its statistics.
-        match self.cpu_stats_map()?.insert(cgroup_id, zeros, BPF_NOEXIST) {
+        let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
+        match stats.insert(cgroup_id, zeros, BPF_NOEXIST) {
             Ok(()) => {}
             Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
             Err(e) => return Err(map_err("CPU_STATS")(e)),
@@ -124,14 +116,15 @@ impl EbpfSensors {
     /// Removes a cgroup from the watch list (a removed cgroup is dropped by the kernel program).
     pub fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         remove(
-            self.hash_map_mut::<u32>("WATCHED_CGROUPS")?,
+            self.typed_mut::<HashMap<_, u64, u32>>("WATCHED_CGROUPS")?,
             cgroup_id,
             "WATCHED_CGROUPS",
         )?;
         if self.watched_ids.remove(&cgroup_id) {
             self.update_watch_filter(cgroup_id)?;
         }
-        match self.cpu_stats_map()?.remove(&cgroup_id) {
+        let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
+        match stats.remove(&cgroup_id) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(map_err("CPU_STATS")(e)),
         }
@@ -150,9 +143,7 @@ impl EbpfSensors {
     /// when it is not watched.
     pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
         const NAME: &str = "CPU_STATS";
-        let map = self.ebpf.map(NAME).ok_or(SensorError::MissingMap(NAME))?;
-        let stats: PerCpuHashMap<&MapData, u64, CpuStats> =
-            PerCpuHashMap::try_from(map).map_err(map_err(NAME))?;
+        let stats: CpuStatsMap<&MapData> = self.typed(NAME)?;
         match stats.get(&cgroup_id, 0) {
             Ok(per_cpu) => Ok(Some(per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
                 sum.merge(s);
@@ -165,33 +156,24 @@ impl EbpfSensors {
 
     /// Reclaim stalls of a watched cgroup, `None` before its first stall.
     pub fn reclaim_stats(&self, cgroup_id: u64) -> Result<Option<ReclaimStats>, SensorError> {
-        lookup(self.hash_map("RECLAIM_STATS")?, cgroup_id, "RECLAIM_STATS")
+        lookup(self.typed("RECLAIM_STATS")?, cgroup_id, "RECLAIM_STATS")
     }
 
     /// Number of entries of one of [`PER_CGROUP_MAPS`] (walks its keys).
     pub fn map_len(&self, name: &'static str) -> Result<usize, SensorError> {
-        let map = self.ebpf.map(name).ok_or(SensorError::MissingMap(name))?;
-        let keys: Vec<Result<(), MapError>> = match name {
-            "MEMCG_COUNTERS" => HashMap::<&MapData, MemcgCounterKey, MemcgCounter>::try_from(map)
-                .map_err(map_err(name))?
-                .keys()
-                .map(|k| k.map(drop))
-                .collect(),
-            "WATCHED_CGROUPS" => HashMap::<&MapData, u64, u32>::try_from(map)
-                .map_err(map_err(name))?
-                .keys()
-                .map(|k| k.map(drop))
-                .collect(),
-            "CPU_STATS" => PerCpuHashMap::<&MapData, u64, CpuStats>::try_from(map)
-                .map_err(map_err(name))?
-                .keys()
-                .map(|k| k.map(drop))
-                .collect(),
-            "RECLAIM_STATS" => self
-                .hash_map::<ReclaimStats>(name)?
-                .keys()
-                .map(|k| k.map(drop))
-                .collect(),
+        fn count<K: aya::Pod>(
+            keys: impl Iterator<Item = Result<K, MapError>>,
+        ) -> Vec<Result<(), MapError>> {
+            keys.map(|k| k.map(drop)).collect()
+        }
+        let keys = match name {
+            "MEMCG_COUNTERS" => count(
+                self.typed::<HashMap<_, MemcgCounterKey, MemcgCounter>>(name)?
+                    .keys(),
+            ),
+            "WATCHED_CGROUPS" => count(self.typed::<HashMap<_, u64, u32>>(name)?.keys()),
+            "CPU_STATS" => count(self.typed::<CpuStatsMap<_>>(name)?.keys()),
+            "RECLAIM_STATS" => count(self.typed::<HashMap<_, u64, ReclaimStats>>(name)?.keys()),
             _ => return Err(SensorError::MissingMap(name)),
         };
         keys.into_iter()

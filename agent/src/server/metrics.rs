@@ -15,7 +15,10 @@ use prometheus_client::{
     registry::{Metric, Registry, Unit},
 };
 
-use crate::policy::plan::{CgroupPlan, Plan};
+use crate::{
+    policy::plan::{CgroupPlan, Plan},
+    sensors::event::MemcgEventKind,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
@@ -87,9 +90,6 @@ pub struct SensorLabels {
     /// `ebpf`, or the fallback in use (`psi`, `memory.events`, `polling`).
     pub source: String,
 }
-
-/// The `event` label values of `qoslet_memcg_events_total` (`MemcgEventKind::as_str`).
-pub const MEMCG_EVENTS: [&str; 5] = ["high", "max", "oom", "oom_kill", "oom_group_kill"];
 
 fn latency_histogram() -> Histogram {
     // 100 us .. ~52 s.
@@ -429,13 +429,13 @@ impl Metrics {
     /// come and go (the plan-derived ones are replaced by `set_plan`).
     pub fn drop_pod(&self, namespace: &str, pod: &str, uid: &str, containers: &[&str]) {
         for container in std::iter::once("").chain(containers.iter().copied()) {
-            for event in MEMCG_EVENTS {
+            for event in MemcgEventKind::ALL {
                 self.memcg_events.remove(&MemcgEventLabels {
                     namespace: namespace.into(),
                     pod: pod.into(),
                     uid: uid.into(),
                     container: container.into(),
-                    event: event.into(),
+                    event: event.as_str().into(),
                 });
             }
             self.oom_kills.remove(&ContainerLabels {

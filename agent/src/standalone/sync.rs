@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::unix::fs::MetadataExt as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -107,14 +107,15 @@ pub fn memory_cgroup(tree: Tree, dir: PathBuf) -> MemoryCgroup {
     }
 }
 
+/// A cgroup's id: the inode of its directory, as the kernel's programs see it; `None` when the
+/// directory is gone.
+fn cgroup_id(dir: &Path) -> Option<u64> {
+    std::fs::metadata(dir).ok().map(|m| m.ino())
+}
+
 /// The node root's memcg id (the inode of its memory cgroup directory).
 pub fn memory_ids(root: &MemoryCgroup) -> Vec<u64> {
-    let dir = match root {
-        MemoryCgroup::V1(p) | MemoryCgroup::V2(p) => p,
-    };
-    std::fs::metadata(dir)
-        .map(|m| vec![m.ino()])
-        .unwrap_or_default()
+    cgroup_id(root.path()).into_iter().collect()
 }
 
 impl Synced {
@@ -379,17 +380,17 @@ impl Synced {
                         unified: unified.clone(),
                     },
                 });
-                if let Ok(meta) = std::fs::metadata(memory.path()) {
-                    self.memcg_owners.insert(meta.ino(), owner(""));
+                if let Some(id) = cgroup_id(memory.path()) {
+                    self.memcg_owners.insert(id, owner(""));
                 }
             }
             if let Some(u) = &unified
-                && let Ok(meta) = std::fs::metadata(u)
-                && now_watched.insert(meta.ino())
-                && !self.watched.contains(&meta.ino())
+                && let Some(id) = cgroup_id(u)
+                && now_watched.insert(id)
+                && !self.watched.contains(&id)
             {
                 sensors.watch(WatchedCgroup {
-                    id: meta.ino(),
+                    id,
                     v2_dir: Some(u.clone()),
                     memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
                     cpu_dir: cpu_tree.map(|t| self.fs().display_path(t, path)),
@@ -397,16 +398,13 @@ impl Synced {
             }
             let mut container_ids = Vec::new();
             for (name, c) in &containers {
-                if let Some(m) = &c.memory
-                    && let Ok(meta) = std::fs::metadata(m.path())
-                {
-                    self.memcg_owners.insert(meta.ino(), owner(name));
+                if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.path())) {
+                    self.memcg_owners.insert(id, owner(name));
                 }
                 // The CPU sensor keys by the task's own (v2) cgroup.
-                let Some(id) = c.cpu.as_ref().and_then(|d| std::fs::metadata(d).ok()) else {
+                let Some(id) = c.cpu.as_deref().and_then(cgroup_id) else {
                     continue;
                 };
-                let id = id.ino();
                 sensors.set_owner(
                     id,
                     CgroupOwner {
