@@ -126,8 +126,9 @@ impl MemcgEventLayout {
 
 /// Offsets the scheduler program reads from a task: its pid, its cgroup v2 id
 /// (`task->cgroups->dfl_cgrp->kn->id`), the kernel's own run-queue timestamps
-/// (`task->sched_info.last_queued` / `last_arrival`, `CONFIG_SCHED_INFO`) and the clock they are
-/// taken from (`task->se.cfs_rq->rq->clock`, `CONFIG_FAIR_GROUP_SCHED`).
+/// (`task->sched_info.last_queued` / `last_arrival`, `CONFIG_SCHED_INFO`), the clock they are
+/// taken from (`task->se.cfs_rq->rq->clock`, `CONFIG_FAIR_GROUP_SCHED`) and its CPU time
+/// (`task->se.sum_exec_runtime`, and its value when the task was last picked).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedBtfLayout {
@@ -141,8 +142,11 @@ pub struct SchedBtfLayout {
     /// `task_struct.sched_info` plus the member's offset within it.
     pub task_last_queued: u32,
     pub task_last_arrival: u32,
-    /// `task_struct.se` plus `sched_entity.cfs_rq`.
+    /// `task_struct.se` plus `sched_entity.cfs_rq`, `sum_exec_runtime` and
+    /// `prev_sum_exec_runtime`.
     pub task_se_cfs_rq: u32,
+    pub task_se_runtime: u32,
+    pub task_se_prev_runtime: u32,
     pub cfs_rq_rq: u32,
     pub rq_clock: u32,
 }
@@ -158,6 +162,8 @@ impl SchedBtfLayout {
         task_last_queued: 0,
         task_last_arrival: 0,
         task_se_cfs_rq: 0,
+        task_se_runtime: 0,
+        task_se_prev_runtime: 0,
         cfs_rq_rq: 0,
         rq_clock: 0,
     };

@@ -20,6 +20,38 @@ pub const fn watch_filter_slot(cgroup_id: u64) -> (u32, u64) {
     (bit >> 6, 1 << (bit & 63))
 }
 
+/// Slots of `CPU_SLOT_STATS`, the per-CPU array holding the statistics of the first watched
+/// cgroups: a watched task's statistics are then found with inlined array accesses, where the
+/// `CPU_STATS` hash (for the rest) costs a call and a hash per lookup. Preallocated per possible
+/// CPU (`CPU_SLOTS * size_of::<CpuStats>()` bytes each, 140 KiB), so sized for a full node
+/// (110 pods with their containers), not for every cgroup the agent could watch.
+pub const CPU_SLOTS: u32 = 512;
+
+/// Entries of each half of `SLOT_INDEX`. A cgroup's entry is at one of two places: its id's low
+/// bits in the first half, or a multiplicative hash of the id in the second. A watched cgroup
+/// whose two places are taken, or that finds no free slot, keeps its statistics in `CPU_STATS`.
+pub const SLOT_INDEX_HALF: u32 = 16384;
+
+/// A `SLOT_INDEX` entry: `cgroup_id` (0 when free) keeps its statistics in slot `slot`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotIndexEntry {
+    pub cgroup_id: u64,
+    pub slot: u32,
+    pub _pad: u32,
+}
+
+/// The two `SLOT_INDEX` places of a cgroup id.
+#[inline(always)]
+pub const fn slot_index_places(cgroup_id: u64) -> [u32; 2] {
+    let mask = SLOT_INDEX_HALF as u64 - 1;
+    let mixed = cgroup_id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+    [
+        (cgroup_id & mask) as u32,
+        SLOT_INDEX_HALF + (mixed & mask) as u32,
+    ]
+}
+
 /// CPU use of one watched cgroup (v2 id) on one CPU, filled by the scheduler programs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +115,7 @@ pub struct ReclaimStart {
 mod user {
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::CpuStats {}
+    unsafe impl aya::Pod for super::SlotIndexEntry {}
     unsafe impl aya::Pod for super::ReclaimStats {}
     unsafe impl aya::Pod for super::ReclaimStart {}
 }

@@ -5,30 +5,37 @@
 //! task's `sched_info.last_queued` is the run-queue clock when it was enqueued (woken, created or
 //! preempted) and `last_arrival` when it last got a CPU. `sched_switch` fires just before the
 //! kernel folds them into `run_delay` (`sched_info_switch`), with `rq->clock` already read for
-//! this switch, so
-//!   wait of `next`    = rq->clock - next->sched_info.last_queued,
-//!   on-CPU of `prev`  = rq->clock - prev->sched_info.last_arrival,
-//! exactly the deltas the kernel adds to `/proc/<pid>/schedstat`. So there is no wakeup program,
+//! this switch, so the wait of `next` is `rq->clock - next->sched_info.last_queued`, exactly
+//! what the kernel adds to its `run_delay`. The CPU time of `prev`'s slice is what the scheduler
+//! added to `se.sum_exec_runtime` since it picked the task (`prev_sum_exec_runtime`), capped by
+//! the slice's length `rq->clock - last_arrival`: the cap is the whole value for a task the fair
+//! class did not pick (real-time), whose `prev_sum_exec_runtime` is stale. Both are what
+//! `/proc/<pid>/schedstat` reports; the task clock leaves out interrupts and, on a VM, stolen
+//! time, which the run-queue clock counts. So there is no wakeup program,
 //! no per-task map and no clock helper: this program runs on every context switch of the node,
 //! and each helper call or map it touches costs every switch.
 //!
 //! The common case, a task of a cgroup nobody watches, costs its cgroup id
 //! (`task->cgroups->dfl_cgrp->kn->id`, direct BTF-typed loads whose offsets are frozen `.rodata`
 //! constants, so the verifier checks each against the kernel's own types and the JIT makes them
-//! fault-safe) and one bit of `WATCH_FILTER`. Only a set bit leads to the hash lookup in
-//! `CPU_STATS`, whose entries the agent creates for exactly the watched cgroups: measured here,
-//! the lookups were most of the program's cost. When `prev` and `next` share a css_set (threads
-//! of one process), `next` reuses `prev`'s answer.
+//! fault-safe) and one bit of `WATCH_FILTER`. A set bit leads to the cgroup's statistics through
+//! `SLOT_INDEX` into `CPU_SLOT_STATS`, all array accesses the verifier inlines; only cgroups the
+//! slots could not hold take the hash lookup in `CPU_STATS`. Measured here, hash lookups had been
+//! most of the program's cost. When `prev` and `next` share a css_set (threads of one process),
+//! `next` reuses `prev`'s answer.
 
 use aya_ebpf::{
     Global,
     macros::{btf_tracepoint, map},
-    maps::{Array, PerCpuHashMap},
+    maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
 use qoslet_common::{
     SchedBtfLayout,
-    sched::{CpuStats, RUNQ_HIST_BUCKETS, WATCH_FILTER_WORDS, watch_filter_slot},
+    sched::{
+        CPU_SLOTS, CpuStats, RUNQ_HIST_BUCKETS, SLOT_INDEX_HALF, SlotIndexEntry,
+        WATCH_FILTER_WORDS, slot_index_places, watch_filter_slot,
+    },
 };
 
 use crate::maps::{MAX_CGROUPS, add};
@@ -36,10 +43,10 @@ use crate::maps::{MAX_CGROUPS, add};
 #[unsafe(no_mangle)]
 static SCHED_LAYOUT: Global<SchedBtfLayout> = Global::new(SchedBtfLayout::UNSET);
 
-/// Per watched cgroup v2 id: created by the agent when it watches the cgroup (its presence is
-/// the scheduler program's watch test), deleted on unwatch and by `cgroup_rmdir`. One copy per
-/// CPU, summed by the agent, so the CPUs running one cgroup's tasks do not bounce a cache line
-/// on every switch; not preallocated, so its memory follows the watched cgroups rather than
+/// Statistics of the watched cgroups the slots could not hold, by cgroup v2 id: created by the
+/// agent when it watches the cgroup, deleted on unwatch and by `cgroup_rmdir`. One copy per CPU,
+/// summed by the agent, so the CPUs running one cgroup's tasks do not bounce a cache line on
+/// every switch; not preallocated, so its memory follows those cgroups rather than
 /// `MAX_CGROUPS` times the CPUs.
 #[map]
 pub static CPU_STATS: PerCpuHashMap<u64, CpuStats> =
@@ -52,6 +59,15 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 /// decides.
 #[map]
 static WATCH_FILTER: Array<u64> = Array::with_max_entries(WATCH_FILTER_WORDS, 0);
+
+/// Where a watched cgroup's slot is (see `qoslet_common::sched::SLOT_INDEX_HALF`); written by
+/// the agent, which zeroes the slot before it publishes the entry.
+#[map]
+static SLOT_INDEX: Array<SlotIndexEntry> = Array::with_max_entries(2 * SLOT_INDEX_HALF, 0);
+
+/// Per-CPU statistics of the watched cgroups that have a slot.
+#[map]
+static CPU_SLOT_STATS: PerCpuArray<CpuStats> = PerCpuArray::with_max_entries(CPU_SLOTS, 0);
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
@@ -90,6 +106,15 @@ fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut 
     let (word, bit) = watch_filter_slot(cgroup_id);
     if WATCH_FILTER.get(word).is_none_or(|w| w & bit == 0) {
         return None;
+    }
+    for place in slot_index_places(cgroup_id) {
+        if let Some(e) = SLOT_INDEX.get(place)
+            && e.cgroup_id == cgroup_id
+        {
+            let s = CPU_SLOT_STATS.get_ptr_mut(e.slot)?;
+            // SAFETY: a live map value, this CPU's copy.
+            return Some(unsafe { &mut *s });
+        }
     }
     let s = CPU_STATS.get_ptr_mut(&cgroup_id)?;
     // SAFETY: a live map value, this CPU's copy.
@@ -133,11 +158,17 @@ fn try_switch(prev: *const u8, next: *const u8) {
         watched_stats(&l, prev_set)
     };
     if let Some(s) = prev_stats.as_deref_mut() {
-        let arrived: u64 = unsafe { load(prev, l.task_last_arrival) };
-        let ran = clock().wrapping_sub(arrived);
+        let (arrived, runtime, picked_at): (u64, u64, u64) = unsafe {
+            (
+                load(prev, l.task_last_arrival),
+                load(prev, l.task_se_runtime),
+                load(prev, l.task_se_prev_runtime),
+            )
+        };
+        let slice = clock().wrapping_sub(arrived);
         // `last_arrival` is 0 before the first arrival.
-        if arrived != 0 && (ran as i64) > 0 {
-            add(&mut s.oncpu_ns, ran);
+        if arrived != 0 && (slice as i64) > 0 {
+            add(&mut s.oncpu_ns, runtime.wrapping_sub(picked_at).min(slice));
         }
     }
     if pid_of(&l, next) == 0 {

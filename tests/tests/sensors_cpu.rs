@@ -129,11 +129,11 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
             delay / 1000
         );
         assert!(
-            close(w.total_ns, delay, 2.0),
+            close(w.total_ns, delay, 1.0),
             "{name}: run-queue wait as the kernel's own run_delay"
         );
         assert!(
-            close(u.usage_ns, oncpu, 5.0),
+            close(u.usage_ns, oncpu, 1.0),
             "{name}: on-CPU time as the kernel's own sum_exec_runtime"
         );
     }

@@ -1,5 +1,6 @@
 //! Per-cgroup kernel maps return to their base size after 1,000 watched cgroups are created,
-//! used and removed: the `cgroup_rmdir` program deletes their entries.
+//! used and removed: the `cgroup_rmdir` program deletes their hash entries, the agent frees their
+//! filter bits and statistics slots.
 
 mod sensors_common;
 
@@ -36,6 +37,14 @@ fn filter_bits(sensors: &qoslet::sensors::Sensors) -> u32 {
         .expect("reading WATCH_FILTER")
 }
 
+/// Entries in use in the scheduler program's `SLOT_INDEX`.
+fn slot_entries(sensors: &qoslet::sensors::Sensors) -> usize {
+    sensors
+        .with_ebpf(|e| e.slot_index_entries())
+        .expect("eBPF loaded")
+        .expect("reading SLOT_INDEX")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
     require_root();
@@ -46,6 +55,7 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
     );
     let base = sizes(&sensors);
     let base_filter_bits = filter_bits(&sensors);
+    let base_slots = slot_entries(&sensors);
     let root_dir = match layout() {
         Layout::Hybrid => "/sys/fs/cgroup/unified",
         _ => "/sys/fs/cgroup",
@@ -74,9 +84,13 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
     eprintln!("base {base:?}, with {CGROUPS} cgroups {grown:?}");
     assert_eq!(grown[0].1, base[0].1 + CGROUPS, "every cgroup watched");
     assert_eq!(
-        grown[1].1,
-        base[1].1 + CGROUPS,
-        "a CPU_STATS entry per watched cgroup"
+        grown[1].1 + slot_entries(&sensors),
+        base[1].1 + base_slots + CGROUPS,
+        "a CPU statistics home per watched cgroup: a slot, or a CPU_STATS entry"
+    );
+    assert!(
+        slot_entries(&sensors) > base_slots,
+        "the first cgroups get slots"
     );
     let grown_bits = filter_bits(&sensors);
     assert!(
@@ -114,12 +128,27 @@ async fn maps_return_to_their_base_size_after_a_thousand_cgroups() {
     assert_eq!(sizes(&sensors), base, "maps back to their base size");
     // The agent clears a bit once it has handled the removal event.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while filter_bits(&sensors) != base_filter_bits && tokio::time::Instant::now() < deadline {
+    while (filter_bits(&sensors), slot_entries(&sensors)) != (base_filter_bits, base_slots)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
         filter_bits(&sensors),
         base_filter_bits,
         "the scheduler program's watch filter is back to its base"
+    );
+    assert_eq!(
+        slot_entries(&sensors),
+        base_slots,
+        "every slot of a removed cgroup is free again"
+    );
+    assert_eq!(
+        sensors
+            .counters()
+            .map_update_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "unwatching what the kernel program already deleted is no error"
     );
 }

@@ -251,6 +251,7 @@ impl KernelBtf {
     /// `cfs_rq.rq`) has no such layout, and the CPU sensor falls back to the cgroup files.
     pub fn sched_layout(&self) -> Result<SchedBtfLayout, BtfError> {
         let sched_info = self.offset_of("task_struct", "sched_info")?;
+        let se = self.offset_of("task_struct", "se")?;
         Ok(SchedBtfLayout {
             valid: 1,
             task_pid: self.offset_of("task_struct", "pid")?,
@@ -260,8 +261,9 @@ impl KernelBtf {
             kernfs_node_id: self.offset_of("kernfs_node", "id")?,
             task_last_queued: sched_info + self.offset_of("sched_info", "last_queued")?,
             task_last_arrival: sched_info + self.offset_of("sched_info", "last_arrival")?,
-            task_se_cfs_rq: self.offset_of("task_struct", "se")?
-                + self.offset_of("sched_entity", "cfs_rq")?,
+            task_se_cfs_rq: se + self.offset_of("sched_entity", "cfs_rq")?,
+            task_se_runtime: se + self.offset_of("sched_entity", "sum_exec_runtime")?,
+            task_se_prev_runtime: se + self.offset_of("sched_entity", "prev_sum_exec_runtime")?,
             cfs_rq_rq: self.offset_of("cfs_rq", "rq")?,
             rq_clock: self.offset_of("rq", "clock")?,
         })

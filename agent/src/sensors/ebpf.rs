@@ -7,14 +7,16 @@ use aya::{
     programs::{BtfTracePoint, FEntry, TracePoint},
 };
 use qoslet_common::{MemcgEventLayout, OomBtfLayout, OomTracepointLayout, SchedBtfLayout};
-use std::{collections::HashSet, os::fd::OwnedFd};
+use std::os::fd::OwnedFd;
 use tokio::io::unix::AsyncFd;
 
 use super::{
     SensorError,
     btf::KernelBtf,
     event::{DecodeError, SensorEvent, decode},
-    privilege, tracefs,
+    privilege,
+    slots::SlotTable,
+    tracefs,
 };
 
 /// The object built by agent/build.rs (empty when built with `AYA_BUILD_SKIP=1`).
@@ -75,9 +77,9 @@ pub struct EbpfSensors {
     attached: Vec<AttachedProgram>,
     /// Hooks that were tried and skipped, with the reason (logged once by the caller).
     skipped: Vec<String>,
-    /// The watched cgroup ids, from which each `WATCH_FILTER` word is recomputed (one bit may
-    /// stand for several ids).
-    pub(super) watched_ids: HashSet<u64>,
+    /// The watched cgroup ids and where their CPU statistics live; each `WATCH_FILTER` word is
+    /// recomputed from the ids (one bit may stand for several).
+    pub(super) slots: SlotTable,
 }
 
 impl EbpfSensors {
@@ -200,7 +202,7 @@ impl EbpfSensors {
             stats,
             attached,
             skipped,
-            watched_ids: HashSet::new(),
+            slots: SlotTable::default(),
         })
     }
 

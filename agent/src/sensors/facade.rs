@@ -557,14 +557,15 @@ impl Shared {
                 id,
                 ..
             } => {
-                // The kernel program deleted the map entries; the filter bit is the agent's.
+                // The kernel program deleted the hash entries; the filter bit and the slot are
+                // the agent's to free.
                 if let Some(e) = lock(&self.ebpf).as_mut()
-                    && let Err(err) = e.removed_cgroup(*id)
+                    && let Err(err) = e.unwatch_cgroup(*id)
                 {
                     self.counters
                         .map_update_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    warn!(cgroup_id = *id, error = %error_chain(&err), "Could not clear a removed cgroup's watch filter bit.");
+                    warn!(cgroup_id = *id, error = %error_chain(&err), "Could not unwatch a removed cgroup in the kernel.");
                 }
                 self.forget(*id)
             }

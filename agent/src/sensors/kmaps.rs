@@ -1,13 +1,13 @@
 //! The agent's view of the kernel maps: the watch list it fills, the per-cgroup statistics the
 //! programs aggregate, map sizes, and each program's cost from kernel BPF statistics.
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use qoslet_common::{
     event::{MemcgCounter, MemcgCounterKey},
-    sched::{CpuStats, ReclaimStats, WATCH_FLAG_WATCHED, watch_filter_slot},
+    sched::{CpuStats, ReclaimStats, SlotIndexEntry, WATCH_FLAG_WATCHED, watch_filter_slot},
 };
 
-use super::{SensorError, ebpf::EbpfSensors};
+use super::{SensorError, ebpf::EbpfSensors, slots::StatsHome};
 
 /// Maps keyed by cgroup id, which must return to their size once the cgroups are removed.
 pub const PER_CGROUP_MAPS: [&str; 4] = [
@@ -69,9 +69,9 @@ impl EbpfSensors {
         const NAME: &str = "WATCH_FILTER";
         let (word, _) = watch_filter_slot(cgroup_id);
         let value = self
-            .watched_ids
-            .iter()
-            .map(|&id| watch_filter_slot(id))
+            .slots
+            .ids()
+            .map(watch_filter_slot)
             .filter(|&(w, _)| w == word)
             .fold(0, |v, (_, bit)| v | bit);
         let mut filter: Array<&mut MapData, u64> = self.typed_mut(NAME)?;
@@ -88,69 +88,131 @@ impl EbpfSensors {
             .map_err(map_err(NAME))
     }
 
-    /// Adds a cgroup v2 id to the programs' watch list. Its `CPU_STATS` entry is created here,
-    /// then its `WATCH_FILTER` bit set: the scheduler program's watch test is the bit, then the
-    /// entry's presence.
+    /// Entries of `SLOT_INDEX` in use: the watched cgroups whose statistics have a slot.
+    pub fn slot_index_entries(&self) -> Result<usize, SensorError> {
+        const NAME: &str = "SLOT_INDEX";
+        let index: Array<&MapData, SlotIndexEntry> = self.typed(NAME)?;
+        index
+            .iter()
+            .try_fold(0, |n, e| e.map(|e| n + usize::from(e.cgroup_id != 0)))
+            .map_err(map_err(NAME))
+    }
+
+    /// Adds a cgroup v2 id to the programs' watch list and gives it a home for its CPU
+    /// statistics (zeroed), then sets its `WATCH_FILTER` bit: the scheduler program tests the
+    /// bit first. Watching a cgroup again keeps its statistics.
     pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         let mut watched: HashMap<&mut MapData, u64, u32> = self.typed_mut("WATCHED_CGROUPS")?;
         watched
             .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
             .map_err(map_err("WATCHED_CGROUPS"))?;
-        let zeros = aya::util::nr_cpus()
-            .map_err(|(_, e)| e)
-            .and_then(|cpus| PerCpuValues::try_from(vec![CpuStats::ZERO; cpus]))
-            .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))?;
-        // BPF_NOEXIST: watching a cgroup again keeps its statistics.
-        let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
-        match stats.insert(cgroup_id, zeros, BPF_NOEXIST) {
-            Ok(()) => {}
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(map_err("CPU_STATS")(e)),
+        let Some(home) = self.slots.place(cgroup_id) else {
+            return Ok(());
+        };
+        if let Err(e) = self.publish_home(cgroup_id, home) {
+            self.slots.remove(cgroup_id);
+            return Err(e);
         }
-        if self.watched_ids.insert(cgroup_id) {
-            self.update_watch_filter(cgroup_id)?;
-        }
-        Ok(())
+        self.update_watch_filter(cgroup_id)
     }
 
-    /// Removes a cgroup from the watch list (a removed cgroup is dropped by the kernel program).
+    /// Creates the kernel side of a cgroup's statistics home.
+    fn publish_home(&mut self, cgroup_id: u64, home: StatsHome) -> Result<(), SensorError> {
+        let zeros = || {
+            aya::util::nr_cpus()
+                .map_err(|(_, e)| e)
+                .and_then(|cpus| PerCpuValues::try_from(vec![CpuStats::ZERO; cpus]))
+                .map_err(|e| map_err("CPU_STATS")(MapError::IoError(e)))
+        };
+        match home {
+            StatsHome::Slot { slot, place } => {
+                // Zeroed before the index names it, so the program never adds to a previous
+                // owner's figures through the new entry.
+                let mut stats: PerCpuArray<&mut MapData, CpuStats> =
+                    self.typed_mut("CPU_SLOT_STATS")?;
+                stats
+                    .set(slot, zeros()?, 0)
+                    .map_err(map_err("CPU_SLOT_STATS"))?;
+                let mut index: Array<&mut MapData, SlotIndexEntry> =
+                    self.typed_mut("SLOT_INDEX")?;
+                let entry = SlotIndexEntry {
+                    cgroup_id,
+                    slot,
+                    _pad: 0,
+                };
+                index.set(place, entry, 0).map_err(map_err("SLOT_INDEX"))
+            }
+            StatsHome::Hash => {
+                let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
+                match stats.insert(cgroup_id, zeros()?, BPF_NOEXIST) {
+                    Ok(()) => Ok(()),
+                    Err(MapError::SyscallError(e))
+                        if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                    {
+                        Ok(())
+                    }
+                    Err(e) => Err(map_err("CPU_STATS")(e)),
+                }
+            }
+        }
+    }
+
+    /// Removes a cgroup from the watch list and frees its statistics home. Also called once the
+    /// cgroup is gone, after the `cgroup_rmdir` program has deleted its hash entries.
     pub fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         remove(
             self.typed_mut::<HashMap<_, u64, u32>>("WATCHED_CGROUPS")?,
             cgroup_id,
             "WATCHED_CGROUPS",
         )?;
-        if self.watched_ids.remove(&cgroup_id) {
-            self.update_watch_filter(cgroup_id)?;
+        let Some(home) = self.slots.remove(cgroup_id) else {
+            return Ok(());
+        };
+        // The filter bit first: from then on the program does not look further.
+        self.update_watch_filter(cgroup_id)?;
+        match home {
+            StatsHome::Slot { place, .. } => {
+                let mut index: Array<&mut MapData, SlotIndexEntry> =
+                    self.typed_mut("SLOT_INDEX")?;
+                index
+                    .set(place, SlotIndexEntry::default(), 0)
+                    .map_err(map_err("SLOT_INDEX"))
+            }
+            StatsHome::Hash => {
+                let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
+                absent_ok(stats.remove(&cgroup_id)).map_err(map_err("CPU_STATS"))
+            }
         }
-        let mut stats: CpuStatsMap<&mut MapData> = self.typed_mut("CPU_STATS")?;
-        match stats.remove(&cgroup_id) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err("CPU_STATS")(e)),
-        }
-    }
-
-    /// A watched cgroup was removed: the `cgroup_rmdir` program has deleted its map entries,
-    /// this clears its `WATCH_FILTER` bit.
-    pub fn removed_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
-        if self.watched_ids.remove(&cgroup_id) {
-            self.update_watch_filter(cgroup_id)?;
-        }
-        Ok(())
     }
 
     /// Run-queue latency and on-CPU time of a watched cgroup (summed over the CPUs), `None`
-    /// when it is not watched.
+    /// when it is not watched or its hash entry went with the cgroup.
     pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
-        const NAME: &str = "CPU_STATS";
-        let stats: CpuStatsMap<&MapData> = self.typed(NAME)?;
-        match stats.get(&cgroup_id, 0) {
-            Ok(per_cpu) => Ok(Some(per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
+        let sum = |per_cpu: PerCpuValues<CpuStats>| {
+            per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
                 sum.merge(s);
                 sum
-            }))),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(map_err(NAME)(e)),
+            })
+        };
+        match self.slots.home(cgroup_id) {
+            None => Ok(None),
+            Some(StatsHome::Slot { slot, .. }) => {
+                const NAME: &str = "CPU_SLOT_STATS";
+                let stats: PerCpuArray<&MapData, CpuStats> = self.typed(NAME)?;
+                stats
+                    .get(&slot, 0)
+                    .map(|v| Some(sum(v)))
+                    .map_err(map_err(NAME))
+            }
+            Some(StatsHome::Hash) => {
+                const NAME: &str = "CPU_STATS";
+                let stats: CpuStatsMap<&MapData> = self.typed(NAME)?;
+                match stats.get(&cgroup_id, 0) {
+                    Ok(per_cpu) => Ok(Some(sum(per_cpu))),
+                    Err(MapError::KeyNotFound) => Ok(None),
+                    Err(e) => Err(map_err(NAME)(e)),
+                }
+            }
         }
     }
 
@@ -201,15 +263,22 @@ impl EbpfSensors {
     }
 }
 
+/// A deletion of an entry that is not there succeeds: the `cgroup_rmdir` program may have
+/// deleted it first. (aya reports a missing key on delete as the syscall's ENOENT.)
+fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r,
+    }
+}
+
 fn remove<V: aya::Pod>(
     mut map: HashMap<&mut MapData, u64, V>,
     key: u64,
     name: &'static str,
 ) -> Result<(), SensorError> {
-    match map.remove(&key) {
-        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-        Err(e) => Err(map_err(name)(e)),
-    }
+    absent_ok(map.remove(&key)).map_err(map_err(name))
 }
 
 fn lookup<V: aya::Pod>(

@@ -12,6 +12,7 @@ pub mod owners;
 pub mod privilege;
 pub mod psi;
 pub mod scores;
+pub mod slots;
 pub mod tracefs;
 
 pub use cpu_usage::{CpuSource, CpuUsage};
