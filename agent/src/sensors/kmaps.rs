@@ -168,7 +168,7 @@ impl EbpfSensors {
         let Some(home) = self.slots.remove(cgroup_id) else {
             return Ok(());
         };
-        // The filter bit first: from then on the program does not look further.
+        // The filter bit first: unless another watched id shares it, the program stops there.
         self.update_watch_filter(cgroup_id)?;
         match home {
             StatsHome::Slot { place, .. } => {
