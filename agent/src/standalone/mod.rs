@@ -6,9 +6,15 @@
 //! manager; sensor events feed the eviction manager's wake-ups, oom_score_adj re-application and
 //! the metrics.
 
+mod cleanup;
+mod eviction_action;
+mod housekeeping;
 mod node_root;
+mod status;
 mod summary;
+mod summary_targets;
 mod sync;
+mod trees;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
@@ -128,9 +134,9 @@ pub async fn run(
         .map_err(setup("watching the manifest directory"))?;
 
     // Eviction: the node root is the node; kubepods gives allocatableMemory.available.
-    let memory_tree = sync::memory_tree(mounts.trees.keys().copied())
+    let memory_tree = trees::memory_tree(mounts.trees.keys().copied())
         .ok_or_else(|| StandaloneError::Setup("no memory cgroup hierarchy is mounted".into()))?;
-    let node_root_memory = sync::memory_cgroup(
+    let node_root_memory = trees::memory_cgroup(
         memory_tree,
         fs.display_path(memory_tree, &CgroupPath::root()),
     );
@@ -138,7 +144,7 @@ pub async fn run(
         log_dir: opts.log_dir.clone(),
         backoff: BackoffConfig::default(),
     }));
-    let unified_tree = sync::unified_tree(mounts.trees.keys().copied());
+    let unified_tree = trees::unified_tree(mounts.trees.keys().copied());
     let summary = summary::CgroupSummary::new(
         summary::StatsCgroup {
             memory: Some(node_root_memory.clone()),
@@ -179,7 +185,7 @@ pub async fn run(
             kubepods: None,
             pids: None,
         },
-        sync::RuntimeEviction::new(runtime.clone(), StandaloneAction),
+        eviction_action::RuntimeEviction::new(runtime.clone(), StandaloneAction),
         inventory_rx,
     );
     let eviction_stats = manager.stats();
@@ -215,7 +221,7 @@ pub async fn run(
         inventory_tx,
         summary,
     );
-    synced.node_memory_ids = sync::memory_ids(&node_root_memory);
+    synced.node_memory_ids = trees::memory_ids(&node_root_memory);
     let first = manifests
         .reload()
         .map_err(setup("reading the manifest directory"))?;

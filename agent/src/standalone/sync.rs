@@ -1,121 +1,107 @@
 //! One pass of the standalone node: manifests -> plan -> cgroups -> runtime -> eviction inventory,
-//! metrics and status; plus the housekeeping and sensor-event reactions.
+//! metrics and status.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::unix::fs::MetadataExt as _,
-    path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    path::PathBuf,
+    sync::Arc,
     time::Instant,
 };
 
+use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
     cgroup::{
-        self, CgroupFs, CgroupPath, CgroupRef, ContainerIds, DesiredState, Mode, Naming,
-        OomTargets, Reconciler, Tree, WriteResult, desired::Role, desired_state,
-        layout::Controller,
+        CgroupFs, CgroupPath, ContainerIds, DesiredState, Mode, Naming, OomTargets, Reconciler,
+        Tree, WriteResult, desired::Role, desired_state, layout::Controller,
     },
     eviction::{
-        Admission, EvictionAction, EvictionStats, Inventory, ManagedPod, MemoryCgroup,
-        NodeCondition, Outcome, PodCgroups, PodKey as EvictionKey, action::ActionError, admit,
+        Admission, Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups,
+        PodKey as EvictionKey, admit,
     },
     policy::{
-        plan::{Plan, plan_node},
+        plan::{Plan, PodPlan, plan_node},
         pod::PodSpecView,
         qos::QosClass,
         settings::NodeSettings,
     },
     runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, PodStatus, Runtime},
-    sensors::{CgroupOwner, CpuUsage, SensorEvent, Sensors, WatchedCgroup},
-    server::{
-        AgentState,
-        metrics::{
-            ContainerLabels, EvictionLabels, MemcgEventLabels, PodLabels, ProgramLabels, RingLabels,
-        },
-        status::{EventRow, PodRow},
-        summary::PodReference,
-    },
-    source::watch::ManifestWatch,
+    sensors::{CgroupOwner, Sensors, WatchedCgroup},
+    server::{AgentState, metrics::MemcgEventLabels, summary::PodReference},
+    source::watch::{DesiredState as Manifests, ManifestWatch},
     workload::{Forest, ValidationOptions},
 };
 
-use super::summary::{CgroupSummary, PodTarget, StatsCgroup, SummaryTargets};
+use super::{
+    summary::{CgroupSummary, PodTarget, StatsCgroup, SummaryTargets},
+    trees::{cgroup_id, memory_tree, unified_tree},
+};
 
 /// What one pod is on this node, after a pass.
-struct PodEntry {
-    view: PodSpecView,
-    memory: Option<MemoryCgroup>,
+pub(super) struct PodEntry {
+    pub(super) view: PodSpecView,
+    pub(super) memory: Option<MemoryCgroup>,
     /// cgroup v2 ids of the pod's container cgroups (unified tree on hybrid hosts): the CPU
     /// sensor keys by the task's own cgroup.
-    container_ids: Vec<u64>,
+    pub(super) container_ids: Vec<u64>,
     /// Run-queue latency p99 (bucket upper bound, seconds), from the last housekeeping.
-    runq_p99: Option<f64>,
+    pub(super) runq_p99: Option<f64>,
 }
 
 pub struct Synced {
     settings: NodeSettings,
-    naming: Naming,
-    reconciler: Reconciler,
-    runtime: Arc<Runtime>,
-    state: Arc<AgentState>,
+    pub(super) naming: Naming,
+    pub(super) reconciler: Reconciler,
+    pub(super) runtime: Arc<Runtime>,
+    pub(super) state: Arc<AgentState>,
     validation: ValidationOptions,
     inventory_tx: watch::Sender<Arc<Inventory>>,
     /// memcg ids of the node root, whose memcg events wake the eviction manager.
     pub node_memory_ids: Vec<u64>,
-    targets: Option<OomTargets>,
-    desired: DesiredState,
-    plan: Option<Plan>,
-    pods: BTreeMap<PodKey, PodEntry>,
-    summary: CgroupSummary,
+    pub(super) targets: Option<OomTargets>,
+    pub(super) desired: DesiredState,
+    pub(super) plan: Option<Plan>,
+    pub(super) pods: BTreeMap<PodKey, PodEntry>,
+    pub(super) summary: CgroupSummary,
     /// memcg ids (memory cgroup inodes) of pods and containers, with their memcg event labels
     /// (`event` left empty).
-    memcg_owners: BTreeMap<u64, MemcgEventLabels>,
-    reported: BTreeSet<String>,
-    evictions_seen: usize,
+    pub(super) memcg_owners: BTreeMap<u64, MemcgEventLabels>,
+    pub(super) reported: BTreeSet<String>,
+    pub(super) evictions_seen: usize,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
-    stale: BTreeSet<CgroupPath>,
+    pub(super) stale: BTreeSet<CgroupPath>,
     /// cgroup ids handed to the sensors, so each is watched once and unwatched when it goes.
     watched: BTreeSet<u64>,
     /// Kernel run time per program and lost records at the last housekeeping (counters grow by
     /// the difference).
-    last_run_ns: BTreeMap<String, u64>,
-    last_lost: u64,
+    pub(super) last_run_ns: BTreeMap<String, u64>,
+    pub(super) last_lost: u64,
 }
 
-/// The hierarchy that holds memory accounting: the v2 tree, or v1's memory controller.
-pub fn memory_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
-    trees
-        .into_iter()
-        .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)))
+/// A manifest pod the pass can plan: its key, its policy view and the manifest itself.
+type PodView<'a> = (PodKey, PodSpecView, &'a Pod);
+
+/// Where the pass puts each pod and container, in every hierarchy.
+struct Placement {
+    trees: Vec<Tree>,
+    memory_tree: Option<Tree>,
+    unified_tree: Option<Tree>,
+    /// The v1 cpu hierarchy, for the sensors' CPU fallback (throttling, cpuacct.usage).
+    cpu_tree: Option<Tree>,
+    /// Pod cgroups by pod uid.
+    pod_paths: BTreeMap<String, CgroupPath>,
+    /// Container cgroups by pod uid and container name.
+    container_paths: BTreeMap<(String, String), CgroupPath>,
 }
 
-/// The cgroup v2 hierarchy: the only one on v2 hosts, the controller-less one on hybrid hosts.
-pub fn unified_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
-    trees
-        .into_iter()
-        .find(|t| matches!(t, Tree::V2 | Tree::Unified))
-}
-
-/// A directory of `tree` as the eviction signals read it.
-pub fn memory_cgroup(tree: Tree, dir: PathBuf) -> MemoryCgroup {
-    match tree {
-        Tree::V2 => MemoryCgroup::V2(dir),
-        _ => MemoryCgroup::V1(dir),
-    }
-}
-
-/// A cgroup's id: the inode of its directory, as the kernel's programs see it; `None` when the
-/// directory is gone.
-fn cgroup_id(dir: &Path) -> Option<u64> {
-    std::fs::metadata(dir).ok().map(|m| m.ino())
-}
-
-/// The node root's memcg id (the inode of its memory cgroup directory).
-pub fn memory_ids(root: &MemoryCgroup) -> Vec<u64> {
-    cgroup_id(root.path()).into_iter().collect()
+/// What the pass gathers pod by pod for the eviction manager, the sensors and the Summary API.
+struct Tracked {
+    /// cgroup ids the sensors watch after this pass.
+    now_watched: BTreeSet<u64>,
+    managed: Vec<ManagedPod>,
+    summary: SummaryTargets,
 }
 
 impl Synced {
@@ -155,35 +141,12 @@ impl Synced {
         }
     }
 
-    fn fs(&self) -> &CgroupFs {
+    pub(super) fn fs(&self) -> &CgroupFs {
         self.reconciler.fs()
     }
 
-    fn enforce(&self) -> bool {
+    pub(super) fn enforce(&self) -> bool {
         self.reconciler.mode() == Mode::Enforce
-    }
-
-    /// Reports each problem line once (the watch reports new ones; spec errors are ours).
-    pub fn log_problems(&mut self, lines: &[String]) {
-        for l in lines {
-            if self.reported.insert(l.clone()) {
-                warn!(problem = %l, "Manifest skipped.");
-                self.state
-                    .status
-                    .push_event(event("", format!("skipped: {l}")));
-            }
-        }
-    }
-
-    /// Problems the manifest watch has already logged: status events only.
-    pub fn note_problems(&mut self, lines: &[String]) {
-        for l in lines {
-            if self.reported.insert(l.clone()) {
-                self.state
-                    .status
-                    .push_event(event("", format!("skipped: {l}")));
-            }
-        }
     }
 
     /// The whole pass.
@@ -194,6 +157,29 @@ impl Synced {
         sensors: &Sensors,
     ) {
         let desired_state_now = manifests.state();
+        let (views, mut specs) = self.read_pods(desired_state_now);
+        let Some((plan, desired)) = self.plan_pods(&views) else {
+            return;
+        };
+        let targets = self.reconcile_cgroups(&desired);
+        let placement = self.place(&desired, &mut specs);
+        let statuses = self.apply_runtime(desired_state_now, &plan, &views, specs, conditions);
+        let (managed, summary) = self.track_pods(&plan, &views, &placement, sensors);
+        self.refresh_inventory(desired_state_now, managed);
+        self.summary.set_targets(summary);
+        self.record_plan(&plan, &views);
+        self.note_stale(&desired);
+        self.targets = Some(targets);
+        self.desired = desired;
+        self.plan = Some(plan);
+        self.refresh_status(conditions, statuses);
+    }
+
+    /// The manifest pods as policy views and runtime specs; a pod that fails either is a problem.
+    fn read_pods<'a>(
+        &mut self,
+        desired_state_now: &'a Manifests,
+    ) -> (Vec<PodView<'a>>, Vec<PodRuntimeSpec>) {
         let mut views = Vec::new();
         let mut specs = Vec::new();
         let mut problems = Vec::new();
@@ -211,12 +197,17 @@ impl Synced {
             }
         }
         self.log_problems(&problems);
+        (views, specs)
+    }
+
+    /// The node plan and the cgroups it wants; `None` keeps the last plan.
+    fn plan_pods(&mut self, views: &[PodView<'_>]) -> Option<(Plan, DesiredState)> {
         let pod_views: Vec<PodSpecView> = views.iter().map(|(_, v, _)| v.clone()).collect();
         let plan = match plan_node(&self.settings, &pod_views) {
             Ok(p) => p,
             Err(e) => {
                 warn!(error = %e, "The node plan failed; keeping the last one.");
-                return;
+                return None;
             }
         };
         let ids: ContainerIds = pod_views
@@ -231,8 +222,14 @@ impl Synced {
         for r in &desired.refused_pods {
             self.log_problems(&[format!("{r}: {}", r.source)]);
         }
+        Some((plan, desired))
+    }
+
+    /// Writes (or, observing, compares) the cgroup files and logs what went wrong; then the
+    /// oom_score_adj targets of the new desired state.
+    fn reconcile_cgroups(&self, desired: &DesiredState) -> OomTargets {
         let started = Instant::now();
-        let report = self.reconciler.reconcile(&desired);
+        let report = self.reconciler.reconcile(desired);
         self.state
             .metrics
             .reconcile_duration
@@ -251,9 +248,12 @@ impl Synced {
         for e in &report.errors {
             warn!(error = %e, "Cgroup reconcile error.");
         }
-        let targets = OomTargets::new(self.fs(), &desired);
+        OomTargets::new(self.fs(), desired)
+    }
 
-        // Where each pod and container lives, in every hierarchy.
+    /// Where each pod and container lives, in every hierarchy; the containers' directories go
+    /// into their runtime specs.
+    fn place(&self, desired: &DesiredState, specs: &mut [PodRuntimeSpec]) -> Placement {
         let trees: Vec<Tree> = self.fs().trees().collect();
         let memory_tree = memory_tree(trees.iter().copied());
         let unified_tree = unified_tree(trees.iter().copied());
@@ -277,7 +277,7 @@ impl Synced {
                 _ => {}
             }
         }
-        for spec in &mut specs {
+        for spec in specs {
             let names: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
             for name in names {
                 if let Some(path) = container_paths.get(&(spec.key.uid.clone(), name.clone())) {
@@ -289,7 +289,26 @@ impl Synced {
                 }
             }
         }
+        Placement {
+            trees,
+            memory_tree,
+            unified_tree,
+            cpu_tree,
+            pod_paths,
+            container_paths,
+        }
+    }
 
+    /// Hands the specs to the runtime (enforce mode), which starts only the pods admission lets
+    /// start; returns the runtime's status from before, for the status table.
+    fn apply_runtime(
+        &self,
+        desired_state_now: &Manifests,
+        plan: &Plan,
+        views: &[PodView<'_>],
+        specs: Vec<PodRuntimeSpec>,
+        conditions: &[NodeCondition],
+    ) -> Vec<PodStatus> {
         // Admission: under MemoryPressure BestEffort pods that are not running yet wait.
         // One status read per pass: admission now, the status table at the end.
         let statuses = self.runtime.status();
@@ -302,7 +321,7 @@ impl Synced {
         let qos: BTreeMap<PodKey, (QosClass, bool)> = plan
             .pods
             .iter()
-            .zip(&views)
+            .zip(views)
             .map(|(p, (k, v, _))| (k.clone(), (p.qos_class, v.is_critical())))
             .collect();
         let may_start = |k: &PodKey| {
@@ -315,133 +334,29 @@ impl Synced {
         if self.enforce() {
             self.runtime.apply(specs, may_start);
         }
+        statuses
+    }
 
-        // Eviction inventory, sensors' watch list, summary sources, memcg owners.
+    /// Eviction inventory, sensors' watch list, summary sources, memcg owners.
+    fn track_pods(
+        &mut self,
+        plan: &Plan,
+        views: &[PodView<'_>],
+        placement: &Placement,
+        sensors: &Sensors,
+    ) -> (Vec<ManagedPod>, SummaryTargets) {
         let old_pods = std::mem::take(&mut self.pods);
         self.memcg_owners.clear();
-        let mut now_watched = BTreeSet::new();
-        let mut managed = Vec::new();
-        let mut summary = SummaryTargets {
-            system: self.system_containers(&plan, memory_tree, unified_tree),
-            pods: Vec::new(),
+        let mut tracked = Tracked {
+            now_watched: BTreeSet::new(),
+            managed: Vec::new(),
+            summary: SummaryTargets {
+                system: self.system_containers(plan, placement.memory_tree, placement.unified_tree),
+                pods: Vec::new(),
+            },
         };
-        for ((key, view, pod), p) in views.iter().zip(&plan.pods) {
-            let Some(path) = pod_paths.get(&view.uid) else {
-                continue;
-            };
-            let dirs: Vec<PathBuf> = trees
-                .iter()
-                .map(|t| self.fs().display_path(*t, path))
-                .collect();
-            let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
-            let memory = cgroup.memory.clone();
-            let unified = cgroup.cpu.clone();
-            let containers: Vec<(String, StatsCgroup)> = p
-                .containers
-                .iter()
-                .filter_map(|c| {
-                    let cpath = container_paths.get(&(view.uid.clone(), c.name.clone()))?;
-                    Some((
-                        c.name.clone(),
-                        self.stats_cgroup(memory_tree, unified_tree, cpath),
-                    ))
-                })
-                .collect();
-            let owner = |container: &str| MemcgEventLabels {
-                namespace: key.namespace.clone(),
-                pod: key.name.clone(),
-                uid: view.uid.clone(),
-                container: container.into(),
-                event: String::new(),
-            };
-            if let Some(memory) = &memory {
-                managed.push(ManagedPod {
-                    key: EvictionKey {
-                        namespace: key.namespace.clone(),
-                        name: key.name.clone(),
-                    },
-                    qos: p.qos_class,
-                    request_bytes: view.requests().memory_bytes(),
-                    priority: view.effective_priority(),
-                    critical: view.is_critical(),
-                    start_time: pod
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map_or(0, |t| t.0.as_second()),
-                    grace_secs: pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.termination_grace_period_seconds)
-                        .unwrap_or(30),
-                    memory: memory.clone(),
-                    cgroups: PodCgroups {
-                        procs: dirs,
-                        unified: unified.clone(),
-                    },
-                });
-                if let Some(id) = cgroup_id(memory.path()) {
-                    self.memcg_owners.insert(id, owner(""));
-                }
-            }
-            if let Some(u) = &unified
-                && let Some(id) = cgroup_id(u)
-                && now_watched.insert(id)
-                && !self.watched.contains(&id)
-            {
-                sensors.watch(WatchedCgroup {
-                    id,
-                    v2_dir: Some(u.clone()),
-                    memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
-                    cpu_dir: cpu_tree.map(|t| self.fs().display_path(t, path)),
-                });
-            }
-            let mut container_ids = Vec::new();
-            for (name, c) in &containers {
-                if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.path())) {
-                    self.memcg_owners.insert(id, owner(name));
-                }
-                // The CPU sensor keys by the task's own (v2) cgroup.
-                let Some(id) = c.cpu.as_deref().and_then(cgroup_id) else {
-                    continue;
-                };
-                sensors.set_owner(
-                    id,
-                    CgroupOwner {
-                        pod_uid: view.uid.clone(),
-                        container: name.clone(),
-                    },
-                );
-                container_ids.push(id);
-                now_watched.insert(id);
-                if !self.watched.contains(&id) {
-                    sensors.watch(WatchedCgroup {
-                        id,
-                        v2_dir: None,
-                        memory_dir: None,
-                        cpu_dir: None,
-                    });
-                }
-            }
-            summary.pods.push(PodTarget {
-                pod_ref: PodReference {
-                    name: key.name.clone(),
-                    namespace: key.namespace.clone(),
-                    uid: view.uid.clone(),
-                },
-                key: key.clone(),
-                cgroup,
-                containers,
-            });
-            self.pods.insert(
-                key.clone(),
-                PodEntry {
-                    view: view.clone(),
-                    memory,
-                    container_ids,
-                    runq_p99: None,
-                },
-            );
+        for (view, p) in views.iter().zip(&plan.pods) {
+            self.track_pod(view, p, placement, sensors, &mut tracked);
         }
         for (key, old) in &old_pods {
             if self
@@ -460,10 +375,153 @@ impl Synced {
                     .drop_pod(&key.namespace, &key.name, &old.view.uid, &containers);
             }
         }
+        let Tracked {
+            now_watched,
+            managed,
+            summary,
+        } = tracked;
         for gone in self.watched.difference(&now_watched) {
             sensors.unwatch(*gone);
         }
         self.watched = now_watched;
+        (managed, summary)
+    }
+
+    /// One pod with a cgroup: its eviction inventory entry, its cgroups for the sensors and the
+    /// Summary API, its memcg owners and its `PodEntry`.
+    fn track_pod(
+        &mut self,
+        (key, view, pod): &PodView<'_>,
+        p: &PodPlan,
+        placement: &Placement,
+        sensors: &Sensors,
+        tracked: &mut Tracked,
+    ) {
+        let Some(path) = placement.pod_paths.get(&view.uid) else {
+            return;
+        };
+        let (memory_tree, unified_tree) = (placement.memory_tree, placement.unified_tree);
+        let dirs: Vec<PathBuf> = placement
+            .trees
+            .iter()
+            .map(|t| self.fs().display_path(*t, path))
+            .collect();
+        let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
+        let memory = cgroup.memory.clone();
+        let unified = cgroup.cpu.clone();
+        let containers: Vec<(String, StatsCgroup)> = p
+            .containers
+            .iter()
+            .filter_map(|c| {
+                let cpath = placement
+                    .container_paths
+                    .get(&(view.uid.clone(), c.name.clone()))?;
+                Some((
+                    c.name.clone(),
+                    self.stats_cgroup(memory_tree, unified_tree, cpath),
+                ))
+            })
+            .collect();
+        let owner = |container: &str| MemcgEventLabels {
+            namespace: key.namespace.clone(),
+            pod: key.name.clone(),
+            uid: view.uid.clone(),
+            container: container.into(),
+            event: String::new(),
+        };
+        if let Some(memory) = &memory {
+            tracked.managed.push(ManagedPod {
+                key: EvictionKey {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                },
+                qos: p.qos_class,
+                request_bytes: view.requests().memory_bytes(),
+                priority: view.effective_priority(),
+                critical: view.is_critical(),
+                start_time: pod
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+                grace_secs: pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30),
+                memory: memory.clone(),
+                cgroups: PodCgroups {
+                    procs: dirs,
+                    unified: unified.clone(),
+                },
+            });
+            if let Some(id) = cgroup_id(memory.path()) {
+                self.memcg_owners.insert(id, owner(""));
+            }
+        }
+        if let Some(u) = &unified
+            && let Some(id) = cgroup_id(u)
+            && tracked.now_watched.insert(id)
+            && !self.watched.contains(&id)
+        {
+            sensors.watch(WatchedCgroup {
+                id,
+                v2_dir: Some(u.clone()),
+                memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
+                cpu_dir: placement.cpu_tree.map(|t| self.fs().display_path(t, path)),
+            });
+        }
+        let mut container_ids = Vec::new();
+        for (name, c) in &containers {
+            if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.path())) {
+                self.memcg_owners.insert(id, owner(name));
+            }
+            // The CPU sensor keys by the task's own (v2) cgroup.
+            let Some(id) = c.cpu.as_deref().and_then(cgroup_id) else {
+                continue;
+            };
+            sensors.set_owner(
+                id,
+                CgroupOwner {
+                    pod_uid: view.uid.clone(),
+                    container: name.clone(),
+                },
+            );
+            container_ids.push(id);
+            tracked.now_watched.insert(id);
+            if !self.watched.contains(&id) {
+                sensors.watch(WatchedCgroup {
+                    id,
+                    v2_dir: None,
+                    memory_dir: None,
+                    cpu_dir: None,
+                });
+            }
+        }
+        tracked.summary.pods.push(PodTarget {
+            pod_ref: PodReference {
+                name: key.name.clone(),
+                namespace: key.namespace.clone(),
+                uid: view.uid.clone(),
+            },
+            key: key.clone(),
+            cgroup,
+            containers,
+        });
+        self.pods.insert(
+            key.clone(),
+            PodEntry {
+                view: view.clone(),
+                memory,
+                container_ids,
+                runq_p99: None,
+            },
+        );
+    }
+
+    /// The eviction manager's new inventory: the managed pods and the workload objects above
+    /// them.
+    fn refresh_inventory(&self, desired_state_now: &Manifests, managed: Vec<ManagedPod>) {
         let forests = Forest::by_namespace(
             desired_state_now
                 .objects
@@ -475,8 +533,11 @@ impl Synced {
             pods: managed,
             forests,
         }));
-        self.summary.set_targets(summary);
-        self.state.metrics.set_plan(&plan);
+    }
+
+    /// The plan's and the pods' requests in the metrics.
+    fn record_plan(&self, plan: &Plan, views: &[PodView<'_>]) {
+        self.state.metrics.set_plan(plan);
         self.state
             .metrics
             .set_pod_requests(views.iter().map(|(k, v, _)| {
@@ -488,381 +549,9 @@ impl Synced {
                     r.memory_bytes(),
                 )
             }));
-        let wanted: BTreeSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
-        for c in &self.desired.cgroups {
-            if matches!(c.role, Role::Pod | Role::Container) && !wanted.contains(&c.path) {
-                self.stale.insert(c.path.clone());
-            }
-        }
-        self.stale.retain(|p| !wanted.contains(p));
-        self.targets = Some(targets);
-        self.desired = desired;
-        self.plan = Some(plan);
-        self.refresh_status(conditions, statuses);
-    }
-
-    /// Where the Summary API reads one cgroup: the memory hierarchy and the v2 tree.
-    fn stats_cgroup(
-        &self,
-        memory_tree: Option<Tree>,
-        unified_tree: Option<Tree>,
-        path: &CgroupPath,
-    ) -> StatsCgroup {
-        StatsCgroup {
-            memory: memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path))),
-            cpu: unified_tree.map(|t| self.fs().display_path(t, path)),
-        }
-    }
-
-    /// The kubelet's system containers that exist here: `pods` (kubepods), `kubelet`
-    /// (kubeReservedCgroup) and `misc` (systemReservedCgroup).
-    fn system_containers(
-        &self,
-        plan: &Plan,
-        memory_tree: Option<Tree>,
-        unified_tree: Option<Tree>,
-    ) -> Vec<(String, StatsCgroup)> {
-        let n = &plan.node;
-        [
-            ("pods", &n.kubepods),
-            ("kubelet", &n.kube_reserved),
-            ("misc", &n.system_reserved),
-        ]
-        .into_iter()
-        .filter_map(|(name, tier)| {
-            let path =
-                CgroupPath::under_root(tier.cgroup.as_deref()?, &self.naming.node_root).ok()?;
-            let c = self.stats_cgroup(memory_tree, unified_tree, &path);
-            c.memory
-                .as_ref()
-                .is_some_and(|m| m.path().is_dir())
-                .then(|| (name.to_owned(), c))
-        })
-        .collect()
-    }
-
-    /// Every housekeeping interval: oom_score_adj of new processes, eviction results, status.
-    pub fn housekeeping(
-        &mut self,
-        stats: &Arc<Mutex<EvictionStats>>,
-        conditions: &[NodeCondition],
-        sensors: &Sensors,
-    ) {
-        self.remove_stale();
-        for cost in sensors.program_costs() {
-            let last = self
-                .last_run_ns
-                .insert(cost.program.clone(), cost.run_time_ns);
-            let delta = cost.run_time_ns.saturating_sub(last.unwrap_or(0));
-            self.state
-                .metrics
-                .ebpf_program_run
-                .get_or_create(&ProgramLabels {
-                    program: cost.program,
-                })
-                .inc_by(delta as f64 * 1e-9);
-        }
-        let lost = sensors.events_lost();
-        self.state
-            .metrics
-            .ebpf_events_lost
-            .get_or_create(&RingLabels {
-                ring: "EVENTS".into(),
-            })
-            .inc_by(lost.saturating_sub(self.last_lost));
-        self.last_lost = lost;
-        // Run-queue latency per pod, from the eBPF CPU sensor's kernel histograms.
-        for (key, entry) in &mut self.pods {
-            let mut seen = false;
-            let (mut count, mut total) = (0, 0);
-            let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
-            for id in &entry.container_ids {
-                // Only the eBPF sensor sees run-queue waits; its fallback leaves `runq` empty.
-                if let Ok(Some(CpuUsage { runq: Some(w), .. })) = sensors.cpu_stats(*id) {
-                    seen = true;
-                    count += w.count;
-                    total += w.total_ns;
-                    for (h, n) in hist.iter_mut().zip(w.hist) {
-                        *h += n;
-                    }
-                }
-            }
-            if seen {
-                let h = self
-                    .state
-                    .metrics
-                    .runqueue_latency
-                    .get_or_create_owned(&PodLabels {
-                        namespace: key.namespace.clone(),
-                        pod: key.name.clone(),
-                    });
-                h.set(count, total, &hist);
-                entry.runq_p99 = h.quantile_upper_bound(0.99);
-            }
-        }
-        if let Some(t) = &self.targets {
-            // Failures are logged by the scan itself, once per process and value.
-            cgroup::scan_oom_scores(self.fs(), t, self.reconciler.mode());
-        }
-        let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
-        for d in stats
-            .recent
-            .iter()
-            .skip(self.evictions_seen.min(stats.recent.len()))
-        {
-            for pod in &d.pods {
-                let qos = self
-                    .plan
-                    .as_ref()
-                    .and_then(|p| {
-                        p.pods
-                            .iter()
-                            .find(|pp| pp.namespace == pod.namespace && pp.name == pod.name)
-                    })
-                    .map_or("unknown".into(), |pp| format!("{:?}", pp.qos_class));
-                self.state
-                    .metrics
-                    .evictions
-                    .get_or_create(&EvictionLabels {
-                        signal: d.signal.clone(),
-                        qos_class: qos,
-                    })
-                    .inc();
-                self.state.status.push_event(event(
-                    &pod.to_string(),
-                    format!(
-                        "evicted: {} observed {} threshold {} ({})",
-                        d.signal, d.observed, d.threshold, d.reason
-                    ),
-                ));
-            }
-            if let Some(l) = d.latency {
-                self.state
-                    .metrics
-                    .eviction_decision_latency
-                    .observe(l.as_secs_f64());
-            }
-        }
-        self.evictions_seen = stats.recent.len();
-        // The base of the Summary API's usageNanoCores.
-        self.summary.sample_cpu();
-        self.refresh_status(conditions, self.runtime.status());
-    }
-
-    pub fn on_sensor_event(&mut self, e: &SensorEvent) {
-        match e {
-            SensorEvent::Process { pid, cgroup_id, .. } => {
-                if let Some(t) = &self.targets {
-                    let _ = cgroup::apply_oom_score(
-                        self.fs(),
-                        t,
-                        *pid as i32,
-                        CgroupRef::Id(*cgroup_id),
-                        self.reconciler.mode(),
-                    );
-                }
-            }
-            SensorEvent::OomVictim(v) => {
-                let (ns, pod, container) = v
-                    .owner
-                    .as_ref()
-                    .and_then(|o| {
-                        self.pods
-                            .iter()
-                            .find(|(_, p)| p.view.uid == o.pod_uid)
-                            .map(|(k, _)| {
-                                (k.namespace.clone(), k.name.clone(), o.container.clone())
-                            })
-                    })
-                    .unwrap_or_default();
-                if !pod.is_empty() {
-                    self.state
-                        .metrics
-                        .oom_kills
-                        .get_or_create(&ContainerLabels {
-                            namespace: ns.clone(),
-                            pod: pod.clone(),
-                            container: container.clone(),
-                        })
-                        .inc();
-                }
-                warn!(pid = v.pid, comm = %v.comm, pod = %format!("{ns}/{pod}"), container = %container, "Kernel OOM killer chose a victim.");
-                self.state.status.push_event(event(
-                    &format!("{ns}/{pod}"),
-                    format!("kernel OOM kill: pid {} ({})", v.pid, v.comm),
-                ));
-            }
-            SensorEvent::Memcg {
-                memcg_id,
-                kind,
-                count,
-                ..
-            } => {
-                // Node-level cgroups (node root, kubepods, QoS tiers) have no pod: empty labels.
-                let labels = MemcgEventLabels {
-                    event: kind.as_str().into(),
-                    ..self.memcg_owners.get(memcg_id).cloned().unwrap_or_default()
-                };
-                self.state
-                    .metrics
-                    .memcg_events
-                    .get_or_create(&labels)
-                    .inc_by(*count);
-            }
-            _ => {}
-        }
-    }
-
-    fn refresh_status(&self, conditions: &[NodeCondition], statuses: Vec<PodStatus>) {
-        let Some(plan) = &self.plan else { return };
-        let statuses: BTreeMap<PodKey, _> =
-            statuses.into_iter().map(|s| (s.key.clone(), s)).collect();
-        let rows = plan
-            .pods
-            .iter()
-            .map(|p| {
-                let entry = self
-                    .pods
-                    .iter()
-                    .find(|(k, _)| k.namespace == p.namespace && k.name == p.name);
-                let status = entry.and_then(|(k, _)| statuses.get(k));
-                let working_set = entry
-                    .and_then(|(_, e)| e.memory.as_ref())
-                    .and_then(|m| m.read().ok())
-                    .map(|r| r.working_set() as u64);
-                PodRow {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    qos_class: format!("{:?}", p.qos_class),
-                    phase: status.map_or_else(
-                        || {
-                            if self.enforce() {
-                                "Pending".into()
-                            } else {
-                                "Planned".into()
-                            }
-                        },
-                        |s| match &s.reason {
-                            Some(r) => format!("{:?} ({r})", s.phase),
-                            None => format!("{:?}", s.phase),
-                        },
-                    ),
-                    cpu_weight: p.cpu_weight,
-                    oom_score_adj: p
-                        .containers
-                        .iter()
-                        .map(|c| format!("{}={}", c.name, c.oom_score_adj))
-                        .collect(),
-                    working_set_bytes: working_set,
-                    memory_request_bytes: entry.map(|(_, e)| e.view.requests().memory_bytes()),
-                    memory_limit_bytes: p.memory_limit_bytes,
-                    runqueue_p99_seconds: entry.and_then(|(_, e)| e.runq_p99),
-                    restarts: status
-                        .map_or(0, |s| s.containers.iter().map(|c| c.restart_count).sum()),
-                }
-            })
-            .collect();
-        let mode = if self.enforce() { "enforce" } else { "observe" };
-        self.state.status.update(|s| {
-            s.node.mode = mode.into();
-            s.node.memory_pressure = conditions.contains(&NodeCondition::MemoryPressure);
-            s.node.pid_pressure = conditions.contains(&NodeCondition::PidPressure);
-            s.pods = rows;
-        });
-    }
-
-    /// Removes cgroups of pods that left the desired state once their processes are gone
-    /// (rmdir fails while a cgroup has tasks; a later pass retries).
-    fn remove_stale(&mut self) {
-        if !self.enforce() || self.stale.is_empty() {
-            return;
-        }
-        let trees: Vec<Tree> = self.fs().trees().collect();
-        let mut paths: Vec<CgroupPath> = self.stale.iter().cloned().collect();
-        paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
-        for p in paths {
-            let mut all_gone = true;
-            for t in &trees {
-                let dir = self.fs().display_path(*t, &p);
-                if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
-                    all_gone = false;
-                }
-            }
-            if all_gone {
-                self.stale.remove(&p);
-            }
-        }
-    }
-
-    /// Removes the cgroups of the desired state qoslet created, deepest first (pods are stopped).
-    pub fn remove_cgroups(&self) {
-        let trees: Vec<Tree> = self.fs().trees().collect();
-        let mut paths: Vec<&CgroupPath> = self
-            .desired
-            .cgroups
-            .iter()
-            .filter(|c| c.role != Role::Reserved)
-            .map(|c| &c.path)
-            .chain(&self.stale)
-            .collect();
-        paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
-        for p in paths {
-            for t in &trees {
-                let dir = self.fs().display_path(*t, p);
-                if dir.is_dir()
-                    && let Err(e) = std::fs::remove_dir(&dir)
-                {
-                    warn!(path = %dir.display(), error = %e, "Could not remove a cgroup qoslet created.");
-                }
-            }
-        }
     }
 }
 
-fn event(pod: &str, message: String) -> EventRow {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    EventRow {
-        time: format!("{}.{:03}", now.as_secs(), now.subsec_millis()),
-        pod: pod.into(),
-        message,
-    }
-}
-
-/// The eviction action of the standalone node: the runtime marks the pod Evicted (so it is not
-/// restarted and its phase is Failed) and the cgroup-wide kill makes sure nothing survives.
-pub struct RuntimeEviction<A> {
-    runtime: Arc<Runtime>,
-    kill: A,
-}
-
-impl<A> RuntimeEviction<A> {
-    pub fn new(runtime: Arc<Runtime>, kill: A) -> Self {
-        Self { runtime, kill }
-    }
-}
-
-impl<A: EvictionAction> EvictionAction for RuntimeEviction<A> {
-    async fn evict(
-        &self,
-        pod: &EvictionKey,
-        cgroups: &PodCgroups,
-        grace: std::time::Duration,
-        message: &str,
-    ) -> Result<Outcome, ActionError> {
-        let key = self
-            .runtime
-            .status()
-            .into_iter()
-            .map(|s| s.key)
-            .find(|k| k.namespace == pod.namespace && k.name == pod.name);
-        if let Some(k) = &key {
-            self.runtime.mark_evicted(k, message, grace);
-        }
-        self.kill.evict(pod, cgroups, grace, message).await
-    }
-}
 /// Every file is read again at least this often, for changes inotify cannot see (the kernel
 /// itself narrowing a v1 cpuset when a CPU goes offline).
 const FULL_RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);

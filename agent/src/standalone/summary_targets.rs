@@ -1,0 +1,50 @@
+//! Where the Summary API reads each cgroup the sync pass placed: the kubelet's system containers
+//! and the pods' and containers' cgroups.
+
+use super::{summary::StatsCgroup, sync::Synced, trees::memory_cgroup};
+use crate::{
+    cgroup::{CgroupPath, Tree},
+    policy::plan::Plan,
+};
+
+impl Synced {
+    /// Where the Summary API reads one cgroup: the memory hierarchy and the v2 tree.
+    pub(super) fn stats_cgroup(
+        &self,
+        memory_tree: Option<Tree>,
+        unified_tree: Option<Tree>,
+        path: &CgroupPath,
+    ) -> StatsCgroup {
+        StatsCgroup {
+            memory: memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path))),
+            cpu: unified_tree.map(|t| self.fs().display_path(t, path)),
+        }
+    }
+
+    /// The kubelet's system containers that exist here: `pods` (kubepods), `kubelet`
+    /// (kubeReservedCgroup) and `misc` (systemReservedCgroup).
+    pub(super) fn system_containers(
+        &self,
+        plan: &Plan,
+        memory_tree: Option<Tree>,
+        unified_tree: Option<Tree>,
+    ) -> Vec<(String, StatsCgroup)> {
+        let n = &plan.node;
+        [
+            ("pods", &n.kubepods),
+            ("kubelet", &n.kube_reserved),
+            ("misc", &n.system_reserved),
+        ]
+        .into_iter()
+        .filter_map(|(name, tier)| {
+            let path =
+                CgroupPath::under_root(tier.cgroup.as_deref()?, &self.naming.node_root).ok()?;
+            let c = self.stats_cgroup(memory_tree, unified_tree, &path);
+            c.memory
+                .as_ref()
+                .is_some_and(|m| m.path().is_dir())
+                .then(|| (name.to_owned(), c))
+        })
+        .collect()
+    }
+}
