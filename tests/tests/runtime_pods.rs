@@ -401,3 +401,47 @@ spec:
     rt.stop_all(Duration::from_secs(1)).await;
     assert!(rt.status().is_empty(), "{:#?}", rt.status());
 }
+
+/// The runtime announces status changes: a reader that only wakes on `Runtime::changed` (as the
+/// standalone node's status page does) sees a pod start, run and end, without polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_changes_wake_the_reader() {
+    require_root();
+    let logs = TempDir::new();
+    let (spec, _cgroups) = pod(r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: announced, namespace: rt}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: app
+    command: [/bin/sh, -c, "sleep 0.5"]
+"#);
+    let key = spec.key.clone();
+    let rt = runtime(&logs.path);
+    // Waits on wake-ups alone until the pod reaches `phase`; returns how many it took.
+    let wake_until = |phase: PodPhase| {
+        let (rt, key) = (&rt, &key);
+        async move {
+            let mut wakes = 0;
+            tokio::time::timeout(WAIT, async {
+                loop {
+                    rt.changed().await;
+                    wakes += 1;
+                    if find(rt, key).phase == phase {
+                        return;
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("no wake-up announced {phase:?}: {:#?}", find(rt, key)));
+            wakes
+        }
+    };
+    rt.apply(vec![spec], |_| true);
+    let to_running = wake_until(PodPhase::Running).await;
+    let to_succeeded = wake_until(PodPhase::Succeeded).await;
+    eprintln!("Running after {to_running} wake-ups, Succeeded after {to_succeeded} more");
+}

@@ -21,6 +21,20 @@ fn schedstat(pid: u32) -> (u64, u64) {
     (f.next().expect("on-CPU"), f.next().expect("run delay"))
 }
 
+/// Waits until `pid` sleeps in read(2) on its stdin (x86-64 syscall 0, fd 0). Until then a shell
+/// still starting may be on a CPU, and schedstat counts a running slice before it ends while
+/// the program counts it at the switch: the two accounts would start apart.
+async fn blocked_reading_stdin(pid: u32) {
+    for _ in 0..500 {
+        let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        if call.starts_with("0 0x0 ") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{pid} never blocked reading its stdin");
+}
+
 /// `a` within `pct` percent (and 2 ms) of `b`.
 fn close(a: u64, b: u64, pct: f64) -> bool {
     (a as f64 - b as f64).abs() <= (b as f64 * pct / 100.0).max(2e6)
@@ -83,6 +97,9 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         (u, waits)
     };
     // Both spinners are blocked on stdin: nothing of theirs is pending in either account.
+    for s in &spinners {
+        blocked_reading_stdin(s.pid()).await;
+    }
     let before: Vec<_> = [&heavy, &light].iter().map(|c| stats(c.id())).collect();
     let kernel_before: Vec<_> = spinners.iter().map(|s| schedstat(s.pid())).collect();
     for s in &mut spinners {

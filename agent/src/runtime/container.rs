@@ -6,7 +6,6 @@ use std::{
     os::unix::process::ExitStatusExt as _,
     path::PathBuf,
     process::ExitStatus,
-    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -20,8 +19,9 @@ use tokio::{
 use super::{
     backoff::{Backoff, BackoffConfig},
     logs, process,
+    shared::SharedStatus,
     spec::{ContainerSpec, PodKey},
-    status::{ContainerState, PodStatus, Termination},
+    status::{ContainerState, Termination},
 };
 
 /// How long the final SIGKILL sweep may take before the runtime gives up and reports it.
@@ -62,15 +62,16 @@ pub(crate) struct ContainerCtx {
     pub index: usize,
     pub log_dir: PathBuf,
     pub backoff: BackoffConfig,
-    pub status: Arc<Mutex<PodStatus>>,
+    pub status: SharedStatus,
 }
 
 impl ContainerCtx {
     fn update(&self, f: impl FnOnce(&mut super::status::ContainerStatus)) {
-        let mut s = crate::lock(&self.status);
-        if let Some(c) = s.containers.get_mut(self.index) {
-            f(c);
-        }
+        self.status.update(|s| {
+            if let Some(c) = s.containers.get_mut(self.index) {
+                f(c);
+            }
+        });
     }
 }
 

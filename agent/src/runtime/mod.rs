@@ -10,6 +10,7 @@ mod container;
 pub mod logs;
 mod pod;
 pub mod process;
+mod shared;
 pub mod spec;
 pub mod status;
 
@@ -20,13 +21,17 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::watch, time::Instant};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 
 pub use backoff::BackoffConfig;
 pub use spec::{ContainerCgroups, ContainerSpec, PodKey, PodRuntimeSpec, RestartPolicy, SpecError};
 pub use status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
 
 use pod::{Control, PodTask};
+use shared::SharedStatus;
 use status::PhaseInput;
 
 /// Where logs go and how restarts back off.
@@ -40,14 +45,14 @@ pub struct RuntimeConfig {
 /// A pod the runtime knows, running or stopping.
 struct PodHandle {
     spec: PodRuntimeSpec,
-    status: Arc<Mutex<PodStatus>>,
+    status: SharedStatus,
     control: watch::Sender<Control>,
     done: watch::Receiver<bool>,
 }
 
 impl PodHandle {
     fn stop(&self, deadline: Instant) {
-        crate::lock(&self.status).terminating = true;
+        self.status.update(|s| s.terminating = true);
         self.control.send_modify(|c| {
             // An earlier deadline stands: a second stop only shortens it.
             c.stop = Some(c.stop.map_or(deadline, |d| d.min(deadline)));
@@ -63,6 +68,8 @@ impl PodHandle {
 pub struct Runtime {
     config: RuntimeConfig,
     state: Mutex<State>,
+    /// Woken by every pod status change.
+    changed: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -77,7 +84,15 @@ impl Runtime {
         Self {
             config,
             state: Mutex::new(State::default()),
+            changed: Arc::new(Notify::new()),
         }
+    }
+
+    /// Resolves once some pod's status changed since the last call returned (a container
+    /// started or ended, a pod finished, was gated or evicted). Changes coalesce: one wake-up
+    /// may stand for several, so read [`Runtime::status`] after it.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -140,19 +155,22 @@ impl Runtime {
         } else {
             "SchedulingGated"
         };
-        let status = Arc::new(Mutex::new(PodStatus {
-            key: spec.key.clone(),
-            phase: PodPhase::Pending,
-            reason: (!may_start).then(|| "SchedulingGated".into()),
-            message: None,
-            restart_policy: spec.restart_policy,
-            containers: spec
-                .containers
-                .iter()
-                .map(|c| ContainerStatus::new(&c.name, c.kind, waiting))
-                .collect(),
-            terminating: false,
-        }));
+        let status = SharedStatus::new(
+            PodStatus {
+                key: spec.key.clone(),
+                phase: PodPhase::Pending,
+                reason: (!may_start).then(|| "SchedulingGated".into()),
+                message: None,
+                restart_policy: spec.restart_policy,
+                containers: spec
+                    .containers
+                    .iter()
+                    .map(|c| ContainerStatus::new(&c.name, c.kind, waiting))
+                    .collect(),
+                terminating: false,
+            },
+            self.changed.clone(),
+        );
         let (control_tx, control_rx) = watch::channel(Control {
             may_start,
             stop: None,
@@ -183,11 +201,10 @@ impl Runtime {
         let Some(h) = state.pods.get(key) else {
             return false;
         };
-        {
-            let mut s = crate::lock(&h.status);
+        h.status.update(|s| {
             s.reason = Some("Evicted".into());
             s.message = Some(message.into());
-        }
+        });
         tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
         h.stop(Instant::now() + grace);
         true
@@ -224,7 +241,7 @@ impl Runtime {
 }
 
 fn snapshot(h: &PodHandle) -> PodStatus {
-    let mut s = crate::lock(&h.status).clone();
+    let mut s = h.status.read().clone();
     s.phase = status::phase(PhaseInput {
         policy: s.restart_policy,
         containers: &s.containers,

@@ -2,10 +2,7 @@
 //! (sidecars started and kept running), then the app containers; on a stop, app containers are
 //! terminated first, sidecars after them, all within the pod's grace deadline.
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::path::PathBuf;
 
 use futures::future::join_all;
 use tokio::{
@@ -16,8 +13,9 @@ use tokio::{
 use super::{
     backoff::BackoffConfig,
     container::{ContainerCtx, Outcome, Restart, StopRx, supervise},
+    shared::SharedStatus,
     spec::{PodRuntimeSpec, RestartPolicy},
-    status::{ContainerState, PodStatus},
+    status::ContainerState,
 };
 use crate::policy::pod::ContainerKind;
 
@@ -33,7 +31,7 @@ pub(crate) struct Control {
 /// Everything a pod task needs.
 pub(crate) struct PodTask {
     pub spec: PodRuntimeSpec,
-    pub status: Arc<Mutex<PodStatus>>,
+    pub status: SharedStatus,
     pub log_dir: PathBuf,
     pub backoff: BackoffConfig,
     pub control: watch::Receiver<Control>,
@@ -71,8 +69,11 @@ impl PodTask {
                 }
             }
         }
-        crate::lock(&self.status).terminating |= apps_tx.borrow().is_some();
+        let stopped = apps_tx.borrow().is_some();
+        self.status.update(|s| s.terminating |= stopped);
         let _ = self.done.send(true);
+        // The phase also follows from `done`.
+        self.status.notify();
     }
 
     fn ctx(&self, index: usize) -> ContainerCtx {
@@ -87,18 +88,19 @@ impl PodTask {
     }
 
     fn set_waiting(&self, kinds: &[ContainerKind], reason: &str) {
-        let mut s = crate::lock(&self.status);
-        for c in s.containers.iter_mut().filter(|c| kinds.contains(&c.kind)) {
-            if matches!(c.state, ContainerState::Waiting { .. }) {
-                c.state = ContainerState::Waiting {
-                    reason: reason.into(),
-                };
+        self.status.update(|s| {
+            for c in s.containers.iter_mut().filter(|c| kinds.contains(&c.kind)) {
+                if matches!(c.state, ContainerState::Waiting { .. }) {
+                    c.state = ContainerState::Waiting {
+                        reason: reason.into(),
+                    };
+                }
             }
-        }
+        });
     }
 
     fn set_reason(&self, reason: Option<&str>) {
-        crate::lock(&self.status).reason = reason.map(Into::into);
+        self.status.update(|s| s.reason = reason.map(Into::into));
     }
 }
 

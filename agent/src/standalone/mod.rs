@@ -262,6 +262,7 @@ pub async fn run(
             _ = housekeeping.tick() => {
                 synced.housekeeping(&eviction_stats, &conditions.borrow(), &sensors);
             }
+            () = runtime.changed() => synced.on_runtime_change(&conditions.borrow()),
         }
     }
     info!("Stopping: pods first, then the cgroups qoslet created.");

@@ -36,6 +36,12 @@ impl Synced {
         }
     }
 
+    /// A pod's runtime status changed: the table follows at once rather than at the next
+    /// housekeeping tick.
+    pub fn on_runtime_change(&self, conditions: &[NodeCondition]) {
+        self.refresh_status(conditions, self.runtime.status());
+    }
+
     pub(super) fn refresh_status(&self, conditions: &[NodeCondition], statuses: Vec<PodStatus>) {
         let Some(plan) = &self.plan else { return };
         let statuses: BTreeMap<PodKey, _> =
