@@ -51,11 +51,19 @@ mod kubelet_order {
         let mut hog_g = g.start_hog(56, None);
         let mut hog_bu = bu.start_hog(32, None);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        // BestEffort starts first and grows faster, so at the first crossing it is further over
-        // its (zero) request. Started together, a slow process start under emulation (the 6.12
-        // VM once) could let the Burstable pod lead.
+        // BestEffort is 48 MiB over its (zero) request before the Burstable hog starts, and grows
+        // faster, so at the first crossing it is the further over. A fixed head start was not
+        // enough under emulation: twice on the 6.12 VM the Burstable pod led.
         let mut hog_be = be.start_hog(250, Some(80.0));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let be_usage = be.memory_cgroup(v1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while be_usage.usage().unwrap_or(0) < 48 * MI as i64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the BestEffort hog never reached 48 MiB"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let mut hog_bo = bo.start_hog(240, Some(30.0));
 
         let decisions = run.wait_decisions(2, Duration::from_secs(40)).await;

@@ -21,18 +21,25 @@ fn schedstat(pid: u32) -> (u64, u64) {
     (f.next().expect("on-CPU"), f.next().expect("run delay"))
 }
 
-/// Waits until `pid` sleeps in read(2) on its stdin (x86-64 syscall 0, fd 0). Until then a shell
-/// still starting may be on a CPU, and schedstat counts a running slice before it ends while
-/// the program counts it at the switch: the two accounts would start apart.
-async fn blocked_reading_stdin(pid: u32) {
+/// Stops `pid` and waits until it is stopped. A stopped task has no slice in progress: schedstat
+/// counts a running slice before it ends, the program at the switch, so a snapshot taken while a
+/// still-starting shell ran (seen on the 6.12 VM) started the two accounts apart.
+async fn stopped(pid: u32) {
+    // SAFETY: our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
     for _ in 0..500 {
-        let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-        if call.starts_with("0 0x0 ") {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) S ...`: the state follows the last ')'.
+        if stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('T'))
+        {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{pid} never blocked reading its stdin");
+    panic!("{pid} did not stop");
 }
 
 /// `a` within `pct` percent (and 2 ms) of `b`.
@@ -96,22 +103,22 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         let waits = u.runq.clone().expect("eBPF fills the run-queue waits");
         (u, waits)
     };
-    // Both spinners are blocked on stdin: nothing of theirs is pending in either account.
+    // Both spinners stopped: nothing of theirs is pending in either account.
     for s in &spinners {
-        blocked_reading_stdin(s.pid()).await;
+        stopped(s.pid()).await;
     }
     let before: Vec<_> = [&heavy, &light].iter().map(|c| stats(c.id())).collect();
     let kernel_before: Vec<_> = spinners.iter().map(|s| schedstat(s.pid())).collect();
     for s in &mut spinners {
+        // SAFETY: our own child.
+        unsafe { libc::kill(s.pid() as i32, libc::SIGCONT) };
         s.release();
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Stopped, they leave the run queue for good: both accounts are final.
     for s in &spinners {
-        // SAFETY: our own child.
-        unsafe { libc::kill(s.pid() as i32, libc::SIGSTOP) };
+        stopped(s.pid()).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let kernel: Vec<_> = spinners
         .iter()
         .zip(&kernel_before)
