@@ -3,7 +3,8 @@
 //! policy, back-off, graceful termination and status.
 //!
 //! [`spec`] reads pods, [`backoff`] and [`status`] are pure, [`process`] and [`logs`] do the
-//! I/O, `container` supervises one container and `pod` one pod; [`Runtime`] ties them together.
+//! I/O, `container` supervises one container and `pod` one pod, both writing the pod's status
+//! through `shared`, which announces each change; [`Runtime`] ties them together.
 
 pub mod backoff;
 mod container;
