@@ -521,7 +521,8 @@ impl Shared {
         self.forget(id);
     }
 
-    /// Drops every userspace entry of a cgroup (the kernel program drops its own on rmdir).
+    /// Drops every userspace entry of a cgroup (the kernel program drops its hash entries on
+    /// rmdir).
     fn forget(&self, id: u64) {
         let mut w = lock(&self.watch);
         w.cgroups.remove(&id);
@@ -559,15 +560,7 @@ impl Shared {
             } => {
                 // The kernel program deleted the hash entries; the filter bit and the slot are
                 // the agent's to free.
-                if let Some(e) = lock(&self.ebpf).as_mut()
-                    && let Err(err) = e.unwatch_cgroup(*id)
-                {
-                    self.counters
-                        .map_update_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    warn!(cgroup_id = *id, error = %error_chain(&err), "Could not unwatch a removed cgroup in the kernel.");
-                }
-                self.forget(*id)
+                self.unwatch_cgroup(*id)
             }
             _ => {}
         }
