@@ -13,6 +13,7 @@ use std::{
 };
 
 use btf_rs::Btf;
+use qoslet::sensors::kmaps::ProgramCost;
 
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_LOAD: libc::c_long = 5;
@@ -131,8 +132,8 @@ impl Floor {
         Ok(Self { prog, _link: link })
     }
 
-    /// (run_time_ns, run_cnt) so far, from the kernel's BPF statistics.
-    pub fn cost(&self) -> io::Result<(u64, u64)> {
+    /// Its cost so far, from the kernel's BPF statistics, as qoslet reports its own programs'.
+    pub fn cost(&self) -> io::Result<ProgramCost> {
         let mut info = ProgInfo {
             _head: [0; 192],
             run_time_ns: 0,
@@ -144,6 +145,10 @@ impl Floor {
             info: &mut info as *mut ProgInfo as u64,
         };
         bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-        Ok((info.run_time_ns, info.run_cnt))
+        Ok(ProgramCost {
+            program: "empty".into(),
+            run_time_ns: info.run_time_ns,
+            run_count: info.run_cnt,
+        })
     }
 }

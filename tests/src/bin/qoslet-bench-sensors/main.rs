@@ -97,8 +97,8 @@ struct Phase {
     wall: Duration,
     /// Per attached program, over the run.
     costs: Vec<ProgramCost>,
-    /// The empty program's (run_time_ns, run_cnt), when it could be attached.
-    floor: Option<(u64, u64)>,
+    /// The empty program's, when it could be attached.
+    floor: Option<ProgramCost>,
     agent_cpu: Duration,
     rounds: u64,
 }
@@ -132,7 +132,12 @@ fn delta(before: &[ProgramCost], after: &[ProgramCost]) -> Vec<ProgramCost> {
 
 /// Runs one stressor for `SECONDS` inside each of `cgroups`, all at once.
 async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) -> Phase {
-    let floor_cost = || floor.and_then(|f| f.cost().ok());
+    let floor_cost = || {
+        floor
+            .and_then(|f| f.cost().ok())
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
     let before_costs = sensors.program_costs();
     let before_floor = floor_cost();
     let before_cpu = self_cpu();
@@ -169,9 +174,7 @@ async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) ->
     Phase {
         wall,
         costs: delta(&before_costs, &sensors.program_costs()),
-        floor: before_floor
-            .zip(floor_cost())
-            .map(|((t0, n0), (t1, n1))| (t1 - t0, n1 - n0)),
+        floor: delta(&before_floor, &floor_cost()).pop(),
         agent_cpu: self_cpu() - before_cpu,
         rounds: out,
     }
@@ -276,10 +279,7 @@ async fn bench() {
             continue;
         };
         let mean = c.mean_ns().unwrap_or(0.0);
-        let floor = p
-            .floor
-            .filter(|(_, n)| *n > 0)
-            .map(|(t, n)| t as f64 / n as f64);
+        let floor = p.floor.as_ref().and_then(ProgramCost::mean_ns);
         println!(
             "| {load} | {label} | {:.0} | {:.0} | {} | {} | {:.3} |",
             c.run_count as f64 / p.wall.as_secs_f64(),
