@@ -234,9 +234,7 @@ impl EvictionRun {
         watch: bool,
         poll: Option<Duration>,
     ) -> Self {
-        use qoslet::eviction::{
-            Manager, NodeSignals, StandaloneAction, WatchConfig, spawn_watcher,
-        };
+        use qoslet::eviction::{CgroupKill, Manager, NodeSignals, WatchConfig, spawn_watcher};
         let signals = NodeSignals {
             node_root: node.memory_cgroup(),
             capacity_bytes: None,
@@ -251,7 +249,7 @@ impl EvictionRun {
             .expect("the node root has a limit");
         let level = cfg.watch_level(capacity);
         let (_inv_tx, inv_rx) = tokio::sync::watch::channel(std::sync::Arc::new(inventory));
-        let manager = Manager::new(cfg, signals, StandaloneAction, inv_rx);
+        let manager = Manager::new(cfg, signals, CgroupKill, inv_rx);
         let stats = manager.stats();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let mut tasks = vec![tokio::spawn(manager.run(rx))];

@@ -17,8 +17,9 @@ use std::{
 
 use qoslet::{
     cgroup::{
-        CgroupPath, CgroupRef, ContainerIds, Mode, Naming, OomTargets, Reconciler, Runtime, Tree,
-        WriteResult, apply_oom_score, desired_state, layout::Controller, scan_oom_scores,
+        CgroupPath, CgroupRef, ContainerIds, ContainerRuntime, Mode, Naming, OomTargets,
+        Reconciler, Tree, WriteResult, apply_oom_score, desired_state, layout::Controller,
+        scan_oom_scores,
     },
     policy::plan::plan_node,
 };
@@ -91,7 +92,7 @@ fn container_processes_get_the_container_score_including_later_ones() {
     assert_eq!(plan.pods[0].containers[0].oom_score_adj, 750);
     let naming = Naming {
         driver: s.cgroup_driver,
-        runtime: Runtime::Containerd,
+        runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
     };
@@ -214,7 +215,7 @@ fn a_memory_limit_below_usage_is_retried_at_the_usage() {
     let s = node_settings("");
     let naming = Naming {
         driver: s.cgroup_driver,
-        runtime: Runtime::Containerd,
+        runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
     };

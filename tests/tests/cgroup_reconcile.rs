@@ -5,8 +5,8 @@
 
 use qoslet::{
     cgroup::{
-        CgroupPath, ContainerIds, Mode, Naming, ReconcileReport, Reconciler, Runtime, Tree,
-        WriteResult, desired_state, layout::Controller, node_root_memory_limit,
+        CgroupPath, ContainerIds, ContainerRuntime, Mode, Naming, ReconcileReport, Reconciler,
+        Tree, WriteResult, desired_state, layout::Controller, node_root_memory_limit,
         report::ReconcileError,
     },
     policy::{plan::plan_node, pod::PodSpecView, settings::NodeSettings},
@@ -88,7 +88,7 @@ fn reconcile(
     let plan = plan_node(s, pods).expect("a plan");
     let naming = Naming {
         driver: s.cgroup_driver,
-        runtime: Runtime::Containerd,
+        runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
     };
@@ -618,7 +618,7 @@ fn the_change_feed_reads_only_what_changed_and_still_repairs_drift() {
     let plan = plan_node(&s, &three_pods()).expect("a plan");
     let naming = Naming {
         driver: s.cgroup_driver,
-        runtime: Runtime::Containerd,
+        runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
     };

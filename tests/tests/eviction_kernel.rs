@@ -309,7 +309,7 @@ mod action {
         time::{Duration, Instant},
     };
 
-    use qoslet::eviction::{EvictionAction as _, PodKey, StandaloneAction};
+    use qoslet::eviction::{CgroupKill, EvictionAction as _, PodKey};
     use qoslet_tests::{EvictionNodeRoot, require_root};
 
     const MI: u64 = 1 << 20;
@@ -332,7 +332,7 @@ mod action {
         let mut hog = pod.start_hog(4, None);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let t0 = Instant::now();
-        let out = StandaloneAction
+        let out = CgroupKill
             .evict(
                 &key(),
                 &pod.eviction_cgroups(node.v1),
@@ -375,7 +375,7 @@ mod action {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let grace = Duration::from_millis(500);
         let t0 = Instant::now();
-        StandaloneAction
+        CgroupKill
             .evict(&key(), &pod.eviction_cgroups(node.v1), grace, "m")
             .await
             .expect("eviction");

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use super::name::{
-    CgroupPath, NameError, Runtime, check_pod_component, container_component, is_dns_label,
-    validate_container_id, validate_uid,
+    CgroupPath, ContainerRuntime, NameError, check_pod_component, container_component,
+    is_dns_label, validate_container_id, validate_uid,
 };
 use crate::policy::{
     cpuset::CpuSet,
@@ -20,7 +20,7 @@ use crate::policy::{
 #[derive(Debug, Clone)]
 pub struct Naming {
     pub driver: CgroupDriver,
-    pub runtime: Runtime,
+    pub runtime: ContainerRuntime,
     /// The cgroup that holds everything qoslet manages (`/` on a real node).
     pub node_root: CgroupPath,
     /// Create container cgroups that do not exist (the standalone runtime); in cluster mode the

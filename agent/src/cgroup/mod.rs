@@ -30,7 +30,7 @@ pub use capacity::node_root_memory_limit;
 pub use desired::{ContainerIds, DesiredState, Naming, desired_state};
 pub use fs::CgroupFs;
 pub use layout::{LayoutKind, Mounts, Tree};
-pub use name::{CgroupPath, Runtime};
+pub use name::{CgroupPath, ContainerRuntime};
 pub use oom::{CgroupRef, OomTargets, apply_oom_score, scan as scan_oom_scores, set_own_oom_score};
 pub use reconcile::Reconciler;
 pub use report::{Mode, ReconcileReport, WriteReport, WriteResult};

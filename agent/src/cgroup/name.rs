@@ -14,7 +14,10 @@ pub enum NameError {
     #[error("pod UID {uid:?} is not a UUID")]
     Uid { uid: String },
     #[error("container id {id:?} is not valid for the {runtime:?} runtime")]
-    ContainerId { id: String, runtime: Runtime },
+    ContainerId {
+        id: String,
+        runtime: ContainerRuntime,
+    },
     #[error("container name {name:?} is not a DNS label")]
     ContainerName { name: String },
     #[error("cgroup {path:?}: component {component:?} is not a plain directory name")]
@@ -27,7 +30,7 @@ pub enum NameError {
 
 /// The container runtime, which decides how container cgroups are named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Runtime {
+pub enum ContainerRuntime {
     /// containerd's CRI plugin: `cri-containerd-<id>.scope` (systemd), `<id>` (cgroupfs).
     Containerd,
     /// CRI-O: `crio-<id>.scope` (systemd), `crio-<id>` (cgroupfs).
@@ -152,11 +155,11 @@ pub fn is_dns_label(s: &str) -> bool {
 
 /// Validates a container id in the runtime's form: hexadecimal (CRI runtimes use 64 digits),
 /// or for the standalone runtime a DNS label.
-pub fn validate_container_id(id: &str, runtime: Runtime) -> Result<(), NameError> {
+pub fn validate_container_id(id: &str, runtime: ContainerRuntime) -> Result<(), NameError> {
     let hex = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
     let ok = match runtime {
-        Runtime::Containerd | Runtime::CriO => hex,
-        Runtime::Standalone => hex || is_dns_label(id),
+        ContainerRuntime::Containerd | ContainerRuntime::CriO => hex,
+        ContainerRuntime::Standalone => hex || is_dns_label(id),
     };
     if ok {
         Ok(())
@@ -169,12 +172,14 @@ pub fn validate_container_id(id: &str, runtime: Runtime) -> Result<(), NameError
 }
 
 /// The container cgroup's directory name as the runtime creates it.
-pub fn container_component(driver: CgroupDriver, runtime: Runtime, id: &str) -> String {
+pub fn container_component(driver: CgroupDriver, runtime: ContainerRuntime, id: &str) -> String {
     match (driver, runtime) {
-        (CgroupDriver::Systemd, Runtime::Containerd) => format!("cri-containerd-{id}.scope"),
-        (CgroupDriver::Systemd, Runtime::CriO) => format!("crio-{id}.scope"),
-        (CgroupDriver::Cgroupfs, Runtime::CriO) => format!("crio-{id}"),
-        (_, Runtime::Containerd | Runtime::Standalone) => id.into(),
+        (CgroupDriver::Systemd, ContainerRuntime::Containerd) => {
+            format!("cri-containerd-{id}.scope")
+        }
+        (CgroupDriver::Systemd, ContainerRuntime::CriO) => format!("crio-{id}.scope"),
+        (CgroupDriver::Cgroupfs, ContainerRuntime::CriO) => format!("crio-{id}"),
+        (_, ContainerRuntime::Containerd | ContainerRuntime::Standalone) => id.into(),
     }
 }
 

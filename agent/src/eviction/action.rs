@@ -114,7 +114,7 @@ pub trait EvictionAction: Send + Sync {
 
 /// The standalone action: signals and cgroup kills, no API server.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct StandaloneAction;
+pub struct CgroupKill;
 
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
@@ -142,7 +142,7 @@ fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
     Ok(n)
 }
 
-impl EvictionAction for StandaloneAction {
+impl EvictionAction for CgroupKill {
     async fn evict(
         &self,
         pod: &PodKey,

@@ -15,7 +15,7 @@ pub mod stats;
 pub mod thresholds;
 pub mod watch;
 
-pub use action::{EvictedStatus, EvictionAction, Outcome, PodCgroups, StandaloneAction};
+pub use action::{CgroupKill, EvictedStatus, EvictionAction, Outcome, PodCgroups};
 pub use conditions::{Admission, NodeCondition, admit};
 pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;

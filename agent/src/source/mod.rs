@@ -3,3 +3,5 @@
 
 pub mod manifest;
 pub mod watch;
+
+pub use watch::{ManifestPod, PodSet};

@@ -40,7 +40,7 @@ pub struct ManifestPod {
 
 /// The valid objects of the directory, and the problems of the invalid ones.
 #[derive(Debug, Clone, Default)]
-pub struct DesiredState {
+pub struct PodSet {
     pub pods: BTreeMap<PodKey, ManifestPod>,
     /// Workloads, PodGroups and CompositePodGroups.
     pub objects: BTreeMap<ObjectKey, Object>,
@@ -67,7 +67,7 @@ impl Diff {
     }
 }
 
-impl DesiredState {
+impl PodSet {
     /// Every workload object and pod, as the workload module reads them.
     pub fn workload_objects(&self) -> impl Iterator<Item = &Object> {
         self.objects
@@ -114,9 +114,9 @@ pub enum WatchError {
 /// Loads `dir` over `previous`: the new state and what changed.
 pub fn load_dir(
     dir: &Path,
-    previous: &DesiredState,
+    previous: &PodSet,
     opts: &ValidationOptions,
-) -> Result<(DesiredState, Diff), WatchError> {
+) -> Result<(PodSet, Diff), WatchError> {
     let files = expand(dir).map_err(|e| WatchError::Read {
         dir: dir.to_path_buf(),
         source: e.source,
@@ -140,10 +140,10 @@ pub fn load_dir(
 /// The pure part of [`load_dir`]: decoding, immutability, validation and the diff.
 pub fn build(
     loaded: Loaded,
-    previous: &DesiredState,
+    previous: &PodSet,
     opts: &ValidationOptions,
     mut problems: BTreeSet<String>,
-) -> (DesiredState, Diff) {
+) -> (PodSet, Diff) {
     for m in loaded.malformed {
         problems.insert(m.to_string());
     }
@@ -179,7 +179,7 @@ pub fn build(
         .values()
         .map(|p| (object_key(&p.object), p))
         .collect();
-    let mut next = DesiredState::default();
+    let mut next = PodSet::default();
     let mut seen: BTreeSet<ObjectKey> = BTreeSet::new();
     for o in applied.objects {
         let key = object_key(&o);
@@ -279,7 +279,7 @@ fn pod_key(p: &ManifestPod) -> PodKey {
 }
 
 /// What changed from `old` to `new`.
-pub fn diff(old: &DesiredState, new: &DesiredState) -> Diff {
+pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
     fn split<K: Ord + Clone, V: PartialEq>(
         old: &BTreeMap<K, V>,
         new: &BTreeMap<K, V>,
@@ -329,7 +329,7 @@ pub struct ManifestWatch {
     fd: AsyncFd<InotifyFd>,
     debounce: Duration,
     opts: ValidationOptions,
-    state: DesiredState,
+    state: PodSet,
 }
 
 impl ManifestWatch {
@@ -367,12 +367,12 @@ impl ManifestWatch {
             fd,
             debounce,
             opts,
-            state: DesiredState::default(),
+            state: PodSet::default(),
         })
     }
 
     /// The state of the last load.
-    pub fn state(&self) -> &DesiredState {
+    pub fn state(&self) -> &PodSet {
         &self.state
     }
 
@@ -429,7 +429,7 @@ impl ManifestWatch {
 mod tests {
     use super::*;
 
-    fn load(files: &[(&str, &str)], prev: &DesiredState) -> (DesiredState, Diff) {
+    fn load(files: &[(&str, &str)], prev: &PodSet) -> (PodSet, Diff) {
         let mut loaded = Loaded::default();
         for (name, text) in files {
             parse_documents(Path::new(name), text, &mut loaded);
@@ -454,7 +454,7 @@ mod tests {
                 ("a.yaml", &pod("a", "sleep")),
                 ("b.yaml", &pod("b", "sleep")),
             ],
-            &DesiredState::default(),
+            &PodSet::default(),
         );
         assert_eq!(names(&d1.pods_added), ["a", "b"]);
         assert!(d1.new_problems.is_empty(), "{:?}", d1.new_problems);
@@ -474,7 +474,7 @@ mod tests {
             ("bad.yaml", broken.to_owned()),
         ];
         let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-        let (s1, d1) = load(&files, &DesiredState::default());
+        let (s1, d1) = load(&files, &PodSet::default());
         assert_eq!(names(&d1.pods_added), ["a"]);
         assert_eq!(
             d1.new_problems,
@@ -495,7 +495,7 @@ mod tests {
         };
         let (s1, _) = load(
             &[("p.yaml", &with_group("g1", "sleep"))],
-            &DesiredState::default(),
+            &PodSet::default(),
         );
         let (s2, d2) = load(&[("p.yaml", &with_group("g2", "cat"))], &s1);
         assert!(d2.pods_changed.is_empty(), "{d2:?}");
@@ -514,7 +514,7 @@ mod tests {
                 "apiVersion: v1\nkind: Pod\nmetadata: {{name: {n}}}\nspec:\n  schedulingGroup: {{podGroupName: g}}\n  containers: [{{name: c, command: [sleep]}}]\n"
             )
         };
-        let (s1, d1) = load(&[("m1.yaml", &member("m1"))], &DesiredState::default());
+        let (s1, d1) = load(&[("m1.yaml", &member("m1"))], &PodSet::default());
         assert!(
             s1.startable_pods(&ValidationOptions::default()).is_empty(),
             "held without its group"

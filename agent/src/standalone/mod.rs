@@ -25,9 +25,9 @@ use tracing::{info, warn};
 pub use node_root::{NodeRoot, NodeRootError};
 
 use crate::{
-    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, Runtime as CgroupRuntime},
+    cgroup::{self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, Naming},
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
-    eviction::{Inventory, Manager, ManagerConfig, NodeSignals, StandaloneAction, Wake},
+    eviction::{CgroupKill, Inventory, Manager, ManagerConfig, NodeSignals, Wake},
     policy::settings::Capacity,
     runtime::{BackoffConfig, Runtime, RuntimeConfig},
     sensors::{SensorMode, Sensors, SensorsConfig},
@@ -123,7 +123,7 @@ pub async fn run(
     settings.cgroup_root = "/".into();
     let naming = Naming {
         driver: settings.cgroup_driver,
-        runtime: CgroupRuntime::Standalone,
+        runtime: ContainerRuntime::Standalone,
         node_root: node_root_path.clone(),
         create_containers: true,
     };
@@ -185,7 +185,7 @@ pub async fn run(
             kubepods: None,
             pids: None,
         },
-        eviction_action::RuntimeEviction::new(runtime.clone(), StandaloneAction),
+        eviction_action::RuntimeEviction::new(runtime.clone(), CgroupKill),
         inventory_rx,
     );
     let eviction_stats = manager.stats();

@@ -30,7 +30,7 @@ use crate::{
     runtime::{ContainerCgroups, PodKey, PodRuntimeSpec, PodStatus, Runtime},
     sensors::{CgroupOwner, Sensors, WatchedCgroup},
     server::{AgentState, metrics::MemcgEventLabels, summary::PodReference},
-    source::watch::{DesiredState as Manifests, ManifestWatch},
+    source::{PodSet as Manifests, watch::ManifestWatch},
     workload::{Forest, ValidationOptions},
 };
 

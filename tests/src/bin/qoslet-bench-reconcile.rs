@@ -9,8 +9,8 @@ use std::{
 
 use qoslet::{
     cgroup::{
-        CgroupPath, ContainerIds, Mode, Naming, OomTargets, Reconciler, Runtime, desired_state,
-        scan_oom_scores,
+        CgroupPath, ContainerIds, ContainerRuntime, Mode, Naming, OomTargets, Reconciler,
+        desired_state, scan_oom_scores,
     },
     policy::plan::plan_node,
 };
@@ -89,7 +89,7 @@ fn main() -> ExitCode {
     };
     let naming = Naming {
         driver: s.cgroup_driver,
-        runtime: Runtime::Containerd,
+        runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::root(),
         create_containers: true,
     };

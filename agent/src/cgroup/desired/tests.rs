@@ -48,7 +48,7 @@ fn settings(driver: CgroupDriver, root: &str) -> NodeSettings {
     s
 }
 
-fn naming(driver: CgroupDriver, runtime: Runtime, node_root: &str) -> Naming {
+fn naming(driver: CgroupDriver, runtime: ContainerRuntime, node_root: &str) -> Naming {
     Naming {
         driver,
         runtime,
@@ -71,7 +71,11 @@ fn cgroupfs_names_sit_under_the_node_root_in_depth_first_pre_order() {
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     let d = desired_state(
         &plan,
-        &naming(CgroupDriver::Cgroupfs, Runtime::Containerd, "/node"),
+        &naming(
+            CgroupDriver::Cgroupfs,
+            ContainerRuntime::Containerd,
+            "/node",
+        ),
         &ids(ID),
     );
     assert!(d.refused_pods.is_empty());
@@ -93,7 +97,11 @@ fn cgroupfs_names_sit_under_the_node_root_in_depth_first_pre_order() {
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     let d2 = desired_state(
         &plan,
-        &naming(CgroupDriver::Cgroupfs, Runtime::Containerd, "/node"),
+        &naming(
+            CgroupDriver::Cgroupfs,
+            ContainerRuntime::Containerd,
+            "/node",
+        ),
         &ids(ID),
     );
     assert_eq!(paths(&d2), paths(&d));
@@ -105,8 +113,11 @@ fn systemd_names_and_runtime_scopes() {
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     let uid = UID.replace('-', "_");
     for (runtime, scope) in [
-        (Runtime::Containerd, format!("cri-containerd-{ID}.scope")),
-        (Runtime::CriO, format!("crio-{ID}.scope")),
+        (
+            ContainerRuntime::Containerd,
+            format!("cri-containerd-{ID}.scope"),
+        ),
+        (ContainerRuntime::CriO, format!("crio-{ID}.scope")),
     ] {
         let d = desired_state(
             &plan,
@@ -121,7 +132,7 @@ fn systemd_names_and_runtime_scopes() {
         );
     }
     assert_eq!(
-        container_component(CgroupDriver::Cgroupfs, Runtime::CriO, "ab"),
+        container_component(CgroupDriver::Cgroupfs, ContainerRuntime::CriO, "ab"),
         "crio-ab"
     );
 }
@@ -134,7 +145,7 @@ fn invalid_names_refuse_only_their_pod() {
     let plan = plan_node(&s, &pods).unwrap();
     let d = desired_state(
         &plan,
-        &naming(CgroupDriver::Cgroupfs, Runtime::Containerd, "/"),
+        &naming(CgroupDriver::Cgroupfs, ContainerRuntime::Containerd, "/"),
         &ContainerIds::new(),
     );
     let refused: Vec<&NameError> = d.refused_pods.iter().map(|p| &p.source).collect();
@@ -154,9 +165,9 @@ fn invalid_names_refuse_only_their_pod() {
     // Container ids: hex for CRI runtimes; nothing that climbs for any runtime.
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     for (runtime, id) in [
-        (Runtime::Containerd, "../../../x"),
-        (Runtime::CriO, "xyz"),
-        (Runtime::Standalone, ".."),
+        (ContainerRuntime::Containerd, "../../../x"),
+        (ContainerRuntime::CriO, "xyz"),
+        (ContainerRuntime::Standalone, ".."),
     ] {
         let d = desired_state(
             &plan,
@@ -167,7 +178,7 @@ fn invalid_names_refuse_only_their_pod() {
     }
     let d = desired_state(
         &plan,
-        &naming(CgroupDriver::Cgroupfs, Runtime::Standalone, "/"),
+        &naming(CgroupDriver::Cgroupfs, ContainerRuntime::Standalone, "/"),
         &ids("web-0"),
     );
     assert!(d.refused_pods.is_empty());
