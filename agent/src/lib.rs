@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod eviction;
+pub mod node;
 pub mod policy;
 pub mod runtime;
 pub mod sensors;
