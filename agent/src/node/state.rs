@@ -70,6 +70,20 @@ impl NodeLock {
     }
 }
 
+/// The file name part for a node root: its components joined by `_`, or `root`.
+fn node_root_name(root: &CgroupPath) -> String {
+    if root.depth() == 0 {
+        "root".to_owned()
+    } else {
+        root.components().join("_")
+    }
+}
+
+/// The marker that says qoslet created the node root `root` (standalone), under `dir`.
+pub fn node_root_marker(dir: &Path, root: &CgroupPath) -> PathBuf {
+    dir.join(format!("node-{}.created", node_root_name(root)))
+}
+
 /// An evicted pod, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct EvictedRecord {
@@ -106,12 +120,7 @@ impl StateFile {
         let Some(dir) = dir else {
             return Self::in_memory();
         };
-        let name = if root.depth() == 0 {
-            "root".to_owned()
-        } else {
-            root.components().join("_")
-        };
-        let path = dir.join(format!("node-{name}.json"));
+        let path = dir.join(format!("node-{}.json", node_root_name(root)));
         let saved = match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 tracing::warn!(path = %path.display(), error = %e, "The state file is not valid; starting with an empty state.");

@@ -117,13 +117,22 @@ pub async fn run(
 
     let mounts = Mounts::detect().map_err(StandaloneError::Layout)?;
     let node_root = if mode == Mode::Enforce {
-        NodeRoot::ensure(&mounts, &node_root_path, node_memory)?
+        let marker = node::state::node_root_marker(&qc.state_dir, &node_root_path);
+        NodeRoot::ensure(&mounts, &node_root_path, node_memory, Some(marker))?
     } else {
         NodeRoot::default()
     };
     let result = run_node(opts, kc, qc, mode, addr, mounts, node_root_path, capacity).await;
-    // Removed however the node ended: a node root qoslet made is qoslet's alone.
-    node_root.remove();
+    // Removed however the node ended (a node root qoslet made is qoslet's alone), unless
+    // another instance owns it.
+    if !matches!(
+        result,
+        Err(StandaloneError::Node(NodeError::State(
+            node::state::StateError::Locked { .. }
+        )))
+    ) {
+        node_root.remove();
+    }
     result
 }
 
