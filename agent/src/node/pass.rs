@@ -189,7 +189,7 @@ impl Node {
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
-            .filter(|((key, _, pod), _)| !self.persisted.is_evicted(key, pod))
+            .filter(|((key, _, pod), _)| !crate::lock(&self.persisted).is_evicted(key, pod))
             .map(|((key, view, pod), p)| PlannedPod {
                 key: key.clone(),
                 pod,
@@ -215,7 +215,7 @@ impl Node {
             .collect();
         let problems = executor.apply(planned, conditions);
         self.report.problems(&problems);
-        self.persisted.retain_present(pods);
+        crate::lock(&self.persisted).retain_present(pods);
     }
 
     /// Eviction inventory, sensors' watch list, summary sources, memcg owners.
@@ -235,7 +235,7 @@ impl Node {
             .into_iter()
             .filter(|s| s.reason.as_deref() == Some("Evicted"))
             .map(|s| s.key)
-            .chain(self.persisted.evicted())
+            .chain(crate::lock(&self.persisted).evicted())
             .collect();
         let mut tracked = Tracked {
             now_watched: BTreeSet::new(),
@@ -347,6 +347,7 @@ impl Node {
                         .as_ref()
                         .and_then(|s| s.termination_grace_period_seconds)
                         .unwrap_or(30),
+                    revision: super::state::spec_hash(pod),
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,
