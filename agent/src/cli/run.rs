@@ -77,7 +77,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     match runtime.block_on(standalone::run(opts, capacity)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("qoslet: {e}");
+            eprintln!("qoslet: {}", crate::error_chain(&e));
             ExitCode::from(EXIT_CONFIG)
         }
     }
