@@ -7,6 +7,7 @@
 //! through `shared`, which announces each change; [`Runtime`] ties them together.
 
 pub mod backoff;
+mod claims;
 mod container;
 pub mod logs;
 mod pod;
@@ -68,6 +69,8 @@ impl PodHandle {
 /// The process runtime. Call its methods from within a tokio runtime: pods run as tasks.
 pub struct Runtime {
     config: RuntimeConfig,
+    logs: Arc<logs::LogDir>,
+    claims: claims::Claims,
     state: Mutex<State>,
     /// Woken by every pod status change.
     changed: Arc<Notify>,
@@ -83,6 +86,8 @@ struct State {
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> Self {
         Self {
+            logs: Arc::new(logs::LogDir::new(&config.log_dir)),
+            claims: claims::Claims::default(),
             config,
             state: Mutex::new(State::default()),
             changed: Arc::new(Notify::new()),
@@ -139,6 +144,10 @@ impl Runtime {
                 h.stop(Instant::now() + h.spec.termination_grace);
                 previous = Some(h.done.clone());
                 state.stopping.push(h);
+            } else if let Some(h) = state.stopping.iter().rev().find(|h| h.spec.key == key) {
+                // Removed and added again while still stopping: it shares the pod's cgroups
+                // and logs, so it starts once the old one is gone.
+                previous = Some(h.done.clone());
             }
             let handle = self.start(spec, release, previous);
             state.pods.insert(key, handle);
@@ -180,7 +189,8 @@ impl Runtime {
         let task = PodTask {
             spec: spec.clone(),
             status: status.clone(),
-            log_dir: self.config.log_dir.clone(),
+            logs: self.logs.clone(),
+            claims: self.claims.clone(),
             backoff: self.config.backoff,
             control: control_rx,
             previous,
@@ -226,6 +236,14 @@ impl Runtime {
         for mut d in dones {
             let _ = d.wait_for(|d| *d).await;
         }
+        // Each container's supervisor has killed what was left in its cgroups; kill them once
+        // more as a whole, so nothing the runtime started outlives it.
+        let state = self.state();
+        for h in state.pods.values().chain(state.stopping.iter()) {
+            for c in &h.spec.containers {
+                process::kill_cgroups(&c.cgroups);
+            }
+        }
     }
 
     /// A snapshot of every pod, including removed pods still stopping.
@@ -250,6 +268,9 @@ fn snapshot(h: &PodHandle) -> PodStatus {
     });
     if s.reason.as_deref() == Some("Evicted") && h.is_done() {
         s.phase = PodPhase::Failed;
+    }
+    if s.reason.is_none() {
+        s.reason = status::waiting_problem(&s.containers);
     }
     for (c, spec) in s.containers.iter_mut().zip(&h.spec.containers) {
         if matches!(c.state, ContainerState::Running { .. }) {
