@@ -9,11 +9,11 @@ use std::{
     fs, io,
     os::fd::{AsFd as _, AsRawFd, RawFd},
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1 as core;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use thiserror::Error;
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -46,6 +46,10 @@ pub struct PodSet {
     pub objects: BTreeMap<ObjectKey, Object>,
     /// Every current problem line, sorted.
     pub problems: BTreeSet<String>,
+    /// Files that could not be read or hold a document that does not parse or decode.
+    pub broken_files: BTreeSet<PathBuf>,
+    /// Broken files whose last good objects are kept in this state for the parse grace period.
+    pub held_files: BTreeSet<PathBuf>,
 }
 
 /// What changed between two loads.
@@ -123,6 +127,7 @@ pub fn load_dir(
     })?;
     let mut loaded = Loaded::default();
     let mut problems = BTreeSet::new();
+    let mut unreadable = Vec::new();
     for file in files {
         // A file may vanish or be half-written between the listing and the read: report it,
         // the next event reloads it.
@@ -130,10 +135,13 @@ pub fn load_dir(
             Ok(text) => parse_documents(&file, &text, &mut loaded),
             Err(e) => {
                 problems.insert(format!("{}: cannot read: {e}", file.display()));
+                unreadable.push(file);
             }
         }
     }
-    let (next, diff) = build(loaded, previous, opts, problems);
+    let (mut next, _) = build(loaded, previous, opts, problems);
+    next.broken_files.extend(unreadable);
+    let diff = diff(previous, &next);
     Ok((next, diff))
 }
 
@@ -144,8 +152,10 @@ pub fn build(
     opts: &ValidationOptions,
     mut problems: BTreeSet<String>,
 ) -> (PodSet, Diff) {
+    let mut broken_files = BTreeSet::new();
     for m in loaded.malformed {
         problems.insert(m.to_string());
+        broken_files.insert(m.file);
     }
     // Decode; a Pod also has to be readable by the policy and runnable by the runtime.
     let mut decoded: Vec<(Object, Option<core::Pod>)> = Vec::new();
@@ -154,6 +164,7 @@ pub fn build(
             Ok(x) => decoded.push(x),
             Err(line) => {
                 problems.insert(line);
+                broken_files.insert(raw.file.clone());
             }
         }
     }
@@ -221,6 +232,7 @@ pub fn build(
         }
     }
     next.problems = problems;
+    next.broken_files = broken_files;
     let diff = diff(previous, &next);
     (next, diff)
 }
@@ -314,6 +326,16 @@ pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
     }
 }
 
+/// How long a manifest file that stops parsing (an editor writing it half-way, a truncated
+/// copy) keeps the objects it last held: they run on unchanged until the file parses again, or
+/// are removed once this much time has passed. A file that is deleted, or that parses and no
+/// longer holds an object, removes it at once.
+pub const PARSE_GRACE: Duration = Duration::from_secs(30);
+
+/// A burst of events is read as one change at most this long after its first event, however
+/// long the burst lasts.
+const MAX_SETTLE: Duration = Duration::from_secs(2);
+
 /// The inotify descriptor, readable through tokio.
 struct InotifyFd(Inotify);
 
@@ -323,13 +345,48 @@ impl AsRawFd for InotifyFd {
     }
 }
 
+/// Events on the directory itself and on its manifest files.
+const DIR_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MODIFY)
+    .union(AddWatchFlags::IN_CLOSE_WRITE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_ATTRIB)
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_MOVE_SELF)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
+/// Events on the parent for the directory's name: it is removed, created or moved back.
+const PARENT_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
 /// A watched manifest directory.
+///
+/// [`ManifestWatch::changed`] is cancel-safe: what it has seen (events read, the debounce
+/// deadline) lives in the struct, so a caller may poll it in a `select!` with other branches and
+/// drop it at any await point without losing a change.
 pub struct ManifestWatch {
     dir: PathBuf,
     fd: AsyncFd<InotifyFd>,
+    /// The directory's own watch; `None` while the directory is missing.
+    dir_wd: Option<WatchDescriptor>,
+    /// The parent's watch, which sees the directory removed and created again.
+    parent_wd: WatchDescriptor,
+    /// The directory's name in its parent.
+    dir_name: std::ffi::OsString,
     debounce: Duration,
     opts: ValidationOptions,
     state: PodSet,
+    /// A change was seen: reload at the first instant, or at the second (`MAX_SETTLE` after the
+    /// burst's first event), whichever comes first.
+    pending: Option<(Instant, Instant)>,
+    parse_grace: Duration,
+    /// Files that stopped parsing, since when.
+    broken_since: BTreeMap<PathBuf, Instant>,
 }
 
 impl ManifestWatch {
@@ -346,17 +403,16 @@ impl ManifestWatch {
         };
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| watch_err(e.into()))?;
-        let flags = AddWatchFlags::IN_CREATE
-            | AddWatchFlags::IN_DELETE
-            | AddWatchFlags::IN_MODIFY
-            | AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_MOVED_FROM
-            | AddWatchFlags::IN_MOVED_TO
-            | AddWatchFlags::IN_ATTRIB
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF;
-        inotify
-            .add_watch(dir, flags)
+        let absolute = std::path::absolute(dir).map_err(watch_err)?;
+        let (parent, dir_name) = match (absolute.parent(), absolute.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), n.to_os_string()),
+            _ => return Err(watch_err(io::ErrorKind::InvalidInput.into())),
+        };
+        let parent_wd = inotify
+            .add_watch(&parent, PARENT_EVENTS)
+            .map_err(|e| watch_err(e.into()))?;
+        let dir_wd = inotify
+            .add_watch(dir, DIR_EVENTS)
             .map_err(|e| watch_err(e.into()))?;
         // SAFETY: `InotifyFd` owns the descriptor and always returns it; it stays open until
         // the AsyncFd is dropped.
@@ -365,10 +421,22 @@ impl ManifestWatch {
         Ok(Self {
             dir: dir.to_path_buf(),
             fd,
+            dir_wd: Some(dir_wd),
+            parent_wd,
+            dir_name,
             debounce,
             opts,
             state: PodSet::default(),
+            pending: None,
+            parse_grace: PARSE_GRACE,
+            broken_since: BTreeMap::new(),
         })
+    }
+
+    /// Overrides [`PARSE_GRACE`] (tests).
+    pub fn with_parse_grace(mut self, grace: Duration) -> Self {
+        self.parse_grace = grace;
+        self
     }
 
     /// The state of the last load.
@@ -376,9 +444,12 @@ impl ManifestWatch {
         &self.state
     }
 
-    /// Reloads the directory now; the diff is against the last load.
+    /// Reloads the directory now; the diff is against the last load. Objects of a file that no
+    /// longer parses are kept for the parse grace period.
     pub fn reload(&mut self) -> Result<Diff, WatchError> {
-        let (next, diff) = load_dir(&self.dir, &self.state, &self.opts)?;
+        let (mut next, _) = load_dir(&self.dir, &self.state, &self.opts)?;
+        self.keep_broken(&mut next, Instant::now());
+        let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
             tracing::warn!(dir = %self.dir.display(), problem = %line, "Manifest skipped.");
         }
@@ -386,34 +457,131 @@ impl ManifestWatch {
         Ok(diff)
     }
 
-    /// Waits for a change to a manifest file, lets the burst settle, reloads and returns the
-    /// diff (possibly empty when the files' contents did not change).
+    /// Carries the last good objects of each file that stopped parsing into `next`, while the
+    /// file is within its grace period.
+    fn keep_broken(&mut self, next: &mut PodSet, now: Instant) {
+        self.broken_since
+            .retain(|f, _| next.broken_files.contains(f));
+        for file in &next.broken_files {
+            let since = *self.broken_since.entry(file.clone()).or_insert(now);
+            let from_file = |o: &Object| o.meta().origin.file == *file;
+            let held_pods: Vec<(PodKey, ManifestPod)> = self
+                .state
+                .pods
+                .iter()
+                .filter(|(k, p)| from_file(&p.object) && !next.pods.contains_key(*k))
+                .map(|(k, p)| (k.clone(), p.clone()))
+                .collect();
+            let held_objects: Vec<(ObjectKey, Object)> = self
+                .state
+                .objects
+                .iter()
+                .filter(|(k, o)| from_file(o) && !next.objects.contains_key(*k))
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect();
+            if held_pods.is_empty() && held_objects.is_empty() {
+                continue;
+            }
+            if now.duration_since(since) >= self.parse_grace {
+                tracing::warn!(file = %file.display(), grace_secs = self.parse_grace.as_secs_f64(), "Manifest still does not parse after the grace period; removing its objects.");
+                continue;
+            }
+            if since == now {
+                tracing::warn!(file = %file.display(), grace_secs = self.parse_grace.as_secs_f64(), "Manifest does not parse; its last good objects keep running for the grace period.");
+            }
+            next.pods.extend(held_pods);
+            next.objects.extend(held_objects);
+            next.held_files.insert(file.clone());
+        }
+    }
+
+    /// When the parse grace of a file whose objects are held runs out.
+    fn grace_deadline(&self) -> Option<Instant> {
+        self.broken_since
+            .iter()
+            .filter(|(f, _)| self.state.held_files.contains(*f))
+            .map(|(_, since)| *since + self.parse_grace)
+            .min()
+    }
+
+    /// Waits for a change to a manifest file (or the end of a parse grace period), lets the
+    /// burst settle, reloads and returns the diff (possibly empty when the files' contents did
+    /// not change). Cancel-safe.
     pub async fn changed(&mut self) -> Result<Diff, WatchError> {
-        while !self.relevant_events().await? {}
         loop {
+            let wake = match (self.pending, self.grace_deadline()) {
+                (Some((quiet, cap)), grace) => {
+                    Some(grace.map_or(quiet.min(cap), |g| quiet.min(cap).min(g)))
+                }
+                (None, grace) => grace,
+            };
+            let timer = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                r = self.relevant_events() => { r?; }
-                _ = tokio::time::sleep(self.debounce) => break,
+                r = self.relevant_events() => {
+                    if r? {
+                        let now = Instant::now();
+                        let cap = self.pending.map_or(now + MAX_SETTLE, |(_, cap)| cap);
+                        self.pending = Some((now + self.debounce, cap));
+                    }
+                }
+                () = timer => {
+                    self.pending = None;
+                    return self.reload();
+                }
             }
         }
-        self.reload()
     }
 
     /// Waits for inotify events; true when one concerns a manifest file or the directory.
-    async fn relevant_events(&self) -> Result<bool, WatchError> {
+    /// Re-adds the directory's watch when the directory comes back. Nothing is awaited after
+    /// the events are read, so dropping the future loses none.
+    async fn relevant_events(&mut self) -> Result<bool, WatchError> {
         loop {
             let mut guard = self.fd.readable().await.map_err(|e| self.watch_err(e))?;
-            match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
-                Ok(Ok(events)) => {
-                    return Ok(events.iter().any(|e| {
-                        e.name
+            let events =
+                match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
+                    Ok(Ok(events)) => events,
+                    Ok(Err(e)) => return Err(self.watch_err(e)),
+                    Err(_would_block) => continue,
+                };
+            let mut relevant = false;
+            for e in &events {
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    relevant = true;
+                } else if e.wd == self.parent_wd {
+                    relevant |= e.name.as_deref() == Some(self.dir_name.as_os_str());
+                } else if Some(e.wd) == self.dir_wd {
+                    if e.mask.intersects(
+                        AddWatchFlags::IN_DELETE_SELF
+                            | AddWatchFlags::IN_MOVE_SELF
+                            | AddWatchFlags::IN_IGNORED,
+                    ) {
+                        // Gone or moved away: a watch that followed it elsewhere must go too.
+                        if let Some(wd) = self.dir_wd.take() {
+                            let _ = self.fd.get_ref().0.rm_watch(wd);
+                        }
+                        relevant = true;
+                    } else {
+                        relevant |= e
+                            .name
                             .as_ref()
-                            .is_none_or(|n| is_manifest_file(Path::new(n)))
-                    }));
+                            .is_none_or(|n| is_manifest_file(Path::new(n)));
+                    }
                 }
-                Ok(Err(e)) => return Err(self.watch_err(e)),
-                Err(_would_block) => continue,
             }
+            if relevant && self.dir_wd.is_none() {
+                // The directory may be back (created or moved in again); watch it anew. Files
+                // written into it before this are read by the reload that follows.
+                if let Ok(wd) = self.fd.get_ref().0.add_watch(&self.dir, DIR_EVENTS) {
+                    self.dir_wd = Some(wd);
+                }
+            }
+            return Ok(relevant);
         }
     }
 
@@ -538,5 +706,183 @@ mod tests {
         assert_eq!(d4.objects_removed.len(), 1);
         assert_eq!(names(&d4.pods_removed), ["m2"]);
         assert_eq!(names(&d1.pods_added), ["m1"]);
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A scratch manifest directory inside a scratch parent, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Self {
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let base =
+                std::env::temp_dir().join(format!("qoslet-watch-{tag}-{}-{n}", std::process::id()));
+            fs::create_dir_all(base.join("manifests")).unwrap();
+            Self(base)
+        }
+
+        fn dir(&self) -> PathBuf {
+            self.0.join("manifests")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn pod(name: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, command: [sleep]}}]\n"
+        )
+    }
+
+    fn names(w: &ManifestWatch) -> Vec<String> {
+        w.state().pods.keys().map(|k| k.name.clone()).collect()
+    }
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    async fn next(w: &mut ManifestWatch) -> Result<Diff, WatchError> {
+        tokio::time::timeout(LIMIT, w.changed())
+            .await
+            .expect("a change within the limit")
+    }
+
+    #[tokio::test]
+    async fn the_directory_removed_and_created_again_is_still_watched() {
+        let s = Scratch::new("recreate");
+        fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
+        let mut w =
+            ManifestWatch::new(&s.dir(), Duration::from_millis(20), Default::default()).unwrap();
+        w.reload().unwrap();
+        assert_eq!(names(&w), ["a"]);
+        fs::remove_dir_all(s.dir()).unwrap();
+        // Missing: an error, and the last good state stays.
+        assert!(next(&mut w).await.is_err());
+        assert_eq!(names(&w), ["a"]);
+        fs::create_dir(s.dir()).unwrap();
+        fs::write(s.dir().join("b.yaml"), pod("b")).unwrap();
+        let mut saw_b = false;
+        for _ in 0..5 {
+            if let Ok(d) = next(&mut w).await
+                && names(&w) == ["b"]
+            {
+                assert_eq!(d.pods_removed.len(), 1, "{d:?}");
+                saw_b = true;
+                break;
+            }
+        }
+        assert!(
+            saw_b,
+            "the re-created directory was not read: {:?}",
+            names(&w)
+        );
+        // And later changes inside it are seen too.
+        fs::write(s.dir().join("c.yaml"), pod("c")).unwrap();
+        let d = next(&mut w).await.unwrap();
+        assert_eq!(d.pods_added.len(), 1, "{d:?}");
+        assert_eq!(names(&w), ["b", "c"]);
+    }
+
+    /// `changed()` polled in a `select!` that a busy branch wins over and over (the node's loop
+    /// with sensor events arriving during the debounce): no change may be lost.
+    #[tokio::test]
+    async fn changed_loses_nothing_when_its_future_is_dropped() {
+        let s = Scratch::new("cancel");
+        let mut w =
+            ManifestWatch::new(&s.dir(), Duration::from_millis(100), Default::default()).unwrap();
+        w.reload().unwrap();
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let dir = s.dir();
+        let toggler = tokio::spawn(async move {
+            let file = dir.join("t.yaml");
+            for i in 0..10 {
+                let want: Vec<String> = if i % 2 == 0 {
+                    fs::write(&file, pod("t")).unwrap();
+                    vec!["t".into()]
+                } else {
+                    fs::remove_file(&file).unwrap();
+                    vec![]
+                };
+                loop {
+                    let got = tokio::time::timeout(LIMIT, seen_rx.recv())
+                        .await
+                        .unwrap_or_else(|_| panic!("toggle {i} ({want:?}) was never processed"))
+                        .unwrap();
+                    if got == want {
+                        break;
+                    }
+                }
+            }
+            let _ = stop_tx.send(());
+        });
+        let mut busy = tokio::time::interval(Duration::from_millis(2));
+        let mut wins = 0u64;
+        loop {
+            tokio::select! {
+                _ = busy.tick() => wins += 1,
+                r = w.changed() => {
+                    r.unwrap();
+                    seen_tx.send(names(&w)).unwrap();
+                }
+                _ = &mut stop_rx => break,
+            }
+        }
+        toggler.await.unwrap();
+        assert!(wins > 100, "the busy branch should have won often: {wins}");
+    }
+
+    #[tokio::test]
+    async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
+        let s = Scratch::new("grace");
+        let file = s.dir().join("a.yaml");
+        fs::write(&file, pod("a")).unwrap();
+        let grace = Duration::from_millis(600);
+        let mut w = ManifestWatch::new(&s.dir(), Duration::from_millis(20), Default::default())
+            .unwrap()
+            .with_parse_grace(grace);
+        w.reload().unwrap();
+        // Half-written: invalid YAML for a while.
+        fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n").unwrap();
+        let broke = std::time::Instant::now();
+        let d = next(&mut w).await.unwrap();
+        assert!(d.pods_removed.is_empty(), "{d:?}");
+        assert_eq!(names(&w), ["a"]);
+        assert_eq!(d.new_problems.len(), 1, "{d:?}");
+        // Written in full again within the grace period: nothing changed for the pod.
+        fs::write(&file, pod("a")).unwrap();
+        let d = next(&mut w).await.unwrap();
+        assert!(
+            d.pods_removed.is_empty() && d.pods_changed.is_empty(),
+            "{d:?}"
+        );
+        assert!(broke.elapsed() < grace, "the test machine was too slow");
+        // Broken for good: removed once the grace period is over, without another event.
+        fs::write(&file, "kind: [").unwrap();
+        let broke = std::time::Instant::now();
+        let d = next(&mut w).await.unwrap();
+        assert!(d.pods_removed.is_empty(), "{d:?}");
+        let d = next(&mut w).await.unwrap();
+        assert_eq!(d.pods_removed.len(), 1, "{d:?}");
+        assert!(
+            broke.elapsed() >= grace,
+            "removed after {:?}",
+            broke.elapsed()
+        );
+        // A deleted file removes its pod at once.
+        fs::write(&file, pod("a")).unwrap();
+        assert_eq!(next(&mut w).await.unwrap().pods_added.len(), 1);
+        fs::remove_file(&file).unwrap();
+        assert_eq!(next(&mut w).await.unwrap().pods_removed.len(), 1);
     }
 }
