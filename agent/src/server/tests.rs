@@ -279,14 +279,11 @@ async fn idle_connections_are_capped_and_closed() {
         let (code, body) = get(addr, "/healthz");
         let waited = started.elapsed();
         // Each silent connection was closed by the server (EOF on our side).
-        let closed = idle
-            .into_iter()
-            .map(|mut s| {
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut b = [0u8; 1];
-                matches!(s.read(&mut b), Ok(0) | Err(_))
-            })
-            .all(|c| c);
+        let closed = idle.into_iter().all(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 1];
+            matches!(s.read(&mut b), Ok(0) | Err(_))
+        });
         // A request whose headers never finish is dropped after the header timeout.
         let mut slow = TcpStream::connect(addr).expect("connect");
         slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
