@@ -4,7 +4,7 @@
 //! The cluster action (the Eviction API) implements the same trait later.
 
 use std::{
-    fs, io,
+    io,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -170,7 +170,7 @@ impl EvictionAction for CgroupKill {
         {
             first_signal_at.get_or_insert_with(Instant::now);
             let path = u.join("cgroup.kill");
-            fs::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
+            super::held::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
             signalled += 1;
         }
         let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
