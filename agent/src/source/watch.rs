@@ -101,13 +101,13 @@ impl PodSet {
 /// The directory could not be read or watched.
 #[derive(Debug, Error)]
 pub enum WatchError {
-    #[error("{dir}: cannot read the manifest directory")]
+    #[error("{dir}: cannot read the manifest directory: {source}")]
     Read {
         dir: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{dir}: cannot watch the manifest directory")]
+    #[error("{dir}: cannot watch the manifest directory: {source}")]
     Watch {
         dir: PathBuf,
         #[source]
