@@ -116,13 +116,22 @@ pub trait EvictionAction: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CgroupKill;
 
+/// The pod's processes. With a cgroup v2 directory, its `cgroup.procs` (read through a held
+/// descriptor, `held.rs`) lists every one of them, and the v1 directories are read only as far
+/// as descriptors allow: a v1 `cgroup.procs` cannot be held open, since a re-read through one
+/// open file may return the kernel's cached pid list of up to a second before
+/// (`cgroup_pidlist_start`).
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
-    for d in &cgroups.procs {
-        all.extend(read_procs(d)?);
-    }
     if let Some(u) = &cgroups.unified {
         all.extend(read_procs(u)?);
+        for d in cgroups.procs.iter().filter(|d| *d != u) {
+            all.extend(read_procs(d).unwrap_or_default());
+        }
+    } else {
+        for d in &cgroups.procs {
+            all.extend(read_procs(d)?);
+        }
     }
     all.sort_unstable();
     all.dedup();

@@ -1,7 +1,7 @@
 //! Descriptors the eviction path keeps open, so that a process out of descriptors (a flood of
 //! connections or manifests, a low `RLIMIT_NOFILE`) can still observe and evict: the node root's
-//! memory files and, for every pod of the inventory, its memory files, each `cgroup.procs` and
-//! `cgroup.kill`, opened when the pod enters the inventory ([`Manager`](super::Manager)) and
+//! memory files and, for every pod of the inventory, its memory files and its cgroup v2
+//! `cgroup.procs` and `cgroup.kill`, opened when the pod enters the inventory ([`Manager`](super::Manager)) and
 //! closed when it leaves. Reads of a held file are `pread` from offset 0 (cgroup files are
 //! seq_files, which restart there); a held file that fails (its cgroup was removed and made
 //! again) is dropped and the path opened as before.

@@ -179,10 +179,9 @@ impl<A: EvictionAction> Manager<A> {
             .collect();
         for p in &inventory.pods {
             wanted.extend(p.memory.files().into_iter().map(|f| (f, Access::Read)));
-            for d in p.cgroups.procs.iter().chain(&p.cgroups.unified) {
-                wanted.insert((d.join("cgroup.procs"), Access::Read));
-            }
+            // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
+                wanted.insert((u.join("cgroup.procs"), Access::Read));
                 wanted.insert((u.join("cgroup.kill"), Access::Write));
             }
         }
