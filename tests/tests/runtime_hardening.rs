@@ -13,24 +13,16 @@ use std::{
 use qoslet::{
     policy::pod::ContainerKind,
     runtime::{
-        BackoffConfig, ContainerCgroups, ContainerSpec, ContainerState, PodKey, PodPhase,
-        PodRuntimeSpec, PodStatus, RestartPolicy, Runtime, RuntimeConfig,
+        ContainerCgroups, ContainerSpec, ContainerState, PodKey, PodPhase, PodRuntimeSpec,
+        PodStatus, RestartPolicy,
     },
 };
-use qoslet_tests::{TempDir, TestCgroup, container_cgroups, require_root, unique_name};
+use qoslet_tests::{
+    TempDir, TestCgroup, container_cgroups, fast_runtime, find_pod, require_root, unique_name,
+    wait_for_pod,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn runtime(logs: &Path) -> Runtime {
-    Runtime::new(RuntimeConfig {
-        log_dir: logs.to_path_buf(),
-        backoff: BackoffConfig {
-            base: Duration::from_millis(100),
-            max: Duration::from_millis(400),
-            reset_after: Duration::from_secs(600),
-        },
-    })
-}
 
 /// A container running `script`, which first creates `mark` (so the test sees whether it ever
 /// ran) and then sleeps.
@@ -64,33 +56,6 @@ fn pod(namespace: &str, name: &str, uid: &str, containers: Vec<ContainerSpec>) -
 
 fn dirs(cgs: &[TestCgroup]) -> Vec<PathBuf> {
     cgs.iter().map(|c| c.path.clone()).collect()
-}
-
-fn find(rt: &Runtime, key: &PodKey) -> PodStatus {
-    rt.status()
-        .into_iter()
-        .find(|p| &p.key == key)
-        .unwrap_or_else(|| panic!("pod {key} is not in the status"))
-}
-
-async fn wait_for(
-    rt: &Runtime,
-    key: &PodKey,
-    what: &str,
-    f: impl Fn(&PodStatus) -> bool,
-) -> PodStatus {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = find(rt, key);
-        if f(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not happen within {WAIT:?}: {s:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn waiting(s: &PodStatus, container: usize) -> Option<(&str, &str)> {
@@ -135,7 +100,7 @@ async fn a_container_without_its_own_cgroup_never_starts() {
         ("missing", vec![missing], "No such file or directory"),
         ("plain-dir", vec![not_a_cgroup], "is not a cgroup directory"),
     ];
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     let (name, d, _) = &cases[0];
     let specs = vec![pod(
         "rt",
@@ -148,13 +113,13 @@ async fn a_container_without_its_own_cgroup_never_starts() {
     )];
     let key = specs[0].key.clone();
     rt.apply(specs, |_| true);
-    let s = wait_for(&rt, &key, "the bad container refused", |s| {
+    let s = wait_for_pod(&rt, &key, "the bad container refused", |s| {
         waiting(s, 1).is_some_and(|(r, _)| r == "CreateContainerError")
     })
     .await;
     assert!(waiting(&s, 1).unwrap().1.contains(cases[0].2), "{s:#?}");
     // Its sibling runs, inside its cgroups.
-    let s = wait_for(&rt, &key, "the good container running", |s| {
+    let s = wait_for_pod(&rt, &key, "the good container running", |s| {
         matches!(s.containers[0].state, ContainerState::Running { .. })
     })
     .await;
@@ -163,7 +128,7 @@ async fn a_container_without_its_own_cgroup_never_starts() {
     rt.stop_all(Duration::from_secs(2)).await;
 
     for (name, d, cause) in &cases[1..] {
-        let rt = runtime(&logs.path);
+        let rt = fast_runtime(&logs.path);
         let spec = pod(
             "rt",
             name,
@@ -176,14 +141,14 @@ async fn a_container_without_its_own_cgroup_never_starts() {
         );
         let key = spec.key.clone();
         rt.apply(vec![spec], |_| true);
-        let s = wait_for(&rt, &key, "the container refused", |s| {
+        let s = wait_for_pod(&rt, &key, "the container refused", |s| {
             waiting(s, 0).is_some_and(|(r, _)| r == "CreateContainerError")
         })
         .await;
         assert!(waiting(&s, 0).unwrap().1.contains(cause), "{name}: {s:#?}");
         // Still refused after a few back-off rounds, never started, never counted as a restart.
         tokio::time::sleep(Duration::from_millis(600)).await;
-        let s = find(&rt, &key);
+        let s = find_pod(&rt, &key);
         assert!(waiting(&s, 0).is_some(), "{s:#?}");
         assert_eq!(s.containers[0].restart_count, 0);
         assert_eq!(s.phase, PodPhase::Pending);
@@ -206,7 +171,7 @@ async fn two_containers_never_share_a_cgroup_or_a_log() {
     let cgs = container_cgroups(&unique_name());
     let other = container_cgroups(&unique_name());
     let third = container_cgroups(&unique_name());
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     // Same name, same cgroups (what a pass gives a duplicate name).
     let a = pod(
         "rt",
@@ -230,7 +195,7 @@ async fn two_containers_never_share_a_cgroup_or_a_log() {
     let (ka, kb) = (a.key.clone(), b.key.clone());
     rt.apply(vec![a, b], |_| true);
     for key in [&ka, &kb] {
-        let s = wait_for(&rt, key, "one running, one refused", |s| {
+        let s = wait_for_pod(&rt, key, "one running, one refused", |s| {
             let running = s
                 .containers
                 .iter()
@@ -285,7 +250,7 @@ async fn names_built_to_escape_the_log_dir_write_nothing_outside_it() {
         ("ns", &long, "u9", "c"),
     ];
     let before = tree(&scratch.path);
-    let rt = runtime(&logs);
+    let rt = fast_runtime(&logs);
     let mut specs = Vec::new();
     let mut keep = Vec::new();
     for (i, (ns, name, uid, c)) in hostile.iter().enumerate() {
@@ -301,7 +266,7 @@ async fn names_built_to_escape_the_log_dir_write_nothing_outside_it() {
     let keys: Vec<PodKey> = specs.iter().map(|s| s.key.clone()).collect();
     rt.apply(specs, |_| true);
     for key in &keys {
-        let s = wait_for(&rt, key, "the hostile container refused", |s| {
+        let s = wait_for_pod(&rt, key, "the hostile container refused", |s| {
             waiting(s, 0).is_some_and(|(r, _)| r == "CreateContainerError")
         })
         .await;
@@ -335,9 +300,9 @@ async fn a_crash_looping_container_reports_crash_loop_back_off() {
     c.argv = vec!["/bin/sh".into(), "-c".into(), "exit 3".into()];
     let spec = pod("rt", "crash", &unique_name(), vec![c]);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec], |_| true);
-    let s = wait_for(&rt, &key, "crash-loop back-off after a restart", |s| {
+    let s = wait_for_pod(&rt, &key, "crash-loop back-off after a restart", |s| {
         s.containers[0].restart_count >= 1
             && waiting(s, 0).is_some_and(|(r, _)| r == "CrashLoopBackOff")
     })
@@ -363,9 +328,9 @@ async fn nothing_the_runtime_started_survives_stop_all() {
     ];
     let spec = pod("rt", "forker", &unique_name(), vec![c]);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec], |_| true);
-    wait_for(&rt, &key, "the forker running", |s| {
+    wait_for_pod(&rt, &key, "the forker running", |s| {
         matches!(s.containers[0].state, ContainerState::Running { .. })
     })
     .await;

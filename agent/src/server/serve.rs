@@ -120,6 +120,25 @@ impl Idle {
     }
 }
 
+impl Idle {
+    /// A write's outcome: bytes written push the deadline back; `Pending` checks it.
+    fn written(
+        &mut self,
+        r: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.progressed();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.pending_or_timeout(cx),
+        }
+    }
+}
+
 impl AsyncRead for Idle {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -147,15 +166,8 @@ impl AsyncWrite for Idle {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.pending_or_timeout(cx),
-        }
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.written(r, cx)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -172,15 +184,8 @@ impl AsyncWrite for Idle {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    this.progressed();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.pending_or_timeout(cx),
-        }
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.written(r, cx)
     }
 
     fn is_write_vectored(&self) -> bool {
