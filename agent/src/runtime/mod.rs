@@ -161,7 +161,7 @@ impl Runtime {
         previous: Option<watch::Receiver<bool>>,
     ) -> PodHandle {
         let waiting = if may_start {
-            "PodInitializing"
+            status::default_waiting(&spec)
         } else {
             "SchedulingGated"
         };

@@ -129,7 +129,7 @@ async fn body(task: &PodTask, mut stop: StopRx) {
             ContainerKind::Sidecar,
             ContainerKind::App,
         ],
-        "PodInitializing",
+        super::status::default_waiting(&task.spec),
     );
     tracing::info!(pod = %task.spec.key, "Pod released; starting its containers.");
 

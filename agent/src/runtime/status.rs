@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::spec::{PodKey, RestartPolicy};
+use super::spec::{PodKey, PodRuntimeSpec, RestartPolicy};
 use crate::policy::pod::ContainerKind;
 
 /// `status.phase`.
@@ -104,6 +104,17 @@ pub struct PodStatus {
     pub containers: Vec<ContainerStatus>,
     /// Stopping or stopped on request (removed from the desired state, evicted, shut down).
     pub terminating: bool,
+}
+
+/// The reason a container waits before its first start: `PodInitializing` in a pod with init
+/// containers (regular or sidecars), else `ContainerCreating` (pkg/kubelet/kubelet_pods.go
+/// `convertToAPIContainerStatuses`, `defaultWaitingState`).
+pub fn default_waiting(spec: &PodRuntimeSpec) -> &'static str {
+    if spec.containers.iter().any(|c| c.kind != ContainerKind::App) {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    }
 }
 
 /// The waiting reasons that say a container is not running because something is wrong, as
@@ -294,5 +305,32 @@ mod tests {
         assert_eq!(ph(Always, true, &cs), PodPhase::Succeeded);
         let cs = [c(Init, done(143), None), c(App, waiting(), None)];
         assert_eq!(ph(Always, true, &cs), PodPhase::Failed);
+    }
+
+    #[test]
+    fn containers_wait_in_pod_initializing_only_behind_init_containers() {
+        let c = |kind| super::super::spec::ContainerSpec {
+            name: "c".into(),
+            kind,
+            argv: vec!["true".into()],
+            env: Vec::new(),
+            working_dir: "/".into(),
+            cgroups: Default::default(),
+        };
+        let spec = |containers| PodRuntimeSpec {
+            key: PodKey {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: "u".into(),
+            },
+            containers,
+            restart_policy: Always,
+            termination_grace: std::time::Duration::ZERO,
+        };
+        assert_eq!(default_waiting(&spec(vec![c(App)])), "ContainerCreating");
+        assert_eq!(
+            default_waiting(&spec(vec![c(Sidecar), c(App)])),
+            "PodInitializing"
+        );
     }
 }
