@@ -238,12 +238,22 @@ impl Runtime {
         }
         // Each container's supervisor has killed what was left in its cgroups; kill them once
         // more as a whole, so nothing the runtime started outlives it.
-        let state = self.state();
-        for h in state.pods.values().chain(state.stopping.iter()) {
-            for c in &h.spec.containers {
-                process::kill_cgroups(&c.cgroups);
+        let cgroups: Vec<ContainerCgroups> = {
+            let state = self.state();
+            state
+                .pods
+                .values()
+                .chain(state.stopping.iter())
+                .flat_map(|h| h.spec.containers.iter().map(|c| c.cgroups.clone()))
+                .collect()
+        };
+        for _ in 0..100 {
+            if cgroups.iter().map(process::kill_cgroups).sum::<usize>() == 0 {
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        tracing::warn!("Processes survive in container cgroups after SIGKILL at shutdown.");
     }
 
     /// A snapshot of every pod, including removed pods still stopping.

@@ -179,8 +179,8 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
 
 /// Kills every process in the container's cgroups: `cgroup.kill` where the kernel has it (cgroup
 /// v2, 5.14+; it also reaches processes forking at that moment), then SIGKILL to each pid read
-/// from `cgroup.procs` until none is left or about a second has passed.
-pub fn kill_cgroups(cgroups: &ContainerCgroups) {
+/// from `cgroup.procs`. Returns how many processes were still listed; call again until none.
+pub fn kill_cgroups(cgroups: &ContainerCgroups) -> usize {
     for d in &cgroups.dirs {
         // Fails on a v1 hierarchy, an older kernel, or when the cgroup is gone; the sweep
         // follows either way.
@@ -188,12 +188,7 @@ pub fn kill_cgroups(cgroups: &ContainerCgroups) {
             let _ = File::from(fd).write_all(b"1");
         }
     }
-    for _ in 0..100 {
-        if signal_cgroup(cgroups, Signal::SIGKILL) == 0 {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    signal_cgroup(cgroups, Signal::SIGKILL)
 }
 
 /// Sends `signal` to every process in the container's cgroups; returns how many there were.
