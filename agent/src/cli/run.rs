@@ -47,6 +47,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     };
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -78,14 +79,21 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line naming the cause: the error and its sources.
-            let mut line = format!("qoslet: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                line.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            eprintln!("{line}");
+            eprintln!("qoslet: {}", crate::error_chain(&e));
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (as Go programs do at start): the
+/// eviction path holds a few descriptors per pod (`eviction/held.rs`), and a soft limit of 1024
+/// would cap a node at about a hundred pods.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "Could not raise the open-files limit.");
     }
 }

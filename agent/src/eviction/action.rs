@@ -4,7 +4,7 @@
 //! The cluster action (the Eviction API) wraps it.
 
 use std::{
-    fs, io,
+    io,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -130,13 +130,22 @@ pub trait EvictionAction: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CgroupKill;
 
+/// The pod's processes. With a cgroup v2 directory, its `cgroup.procs` (read through a held
+/// descriptor, `held.rs`) lists every one of them, and the v1 directories are read only as far
+/// as descriptors allow: a v1 `cgroup.procs` cannot be held open, since a re-read through one
+/// open file may return the kernel's cached pid list of up to a second before
+/// (`cgroup_pidlist_start`).
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
-    for d in &cgroups.procs {
-        all.extend(read_procs(d)?);
-    }
     if let Some(u) = &cgroups.unified {
         all.extend(read_procs(u)?);
+        for d in cgroups.procs.iter().filter(|d| *d != u) {
+            all.extend(read_procs(d).unwrap_or_default());
+        }
+    } else {
+        for d in &cgroups.procs {
+            all.extend(read_procs(d)?);
+        }
     }
     all.sort_unstable();
     all.dedup();
@@ -179,7 +188,7 @@ impl EvictionAction for CgroupKill {
         {
             first_signal_at.get_or_insert_with(Instant::now);
             let path = u.join("cgroup.kill");
-            fs::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
+            super::held::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
             signalled += 1;
         }
         let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
