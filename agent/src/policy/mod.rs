@@ -16,3 +16,4 @@ pub mod pod;
 pub mod qos;
 pub mod quantity;
 pub mod settings;
+pub mod version;

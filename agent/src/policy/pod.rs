@@ -72,6 +72,10 @@ pub struct PodSpecView {
     pub containers: Vec<ContainerView>,
     /// Pod-level `spec.resources`, when it names cpu or memory.
     pub pod_resources: Option<Resources>,
+    /// `spec.overhead` (set by admission from the pod's RuntimeClass): what the sandbox costs
+    /// beyond the containers. Counted in [`Self::requests`] and [`Self::limits`], not in the QoS
+    /// class nor in oom_score_adj.
+    pub overhead: Amounts,
     pub priority: Option<i32>,
     pub priority_class_name: Option<String>,
     /// Static or mirror pod (annotations `kubernetes.io/config.source` != api,
@@ -106,6 +110,7 @@ impl PodSpecView {
             let field = format!("spec.containers[{i}].resources");
             containers.push(container(c, ContainerKind::App, &field)?);
         }
+        let overhead = amounts(spec.overhead.as_ref(), "spec.overhead")?;
         let pod_resources = resources(spec.resources.as_ref(), "spec.resources")?
             .filter(|r| r.requests != Amounts::default() || r.limits != Amounts::default());
         let annotations = meta.annotations.clone().unwrap_or_default();
@@ -119,6 +124,7 @@ impl PodSpecView {
             uid,
             containers,
             pod_resources,
+            overhead,
             priority: spec.priority,
             priority_class_name: spec.priority_class_name,
             static_or_mirror,
@@ -169,8 +175,18 @@ impl PodSpecView {
         aggregate(&self.containers, |r| r.limits)
     }
 
-    /// `PodRequests`: pod-level requests where set, else the container aggregate.
+    /// `PodRequests` (component-helpers/resource/helpers.go): pod-level requests where set,
+    /// else the container aggregate, plus `spec.overhead` for every resource it names
+    /// (`addResourceList`; the kubelet never passes `ExcludeOverhead`).
     pub fn requests(&self) -> Totals {
+        let mut t = self.requests_without_overhead();
+        t.cpu = add(t.cpu, self.overhead.cpu);
+        t.memory = add(t.memory, self.overhead.memory);
+        t
+    }
+
+    /// `PodRequests` with `ExcludeOverhead`.
+    pub fn requests_without_overhead(&self) -> Totals {
         let mut t = self.container_requests();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.requests.cpu.or(t.cpu);
@@ -179,12 +195,19 @@ impl PodSpecView {
         t
     }
 
-    /// `PodLimits`: pod-level limits where set, else the container aggregate.
+    /// `PodLimits`: pod-level limits where set, else the container aggregate; `spec.overhead`
+    /// is added only to a resource that has a limit ("Add overhead to non-zero limits").
     pub fn limits(&self) -> Totals {
         let mut t = self.container_limits();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.limits.cpu.or(t.cpu);
             t.memory = p.limits.memory.or(t.memory);
+        }
+        if t.cpu.is_some() {
+            t.cpu = add(t.cpu, self.overhead.cpu);
+        }
+        if t.memory.is_some() {
+            t.memory = add(t.memory, self.overhead.memory);
         }
         t
     }

@@ -28,6 +28,7 @@ fn pod(uid: &str, container: &str) -> PodSpecView {
             },
         }],
         pod_resources: None,
+        overhead: Amounts::default(),
         priority: None,
         priority_class_name: None,
         static_or_mirror: false,
