@@ -17,7 +17,7 @@ use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
     cpuset::CpuSet,
     duration::{parse_duration, parse_duration_nanos},
-    eviction::{EvictionInput, ThresholdError, parse_thresholds},
+    eviction::{EvictionInput, parse_thresholds},
     quantity::Quantity,
     settings::{
         Capacity, CgroupDriver, Enforcement, MemoryQos, MemoryReservationPolicy, NodeSettings,
@@ -443,41 +443,6 @@ fn enforcement(kc: &KubeletConfig) -> Result<Enforcement, FieldError> {
     Ok(e)
 }
 
-/// The KubeletConfiguration map a threshold error comes from.
-fn eviction_field(kc: &KubeletConfig, e: &ThresholdError) -> String {
-    let has = |m: &Option<BTreeMap<String, String>>, signal: &str, value: &str| {
-        m.as_ref()
-            .and_then(|m| m.get(signal))
-            .is_some_and(|v| v == value)
-    };
-    match e {
-        ThresholdError::MissingGrace { .. } | ThresholdError::Duration { .. } => {
-            "evictionSoftGracePeriod".into()
-        }
-        ThresholdError::UnknownSignal { signal } => {
-            let in_map = |m: &Option<BTreeMap<String, String>>| {
-                m.as_ref().is_some_and(|m| m.contains_key(signal))
-            };
-            if in_map(&kc.eviction_hard) {
-                "evictionHard".into()
-            } else if in_map(&kc.eviction_soft) {
-                "evictionSoft".into()
-            } else {
-                "evictionMinimumReclaim".into()
-            }
-        }
-        ThresholdError::Value { signal, value, .. } => {
-            if has(&kc.eviction_hard, signal, value) {
-                format!("evictionHard.{signal}")
-            } else if has(&kc.eviction_soft, signal, value) {
-                format!("evictionSoft.{signal}")
-            } else {
-                format!("evictionMinimumReclaim.{signal}")
-            }
-        }
-    }
-}
-
 fn settings_inner(
     kc: &KubeletConfig,
     qc: &QosletConfiguration,
@@ -506,7 +471,7 @@ fn settings_inner(
         pods_enforced: s.enforcement.pods,
     })
     .map_err(|e| FieldError {
-        field: eviction_field(kc, &e),
+        field: e.field(),
         message: e.to_string(),
     })?;
     s.hard_eviction = hard;

@@ -134,9 +134,25 @@ fn malformed_values_name_file_field_and_value() {
         ("cgroupDriver: docker", "cgroupDriver: \"docker\""),
         (
             "evictionSoft: {memory.available: 1Gi}",
-            "eviction soft threshold requires a grace period",
+            "evictionSoftGracePeriod: grace period must be specified for the soft eviction threshold memory.available",
         ),
         ("cpuCFSQuotaPeriod: 5x", "cpuCFSQuotaPeriod: \"5x\""),
+        (
+            "evictionMinimumReclaim: {nodefs.available: -1Gi}",
+            "evictionMinimumReclaim.nodefs.available: negative eviction minimum reclaim specified for nodefs.available",
+        ),
+        (
+            "evictionSoftGracePeriod: {memory.available: -30s}",
+            "evictionSoftGracePeriod.memory.available: invalid eviction grace period specified: -30s, must be a positive value",
+        ),
+        (
+            "evictionHard: {memory.available: 150%}",
+            "evictionHard.memory.available: eviction percentage threshold memory.available must be <= 100%: 150%",
+        ),
+        (
+            "evictionSoft: {mem.available: 1Gi}",
+            "evictionSoft: unsupported eviction signal mem.available",
+        ),
         (
             "featureGates: {MemoryQoS: true}\nmemoryThrottlingFactor: 1.5",
             "memoryThrottlingFactor: \"1.5\"",
