@@ -9,7 +9,7 @@ use super::{
     cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
     eviction::Threshold,
     memory_qos::memory_high,
-    oom::container_oom_score_adj,
+    oom::container_oom_score_adj_with,
     pod::{ContainerKind, PodSpecView},
     qos::{QosClass, pod_qos},
     settings::{MemoryQos, MemoryReservationPolicy, NodeSettings, Reservation},
@@ -374,7 +374,12 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
             ContainerPlan {
                 name: c.name.clone(),
                 kind: c.kind,
-                oom_score_adj: container_oom_score_adj(pod, c, na.capacity.memory_bytes),
+                oom_score_adj: container_oom_score_adj_with(
+                    pod,
+                    c,
+                    na.capacity.memory_bytes,
+                    s.oom_score_adj_tie_break,
+                ),
                 cpu_shares: cshares,
                 cpu_weight: s.container_weight_formula.weight(cshares),
                 cpu_quota_us: cpu_limited.then_some(cquota),

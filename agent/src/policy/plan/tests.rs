@@ -451,3 +451,21 @@ fn pod_level_resources_gate_off_ignores_spec_resources() {
         QosClass::BestEffort
     );
 }
+
+#[test]
+fn the_tie_break_gate_reaches_the_containers_score() {
+    // 500Mi request == limit on a 16Gi node: 970, 969 with KubeletOOMScoreAdjTieBreak
+    // (TestGetContainerOOMScoreAdjustTieBreak).
+    let mut s = settings();
+    s.capacity.memory_bytes = 16 * GIB;
+    s.system_reserved = Default::default();
+    let p = pod(
+        "metadata: {name: p, uid: p-1}\nspec: {containers: [{name: c, resources: {requests: {memory: 500Mi, cpu: 100m}, limits: {memory: 500Mi}}}]}",
+    );
+    let score = |s: &NodeSettings| {
+        plan_node(s, std::slice::from_ref(&p)).unwrap().pods[0].containers[0].oom_score_adj
+    };
+    assert_eq!(score(&s), 970);
+    s.oom_score_adj_tie_break = true;
+    assert_eq!(score(&s), 969);
+}
