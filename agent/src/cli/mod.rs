@@ -1,7 +1,9 @@
 //! The command line (a contract: see DESIGN.md). Each subcommand lives in its own module and
 //! returns the process exit code; errors are printed as one clear line, never a backtrace.
 
+mod http;
 mod plan;
+mod recommend_reserved;
 mod run;
 mod status;
 mod validate;
@@ -34,6 +36,15 @@ pub enum Command {
     Run(run::RunArgs),
     /// A live table of a running agent (pods, class, weight, oom_score_adj, pressure, events).
     Status(status::StatusArgs),
+    /// Recommend systemReserved and kubeReserved from what the system and the kube daemons use.
+    ///
+    /// Polls a running agent's /stats/summary (--from URL, --window, --interval) or reads
+    /// recorded Summary documents (--samples FILE, JSON lines), sizes each reservation at p99
+    /// plus headroom over the samples, prints OpenShift's automatic node sizing for the same
+    /// node beside it, and the KubeletConfiguration fragment. kubelet and runtime system
+    /// containers count as kubeReserved; misc (or node - pods - kube when there is no misc) as
+    /// systemReserved.
+    RecommendReserved(recommend_reserved::RecommendReservedArgs),
 }
 
 /// Runs one command and maps its outcome to an exit status.
@@ -43,6 +54,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Run(args) => run::run(args),
         Command::Status(args) => status::run(args),
+        Command::RecommendReserved(args) => recommend_reserved::run(args),
     }
 }
 

@@ -235,7 +235,7 @@ fn locate(pod: &serde_yaml_ng::Value) -> Option<(String, String)> {
 }
 
 /// `cpu=4,memory=32Gi,pids=4194304[,cpus=0-3]`; cpu and memory are required.
-fn parse_capacity(spec: &str) -> Result<Capacity, String> {
+pub(super) fn parse_capacity(spec: &str) -> Result<Capacity, String> {
     let (mut cpu, mut memory, mut pids, mut cpus) = (None, None, 4_194_304, None);
     for part in spec.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
