@@ -4,7 +4,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    net::{SocketAddr, TcpStream, ToSocketAddrs},
     time::Duration,
 };
 
@@ -30,4 +30,40 @@ pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> std::io::R
         ));
     }
     serde_json::from_str(body).map_err(std::io::Error::other)
+}
+
+/// `http://host:port[/path]` -> the address and the path (`default_path` when none).
+pub fn parse_url(url: &str, default_path: &str) -> Result<(SocketAddr, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url:?}: only http:// URLs (the agent's own endpoint)"))?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let path = if path.is_empty() || path == "/" {
+        default_path.to_owned()
+    } else {
+        path.to_owned()
+    };
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("{url:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{url:?}: no address"))?;
+    Ok((addr, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_the_agent_and_default_the_path() {
+        let (addr, path) = parse_url("http://127.0.0.1:9479", "/stats/summary").unwrap();
+        assert_eq!((addr.port(), path.as_str()), (9479, "/stats/summary"));
+        let (_, path) = parse_url("http://127.0.0.1:1/stats/summary?x=1", "/").unwrap();
+        assert_eq!(path, "/stats/summary?x=1");
+        assert!(parse_url("https://127.0.0.1:1", "/").is_err());
+    }
 }

@@ -29,6 +29,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the desired node and pod cgroup state for the pods in PATH, touching nothing.
+    ///
+    /// The plan follows the kubelet of one Kubernetes version: `kubernetesVersion` in the
+    /// QosletConfiguration (1.34, 1.35, 1.36 or 1.37; default 1.37), named on the first line
+    /// and in the JSON (`node.kubernetes_version`). What changes between them is Memory QoS:
+    /// 1.34 and 1.35 protect every memory request with memory.min and default
+    /// memoryThrottlingFactor to 0.9; 1.36 adds memoryReservationPolicy (None, the default: no
+    /// protection, memory.min/memory.low written as 0; TieredReservation: Guaranteed
+    /// memory.min, Burstable memory.low, the kubepods root covering every tier); 1.37 turns the
+    /// MemoryQoS gate on by default, drops the throttling factor's default (no memory.high
+    /// unless set), and adds pod-level memory.high and BestEffort memory.high. Everything else
+    /// (QoS classes, cpu conversions, allocatable, eviction thresholds, oom_score_adj with the
+    /// KubeletOOMScoreAdjTieBreak gate) is the same in all four.
     Plan(plan::PlanArgs),
     /// Check Pods, Workloads, PodGroups, CompositePodGroups and KubeletConfiguration files.
     Validate(validate::ValidateArgs),

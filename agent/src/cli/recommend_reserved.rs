@@ -12,7 +12,6 @@
 use std::{
     fmt::Write as _,
     fs,
-    net::{SocketAddr, ToSocketAddrs},
     path::PathBuf,
     process::ExitCode,
     thread,
@@ -237,28 +236,6 @@ fn read_samples(file: &PathBuf) -> Result<Vec<Summary>, Failure> {
         .collect()
 }
 
-/// `http://host:port[/path]` -> the address and the path (`/stats/summary` when none).
-fn parse_url(url: &str) -> Result<(SocketAddr, String), String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url:?}: only http:// URLs (the agent's own endpoint)"))?;
-    let (host, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let path = if path.is_empty() || path == "/" {
-        "/stats/summary".to_owned()
-    } else {
-        path.to_owned()
-    };
-    let addr = host
-        .to_socket_addrs()
-        .map_err(|e| format!("{url:?}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{url:?}: no address"))?;
-    Ok((addr, path))
-}
-
 fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
     let ns = parse_duration_nanos(text).map_err(|e| fail(1, format!("--{flag}: {e}")))?;
     Ok(Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64))
@@ -267,7 +244,8 @@ fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 /// Polls at `interval` until `window` has passed: samples at 0, interval, 2*interval, ... up to
 /// and including the window's end. Returns them and the seconds they span.
 fn poll(url: &str, args: &RecommendReservedArgs) -> Result<(Vec<Summary>, f64), Failure> {
-    let (addr, path) = parse_url(url).map_err(|m| fail(1, format!("--from: {m}")))?;
+    let (addr, path) = super::http::parse_url(url, "/stats/summary")
+        .map_err(|m| fail(1, format!("--from: {m}")))?;
     let window = duration("window", &args.window)?;
     let interval = duration("interval", &args.interval)?;
     if interval.is_zero() {
@@ -445,14 +423,5 @@ mod tests {
         // Only pods: no kube figures at all.
         let s = sample(&summary((1000, 100), vec![container("pods", 900, 90)]));
         assert_eq!((s.kube_memory, s.system_memory), (None, Some(100)));
-    }
-
-    #[test]
-    fn urls_name_the_agent_and_default_to_the_summary() {
-        let (addr, path) = parse_url("http://127.0.0.1:9479").unwrap();
-        assert_eq!((addr.port(), path.as_str()), (9479, "/stats/summary"));
-        let (_, path) = parse_url("http://127.0.0.1:1/stats/summary?x=1").unwrap();
-        assert_eq!(path, "/stats/summary?x=1");
-        assert!(parse_url("https://127.0.0.1:1").is_err());
     }
 }

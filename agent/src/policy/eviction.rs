@@ -5,7 +5,7 @@ use std::{cmp::Ordering, collections::BTreeMap};
 use serde::Serialize;
 use thiserror::Error;
 
-use super::{duration::parse_duration, quantity::Quantity};
+use super::{duration::parse_duration, pod::PodSpecView, quantity::Quantity};
 
 pub const SIGNALS: &[&str] = &[
     "memory.available",
@@ -379,6 +379,110 @@ pub fn rank_pids(candidates: &[Candidate]) -> Vec<usize> {
             .cmp(&b.priority)
             .then(b.processes.cmp(&a.processes))
     })
+}
+
+/// One pod's place in the memory-pressure eviction order and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EvictionRank {
+    /// 1 is evicted first; `None` for pods the kubelet never evicts (critical).
+    pub rank: Option<usize>,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub priority: i32,
+    pub memory_request_bytes: i64,
+    /// Working set; `None` when the node reported no stats for the pod.
+    pub memory_usage_bytes: Option<i64>,
+    pub reason: String,
+}
+
+/// The memory request the eviction ranking compares usage with: pkg/api/v1/resource
+/// `GetResourceRequestQuantity`, which adds `spec.overhead` only to a non-zero request.
+pub fn eviction_request_bytes(pod: &PodSpecView) -> i64 {
+    let request = pod.requests_without_overhead().memory_bytes();
+    if request > 0 {
+        request.saturating_add(pod.overhead.memory_bytes())
+    } else {
+        request
+    }
+}
+
+fn mib(bytes: i64) -> String {
+    format!("{:.1}Mi", bytes as f64 / f64::from(1 << 20))
+}
+
+/// The order `rankMemoryPressure` (pkg/kubelet/eviction/helpers.go) puts `pods` in given their
+/// working sets: pods without stats first, then usage above request, lower priority, larger
+/// usage - request. Critical pods come last, unranked.
+pub fn memory_eviction_order(
+    pods: &[PodSpecView],
+    usage: impl Fn(&PodSpecView) -> Option<i64>,
+) -> Vec<EvictionRank> {
+    let entry = |p: &PodSpecView, rank: Option<usize>, reason: String| EvictionRank {
+        rank,
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid.clone(),
+        priority: p.effective_priority(),
+        memory_request_bytes: eviction_request_bytes(p),
+        memory_usage_bytes: usage(p),
+        reason,
+    };
+    let (critical, evictable): (Vec<&PodSpecView>, Vec<&PodSpecView>) =
+        pods.iter().partition(|p| p.is_critical());
+    let (without, with): (Vec<&PodSpecView>, Vec<&PodSpecView>) =
+        evictable.into_iter().partition(|p| usage(p).is_none());
+    let candidates: Vec<Candidate> = with
+        .iter()
+        .map(|p| Candidate {
+            usage_bytes: usage(p).unwrap_or(0),
+            request_bytes: eviction_request_bytes(p),
+            priority: p.effective_priority(),
+            critical: false,
+            start_time: 0,
+            processes: 0,
+        })
+        .collect();
+    let mut out: Vec<EvictionRank> = without
+        .iter()
+        .map(|p| {
+            let reason = "no stats for the pod: ranked before every pod with stats".to_string();
+            entry(p, None, reason)
+        })
+        .collect();
+    for i in rank_memory(&candidates) {
+        let c = &candidates[i];
+        let over = c.usage_bytes - c.request_bytes;
+        let reason = if over > 0 {
+            format!(
+                "usage {} exceeds request {} by {}; priority {}",
+                mib(c.usage_bytes),
+                mib(c.request_bytes),
+                mib(over),
+                c.priority
+            )
+        } else {
+            format!(
+                "usage {} within request {}; priority {}; {} below request",
+                mib(c.usage_bytes),
+                mib(c.request_bytes),
+                c.priority,
+                mib(-over)
+            )
+        };
+        out.push(entry(with[i], None, reason));
+    }
+    for (n, e) in out.iter_mut().enumerate() {
+        e.rank = Some(n + 1);
+    }
+    out.extend(critical.into_iter().map(|p| {
+        entry(
+            p,
+            None,
+            "critical (static, mirror or priority >= 2000000000): never evicted".into(),
+        )
+    }));
+    out
 }
 
 fn rank(

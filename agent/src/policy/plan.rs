@@ -7,7 +7,7 @@ use super::{
     allocatable::{AllocatableError, NodeAllocatable, ResourceTotals, node_allocatable},
     cgroup_name::render,
     cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
-    eviction::Threshold,
+    eviction::{EvictionRank, Threshold},
     memory_qos::memory_high,
     oom::container_oom_score_adj_with,
     pod::{ContainerKind, PodSpecView},
@@ -95,6 +95,9 @@ pub struct PodPlan {
 pub struct Plan {
     pub node: NodePlan,
     pub pods: Vec<PodPlan>,
+    /// The memory-pressure eviction order of the pods given their current usage
+    /// ([`super::eviction::memory_eviction_order`]); empty when no usage was given.
+    pub eviction_order: Vec<EvictionRank>,
 }
 
 /// Computes the whole plan for `pods` on the node.
@@ -124,6 +127,7 @@ pub fn plan_node(s: &NodeSettings, pods: &[PodSpecView]) -> Result<Plan, PlanErr
     Ok(Plan {
         node: NodePlan { warnings, ..node },
         pods: pod_plans,
+        eviction_order: Vec::new(),
     })
 }
 

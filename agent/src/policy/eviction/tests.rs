@@ -451,3 +451,104 @@ fn errors_name_the_field_with_the_upstream_text() {
     .unwrap();
     assert_eq!(h[0].value, ThresholdValue::Percentage(0.0));
 }
+
+fn pod(yaml: &str) -> PodSpecView {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_yaml_ng::from_str(yaml).unwrap();
+    PodSpecView::from_pod(&pod).unwrap()
+}
+
+fn ranked_pod(name: &str, priority: i32, memory_request: &str) -> PodSpecView {
+    let requests = if memory_request.is_empty() {
+        String::new()
+    } else {
+        format!(", resources: {{requests: {{memory: {memory_request}}}}}")
+    };
+    pod(&format!(
+        "metadata: {{name: {name}, uid: {name}}}\nspec: {{priority: {priority}, containers: [{{name: c{requests}}}]}}"
+    ))
+}
+
+fn order(pods: &[PodSpecView], usage: &[(&str, i64)]) -> Vec<String> {
+    memory_eviction_order(pods, |p| {
+        usage.iter().find(|(n, _)| *n == p.name).map(|(_, u)| *u)
+    })
+    .into_iter()
+    .map(|e| e.name)
+    .collect()
+}
+
+const MI: i64 = 1 << 20;
+
+/// helpers_test.go `TestOrderedByExceedsRequestMemory`: the pod over its request goes first
+/// whatever the priorities.
+#[test]
+fn eviction_order_puts_pods_over_their_request_first() {
+    let pods = [
+        ranked_pod("below-requests", -1, "200Mi"),
+        ranked_pod("exceeds-requests", 1, "100Mi"),
+    ];
+    let usage = [("below-requests", 199 * MI), ("exceeds-requests", 101 * MI)];
+    assert_eq!(order(&pods, &usage), ["exceeds-requests", "below-requests"]);
+    let ranks = memory_eviction_order(&pods, |p| usage.iter().find(|u| u.0 == p.name).map(|u| u.1));
+    assert_eq!(ranks[0].rank, Some(1));
+    assert_eq!(
+        ranks[0].reason,
+        "usage 101.0Mi exceeds request 100.0Mi by 1.0Mi; priority 1"
+    );
+    assert_eq!(
+        ranks[1].reason,
+        "usage 199.0Mi within request 200.0Mi; priority -1; 1.0Mi below request"
+    );
+}
+
+/// helpers_test.go `TestOrderedByPriority`: within the same side of the request, lower priority
+/// first.
+#[test]
+fn eviction_order_then_follows_priority() {
+    let pods = [
+        ranked_pod("high-priority", 12534, "200Mi"),
+        ranked_pod("medium-priority", 1, "100Mi"),
+        ranked_pod("low-priority", -134, ""),
+    ];
+    let usage = [
+        ("high-priority", 0),
+        ("medium-priority", 0),
+        ("low-priority", 0),
+    ];
+    assert_eq!(
+        order(&pods, &usage),
+        ["low-priority", "medium-priority", "high-priority"]
+    );
+    // A pod without stats is ranked first (exceedMemoryRequests: "prioritize evicting the pod
+    // for which no stats were found"); a critical pod is never ranked.
+    let mut with_critical = pods.to_vec();
+    with_critical.push(pod(
+        "metadata: {name: node-agent, uid: n}\nspec: {priorityClassName: system-node-critical, containers: [{name: c}]}",
+    ));
+    let ranks = memory_eviction_order(&with_critical, |p| {
+        (p.name != "medium-priority").then_some(0)
+    });
+    let names: Vec<(&str, Option<usize>)> =
+        ranks.iter().map(|e| (e.name.as_str(), e.rank)).collect();
+    assert_eq!(
+        names,
+        [
+            ("medium-priority", Some(1)),
+            ("low-priority", Some(2)),
+            ("high-priority", Some(3)),
+            ("node-agent", None)
+        ]
+    );
+}
+
+/// pkg/api/v1/resource `GetResourceRequestQuantity`: overhead counts in the request the usage
+/// is compared with, but only when the request is not zero.
+#[test]
+fn eviction_request_counts_overhead_on_a_nonzero_request() {
+    let p = pod(
+        "metadata: {name: k}\nspec: {overhead: {memory: 64Mi}, containers: [{name: c, resources: {requests: {memory: 100Mi}}}]}",
+    );
+    assert_eq!(eviction_request_bytes(&p), 164 * MI);
+    let p = pod("metadata: {name: k}\nspec: {overhead: {memory: 64Mi}, containers: [{name: c}]}");
+    assert_eq!(eviction_request_bytes(&p), 0);
+}
