@@ -141,6 +141,9 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
         })?,
     };
     let mut settings = node_settings(&args.kubelet_config, &kc, &qc, capacity)?;
+    if args.capacity.is_none() {
+        settings.hugepage_sizes = host_hugepage_sizes();
+    }
     if let Some(d) = args.cgroup_driver {
         settings.cgroup_driver = match d {
             Driver::Cgroupfs => CgroupDriver::Cgroupfs,
@@ -337,6 +340,28 @@ pub(crate) fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, Stri
         pids,
         cpus,
     })
+}
+
+/// The host's hugepage sizes: `/sys/kernel/mm/hugepages/hugepages-<n>kB` (libcontainer's
+/// `HugePageSizes`); none when the directory is missing.
+fn host_hugepage_sizes() -> Vec<i64> {
+    let Ok(dir) = fs::read_dir("/sys/kernel/mm/hugepages") else {
+        return Vec::new();
+    };
+    let mut sizes: Vec<i64> = dir
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: i64 = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            Some(kb * 1024)
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {

@@ -1,6 +1,8 @@
 //! The desired node and pod cgroup state: what the reconciler writes and `qoslet plan` prints.
 //! The serialized form is a stable interface (DESIGN.md); `None` is a setting not written.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::{
@@ -29,6 +31,9 @@ pub struct CgroupPlan {
     pub memory_low_bytes: Option<i64>,
     pub pids_max: Option<i64>,
     pub cpuset: Option<String>,
+    /// hugetlb limit by page size (`2MB`, `1GB`: the cgroup file names' spelling); empty when
+    /// none is written.
+    pub hugetlb_limits: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -88,6 +93,10 @@ pub struct PodPlan {
     pub memory_low_bytes: Option<i64>,
     /// From 1.37, for pods with pod-level memory resources (`applyPodLevelMemoryHigh`).
     pub memory_high_bytes: Option<i64>,
+    /// hugetlb limit by page size: the pod's hugepage requests (`HugePageLimits`), 0 for every
+    /// other page size of the host (cgroup_manager_linux.go "for each page size omitted, limit
+    /// to 0").
+    pub hugetlb_limits: BTreeMap<String, i64>,
     pub containers: Vec<ContainerPlan>,
 }
 
@@ -187,6 +196,15 @@ fn plan_node_cgroups(
         cpu_weight: Some(weight(MIN_SHARES)),
         ..CgroupPlan::default()
     };
+    // The QoS tiers' hugetlb is unbounded for every page size of the host
+    // (qos_container_manager_linux.go setHugePagesUnbounded: 1 << 62).
+    let unbounded: BTreeMap<String, i64> = s
+        .hugepage_sizes
+        .iter()
+        .map(|size| (hugepage_unit(*size), 1 << 62))
+        .collect();
+    burstable.hugetlb_limits = unbounded.clone();
+    besteffort.hugetlb_limits = unbounded;
     // QOSReserved (qos_container_manager_linux.go setMemoryReserve), over capacity - reserved.
     if let Some(pct) = s.qos_reserved_memory_pct {
         let burstable_limit = na.absolute.memory_bytes - g_mem * pct / 100;
@@ -411,8 +429,38 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         memory_min_bytes: min.filter(|_| per_qos),
         memory_low_bytes: low.filter(|_| per_qos),
         memory_high_bytes: high.filter(|_| per_qos),
+        hugetlb_limits: if per_qos {
+            pod_hugetlb(s, pod)
+        } else {
+            BTreeMap::new()
+        },
         containers,
     }
+}
+
+/// The pod's hugepage requests by page size, and 0 for the host's other page sizes.
+fn pod_hugetlb(s: &NodeSettings, pod: &PodSpecView) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = s
+        .hugepage_sizes
+        .iter()
+        .map(|size| (hugepage_unit(*size), 0))
+        .collect();
+    for (size, bytes) in &pod.hugepages {
+        out.insert(hugepage_unit(*size), *bytes);
+    }
+    out
+}
+
+/// pkg/apis/core/v1/helper `HugePageUnitSizeFromByteSize`: 2097152 -> `2MB`, as libcontainer
+/// names the hugetlb files.
+pub fn hugepage_unit(mut size: i64) -> String {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut i = 0;
+    while size >= 1024 && size % 1024 == 0 && i + 1 < UNITS.len() {
+        size /= 1024;
+        i += 1;
+    }
+    format!("{size}{}", UNITS[i])
 }
 
 /// Which QoS-tier protection the version and policy ask for.

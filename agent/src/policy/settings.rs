@@ -116,6 +116,8 @@ pub struct NodeSettings {
     pub eviction_max_pod_grace_secs: i64,
     /// Feature gate `KubeletOOMScoreAdjTieBreak` (alpha, off by default).
     pub oom_score_adj_tie_break: bool,
+    /// The host's hugepage sizes in bytes (`/sys/kernel/mm/hugepages`), for hugetlb limits.
+    pub hugepage_sizes: Vec<i64>,
     /// `singleProcessOOMKill` (default false on cgroup v2): when false the runtime sets
     /// memory.oom.group=1 on container cgroups, so an OOM kill takes the whole container.
     pub single_process_oom_kill: bool,
@@ -153,6 +155,7 @@ impl NodeSettings {
             eviction_max_pod_grace_secs: 0,
             oom_score_adj_tie_break: false,
             single_process_oom_kill: false,
+            hugepage_sizes: Vec::new(),
         }
     }
 }

@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
@@ -468,4 +470,37 @@ fn the_tie_break_gate_reaches_the_containers_score() {
     assert_eq!(score(&s), 970);
     s.oom_score_adj_tie_break = true;
     assert_eq!(score(&s), 969);
+}
+
+#[test]
+fn hugetlb_limits_reproduce_test_huge_page_limits() {
+    // pkg/kubelet/cm/helpers_linux_test.go TestHugePageLimits through ResourceConfigForPod:
+    // (requests, expected limits by page size); the host has 2Mi and 1Gi pages.
+    let rows = [
+        ("no valid hugepages", "{2Mi: '128'}", vec![]),
+        ("2Mi only", "{hugepages-2Mi: '128'}", vec![("2MB", 128)]),
+        (
+            "2Mi and 4Mi",
+            "{hugepages-2Mi: '128', hugepages-2097152: '256', hugepages-4Mi: '512', 4Mi: '1024'}",
+            vec![("2MB", 384), ("4MB", 512)],
+        ),
+    ];
+    let mut s = settings();
+    s.hugepage_sizes = vec![2 << 20, 1 << 30];
+    for (name, requests, want) in rows {
+        let p = pod(&format!(
+            "metadata: {{name: p, uid: p-1}}\nspec: {{containers: [{{name: a, resources: {{requests: {requests}}}}}]}}"
+        ));
+        let plan = plan_node(&s, &[p]).unwrap();
+        let mut expected: BTreeMap<String, i64> =
+            [("2MB".to_string(), 0), ("1GB".to_string(), 0)].into();
+        expected.extend(want.into_iter().map(|(k, v)| (k.to_string(), v)));
+        assert_eq!(plan.pods[0].hugetlb_limits, expected, "{name}");
+        // The QoS tiers stay unbounded for every host page size (setHugePagesUnbounded).
+        assert_eq!(plan.node.burstable.hugetlb_limits["1GB"], 1 << 62);
+        assert_eq!(plan.node.besteffort.hugetlb_limits["2MB"], 1 << 62);
+    }
+    assert_eq!(hugepage_unit(2 << 20), "2MB");
+    assert_eq!(hugepage_unit(1 << 30), "1GB");
+    assert_eq!(hugepage_unit(64 << 10), "64KB");
 }
