@@ -240,7 +240,7 @@ fn recommend_reserved_polls_a_live_node() {
         system["p99"].as_u64().unwrap(),
         kube["p99"].as_u64().unwrap(),
     );
-    assert!(sys_p99 >= 48 * MI && sys_p99 < 96 * MI, "{system}");
+    assert!((48 * MI..96 * MI).contains(&sys_p99), "{system}");
     assert!(kube_p99 >= 24 * MI && kube_p99 < sys_p99, "{kube}");
     // p99 + 10%, rounded up to a MiB.
     assert_eq!(
