@@ -5,8 +5,7 @@
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -16,69 +15,10 @@ use std::{
 
 use serde_json::Value;
 
+mod common;
+use common::{Daemon, WorkDir, free_port, get, wait_until};
+
 const MI: u64 = 1 << 20;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.get(9..12)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The work directory, removed however the test ends (declared first: dropped last).
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Stops the daemon (SIGINT); it removes the cgroups it created.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) of the child this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A cgroup the test made under the daemon's node root, with one process group the test
 /// started holding memory in it; on drop the group is killed and the cgroup removed, before the
@@ -178,7 +118,7 @@ fn recommend_reserved_polls_a_live_node() {
         .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
         .spawn()
         .expect("starting qoslet");
-    let _daemon = Daemon(child);
+    let _daemon = Daemon { child };
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_until("/readyz 200", Duration::from_secs(30), || {
         get(addr, "/readyz").filter(|(c, _)| *c == 200)
