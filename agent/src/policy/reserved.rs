@@ -69,26 +69,9 @@ pub struct AutoSizing {
 /// next 8, 6% of the next 112, 2% of the rest. Computed in exact decimals (awk uses doubles,
 /// which print the same for these few digits).
 pub fn openshift_auto_sizing(cpus: u64, memory_gib: u64) -> AutoSizing {
-    // CPU in 1/10000 of a core.
-    let tiers_cpu: [(u64, u64); 3] = [(1, 600), (1, 100), (2, 50)];
-    let mut left = cpus;
-    let mut cpu = 0u64;
-    for (width, per_core) in tiers_cpu {
-        let used = left.min(width);
-        cpu += used * per_core;
-        left -= used;
-    }
-    cpu += left * 25;
-    // Memory in 1/1000 GiB.
-    let tiers_mem: [(u64, u64); 4] = [(4, 250), (4, 200), (8, 100), (112, 60)];
-    let mut left = memory_gib;
-    let mut mem = 0u64;
-    for (width, per_gib) in tiers_mem {
-        let used = left.min(width);
-        mem += used * per_gib;
-        left -= used;
-    }
-    mem += left * 20;
+    // CPU in 1/10000 of a core, memory in 1/1000 GiB.
+    let cpu = tiered(cpus, &[(1, 600), (1, 100), (2, 50)], 25);
+    let mem = tiered(memory_gib, &[(4, 250), (4, 200), (8, 100), (112, 60)], 20);
     AutoSizing {
         cpus,
         memory_gib,
@@ -98,6 +81,19 @@ pub fn openshift_auto_sizing(cpus: u64, memory_gib: u64) -> AutoSizing {
         cpu_millis: cpu.div_ceil(10),
         memory_bytes: (u128::from(mem) << 30).div_ceil(1000) as u64,
     }
+}
+
+/// `total` units charged tier by tier: each `(width, rate)` takes up to `width` units at
+/// `rate`, what is left goes at `rest`.
+fn tiered(total: u64, tiers: &[(u64, u64)], rest: u64) -> u64 {
+    let mut left = total;
+    let mut sum = 0;
+    for (width, rate) in tiers {
+        let used = left.min(*width);
+        sum += used * rate;
+        left -= used;
+    }
+    sum + left * rest
 }
 
 /// `value / 10^places` as awk prints it: no trailing zeros, no trailing point.
