@@ -16,7 +16,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{Daemon, WorkDir, free_port, get, wait_until};
+use common::{Daemon, WorkDir, free_port, get, root_or_skip, wait_until};
 
 const MI: u64 = 1 << 20;
 
@@ -77,17 +77,12 @@ fn working_set(summary: &Value, name: &str) -> Option<u64> {
 
 #[test]
 fn recommend_reserved_polls_a_live_node() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the standalone node needs root (real cgroups and processes)");
+    if !root_or_skip() {
         return;
     }
-    let work_dir =
-        WorkDir(std::env::temp_dir().join(format!("qoslet-recommend-{}", std::process::id())));
+    let work_dir = WorkDir::create("recommend");
     let work = work_dir.0.clone();
     let pods = work.join("pods");
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&pods).unwrap();
     let node_root = format!("qoslet-test-{}-recommend", std::process::id());
     let port = free_port();
     let config = work.join("qoslet.yaml");
@@ -104,21 +99,7 @@ fn recommend_reserved_polls_a_live_node() {
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\nsystemReservedCgroup: /system.slice\nkubeReservedCgroup: /kube.slice\nenforceNodeAllocatable: [pods]\n",
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(&kubelet)
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(&pods)
-        .arg("--log-dir")
-        .arg(work.join("logs"))
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
-        .spawn()
-        .expect("starting qoslet");
-    let _daemon = Daemon { child };
+    let _daemon = Daemon::start(&kubelet, &config, &work, &[]);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     wait_until("/readyz 200", Duration::from_secs(30), || {
         get(addr, "/readyz").filter(|(c, _)| *c == 200)

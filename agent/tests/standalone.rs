@@ -6,14 +6,14 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
 use serde_json::Value;
 
 mod common;
-use common::{Daemon, WorkDir, free_port, get, wait_until};
+use common::{Daemon, WorkDir, free_port, get, root_or_skip, wait_until};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
@@ -200,17 +200,12 @@ fn check_summary(what: &str, s: &Value, b: &Reading, a: &Reading, cpus: u64) {
 
 #[test]
 fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the standalone node needs root (real cgroups and processes)");
+    if !root_or_skip() {
         return;
     }
-    let work_dir =
-        WorkDir(std::env::temp_dir().join(format!("qoslet-standalone-{}", std::process::id())));
+    let work_dir = WorkDir::create("standalone");
     let work = work_dir.0.clone();
     let pods = work.join("pods");
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&pods).unwrap();
     for f in [
         "guaranteed.yaml",
         "burstable.yaml",
@@ -235,24 +230,7 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     .unwrap();
     let kubelet = examples().join("kubelet-config.yaml");
     let stderr_path = work.join("qoslet.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(&kubelet)
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(&pods)
-        .arg("--log-dir")
-        .arg(work.join("logs"))
-        .arg("--shutdown-grace-seconds")
-        .arg("5")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("starting qoslet");
-    let mut daemon = Daemon { child };
+    let mut daemon = Daemon::start(&kubelet, &config, &work, &["--shutdown-grace-seconds", "5"]);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
     wait_until("/readyz 200", Duration::from_secs(30), || {

@@ -6,8 +6,8 @@ use std::{
     fs,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
-    path::PathBuf,
-    process::Child,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -47,9 +47,29 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
     }
 }
 
+/// Whether the test runs as root; prints why it is skipped when not.
+pub fn root_or_skip() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: the standalone node needs root (real cgroups and processes)");
+    }
+    root
+}
+
 /// The test's work directory (manifests, logs), removed however the test ends. Declared before
 /// the daemon, so it goes after the daemon has stopped.
 pub struct WorkDir(pub PathBuf);
+
+impl WorkDir {
+    /// `qoslet-<name>-<pid>` under the temporary directory, made afresh with an empty `pods`.
+    pub fn create(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("qoslet-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("pods")).unwrap();
+        WorkDir(dir)
+    }
+}
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
@@ -60,6 +80,30 @@ impl Drop for WorkDir {
 /// Stops the daemon (SIGINT) if the test fails half way; the daemon removes its cgroups.
 pub struct Daemon {
     pub child: Child,
+}
+
+impl Daemon {
+    /// `qoslet run --standalone <work>/pods` with these configuration files, logs under
+    /// `<work>/logs`, its stderr in `<work>/qoslet.log`, and `extra` arguments.
+    pub fn start(kubelet: &Path, config: &Path, work: &Path, extra: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
+            .arg("run")
+            .arg("--kubelet-config")
+            .arg(kubelet)
+            .arg("--config")
+            .arg(config)
+            .arg("--standalone")
+            .arg(work.join("pods"))
+            .arg("--log-dir")
+            .arg(work.join("logs"))
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
+            .spawn()
+            .expect("starting qoslet");
+        Daemon { child }
+    }
 }
 
 impl Drop for Daemon {
