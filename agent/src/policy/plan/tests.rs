@@ -395,6 +395,17 @@ fn pod_overhead_counts_in_the_pod_cgroup_and_the_tiers() {
     );
     // The container's own cgroup is the runtime's: no overhead there.
     assert_eq!(pp.containers[0].cpu_shares, milli_cpu_to_shares(500));
+    // Nor in oom_score_adj: policy.go scores container requests, and its pod-level share
+    // (remainingPodMemReqPerContainer) subtracts AggregateContainerRequests, no overhead.
+    let without = pod(
+        "metadata: {name: kata, uid: k-1}\nspec: {containers: [{name: a, resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {memory: 2Gi}}}]}",
+    );
+    let plain = plan_node(&settings(), &[without]).unwrap();
+    assert_eq!(
+        pp.containers[0].oom_score_adj,
+        plain.pods[0].containers[0].oom_score_adj
+    );
+    assert_eq!(pp.containers[0].oom_score_adj, 969); // 1000 - 1000 * 1Gi / 32Gi
 }
 
 #[test]
