@@ -17,12 +17,13 @@ use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
     cpuset::CpuSet,
     duration::{parse_duration, parse_duration_nanos},
-    eviction::{EvictionInput, ThresholdError, parse_thresholds},
+    eviction::{EvictionInput, parse_thresholds},
     quantity::Quantity,
     settings::{
         Capacity, CgroupDriver, Enforcement, MemoryQos, MemoryReservationPolicy, NodeSettings,
         Reservation, ReservedCpusConflict,
     },
+    version::KubeVersion,
 };
 
 pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
@@ -80,6 +81,8 @@ pub struct KubeletConfig {
     pub memory_throttling_factor: Option<f64>,
     pub memory_reservation_policy: Option<String>,
     pub qos_reserved: Option<BTreeMap<String, String>>,
+    #[serde(rename = "singleProcessOOMKill")]
+    pub single_process_oom_kill: Option<bool>,
     pub feature_gates: Option<BTreeMap<String, bool>>,
 }
 
@@ -173,6 +176,10 @@ pub struct QosletConfiguration {
     /// warning) when reservedSystemCPUs meets a reserved cgroup.
     #[serde(default)]
     pub reserved_cpus_conflict: ReservedCpusConflict,
+    /// The Kubernetes version whose kubelet rules qoslet follows (`1.34` to `1.37`); unset: 1.37,
+    /// the API version qoslet speaks. In cluster mode the node's `kubeletVersion` decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
 }
 
 fn yes() -> bool {
@@ -231,6 +238,7 @@ impl Default for QosletConfiguration {
             capacity: CapacityOverride::default(),
             node_root_cgroup: None,
             reserved_cpus_conflict: ReservedCpusConflict::Reject,
+            kubernetes_version: None,
         }
     }
 }
@@ -309,7 +317,20 @@ impl QosletConfiguration {
                 format!("expected {QOSLET_API_VERSION}, got {:?}", qc.api_version),
             ));
         }
+        if let Some(v) = &qc.kubernetes_version
+            && let Err(e) = v.parse::<KubeVersion>()
+        {
+            return Err(invalid("kubernetesVersion", format!("{v:?}: {e}")));
+        }
         Ok(qc)
+    }
+
+    /// `kubernetesVersion`, or 1.37 when unset (checked by [`Self::parse`]).
+    pub fn kubernetes_version(&self) -> KubeVersion {
+        self.kubernetes_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
     }
 }
 
@@ -445,41 +466,6 @@ fn enforcement(kc: &KubeletConfig) -> Result<Enforcement, FieldError> {
     Ok(e)
 }
 
-/// The KubeletConfiguration map a threshold error comes from.
-fn eviction_field(kc: &KubeletConfig, e: &ThresholdError) -> String {
-    let has = |m: &Option<BTreeMap<String, String>>, signal: &str, value: &str| {
-        m.as_ref()
-            .and_then(|m| m.get(signal))
-            .is_some_and(|v| v == value)
-    };
-    match e {
-        ThresholdError::MissingGrace { .. } | ThresholdError::Duration { .. } => {
-            "evictionSoftGracePeriod".into()
-        }
-        ThresholdError::UnknownSignal { signal } => {
-            let in_map = |m: &Option<BTreeMap<String, String>>| {
-                m.as_ref().is_some_and(|m| m.contains_key(signal))
-            };
-            if in_map(&kc.eviction_hard) {
-                "evictionHard".into()
-            } else if in_map(&kc.eviction_soft) {
-                "evictionSoft".into()
-            } else {
-                "evictionMinimumReclaim".into()
-            }
-        }
-        ThresholdError::Value { signal, value, .. } => {
-            if has(&kc.eviction_hard, signal, value) {
-                format!("evictionHard.{signal}")
-            } else if has(&kc.eviction_soft, signal, value) {
-                format!("evictionSoft.{signal}")
-            } else {
-                format!("evictionMinimumReclaim.{signal}")
-            }
-        }
-    }
-}
-
 fn settings_inner(
     kc: &KubeletConfig,
     qc: &QosletConfiguration,
@@ -508,7 +494,7 @@ fn settings_inner(
         pods_enforced: s.enforcement.pods,
     })
     .map_err(|e| FieldError {
-        field: eviction_field(kc, &e),
+        field: e.field(),
         message: e.to_string(),
     })?;
     s.hard_eviction = hard;
@@ -579,7 +565,17 @@ fn settings_inner(
             })?;
         s.qos_reserved_memory_pct = Some(pct);
     }
-    if kc.gate("MemoryQoS") == Some(true) {
+    let version = qc.kubernetes_version();
+    s.kubernetes_version = version;
+    if kc.memory_reservation_policy.is_some() && !version.has_memory_reservation_policy() {
+        return Err(field_err(
+            "memoryReservationPolicy",
+            kc.memory_reservation_policy.as_deref().unwrap_or_default(),
+            format!("not a field of the Kubernetes {version} KubeletConfiguration (added in 1.36)"),
+        ));
+    }
+    // MemoryQoS is alpha (off) up to 1.36 and beta (on) from 1.37.
+    if kc.gate("MemoryQoS").unwrap_or(version.memory_qos_default()) {
         let factor = match kc.memory_throttling_factor {
             Some(f) if !(f > 0.0 && f <= 1.0) => {
                 return Err(field_err(
@@ -589,7 +585,7 @@ fn settings_inner(
                 ));
             }
             Some(f) => Some((f * 1_000_000.0).round() as u32),
-            None => None,
+            None => version.default_throttling_factor_ppm(),
         };
         let policy = match kc.memory_reservation_policy.as_deref() {
             None | Some("None") | Some("") => MemoryReservationPolicy::None,
@@ -607,6 +603,8 @@ fn settings_inner(
             policy,
         });
     }
+    s.oom_score_adj_tie_break = kc.gate("KubeletOOMScoreAdjTieBreak").unwrap_or(false);
+    s.single_process_oom_kill = kc.single_process_oom_kill.unwrap_or(false);
     s.eviction_max_pod_grace_secs = kc.eviction_max_pod_grace_period.unwrap_or(0).into();
     s.pod_level_resources = kc.gate("PodLevelResources").unwrap_or(true);
     // A node root cgroup is where the "node" lives: kubepods and the rest go beneath it.

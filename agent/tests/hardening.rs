@@ -13,8 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-mod node;
-use node::{free_port, get, phase, status, wait_until};
+mod common;
+use common::{free_port, get, phase, status, wait_until};
 
 static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 

@@ -141,3 +141,107 @@ fn reservation_above_capacity_exits_1_and_unreadable_exits_2() {
     let out = plan(&["--capacity", CAPACITY, "/nonexistent/qoslet-pods"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn plan_says_which_kubernetes_version_it_follows() {
+    let out = plan(&["--capacity", CAPACITY, &pods_dir()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("Following the kubelet of Kubernetes 1.37.\n"),
+        "{stdout}"
+    );
+    let out = plan(&["--capacity", CAPACITY, "--output", "json", &pods_dir()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node"]["kubernetes_version"], "1.37");
+    assert_eq!(v["eviction_order"], serde_json::json!([]));
+    let help = Command::new(env!("CARGO_BIN_EXE_qoslet"))
+        .args(["plan", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("1.34") && help.contains("1.37"), "{help}");
+}
+
+/// Serves one `/stats/summary` answer on a loopback port, as a running agent would.
+fn serve_once(body: String) -> (u16, std::thread::JoinHandle<()>) {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        // Read the whole request before answering.
+        let mut req = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => req.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    });
+    (port, handle)
+}
+
+#[test]
+fn usage_from_a_running_agent_ranks_the_pods_for_eviction() {
+    let out = plan(&["--capacity", CAPACITY, "--output", "json", &pods_dir()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let uid = |name: &str| {
+        v["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["uid"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    const GI: u64 = 1 << 30;
+    // batch (BestEffort, no request) uses 1Gi; web (16Gi requested) 2Gi; db (4Gi) 4Gi; shared
+    // has no stats.
+    let pod = |name: &str, ws: u64| {
+        serde_json::json!({"podRef": {"name": name, "namespace": "x", "uid": uid(name)},
+            "startTime": "t", "memory": {"time": "t", "workingSetBytes": ws}})
+    };
+    let summary = serde_json::json!({
+        "node": {"nodeName": "n", "startTime": "t"},
+        "pods": [pod("batch", GI), pod("web", 2 * GI), pod("db", 4 * GI)]
+    });
+    let (port, server) = serve_once(summary.to_string());
+    let url = format!("http://127.0.0.1:{port}");
+    let out = plan(&["--capacity", CAPACITY, "--usage-from", &url, &pods_dir()]);
+    server.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let order = stdout
+        .split_once("EVICTION ORDER (memory pressure)\n")
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .1;
+    let lines: Vec<&str> = order.lines().collect();
+    assert!(
+        lines[0].starts_with("     1  default/shared  no stats"),
+        "{order}"
+    );
+    assert!(
+        lines[1].starts_with("     2  default/batch  usage 1024.0Mi exceeds request 0.0Mi"),
+        "{order}"
+    );
+    assert!(
+        lines[2].starts_with("     3  shop/db  usage 4096.0Mi within request"),
+        "{order}"
+    );
+    assert!(
+        lines[3].starts_with("     4  shop/web  usage 2048.0Mi within request"),
+        "{order}"
+    );
+}

@@ -6,15 +6,14 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    thread,
-    time::{Duration, Instant},
+    process::Command,
+    time::Duration,
 };
 
 use serde_json::Value;
 
-mod node;
-use node::{free_port, get, phase, status, wait_until};
+mod common;
+use common::{Daemon, WorkDir, free_port, get, phase, root_or_skip, status, wait_until};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
@@ -25,37 +24,6 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-}
-
-/// The test's work directory (manifests, logs), removed however the test ends. Declared before
-/// the daemon, so it goes after the daemon has stopped.
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Stops the daemon (SIGINT) if the test fails half way; the daemon removes its cgroups.
-struct Daemon {
-    child: Child,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) of the child this test started.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `/a/b` with the node root `a` in front or not: `b`.
@@ -219,17 +187,12 @@ fn check_summary(what: &str, s: &Value, b: &Reading, a: &Reading, cpus: u64) {
 
 #[test]
 fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: the standalone node needs root (real cgroups and processes)");
+    if !root_or_skip() {
         return;
     }
-    let work_dir =
-        WorkDir(std::env::temp_dir().join(format!("qoslet-standalone-{}", std::process::id())));
+    let work_dir = WorkDir::create("standalone");
     let work = work_dir.0.clone();
     let pods = work.join("pods");
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&pods).unwrap();
     for f in [
         "guaranteed.yaml",
         "burstable.yaml",
@@ -255,24 +218,7 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     .unwrap();
     let kubelet = examples().join("kubelet-config.yaml");
     let stderr_path = work.join("qoslet.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(&kubelet)
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(&pods)
-        .arg("--log-dir")
-        .arg(work.join("logs"))
-        .arg("--shutdown-grace-seconds")
-        .arg("5")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("starting qoslet");
-    let mut daemon = Daemon { child };
+    let mut daemon = Daemon::start(&kubelet, &config, &work, &["--shutdown-grace-seconds", "5"]);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
     wait_until("/readyz 200", Duration::from_secs(30), || {

@@ -426,6 +426,8 @@ pub fn pod_view(
             })
             .collect(),
         pod_resources: None,
+        overhead: Amounts::default(),
+        hugepages: Default::default(),
         priority: None,
         priority_class_name: None,
         static_or_mirror: false,

@@ -51,6 +51,8 @@ pub struct Settings {
     pub memory_min: Option<i64>,
     pub memory_low: Option<i64>,
     pub memory_high: Option<i64>,
+    /// memory.oom.group (v2 only): an OOM kill takes every process of the cgroup.
+    pub memory_oom_group: Option<bool>,
     pub pids_max: Option<i64>,
     pub cpus: Option<CpuSet>,
     /// Written only in a v1 cpuset hierarchy, where a child's cpuset is not confined by its
@@ -252,6 +254,7 @@ fn container_cgroup(
         memory_min: c.memory_min_bytes,
         memory_low: c.memory_low_bytes,
         memory_high: c.memory_high_bytes,
+        memory_oom_group: c.memory_oom_group,
         ..Settings::default()
     };
     inherit_cpus(&mut settings, kubepods_cpus);

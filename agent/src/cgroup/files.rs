@@ -79,6 +79,9 @@ pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static 
                     out.push((file, limit(Some(v), "max", true)));
                 }
             }
+            if let Some(group) = s.memory_oom_group {
+                out.push(("memory.oom.group", Value::Plain(i64::from(group))));
+            }
             if let Some(v) = s.pids_max {
                 out.push(("pids.max", limit(Some(v), "max", false)));
             }

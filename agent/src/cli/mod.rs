@@ -1,7 +1,9 @@
 //! The command line (a contract: see DESIGN.md). Each subcommand lives in its own module and
 //! returns the process exit code; errors are printed as one clear line, never a backtrace.
 
+mod http;
 mod plan;
+mod recommend_reserved;
 mod run;
 mod status;
 mod validate;
@@ -27,6 +29,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the desired node and pod cgroup state for the pods in PATH, touching nothing.
+    ///
+    /// The plan follows the kubelet of one Kubernetes version: `kubernetesVersion` in the
+    /// QosletConfiguration (1.34, 1.35, 1.36 or 1.37; default 1.37), named on the first line
+    /// and in the JSON (`node.kubernetes_version`). What changes between them is Memory QoS:
+    /// 1.34 and 1.35 protect every memory request with memory.min and default
+    /// memoryThrottlingFactor to 0.9; 1.36 adds memoryReservationPolicy (None, the default: no
+    /// protection, memory.min/memory.low written as 0; TieredReservation: Guaranteed
+    /// memory.min, Burstable memory.low, the kubepods root covering every tier); 1.37 turns the
+    /// MemoryQoS gate on by default, drops the throttling factor's default (no memory.high
+    /// unless set), and adds pod-level memory.high and BestEffort memory.high. Everything else
+    /// (QoS classes, cpu conversions, allocatable, eviction thresholds, oom_score_adj with the
+    /// KubeletOOMScoreAdjTieBreak gate) is the same in all four.
     Plan(plan::PlanArgs),
     /// Check Pods, Workloads, PodGroups, CompositePodGroups and KubeletConfiguration files.
     Validate(validate::ValidateArgs),
@@ -34,6 +48,15 @@ pub enum Command {
     Run(run::RunArgs),
     /// A live table of a running agent (pods, class, weight, oom_score_adj, pressure, events).
     Status(status::StatusArgs),
+    /// Recommend systemReserved and kubeReserved from what the system and the kube daemons use.
+    ///
+    /// Polls a running agent's /stats/summary (--from URL, --window, --interval) or reads
+    /// recorded Summary documents (--samples FILE, JSON lines), sizes each reservation at p99
+    /// plus headroom over the samples, prints OpenShift's automatic node sizing for the same
+    /// node beside it, and the KubeletConfiguration fragment. kubelet and runtime system
+    /// containers count as kubeReserved; misc (or node - pods - kube when there is no misc) as
+    /// systemReserved.
+    RecommendReserved(recommend_reserved::RecommendReservedArgs),
 }
 
 /// Runs one command and maps its outcome to an exit status.
@@ -43,6 +66,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Run(args) => run::run(args),
         Command::Status(args) => status::run(args),
+        Command::RecommendReserved(args) => recommend_reserved::run(args),
     }
 }
 

@@ -2,7 +2,7 @@
 //! Exit 0 on success, 1 on bad input (one line per problem, `file: Kind/namespace/name: field:
 //! message`), 2 when a file cannot be read.
 
-use std::{fmt::Write as _, fs, path::PathBuf, process::ExitCode};
+use std::{collections::BTreeMap, fmt::Write as _, fs, path::PathBuf, process::ExitCode};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -11,11 +11,13 @@ use crate::{
     policy::{
         allocatable::AllocatableError,
         cpuset::CpuSet,
+        eviction::memory_eviction_order,
         plan::{CgroupPlan, Plan, plan_node},
         pod::PodSpecView,
         quantity::Quantity,
         settings::{Capacity, CgroupDriver},
     },
+    server::Summary,
     source::manifest::{RawObject, load_paths},
 };
 
@@ -51,6 +53,11 @@ pub struct PlanArgs {
     pub cgroup_driver: Option<Driver>,
     #[arg(long, value_enum, default_value = "table")]
     pub output: Output,
+    /// A running agent (e.g. `http://127.0.0.1:9479`) whose /stats/summary gives the pods'
+    /// working sets: the plan then ranks the pods for memory-pressure eviction, with the reason
+    /// for each rank.
+    #[arg(long, value_name = "URL")]
+    pub usage_from: Option<String>,
     /// Files or directories of Pod manifests (multi-document YAML allowed).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
@@ -134,6 +141,9 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
         })?,
     };
     let mut settings = node_settings(&args.kubelet_config, &kc, &qc, capacity)?;
+    if args.capacity.is_none() {
+        settings.hugepage_sizes = host_hugepage_sizes();
+    }
     if let Some(d) = args.cgroup_driver {
         settings.cgroup_driver = match d {
             Driver::Cgroupfs => CgroupDriver::Cgroupfs,
@@ -156,7 +166,14 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     if !lines.is_empty() {
         return Err(Failure { status: 1, lines });
     }
-    plan_node(&settings, &pods).map_err(|e| {
+    let usage = match &args.usage_from {
+        Some(url) => Some(pod_usage(url).map_err(|m| Failure {
+            status: 1,
+            lines: vec![format!("--usage-from: {m}")],
+        })?),
+        None => None,
+    };
+    let mut plan = plan_node(&settings, &pods).map_err(|e| {
         let field = match e {
             AllocatableError::ReservationAboveCapacity { .. } => "systemReserved",
             _ => "reservedSystemCPUs",
@@ -168,7 +185,25 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
                 args.kubelet_config.display()
             )],
         }
-    })
+    })?;
+    if let Some(usage) = usage {
+        plan.eviction_order = memory_eviction_order(&pods, |p| usage.get(&p.uid).copied());
+    }
+    Ok(plan)
+}
+
+/// Working set by pod UID from a running agent's /stats/summary.
+fn pod_usage(url: &str) -> Result<BTreeMap<String, i64>, String> {
+    let (addr, path) = super::http::parse_url(url, "/stats/summary")?;
+    let summary: Summary = super::http::get_json(addr, &path).map_err(|e| format!("{url}: {e}"))?;
+    Ok(summary
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let ws = p.memory.as_ref()?.working_set_bytes?;
+            Some((p.pod_ref.uid.clone(), i64::try_from(ws).ok()?))
+        })
+        .collect())
 }
 
 /// A Pod as a view, `None` for kinds plan skips, or the error line.
@@ -235,7 +270,7 @@ fn locate(pod: &serde_yaml_ng::Value) -> Option<(String, String)> {
 }
 
 /// `cpu=4,memory=32Gi,pids=4194304[,cpus=0-3]`; cpu and memory are required.
-fn parse_capacity(spec: &str) -> Result<Capacity, String> {
+pub(super) fn parse_capacity(spec: &str) -> Result<Capacity, String> {
     let (mut cpu, mut memory, mut pids, mut cpus) = (None, None, 4_194_304, None);
     for part in spec.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
@@ -307,6 +342,28 @@ pub(crate) fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, Stri
     })
 }
 
+/// The host's hugepage sizes: `/sys/kernel/mm/hugepages/hugepages-<n>kB` (libcontainer's
+/// `HugePageSizes`); none when the directory is missing.
+fn host_hugepage_sizes() -> Vec<i64> {
+    let Ok(dir) = fs::read_dir("/sys/kernel/mm/hugepages") else {
+        return Vec::new();
+    };
+    let mut sizes: Vec<i64> = dir
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kb: i64 = name
+                .strip_prefix("hugepages-")?
+                .strip_suffix("kB")?
+                .parse()
+                .ok()?;
+            Some(kb * 1024)
+        })
+        .collect();
+    sizes.sort_unstable();
+    sizes
+}
+
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
@@ -314,6 +371,11 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 fn table(plan: &Plan) -> String {
     let n = &plan.node;
     let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Following the kubelet of Kubernetes {}.\n",
+        n.kubernetes_version
+    );
     let _ = writeln!(out, "NODE         CPU(m)  MEMORY(bytes)  PIDS");
     for (label, t) in [("capacity", &n.capacity), ("allocatable", &n.allocatable)] {
         let _ = writeln!(
@@ -381,7 +443,7 @@ fn table(plan: &Plan) -> String {
         );
         let _ = writeln!(
             out,
-            "  cgroup {}  shares={} weight={} quota={} period={} memory.max={} memory.min={} memory.low={}",
+            "  cgroup {}  shares={} weight={} quota={} period={} memory.max={} memory.min={} memory.low={} memory.high={}",
             opt(p.cgroup.clone()),
             opt(p.cpu_shares),
             opt(p.cpu_weight),
@@ -390,10 +452,11 @@ fn table(plan: &Plan) -> String {
             opt(p.memory_limit_bytes),
             opt(p.memory_min_bytes),
             opt(p.memory_low_bytes),
+            opt(p.memory_high_bytes),
         );
         let _ = writeln!(
             out,
-            "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12}",
+            "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12} OOM.GROUP",
             "CONTAINER",
             "KIND",
             "OOM_ADJ",
@@ -410,7 +473,7 @@ fn table(plan: &Plan) -> String {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12}",
+                "  {:<24} {:<8} {:>9} {:>7} {:>6} {:>8} {:>12} {:>12} {}",
                 c.name,
                 kind,
                 c.oom_score_adj,
@@ -419,6 +482,20 @@ fn table(plan: &Plan) -> String {
                 opt(c.cpu_quota_us),
                 opt(c.memory_limit_bytes),
                 opt(c.memory_high_bytes),
+                opt(c.memory_oom_group.map(u8::from)),
+            );
+        }
+    }
+    if !plan.eviction_order.is_empty() {
+        let _ = writeln!(out, "\nEVICTION ORDER (memory pressure)");
+        for e in &plan.eviction_order {
+            let _ = writeln!(
+                out,
+                "  {:>4}  {}/{}  {}",
+                opt(e.rank),
+                e.namespace,
+                e.name,
+                e.reason
             );
         }
     }

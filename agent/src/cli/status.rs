@@ -1,12 +1,6 @@
 //! `qoslet status`: a live table of a running agent, refreshed in place.
 
-use std::{
-    fmt::Write as _,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    process::ExitCode,
-    time::Duration,
-};
+use std::{fmt::Write as _, io::Write as _, net::SocketAddr, process::ExitCode, time::Duration};
 
 use crate::server::StatusSnapshot;
 
@@ -46,24 +40,7 @@ pub fn run(args: StatusArgs) -> ExitCode {
 }
 
 fn fetch(addr: SocketAddr) -> std::io::Result<StatusSnapshot> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("malformed HTTP response"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(std::io::Error::other(
-            head.lines().next().unwrap_or("").to_owned(),
-        ));
-    }
-    serde_json::from_str(body).map_err(std::io::Error::other)
+    super::http::get_json(addr, "/status")
 }
 
 /// Bytes as an operator reads them: `Mi` from 1 MiB up, `Ki` below (a small working set is

@@ -53,10 +53,62 @@ fn defaults_without_any_field() {
     assert!(s.cgroups_per_qos && s.cpu_cfs_quota);
     assert_eq!(s.cgroup_root, "/");
     assert_eq!(s.cpu_cfs_quota_period_us, 100_000);
+    assert!(!s.oom_score_adj_tie_break && !s.single_process_oom_kill);
+    // 1.37 (the default): MemoryQoS is beta and on, no memoryThrottlingFactor default, policy
+    // None.
+    assert_eq!(s.kubernetes_version.to_string(), "1.37");
+    assert_eq!(
+        s.memory_qos,
+        Some(MemoryQos {
+            throttling_factor_ppm: None,
+            policy: MemoryReservationPolicy::None
+        })
+    );
+    let s = settings("featureGates: {MemoryQoS: false}").unwrap();
     assert_eq!(s.memory_qos, None);
-    // MemoryQoS without a factor: memory.high is not written (no default from 1.37).
-    let s = settings("featureGates: {MemoryQoS: true}").unwrap();
-    assert_eq!(s.memory_qos.unwrap().throttling_factor_ppm, None);
+}
+
+fn versioned(version: &str, yaml: &str) -> Result<NodeSettings, String> {
+    let qc = QosletConfiguration::parse(
+        Path::new("q.yaml"),
+        &format!("kind: QosletConfiguration\nkubernetesVersion: '{version}'\n"),
+    )
+    .map_err(|e| e.to_string())?;
+    node_settings(Path::new("kc.yaml"), &kubelet(yaml), &qc, capacity()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn kubernetes_version_keys_the_memory_qos_defaults() {
+    // 1.36: MemoryQoS alpha (off unless gated on), memoryThrottlingFactor 0.9 by default.
+    assert_eq!(versioned("1.36", "").unwrap().memory_qos, None);
+    let s = versioned("1.36", "featureGates: {MemoryQoS: true}").unwrap();
+    assert_eq!(s.memory_qos.unwrap().throttling_factor_ppm, Some(900_000));
+    assert_eq!(s.kubernetes_version.to_string(), "1.36");
+    // 1.35 has no memoryReservationPolicy: the field is an error naming it.
+    let e = versioned("1.35", "memoryReservationPolicy: TieredReservation").unwrap_err();
+    assert!(
+        e.contains("memoryReservationPolicy") && e.contains("1.35"),
+        "{e}"
+    );
+    let s = versioned("1.34", "featureGates: {MemoryQoS: true}").unwrap();
+    assert_eq!(s.memory_qos.unwrap().throttling_factor_ppm, Some(900_000));
+    // 1.37 with an explicit factor keeps it.
+    let s = versioned("v1.37.1", "memoryThrottlingFactor: 0.7").unwrap();
+    assert_eq!(s.memory_qos.unwrap().throttling_factor_ppm, Some(700_000));
+    // An unknown version is an error naming the field.
+    let e = versioned("1.30", "").unwrap_err();
+    assert!(
+        e.starts_with("q.yaml: QosletConfiguration: kubernetesVersion: \"1.30\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn tie_break_gate_and_single_process_oom_kill_are_read() {
+    let s =
+        settings("featureGates: {KubeletOOMScoreAdjTieBreak: true}\nsingleProcessOOMKill: true")
+            .unwrap();
+    assert!(s.oom_score_adj_tie_break && s.single_process_oom_kill);
 }
 
 #[test]
@@ -82,9 +134,25 @@ fn malformed_values_name_file_field_and_value() {
         ("cgroupDriver: docker", "cgroupDriver: \"docker\""),
         (
             "evictionSoft: {memory.available: 1Gi}",
-            "eviction soft threshold requires a grace period",
+            "evictionSoftGracePeriod: grace period must be specified for the soft eviction threshold memory.available",
         ),
         ("cpuCFSQuotaPeriod: 5x", "cpuCFSQuotaPeriod: \"5x\""),
+        (
+            "evictionMinimumReclaim: {nodefs.available: -1Gi}",
+            "evictionMinimumReclaim.nodefs.available: negative eviction minimum reclaim specified for nodefs.available",
+        ),
+        (
+            "evictionSoftGracePeriod: {memory.available: -30s}",
+            "evictionSoftGracePeriod.memory.available: invalid eviction grace period specified: -30s, must be a positive value",
+        ),
+        (
+            "evictionHard: {memory.available: 150%}",
+            "evictionHard.memory.available: eviction percentage threshold memory.available must be <= 100%: 150%",
+        ),
+        (
+            "evictionSoft: {mem.available: 1Gi}",
+            "evictionSoft: unsupported eviction signal mem.available",
+        ),
         (
             "featureGates: {MemoryQoS: true}\nmemoryThrottlingFactor: 1.5",
             "memoryThrottlingFactor: \"1.5\"",

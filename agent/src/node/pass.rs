@@ -329,7 +329,7 @@ impl Node {
                 tracked.managed.push(ManagedPod {
                     key: key.clone(),
                     qos: p.qos_class,
-                    request_bytes: view.requests().memory_bytes(),
+                    request_bytes: crate::policy::eviction::eviction_request_bytes(view),
                     priority: view.effective_priority(),
                     critical: view.is_critical(),
                     start_time: pod

@@ -5,7 +5,7 @@ use std::{cmp::Ordering, collections::BTreeMap};
 use serde::Serialize;
 use thiserror::Error;
 
-use super::{duration::parse_duration, quantity::Quantity};
+use super::{duration::parse_duration, pod::PodSpecView, quantity::Quantity};
 
 pub const SIGNALS: &[&str] = &[
     "memory.available",
@@ -27,20 +27,63 @@ pub const DEFAULT_HARD: &[(&str, &str)] = &[
     ("imagefs.available", "15%"),
 ];
 
+/// The KubeletConfiguration map a value comes from, named in every error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionField {
+    Hard,
+    Soft,
+    SoftGracePeriod,
+    MinimumReclaim,
+}
+
+impl EvictionField {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hard => "evictionHard",
+            Self::Soft => "evictionSoft",
+            Self::SoftGracePeriod => "evictionSoftGracePeriod",
+            Self::MinimumReclaim => "evictionMinimumReclaim",
+        }
+    }
+}
+
+/// Errors of `ParseThresholdConfig`, with the upstream texts (pkg/kubelet/eviction/helpers.go).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ThresholdError {
-    #[error("unrecognized signal {signal:?}")]
-    UnknownSignal { signal: String },
-    #[error("{signal}: invalid threshold {value:?}: {reason}")]
+    #[error("unsupported eviction signal {signal}")]
+    UnknownSignal {
+        field: EvictionField,
+        signal: String,
+    },
+    #[error("{reason}")]
     Value {
+        field: EvictionField,
         signal: String,
         value: String,
         reason: String,
     },
-    #[error("{signal}: eviction soft threshold requires a grace period")]
+    #[error("grace period must be specified for the soft eviction threshold {signal}")]
     MissingGrace { signal: String },
-    #[error("{signal}: invalid duration {value:?}")]
-    Duration { signal: String, value: String },
+    #[error("invalid eviction grace period specified: {value}, {reason}")]
+    Duration {
+        signal: String,
+        value: String,
+        reason: String,
+    },
+}
+
+impl ThresholdError {
+    /// The camelCase path of the field at fault, e.g. `evictionMinimumReclaim.memory.available`.
+    pub fn field(&self) -> String {
+        match self {
+            Self::UnknownSignal { field, .. } => field.name().into(),
+            Self::Value { field, signal, .. } => format!("{}.{signal}", field.name()),
+            Self::MissingGrace { .. } => EvictionField::SoftGracePeriod.name().into(),
+            Self::Duration { signal, .. } => {
+                format!("{}.{signal}", EvictionField::SoftGracePeriod.name())
+            }
+        }
+    }
 }
 
 /// A threshold value: a quantity, or a fraction of capacity.
@@ -93,7 +136,10 @@ pub struct EvictionInput<'a> {
     pub pods_enforced: bool,
 }
 
-/// `ParseThresholdConfig`: hard thresholds then soft ones.
+/// `ParseThresholdConfig` (pkg/kubelet/eviction/helpers.go): hard thresholds then soft ones.
+/// Every grace period and minimum reclaim is checked whether a threshold uses it or not; a soft
+/// threshold disabled by `0%` / `100%` needs no grace period; the minimum reclaims apply to hard
+/// and soft thresholds, before memory.available is copied to allocatableMemory.available.
 pub fn parse_thresholds(
     input: &EvictionInput<'_>,
 ) -> Result<(Vec<Threshold>, Vec<Threshold>), ThresholdError> {
@@ -102,7 +148,6 @@ pub fn parse_thresholds(
         .map(|(k, v)| ((*k).into(), (*v).into()))
         .collect();
     let empty = BTreeMap::new();
-    let min_reclaim = input.min_reclaim.unwrap_or(&empty);
     let hard_map = match input.hard {
         None => defaults,
         Some(h) if input.merge_defaults => {
@@ -112,11 +157,20 @@ pub fn parse_thresholds(
         }
         Some(h) => h.clone(),
     };
-    let mut hard = Vec::new();
-    for (signal, value) in &hard_map {
-        if let Some(t) = parse_one(signal, value, 0, min_reclaim)? {
-            hard.push(t);
-        }
+    let mut hard = statements(&hard_map, EvictionField::Hard)?;
+    let mut soft = statements(input.soft.unwrap_or(&empty), EvictionField::Soft)?;
+    let grace = grace_periods(input.soft_grace.unwrap_or(&empty))?;
+    let reclaims = minimum_reclaims(input.min_reclaim.unwrap_or(&empty))?;
+    for t in &mut soft {
+        t.grace_period_secs =
+            *grace
+                .get(t.signal.as_str())
+                .ok_or_else(|| ThresholdError::MissingGrace {
+                    signal: t.signal.clone(),
+                })?;
+    }
+    for t in hard.iter_mut().chain(soft.iter_mut()) {
+        t.min_reclaim = reclaims.get(t.signal.as_str()).copied();
     }
     if input.pods_enforced {
         let copies: Vec<Threshold> = hard
@@ -129,75 +183,157 @@ pub fn parse_thresholds(
             .collect();
         hard.extend(copies);
     }
-    let mut soft = Vec::new();
-    for (signal, value) in input.soft.unwrap_or(&empty) {
-        let grace = input
-            .soft_grace
-            .and_then(|g| g.get(signal))
-            .ok_or_else(|| ThresholdError::MissingGrace {
-                signal: signal.clone(),
-            })?;
-        let secs = parse_duration(grace).map_err(|_| ThresholdError::Duration {
-            signal: signal.clone(),
-            value: grace.clone(),
-        })?;
-        if let Some(t) = parse_one(signal, value, secs, min_reclaim)? {
-            soft.push(t);
-        }
-    }
     Ok((hard, soft))
 }
 
-fn parse_one(
-    signal: &str,
-    value: &str,
-    grace_period_secs: u64,
-    min_reclaim: &BTreeMap<String, String>,
-) -> Result<Option<Threshold>, ThresholdError> {
-    if !SIGNALS.contains(&signal) {
-        return Err(ThresholdError::UnknownSignal {
+fn check_signal(signal: &str, field: EvictionField) -> Result<(), ThresholdError> {
+    if SIGNALS.contains(&signal) {
+        Ok(())
+    } else {
+        Err(ThresholdError::UnknownSignal {
+            field,
             signal: signal.into(),
-        });
+        })
     }
-    let Some(value) = parse_value(signal, value)? else {
-        return Ok(None);
-    };
-    let min_reclaim = match min_reclaim.get(signal) {
-        Some(v) => parse_value(signal, v)?,
-        None => None,
-    };
-    Ok(Some(Threshold {
-        signal: signal.into(),
-        value,
-        grace_period_secs,
-        min_reclaim,
-    }))
 }
 
-/// A quantity > 0, or a percentage in [0, 100]; `0%` and `100%` disable the threshold.
-fn parse_value(signal: &str, text: &str) -> Result<Option<ThresholdValue>, ThresholdError> {
-    let err = |reason: String| ThresholdError::Value {
+/// `parseThresholdStatements`: thresholds in signal order, grace period 0, disabled ones left
+/// out.
+fn statements(
+    map: &BTreeMap<String, String>,
+    field: EvictionField,
+) -> Result<Vec<Threshold>, ThresholdError> {
+    let mut out = Vec::new();
+    for (signal, value) in map {
+        check_signal(signal, field)?;
+        if let Some(value) = threshold_value(signal, value, field)? {
+            out.push(Threshold {
+                signal: signal.clone(),
+                value,
+                grace_period_secs: 0,
+                min_reclaim: None,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `parsePercentage`: the number before `%` as a float32 fraction.
+fn percentage(signal: &str, text: &str, field: EvictionField) -> Result<f32, ThresholdError> {
+    text.trim_end_matches('%')
+        .parse::<f64>()
+        .map(|p| (p as f32) / 100.0)
+        .map_err(|e| {
+            value_err(
+                signal,
+                text,
+                field,
+                format!("invalid percentage {text:?}: {e}"),
+            )
+        })
+}
+
+fn value_err(signal: &str, text: &str, field: EvictionField, reason: String) -> ThresholdError {
+    ThresholdError::Value {
+        field,
         signal: signal.into(),
         value: text.into(),
         reason,
-    };
-    if let Some(number) = text.strip_suffix('%') {
-        let pct: f32 = number.parse().map_err(|_| err("not a percentage".into()))?;
-        if !(0.0..=100.0).contains(&pct) {
-            return Err(err("percentage must be >= 0% and <= 100%".into()));
-        }
-        if pct == 0.0 || pct == 100.0 {
+    }
+}
+
+fn quantity(signal: &str, text: &str, field: EvictionField) -> Result<Quantity, ThresholdError> {
+    text.parse()
+        .map_err(|e: super::quantity::QuantityError| value_err(signal, text, field, e.to_string()))
+}
+
+/// `parseThresholdStatement`: the literal `0%` and `100%` disable the threshold; any other
+/// percentage must lie in [0%, 100%]; a quantity must be positive.
+fn threshold_value(
+    signal: &str,
+    text: &str,
+    field: EvictionField,
+) -> Result<Option<ThresholdValue>, ThresholdError> {
+    if text.ends_with('%') {
+        if text == "0%" || text == "100%" {
             return Ok(None);
         }
-        return Ok(Some(ThresholdValue::Percentage(pct / 100.0)));
+        let p = percentage(signal, text, field)?;
+        if p < 0.0 {
+            let reason = format!("eviction percentage threshold {signal} must be >= 0%: {text}");
+            return Err(value_err(signal, text, field, reason));
+        }
+        if p > 1.0 {
+            let reason = format!("eviction percentage threshold {signal} must be <= 100%: {text}");
+            return Err(value_err(signal, text, field, reason));
+        }
+        return Ok(Some(ThresholdValue::Percentage(p)));
     }
-    let q: Quantity = text
-        .parse()
-        .map_err(|e: super::quantity::QuantityError| err(e.to_string()))?;
+    let q = quantity(signal, text, field)?;
     if q.signum() <= 0 {
-        return Err(err("must be positive".into()));
+        let reason = format!(
+            "eviction threshold {signal} must be positive: {}",
+            q.canonical()
+        );
+        return Err(value_err(signal, text, field, reason));
     }
     Ok(Some(ThresholdValue::Quantity(q)))
+}
+
+/// `parseGracePeriods`: every entry, used or not.
+fn grace_periods(map: &BTreeMap<String, String>) -> Result<BTreeMap<&str, u64>, ThresholdError> {
+    let mut out = BTreeMap::new();
+    for (signal, text) in map {
+        check_signal(signal, EvictionField::SoftGracePeriod)?;
+        let reason = if text.trim_start().starts_with('-') {
+            "must be a positive value".to_string()
+        } else {
+            match parse_duration(text) {
+                Ok(secs) => {
+                    out.insert(signal.as_str(), secs);
+                    continue;
+                }
+                Err(e) => e.to_string(),
+            }
+        };
+        return Err(ThresholdError::Duration {
+            signal: signal.clone(),
+            value: text.clone(),
+            reason,
+        });
+    }
+    Ok(out)
+}
+
+/// `parseMinimumReclaims`: every entry, used or not. A percentage must be above 0; a quantity
+/// must not be negative (0 is valid: reclaim nothing beyond the threshold).
+fn minimum_reclaims(
+    map: &BTreeMap<String, String>,
+) -> Result<BTreeMap<&str, ThresholdValue>, ThresholdError> {
+    let field = EvictionField::MinimumReclaim;
+    let mut out = BTreeMap::new();
+    for (signal, text) in map {
+        check_signal(signal, field)?;
+        let value = if text.ends_with('%') {
+            let p = percentage(signal, text, field)?;
+            if p <= 0.0 {
+                let reason = format!(
+                    "eviction percentage minimum reclaim {signal} must be positive: {text}"
+                );
+                return Err(value_err(signal, text, field, reason));
+            }
+            ThresholdValue::Percentage(p)
+        } else {
+            let q = quantity(signal, text, field)?;
+            if q.signum() < 0 {
+                let reason = format!("negative eviction minimum reclaim specified for {signal}");
+                return Err(value_err(signal, text, field, reason));
+            }
+            ThresholdValue::Quantity(q)
+        };
+        out.insert(signal.as_str(), value);
+    }
+    Ok(out)
 }
 
 /// The grace period a pod gets when evicted: 0 for hard thresholds; for soft ones
@@ -243,6 +379,110 @@ pub fn rank_pids(candidates: &[Candidate]) -> Vec<usize> {
             .cmp(&b.priority)
             .then(b.processes.cmp(&a.processes))
     })
+}
+
+/// One pod's place in the memory-pressure eviction order and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EvictionRank {
+    /// 1 is evicted first; `None` for pods the kubelet never evicts (critical).
+    pub rank: Option<usize>,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub priority: i32,
+    pub memory_request_bytes: i64,
+    /// Working set; `None` when the node reported no stats for the pod.
+    pub memory_usage_bytes: Option<i64>,
+    pub reason: String,
+}
+
+/// The memory request the eviction ranking compares usage with: pkg/api/v1/resource
+/// `GetResourceRequestQuantity`, which adds `spec.overhead` only to a non-zero request.
+pub fn eviction_request_bytes(pod: &PodSpecView) -> i64 {
+    let request = pod.requests_without_overhead().memory_bytes();
+    if request > 0 {
+        request.saturating_add(pod.overhead.memory_bytes())
+    } else {
+        request
+    }
+}
+
+fn mib(bytes: i64) -> String {
+    format!("{:.1}Mi", bytes as f64 / f64::from(1 << 20))
+}
+
+/// The order `rankMemoryPressure` (pkg/kubelet/eviction/helpers.go) puts `pods` in given their
+/// working sets: pods without stats first, then usage above request, lower priority, larger
+/// usage - request. Critical pods come last, unranked.
+pub fn memory_eviction_order(
+    pods: &[PodSpecView],
+    usage: impl Fn(&PodSpecView) -> Option<i64>,
+) -> Vec<EvictionRank> {
+    let entry = |p: &PodSpecView, rank: Option<usize>, reason: String| EvictionRank {
+        rank,
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        uid: p.uid.clone(),
+        priority: p.effective_priority(),
+        memory_request_bytes: eviction_request_bytes(p),
+        memory_usage_bytes: usage(p),
+        reason,
+    };
+    let (critical, evictable): (Vec<&PodSpecView>, Vec<&PodSpecView>) =
+        pods.iter().partition(|p| p.is_critical());
+    let (without, with): (Vec<&PodSpecView>, Vec<&PodSpecView>) =
+        evictable.into_iter().partition(|p| usage(p).is_none());
+    let candidates: Vec<Candidate> = with
+        .iter()
+        .map(|p| Candidate {
+            usage_bytes: usage(p).unwrap_or(0),
+            request_bytes: eviction_request_bytes(p),
+            priority: p.effective_priority(),
+            critical: false,
+            start_time: 0,
+            processes: 0,
+        })
+        .collect();
+    let mut out: Vec<EvictionRank> = without
+        .iter()
+        .map(|p| {
+            let reason = "no stats for the pod: ranked before every pod with stats".to_string();
+            entry(p, None, reason)
+        })
+        .collect();
+    for i in rank_memory(&candidates) {
+        let c = &candidates[i];
+        let over = c.usage_bytes - c.request_bytes;
+        let reason = if over > 0 {
+            format!(
+                "usage {} exceeds request {} by {}; priority {}",
+                mib(c.usage_bytes),
+                mib(c.request_bytes),
+                mib(over),
+                c.priority
+            )
+        } else {
+            format!(
+                "usage {} within request {}; priority {}; {} below request",
+                mib(c.usage_bytes),
+                mib(c.request_bytes),
+                c.priority,
+                mib(-over)
+            )
+        };
+        out.push(entry(with[i], None, reason));
+    }
+    for (n, e) in out.iter_mut().enumerate() {
+        e.rank = Some(n + 1);
+    }
+    out.extend(critical.into_iter().map(|p| {
+        entry(
+            p,
+            None,
+            "critical (static, mirror or priority >= 2000000000): never evicted".into(),
+        )
+    }));
+    out
 }
 
 fn rank(

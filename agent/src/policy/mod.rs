@@ -15,4 +15,6 @@ pub mod plan;
 pub mod pod;
 pub mod qos;
 pub mod quantity;
+pub mod reserved;
 pub mod settings;
+pub mod version;

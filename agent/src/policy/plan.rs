@@ -1,18 +1,21 @@
 //! The desired node and pod cgroup state: what the reconciler writes and `qoslet plan` prints.
 //! The serialized form is a stable interface (DESIGN.md); `None` is a setting not written.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::{
     allocatable::{AllocatableError, NodeAllocatable, ResourceTotals, node_allocatable},
     cgroup_name::render,
     cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
-    eviction::Threshold,
+    eviction::{EvictionRank, Threshold},
     memory_qos::memory_high,
-    oom::container_oom_score_adj,
+    oom::container_oom_score_adj_with,
     pod::{ContainerKind, PodSpecView},
     qos::{QosClass, pod_qos},
-    settings::{MemoryReservationPolicy, NodeSettings, Reservation},
+    settings::{MemoryQos, MemoryReservationPolicy, NodeSettings, Reservation},
+    version::KubeVersion,
 };
 
 pub type PlanError = AllocatableError;
@@ -28,6 +31,9 @@ pub struct CgroupPlan {
     pub memory_low_bytes: Option<i64>,
     pub pids_max: Option<i64>,
     pub cpuset: Option<String>,
+    /// hugetlb limit by page size (`2MB`, `1GB`: the cgroup file names' spelling); empty when
+    /// none is written.
+    pub hugetlb_limits: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -38,6 +44,8 @@ pub struct EvictionPlan {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodePlan {
+    /// The Kubernetes version whose kubelet rules this plan follows.
+    pub kubernetes_version: KubeVersion,
     pub capacity: ResourceTotals,
     pub allocatable: ResourceTotals,
     pub kubepods: CgroupPlan,
@@ -62,6 +70,10 @@ pub struct ContainerPlan {
     pub memory_min_bytes: Option<i64>,
     pub memory_low_bytes: Option<i64>,
     pub memory_high_bytes: Option<i64>,
+    /// memory.oom.group=1 (cgroup v2): the runtime's OOM kill takes every process of the
+    /// container. Set unless `singleProcessOOMKill` is true (kubelet.go defaults it to false on
+    /// cgroup v2; kuberuntime_container_linux.go writes the file); `None` is not written.
+    pub memory_oom_group: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -79,8 +91,12 @@ pub struct PodPlan {
     pub memory_limit_bytes: Option<i64>,
     pub memory_min_bytes: Option<i64>,
     pub memory_low_bytes: Option<i64>,
-    /// The kubelet writes no pod-level memory.high; kept for the stable schema.
+    /// From 1.37, for pods with pod-level memory resources (`applyPodLevelMemoryHigh`).
     pub memory_high_bytes: Option<i64>,
+    /// hugetlb limit by page size: the pod's hugepage requests (`HugePageLimits`), 0 for every
+    /// other page size of the host (cgroup_manager_linux.go "for each page size omitted, limit
+    /// to 0").
+    pub hugetlb_limits: BTreeMap<String, i64>,
     pub containers: Vec<ContainerPlan>,
 }
 
@@ -88,6 +104,9 @@ pub struct PodPlan {
 pub struct Plan {
     pub node: NodePlan,
     pub pods: Vec<PodPlan>,
+    /// The memory-pressure eviction order of the pods given their current usage
+    /// ([`super::eviction::memory_eviction_order`]); empty when no usage was given.
+    pub eviction_order: Vec<EvictionRank>,
 }
 
 /// Computes the whole plan for `pods` on the node.
@@ -117,6 +136,7 @@ pub fn plan_node(s: &NodeSettings, pods: &[PodSpecView]) -> Result<Plan, PlanErr
     Ok(Plan {
         node: NodePlan { warnings, ..node },
         pods: pod_plans,
+        eviction_order: Vec::new(),
     })
 }
 
@@ -176,6 +196,15 @@ fn plan_node_cgroups(
         cpu_weight: Some(weight(MIN_SHARES)),
         ..CgroupPlan::default()
     };
+    // The QoS tiers' hugetlb is unbounded for every page size of the host
+    // (qos_container_manager_linux.go setHugePagesUnbounded: 1 << 62).
+    let unbounded: BTreeMap<String, i64> = s
+        .hugepage_sizes
+        .iter()
+        .map(|size| (hugepage_unit(*size), 1 << 62))
+        .collect();
+    burstable.hugetlb_limits = unbounded.clone();
+    besteffort.hugetlb_limits = unbounded;
     // QOSReserved (qos_container_manager_linux.go setMemoryReserve), over capacity - reserved.
     if let Some(pct) = s.qos_reserved_memory_pct {
         let burstable_limit = na.absolute.memory_bytes - g_mem * pct / 100;
@@ -186,18 +215,31 @@ fn plan_node_cgroups(
         burstable.memory_limit_bytes = Some(burstable_limit.max(0));
         besteffort.memory_limit_bytes = Some(besteffort_limit.max(0));
     }
-    // Memory QoS (setMemoryQoS): protect what the classes requested.
+    // Memory QoS (qos_container_manager_linux.go setMemoryQoS): protect what the classes
+    // requested. A child's protection is bounded by its ancestors', so the kubepods root covers
+    // every tier below it.
     if let Some(mq) = s.memory_qos {
         let positive = |v: i64| (v > 0).then_some(v);
-        match mq.policy {
-            MemoryReservationPolicy::None => {
+        match tier_protection(s.kubernetes_version, mq) {
+            // 1.34, 1.35: memory.min, written only when above 0.
+            TierProtection::Legacy => {
                 burstable.memory_min_bytes = positive(b_mem);
                 kubepods.memory_min_bytes = positive(b_mem + g_mem);
             }
-            MemoryReservationPolicy::TieredReservation => {
-                burstable.memory_low_bytes = positive(b_mem);
-                kubepods.memory_min_bytes = positive(g_mem);
-                kubepods.memory_low_bytes = positive(b_mem);
+            // 1.36+ `None`: no protection, and an explicit 0 so a stale value left by an earlier
+            // plan or another writer is cleared (TestQoSContainerCgroupWithMemoryReservationPolicyNone).
+            TierProtection::None => {
+                kubepods.memory_min_bytes = Some(0);
+                burstable.memory_low_bytes = Some(0);
+            }
+            // 1.36+ `TieredReservation` (TestQoSContainerCgroup): kubepods memory.min =
+            // Guaranteed + Burstable, burstable memory.low = Burstable, 0 when nothing is
+            // requested; kubepods memory.low = Burstable under the root
+            // (TestQOSCgroupsWithSystemPartition).
+            TierProtection::Tiered => {
+                kubepods.memory_min_bytes = Some(g_mem + b_mem);
+                kubepods.memory_low_bytes = Some(b_mem);
+                burstable.memory_low_bytes = Some(b_mem);
             }
         }
     }
@@ -224,6 +266,7 @@ fn plan_node_cgroups(
         None,
     );
     NodePlan {
+        kubernetes_version: s.kubernetes_version,
         capacity: na.capacity,
         allocatable: na.allocatable,
         kubepods,
@@ -299,16 +342,23 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         }
         QosClass::BestEffort => {}
     }
-    let (mut min, mut low) = (None, None);
+    let (mut min, mut low, mut high) = (None, None, None);
     if let Some(mq) = s.memory_qos {
-        let req = reqs.memory_bytes();
-        if req > 0 {
-            match (mq.policy, qos) {
-                (MemoryReservationPolicy::TieredReservation, QosClass::Burstable) => {
-                    low = Some(req)
-                }
-                _ => min = Some(req),
-            }
+        (min, low) = protection(s.kubernetes_version, mq, qos, reqs.memory_bytes());
+        // applyPodLevelMemoryHigh (pod_container_manager_linux.go, 1.37): only for pods whose
+        // pod-level resources name memory, with the pod's requests and limits, overhead included
+        // (TestApplyPodLevelMemoryHigh).
+        let pod_memory = pod
+            .pod_resources
+            .is_some_and(|r| r.requests.memory.is_some() || r.limits.memory.is_some());
+        if s.kubernetes_version.pod_level_memory_high() && pod_memory {
+            high = memory_high(
+                reqs.memory_bytes(),
+                limits.memory_bytes(),
+                na.absolute.memory_bytes,
+                mq.throttling_factor_ppm,
+                false,
+            );
         }
     }
     let tier = match qos {
@@ -334,20 +384,24 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
             let (req, lim) = (r.requests.memory_bytes(), r.limits.memory_bytes());
             let (mut cmin, mut clow, mut chigh) = (None, None, None);
             if let Some(mq) = s.memory_qos {
-                if req > 0 {
-                    match (mq.policy, qos) {
-                        (MemoryReservationPolicy::TieredReservation, QosClass::Burstable) => {
-                            clow = Some(req)
-                        }
-                        _ => cmin = Some(req),
-                    }
-                }
-                chigh = memory_high(req, lim, na.absolute.memory_bytes, mq.throttling_factor_ppm);
+                (cmin, clow) = protection(s.kubernetes_version, mq, qos, req);
+                chigh = memory_high(
+                    req,
+                    lim,
+                    na.absolute.memory_bytes,
+                    mq.throttling_factor_ppm,
+                    s.kubernetes_version.pod_level_memory_high(),
+                );
             }
             ContainerPlan {
                 name: c.name.clone(),
                 kind: c.kind,
-                oom_score_adj: container_oom_score_adj(pod, c, na.capacity.memory_bytes),
+                oom_score_adj: container_oom_score_adj_with(
+                    pod,
+                    c,
+                    na.capacity.memory_bytes,
+                    s.oom_score_adj_tie_break,
+                ),
                 cpu_shares: cshares,
                 cpu_weight: s.container_weight_formula.weight(cshares),
                 cpu_quota_us: cpu_limited.then_some(cquota),
@@ -356,6 +410,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
                 memory_min_bytes: cmin,
                 memory_low_bytes: clow,
                 memory_high_bytes: chigh,
+                memory_oom_group: (!s.single_process_oom_kill).then_some(true),
             }
         })
         .collect();
@@ -373,8 +428,75 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         memory_limit_bytes: mem_limit.filter(|_| per_qos),
         memory_min_bytes: min.filter(|_| per_qos),
         memory_low_bytes: low.filter(|_| per_qos),
-        memory_high_bytes: None,
+        memory_high_bytes: high.filter(|_| per_qos),
+        hugetlb_limits: if per_qos {
+            pod_hugetlb(s, pod)
+        } else {
+            BTreeMap::new()
+        },
         containers,
+    }
+}
+
+/// The pod's hugepage requests by page size, and 0 for the host's other page sizes.
+fn pod_hugetlb(s: &NodeSettings, pod: &PodSpecView) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = s
+        .hugepage_sizes
+        .iter()
+        .map(|size| (hugepage_unit(*size), 0))
+        .collect();
+    for (size, bytes) in &pod.hugepages {
+        out.insert(hugepage_unit(*size), *bytes);
+    }
+    out
+}
+
+/// pkg/apis/core/v1/helper `HugePageUnitSizeFromByteSize`: 2097152 -> `2MB`, as libcontainer
+/// names the hugetlb files.
+pub fn hugepage_unit(mut size: i64) -> String {
+    const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let mut i = 0;
+    while size >= 1024 && size % 1024 == 0 && i + 1 < UNITS.len() {
+        size /= 1024;
+        i += 1;
+    }
+    format!("{size}{}", UNITS[i])
+}
+
+/// Which QoS-tier protection the version and policy ask for.
+enum TierProtection {
+    Legacy,
+    None,
+    Tiered,
+}
+
+fn tier_protection(v: KubeVersion, mq: MemoryQos) -> TierProtection {
+    match (v.has_memory_reservation_policy(), mq.policy) {
+        (false, _) => TierProtection::Legacy,
+        (true, MemoryReservationPolicy::None) => TierProtection::None,
+        (true, MemoryReservationPolicy::TieredReservation) => TierProtection::Tiered,
+    }
+}
+
+/// (memory.min, memory.low) of a pod or container cgroup requesting `request` bytes
+/// (helpers_linux.go `ResourceConfigForPod` and kuberuntime_container_linux.go): up to 1.35
+/// memory.min for every request; from 1.36 nothing under `None`, and under
+/// `TieredReservation` memory.min for Guaranteed, memory.low for Burstable
+/// (TestResourceConfigForPodWithEnforceMemoryQoS). Nothing for a request of 0.
+fn protection(
+    v: KubeVersion,
+    mq: MemoryQos,
+    qos: QosClass,
+    request: i64,
+) -> (Option<i64>, Option<i64>) {
+    if request <= 0 {
+        return (None, None);
+    }
+    match (tier_protection(v, mq), qos) {
+        (TierProtection::Legacy, _) => (Some(request), None),
+        (TierProtection::None, _) | (TierProtection::Tiered, QosClass::BestEffort) => (None, None),
+        (TierProtection::Tiered, QosClass::Guaranteed) => (Some(request), None),
+        (TierProtection::Tiered, QosClass::Burstable) => (None, Some(request)),
     }
 }
 

@@ -97,8 +97,15 @@ pub struct PodSpecView {
     pub containers: Vec<ContainerView>,
     /// Pod-level `spec.resources`, when it names cpu or memory.
     pub pod_resources: Option<Resources>,
+    /// `spec.overhead` (set by admission from the pod's RuntimeClass): what the sandbox costs
+    /// beyond the containers. Counted in [`Self::requests`] and [`Self::limits`], not in the QoS
+    /// class nor in oom_score_adj.
+    pub overhead: Amounts,
     pub priority: Option<i32>,
     pub priority_class_name: Option<String>,
+    /// Hugepage requests by page size in bytes (`hugepages-<size>` requests, aggregated as
+    /// `PodRequests` aggregates every resource), bytes of hugepages each.
+    pub hugepages: BTreeMap<i64, i64>,
     /// Static or mirror pod (annotations `kubernetes.io/config.source` != api,
     /// `kubernetes.io/config.mirror`).
     pub static_or_mirror: bool,
@@ -131,6 +138,8 @@ impl PodSpecView {
             let field = format!("spec.containers[{i}].resources");
             containers.push(container(c, ContainerKind::App, &field)?);
         }
+        let overhead = amounts(spec.overhead.as_ref(), "spec.overhead")?;
+        let hugepages = hugepage_requests(&spec);
         let pod_resources = resources(spec.resources.as_ref(), "spec.resources")?
             .filter(|r| r.requests != Amounts::default() || r.limits != Amounts::default());
         let annotations = meta.annotations.clone().unwrap_or_default();
@@ -144,6 +153,8 @@ impl PodSpecView {
             uid,
             containers,
             pod_resources,
+            overhead,
+            hugepages,
             priority: spec.priority,
             priority_class_name: spec.priority_class_name,
             static_or_mirror,
@@ -194,8 +205,18 @@ impl PodSpecView {
         aggregate(&self.containers, |r| r.limits)
     }
 
-    /// `PodRequests`: pod-level requests where set, else the container aggregate.
+    /// `PodRequests` (component-helpers/resource/helpers.go): pod-level requests where set,
+    /// else the container aggregate, plus `spec.overhead` for every resource it names
+    /// (`addResourceList`; the kubelet never passes `ExcludeOverhead`).
     pub fn requests(&self) -> Totals {
+        let mut t = self.requests_without_overhead();
+        t.cpu = add(t.cpu, self.overhead.cpu);
+        t.memory = add(t.memory, self.overhead.memory);
+        t
+    }
+
+    /// `PodRequests` with `ExcludeOverhead`.
+    pub fn requests_without_overhead(&self) -> Totals {
         let mut t = self.container_requests();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.requests.cpu.or(t.cpu);
@@ -204,12 +225,19 @@ impl PodSpecView {
         t
     }
 
-    /// `PodLimits`: pod-level limits where set, else the container aggregate.
+    /// `PodLimits`: pod-level limits where set, else the container aggregate; `spec.overhead`
+    /// is added only to a resource that has a limit ("Add overhead to non-zero limits").
     pub fn limits(&self) -> Totals {
         let mut t = self.container_limits();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.limits.cpu.or(t.cpu);
             t.memory = p.limits.memory.or(t.memory);
+        }
+        if t.cpu.is_some() {
+            t.cpu = add(t.cpu, self.overhead.cpu);
+        }
+        if t.memory.is_some() {
+            t.memory = add(t.memory, self.overhead.memory);
         }
         t
     }
@@ -271,6 +299,52 @@ fn aggregate(containers: &[ContainerView], pick: impl Fn(&Resources) -> Amounts)
         cpu: max(sum.cpu, init_peak.cpu),
         memory: max(sum.memory, init_peak.memory),
     }
+}
+
+/// helpers_linux.go `HugePageLimits` over the pod's requests: for each `hugepages-<size>`
+/// request, its bytes under the page size (names that do not parse are skipped, as upstream);
+/// across containers as `PodRequests` aggregates (app and sidecars summed, against each init
+/// container's peak with the sidecars started before it).
+fn hugepage_requests(spec: &core::PodSpec) -> BTreeMap<i64, i64> {
+    let of = |c: &core::Container| -> BTreeMap<i64, i64> {
+        let mut out = BTreeMap::new();
+        let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        for (name, q) in requests.into_iter().flatten() {
+            let Some(size) = name.strip_prefix("hugepages-") else {
+                continue;
+            };
+            let (Ok(size), Ok(q)) = (size.parse::<Quantity>(), q.0.parse::<Quantity>()) else {
+                continue;
+            };
+            *out.entry(size.value()).or_insert(0) += q.value();
+        }
+        out
+    };
+    let merge = |a: &mut BTreeMap<i64, i64>, b: &BTreeMap<i64, i64>, f: fn(i64, i64) -> i64| {
+        for (k, v) in b {
+            let e = a.entry(*k).or_insert(0);
+            *e = f(*e, *v);
+        }
+    };
+    let (mut sum, mut sidecars, mut peak) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    for c in spec.init_containers.iter().flatten() {
+        let r = of(c);
+        if c.restart_policy.as_deref() == Some("Always") {
+            merge(&mut sum, &r, i64::saturating_add);
+            merge(&mut sidecars, &r, i64::saturating_add);
+            merge(&mut peak, &sidecars, i64::max);
+        } else {
+            let mut with = sidecars.clone();
+            merge(&mut with, &r, i64::saturating_add);
+            merge(&mut peak, &with, i64::max);
+        }
+    }
+    for c in &spec.containers {
+        merge(&mut sum, &of(c), i64::saturating_add);
+    }
+    merge(&mut sum, &peak, i64::max);
+    sum.retain(|_, v| *v > 0);
+    sum
 }
 
 fn container(

@@ -8,6 +8,7 @@ use super::{
     cpuset::CpuSet,
     eviction::Threshold,
     quantity::Quantity,
+    version::KubeVersion,
 };
 
 /// What the machine (or the operator, with `--capacity`) has.
@@ -58,20 +59,22 @@ pub enum ReservedCpusConflict {
     Openshift,
 }
 
+/// `memoryReservationPolicy` (1.36+). Before 1.36 the field does not exist and every memory
+/// request is protected with memory.min; [`super::plan`] keys that on the version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum MemoryReservationPolicy {
-    /// memory.min = request for every pod (KEP-2570 as of 1.27).
+    /// No QoS-level protection (the 1.36+ default): memory.min / memory.low written as 0.
     #[default]
     None,
-    /// Guaranteed gets memory.min, Burstable memory.low (1.36).
+    /// Guaranteed requests as memory.min, Burstable as memory.low (1.36+).
     TieredReservation,
 }
 
 /// Memory QoS (feature gate `MemoryQoS`, cgroup v2 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryQos {
-    /// `memoryThrottlingFactor` in millionths (0.9 -> 900000). No default from 1.37: when
-    /// unset, memory.high is not written.
+    /// `memoryThrottlingFactor` in millionths (0.9 -> 900000), the version's default applied.
+    /// Unset (1.37 default): memory.high is not written.
     pub throttling_factor_ppm: Option<u32>,
     pub policy: MemoryReservationPolicy,
 }
@@ -79,6 +82,8 @@ pub struct MemoryQos {
 /// Everything [`super::plan::plan_node`] needs to know about the node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSettings {
+    /// Whose kubelet the plan follows (`kubernetesVersion`, default 1.37).
+    pub kubernetes_version: KubeVersion,
     pub capacity: Capacity,
     pub system_reserved: Reservation,
     pub kube_reserved: Reservation,
@@ -109,12 +114,20 @@ pub struct NodeSettings {
     pub eviction_pressure_transition_secs: u64,
     /// `evictionMaxPodGracePeriod`, seconds; 0 or less means the pod's own grace period.
     pub eviction_max_pod_grace_secs: i64,
+    /// Feature gate `KubeletOOMScoreAdjTieBreak` (alpha, off by default).
+    pub oom_score_adj_tie_break: bool,
+    /// The host's hugepage sizes in bytes (`/sys/kernel/mm/hugepages`), for hugetlb limits.
+    pub hugepage_sizes: Vec<i64>,
+    /// `singleProcessOOMKill` (default false on cgroup v2): when false the runtime sets
+    /// memory.oom.group=1 on container cgroups, so an OOM kill takes the whole container.
+    pub single_process_oom_kill: bool,
 }
 
 impl NodeSettings {
     /// Kubelet defaults on a node of `capacity`.
     pub fn defaults(capacity: Capacity) -> Self {
         Self {
+            kubernetes_version: KubeVersion::DEFAULT,
             capacity,
             system_reserved: Reservation::default(),
             kube_reserved: Reservation::default(),
@@ -140,6 +153,9 @@ impl NodeSettings {
             pod_level_resources: true,
             eviction_pressure_transition_secs: 300,
             eviction_max_pod_grace_secs: 0,
+            oom_score_adj_tie_break: false,
+            single_process_oom_kill: false,
+            hugepage_sizes: Vec::new(),
         }
     }
 }

@@ -28,6 +28,8 @@ fn pod(uid: &str, container: &str) -> PodSpecView {
             },
         }],
         pod_resources: None,
+        overhead: Amounts::default(),
+        hugepages: Default::default(),
         priority: None,
         priority_class_name: None,
         static_or_mirror: false,

@@ -185,3 +185,370 @@ fn partial_hard_drops_or_merges_the_defaults() {
     );
     assert_eq!(merged[1].value.amount(0), 200 << 20);
 }
+
+/// (signal, value, grace seconds, minimum reclaim) as the test writes them.
+type Row<'a> = (&'a str, &'a str, u64, Option<&'a str>);
+
+fn expect(rows: &[Row<'_>]) -> Vec<Threshold> {
+    let value = |t: &str| {
+        if let Some(p) = t.strip_suffix('%') {
+            ThresholdValue::Percentage(p.parse::<f32>().unwrap() / 100.0)
+        } else {
+            ThresholdValue::Quantity(t.parse().unwrap())
+        }
+    };
+    rows.iter()
+        .map(|(signal, v, grace, reclaim)| Threshold {
+            signal: (*signal).into(),
+            value: value(v),
+            grace_period_secs: *grace,
+            min_reclaim: reclaim.map(value),
+        })
+        .collect()
+}
+
+/// pkg/kubelet/eviction/helpers_test.go `TestParseThresholdConfig`, every row (the same in
+/// 1.34 to 1.37). Upstream compares as sets; ours come hard then soft, each in signal order,
+/// allocatableMemory copies last.
+#[test]
+fn parse_threshold_config_reproduces_the_kubelet_rows() {
+    type Input<'a> = (
+        &'a [(&'a str, &'a str)],
+        &'a [(&'a str, &'a str)],
+        &'a [(&'a str, &'a str)],
+        &'a [(&'a str, &'a str)],
+    );
+    let rows: Vec<(&str, bool, Input<'_>, Option<Vec<Threshold>>)> = vec![
+        ("no values", false, (&[], &[], &[], &[]), Some(vec![])),
+        (
+            "all memory eviction values",
+            true,
+            (
+                &[("memory.available", "150Mi")],
+                &[("memory.available", "300Mi")],
+                &[("memory.available", "30s")],
+                &[("memory.available", "0")],
+            ),
+            Some(expect(&[
+                ("memory.available", "150Mi", 0, Some("0")),
+                ("allocatableMemory.available", "150Mi", 0, Some("0")),
+                ("memory.available", "300Mi", 30, Some("0")),
+            ])),
+        ),
+        (
+            "all memory eviction values in percentages",
+            false,
+            (
+                &[("memory.available", "10%")],
+                &[("memory.available", "30%")],
+                &[("memory.available", "30s")],
+                &[("memory.available", "5%")],
+            ),
+            Some(expect(&[
+                ("memory.available", "10%", 0, Some("5%")),
+                ("memory.available", "30%", 30, Some("5%")),
+            ])),
+        ),
+        (
+            "disk eviction values",
+            false,
+            (
+                &[
+                    ("imagefs.available", "150Mi"),
+                    ("nodefs.available", "100Mi"),
+                ],
+                &[
+                    ("imagefs.available", "300Mi"),
+                    ("nodefs.available", "200Mi"),
+                ],
+                &[("imagefs.available", "30s"), ("nodefs.available", "30s")],
+                &[("imagefs.available", "2Gi"), ("nodefs.available", "1Gi")],
+            ),
+            Some(expect(&[
+                ("imagefs.available", "150Mi", 0, Some("2Gi")),
+                ("nodefs.available", "100Mi", 0, Some("1Gi")),
+                ("imagefs.available", "300Mi", 30, Some("2Gi")),
+                ("nodefs.available", "200Mi", 30, Some("1Gi")),
+            ])),
+        ),
+        (
+            "disk eviction values in percentages",
+            false,
+            (
+                &[("imagefs.available", "15%"), ("nodefs.available", "10.5%")],
+                &[("imagefs.available", "30%"), ("nodefs.available", "20.5%")],
+                &[("imagefs.available", "30s"), ("nodefs.available", "30s")],
+                &[("imagefs.available", "10%"), ("nodefs.available", "5%")],
+            ),
+            Some(expect(&[
+                ("imagefs.available", "15%", 0, Some("10%")),
+                ("nodefs.available", "10.5%", 0, Some("5%")),
+                ("imagefs.available", "30%", 30, Some("10%")),
+                ("nodefs.available", "20.5%", 30, Some("5%")),
+            ])),
+        ),
+        (
+            "inode eviction values",
+            false,
+            (
+                &[
+                    ("imagefs.inodesFree", "150Mi"),
+                    ("nodefs.inodesFree", "100Mi"),
+                ],
+                &[
+                    ("imagefs.inodesFree", "300Mi"),
+                    ("nodefs.inodesFree", "200Mi"),
+                ],
+                &[("imagefs.inodesFree", "30s"), ("nodefs.inodesFree", "30s")],
+                &[("imagefs.inodesFree", "2Gi"), ("nodefs.inodesFree", "1Gi")],
+            ),
+            Some(expect(&[
+                ("imagefs.inodesFree", "150Mi", 0, Some("2Gi")),
+                ("nodefs.inodesFree", "100Mi", 0, Some("1Gi")),
+                ("imagefs.inodesFree", "300Mi", 30, Some("2Gi")),
+                ("nodefs.inodesFree", "200Mi", 30, Some("1Gi")),
+            ])),
+        ),
+        // A soft threshold disabled by 0% / 100% needs no grace period.
+        (
+            "disable via 0%",
+            false,
+            (
+                &[("memory.available", "0%")],
+                &[("memory.available", "0%")],
+                &[],
+                &[],
+            ),
+            Some(vec![]),
+        ),
+        (
+            "disable via 100%",
+            false,
+            (
+                &[("memory.available", "100%")],
+                &[("memory.available", "100%")],
+                &[],
+                &[],
+            ),
+            Some(vec![]),
+        ),
+        (
+            "invalid-signal",
+            false,
+            (&[("mem.available", "150Mi")], &[], &[], &[]),
+            None,
+        ),
+        (
+            "hard-signal-negative",
+            false,
+            (&[("memory.available", "-150Mi")], &[], &[], &[]),
+            None,
+        ),
+        (
+            "hard-signal-negative-percentage",
+            false,
+            (&[("memory.available", "-15%")], &[], &[], &[]),
+            None,
+        ),
+        (
+            "hard-signal-percentage-greater-than-100%",
+            false,
+            (&[("memory.available", "150%")], &[], &[], &[]),
+            None,
+        ),
+        (
+            "soft-signal-negative",
+            false,
+            (&[], &[("memory.available", "-150Mi")], &[], &[]),
+            None,
+        ),
+        (
+            "valid-and-invalid-signal",
+            false,
+            (
+                &[("memory.available", "150Mi"), ("invalid.foo", "150Mi")],
+                &[],
+                &[],
+                &[],
+            ),
+            None,
+        ),
+        (
+            "soft-no-grace-period",
+            false,
+            (&[], &[("memory.available", "150Mi")], &[], &[]),
+            None,
+        ),
+        (
+            "soft-negative-grace-period",
+            false,
+            (
+                &[],
+                &[("memory.available", "150Mi")],
+                &[("memory.available", "-30s")],
+                &[],
+            ),
+            None,
+        ),
+        // A negative minimum reclaim is an error even when no threshold uses it.
+        (
+            "negative-reclaim",
+            false,
+            (&[], &[], &[], &[("memory.available", "-300Mi")]),
+            None,
+        ),
+    ];
+    for (name, pods_enforced, (hard, soft, grace, reclaim), want) in rows {
+        let (hard, soft, grace, reclaim) = (map(hard), map(soft), map(grace), map(reclaim));
+        let got = parse_thresholds(&EvictionInput {
+            hard: Some(&hard),
+            soft: Some(&soft),
+            soft_grace: Some(&grace),
+            min_reclaim: Some(&reclaim),
+            merge_defaults: false,
+            pods_enforced,
+        });
+        match want {
+            Some(want) => {
+                let (h, s) = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!([h, s].concat(), want, "{name}");
+            }
+            None => assert!(got.is_err(), "{name}: {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn errors_name_the_field_with_the_upstream_text() {
+    let reclaim = map(&[("memory.available", "0%")]);
+    let e = parse_thresholds(&EvictionInput {
+        min_reclaim: Some(&reclaim),
+        ..EvictionInput::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.field(), "evictionMinimumReclaim.memory.available");
+    assert_eq!(
+        e.to_string(),
+        "eviction percentage minimum reclaim memory.available must be positive: 0%"
+    );
+    let hard = map(&[("memory.available", "0")]);
+    let e = parse_thresholds(&EvictionInput {
+        hard: Some(&hard),
+        ..EvictionInput::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.field(), "evictionHard.memory.available");
+    assert_eq!(
+        e.to_string(),
+        "eviction threshold memory.available must be positive: 0"
+    );
+    // Only the literal 0% disables: 0.0% is a threshold of 0 (parseThresholdStatement).
+    let hard = map(&[("memory.available", "0.0%")]);
+    let (h, _) = parse_thresholds(&EvictionInput {
+        hard: Some(&hard),
+        ..EvictionInput::default()
+    })
+    .unwrap();
+    assert_eq!(h[0].value, ThresholdValue::Percentage(0.0));
+}
+
+fn pod(yaml: &str) -> PodSpecView {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_yaml_ng::from_str(yaml).unwrap();
+    PodSpecView::from_pod(&pod).unwrap()
+}
+
+fn ranked_pod(name: &str, priority: i32, memory_request: &str) -> PodSpecView {
+    let requests = if memory_request.is_empty() {
+        String::new()
+    } else {
+        format!(", resources: {{requests: {{memory: {memory_request}}}}}")
+    };
+    pod(&format!(
+        "metadata: {{name: {name}, uid: {name}}}\nspec: {{priority: {priority}, containers: [{{name: c{requests}}}]}}"
+    ))
+}
+
+fn order(pods: &[PodSpecView], usage: &[(&str, i64)]) -> Vec<String> {
+    memory_eviction_order(pods, |p| {
+        usage.iter().find(|(n, _)| *n == p.name).map(|(_, u)| *u)
+    })
+    .into_iter()
+    .map(|e| e.name)
+    .collect()
+}
+
+const MI: i64 = 1 << 20;
+
+/// helpers_test.go `TestOrderedByExceedsRequestMemory`: the pod over its request goes first
+/// whatever the priorities.
+#[test]
+fn eviction_order_puts_pods_over_their_request_first() {
+    let pods = [
+        ranked_pod("below-requests", -1, "200Mi"),
+        ranked_pod("exceeds-requests", 1, "100Mi"),
+    ];
+    let usage = [("below-requests", 199 * MI), ("exceeds-requests", 101 * MI)];
+    assert_eq!(order(&pods, &usage), ["exceeds-requests", "below-requests"]);
+    let ranks = memory_eviction_order(&pods, |p| usage.iter().find(|u| u.0 == p.name).map(|u| u.1));
+    assert_eq!(ranks[0].rank, Some(1));
+    assert_eq!(
+        ranks[0].reason,
+        "usage 101.0Mi exceeds request 100.0Mi by 1.0Mi; priority 1"
+    );
+    assert_eq!(
+        ranks[1].reason,
+        "usage 199.0Mi within request 200.0Mi; priority -1; 1.0Mi below request"
+    );
+}
+
+/// helpers_test.go `TestOrderedByPriority`: within the same side of the request, lower priority
+/// first.
+#[test]
+fn eviction_order_then_follows_priority() {
+    let pods = [
+        ranked_pod("high-priority", 12534, "200Mi"),
+        ranked_pod("medium-priority", 1, "100Mi"),
+        ranked_pod("low-priority", -134, ""),
+    ];
+    let usage = [
+        ("high-priority", 0),
+        ("medium-priority", 0),
+        ("low-priority", 0),
+    ];
+    assert_eq!(
+        order(&pods, &usage),
+        ["low-priority", "medium-priority", "high-priority"]
+    );
+    // A pod without stats is ranked first (exceedMemoryRequests: "prioritize evicting the pod
+    // for which no stats were found"); a critical pod is never ranked.
+    let mut with_critical = pods.to_vec();
+    with_critical.push(pod(
+        "metadata: {name: node-agent, uid: n}\nspec: {priorityClassName: system-node-critical, containers: [{name: c}]}",
+    ));
+    let ranks = memory_eviction_order(&with_critical, |p| {
+        (p.name != "medium-priority").then_some(0)
+    });
+    let names: Vec<(&str, Option<usize>)> =
+        ranks.iter().map(|e| (e.name.as_str(), e.rank)).collect();
+    assert_eq!(
+        names,
+        [
+            ("medium-priority", Some(1)),
+            ("low-priority", Some(2)),
+            ("high-priority", Some(3)),
+            ("node-agent", None)
+        ]
+    );
+}
+
+/// pkg/api/v1/resource `GetResourceRequestQuantity`: overhead counts in the request the usage
+/// is compared with, but only when the request is not zero.
+#[test]
+fn eviction_request_counts_overhead_on_a_nonzero_request() {
+    let p = pod(
+        "metadata: {name: k}\nspec: {overhead: {memory: 64Mi}, containers: [{name: c, resources: {requests: {memory: 100Mi}}}]}",
+    );
+    assert_eq!(eviction_request_bytes(&p), 164 * MI);
+    let p = pod("metadata: {name: k}\nspec: {overhead: {memory: 64Mi}, containers: [{name: c}]}");
+    assert_eq!(eviction_request_bytes(&p), 0);
+}

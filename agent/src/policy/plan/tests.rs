@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
@@ -5,6 +7,7 @@ use crate::policy::{
     cpuset::CpuSet,
     eviction::{EvictionInput, parse_thresholds},
     settings::{Capacity, CgroupDriver, MemoryQos},
+    version::KubeVersion,
 };
 
 const GIB: i64 = 1 << 30;
@@ -129,39 +132,290 @@ fn qos_reserved_limits_the_lower_tiers() {
     );
 }
 
-#[test]
-fn memory_qos_sets_min_low_and_high() {
+const MIB: i64 = 1 << 20;
+
+fn with_memory_qos(
+    version: u32,
+    factor: Option<u32>,
+    policy: MemoryReservationPolicy,
+) -> NodeSettings {
     let mut s = settings();
+    s.kubernetes_version = KubeVersion::v1(version);
     s.memory_qos = Some(MemoryQos {
-        throttling_factor_ppm: Some(900_000),
-        policy: MemoryReservationPolicy::None,
+        throttling_factor_ppm: factor,
+        policy,
     });
+    s
+}
+
+/// pkg/kubelet/cm/qos_container_manager_linux_test.go `activeTestPods`.
+fn active_test_pods() -> Vec<PodSpecView> {
+    vec![
+        pod(
+            "metadata: {name: guaranteed-pod, uid: '12345678'}\nspec: {containers: [{name: foo, resources: {requests: {memory: 128Mi, cpu: 1}, limits: {memory: 128Mi, cpu: 1}}}]}",
+        ),
+        pod(
+            "metadata: {name: burstable-pod-1, uid: '87654321'}\nspec: {containers: [{name: foo, resources: {requests: {memory: 128Mi, cpu: 1}, limits: {memory: 256Mi, cpu: 2}}}]}",
+        ),
+        pod(
+            "metadata: {name: burstable-pod-2, uid: '01234567'}\nspec: {containers: [{name: foo, resources: {requests: {memory: 256Mi, cpu: 2}}}]}",
+        ),
+    ]
+}
+
+#[test]
+fn memory_qos_1_35_protects_every_request_with_memory_min() {
+    // 1.34/1.35 setMemoryQoS: burstable memory.min = Burstable sum, kubepods = Guaranteed +
+    // Burstable, written only above 0; every pod and container request as memory.min; the
+    // factor defaults to 0.9 (config applies it).
+    let s = with_memory_qos(35, Some(900_000), MemoryReservationPolicy::None);
     let plan = plan_node(&s, &pods()).unwrap();
+    assert_eq!(plan.node.kubernetes_version.to_string(), "1.35");
     assert_eq!(plan.node.kubepods.memory_min_bytes, Some(5 * GIB));
     assert_eq!(plan.node.burstable.memory_min_bytes, Some(GIB));
+    assert_eq!(plan.node.burstable.memory_low_bytes, None);
     assert_eq!(plan.pods[0].memory_min_bytes, Some(4 * GIB));
+    assert_eq!(plan.pods[1].memory_min_bytes, Some(GIB));
     assert_eq!(plan.pods[0].containers[0].memory_high_bytes, None); // request == limit
     let b = &plan.pods[1].containers[0];
     let expected = (GIB + (31_138_512_896 - GIB) * 9 / 10) / 4096 * 4096;
     assert_eq!(b.memory_high_bytes, Some(expected));
+    // BestEffort containers: no memory.high before 1.37.
+    assert_eq!(plan.pods[2].containers[0].memory_high_bytes, None);
+    // Nothing requested: nothing written (no explicit zero before 1.36).
+    let plan = plan_node(&s, &[]).unwrap();
+    assert_eq!(plan.node.kubepods.memory_min_bytes, None);
+    assert_eq!(plan.node.burstable.memory_min_bytes, None);
+}
 
-    s.memory_qos = Some(MemoryQos {
-        throttling_factor_ppm: None,
-        policy: MemoryReservationPolicy::TieredReservation,
-    });
+#[test]
+fn memory_qos_tiered_reservation_tiers_reproduce_test_qos_container_cgroup() {
+    // pkg/kubelet/cm/qos_container_manager_linux_test.go TestQoSContainerCgroup (1.36+).
+    let be =
+        pod("metadata: {name: besteffort-pod, uid: '99999999'}\nspec: {containers: [{name: foo}]}");
+    let burstable_no_memory = pod(
+        "metadata: {name: burstable-pod-no-memory-request, uid: '88888888'}\nspec: {containers: [{name: foo, resources: {requests: {cpu: 1}}}]}",
+    );
+    let pod_level = pod(
+        "metadata: {name: burstable-pod-pod-level, uid: '87654321'}\nspec: {resources: {requests: {memory: 512Mi}}, containers: [{name: foo, resources: {requests: {memory: 128Mi, cpu: 1}, limits: {memory: 256Mi, cpu: 2}}}]}",
+    );
+    let rows: Vec<(&str, Vec<PodSpecView>, i64, i64)> = vec![
+        (
+            "writes aggregated memory min",
+            active_test_pods(),
+            512 * MIB,
+            384 * MIB,
+        ),
+        ("writes zero memory min for best effort pod", vec![be], 0, 0),
+        (
+            "writes zero memory min for burstable pod without memory request",
+            vec![burstable_no_memory],
+            0,
+            0,
+        ),
+        (
+            "clears stale memory min when all pods removed",
+            vec![],
+            0,
+            0,
+        ),
+        (
+            "writes memory min with pod-level resources",
+            vec![active_test_pods().remove(0), pod_level],
+            640 * MIB,
+            512 * MIB,
+        ),
+    ];
+    for version in [36, 37] {
+        let s = with_memory_qos(version, None, MemoryReservationPolicy::TieredReservation);
+        for (name, pods, guaranteed, burstable) in &rows {
+            let plan = plan_node(&s, pods).unwrap();
+            assert_eq!(
+                (
+                    plan.node.kubepods.memory_min_bytes,
+                    plan.node.burstable.memory_low_bytes
+                ),
+                (Some(*guaranteed), Some(*burstable)),
+                "1.{version}: {name}"
+            );
+            assert_eq!(plan.node.burstable.memory_min_bytes, None, "{name}");
+        }
+    }
+}
+
+#[test]
+fn memory_qos_policy_none_writes_explicit_zeros() {
+    // TestQoSContainerCgroupWithMemoryReservationPolicyNone: kubepods memory.min and burstable
+    // memory.low are reset to "0" however much is requested; pods are not protected.
+    for version in [36, 37] {
+        let s = with_memory_qos(version, None, MemoryReservationPolicy::None);
+        let plan = plan_node(&s, &active_test_pods()).unwrap();
+        assert_eq!(plan.node.kubepods.memory_min_bytes, Some(0));
+        assert_eq!(plan.node.burstable.memory_low_bytes, Some(0));
+        assert_eq!(plan.node.burstable.memory_min_bytes, None);
+        for p in &plan.pods {
+            assert_eq!((p.memory_min_bytes, p.memory_low_bytes), (None, None));
+            assert_eq!(p.containers[0].memory_min_bytes, None);
+        }
+    }
+}
+
+#[test]
+fn memory_qos_tiered_reservation_pods_reproduce_resource_config_for_pod() {
+    // pkg/kubelet/cm/helpers_linux_test.go TestResourceConfigForPodWithEnforceMemoryQoS
+    // (TieredReservation): (row, pod containers, memory.min, memory.low).
+    let rows = [
+        ("besteffort", "[{name: a}]", None, None),
+        (
+            "burstable-no-limits",
+            "[{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}}}]",
+            None,
+            Some(104_857_600),
+        ),
+        (
+            "burstable-with-limits",
+            "[{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {cpu: 200m, memory: 200Mi}}}]",
+            None,
+            Some(104_857_600),
+        ),
+        (
+            "burstable-partial-limits",
+            "[{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {cpu: 200m, memory: 200Mi}}}, {name: b, resources: {requests: {cpu: 100m, memory: 100Mi}}}]",
+            None,
+            Some(209_715_200),
+        ),
+        (
+            "guaranteed",
+            "[{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {cpu: 100m, memory: 100Mi}}}]",
+            Some(104_857_600),
+            None,
+        ),
+    ];
+    let s = with_memory_qos(37, None, MemoryReservationPolicy::TieredReservation);
+    for (name, containers, min, low) in rows {
+        let p = pod(&format!(
+            "metadata: {{name: p, uid: p-1}}\nspec: {{containers: {containers}}}"
+        ));
+        let plan = plan_node(&s, &[p]).unwrap();
+        let pp = &plan.pods[0];
+        assert_eq!(
+            (pp.memory_min_bytes, pp.memory_low_bytes),
+            (min, low),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn memory_high_follows_the_version_and_the_factor() {
+    // 1.37: memoryThrottlingFactor has no default, so no memory.high unless set.
+    let s = with_memory_qos(37, None, MemoryReservationPolicy::None);
     let plan = plan_node(&s, &pods()).unwrap();
-    assert_eq!(plan.pods[1].containers[0].memory_high_bytes, None);
-    assert_eq!(plan.pods[1].memory_low_bytes, Some(GIB));
-    assert_eq!(plan.pods[1].memory_min_bytes, None);
-    assert_eq!(plan.pods[0].memory_min_bytes, Some(4 * GIB));
-    assert_eq!(plan.node.burstable.memory_low_bytes, Some(GIB));
-    assert_eq!(plan.node.kubepods.memory_min_bytes, Some(4 * GIB));
+    assert!(
+        plan.pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .all(|c| c.memory_high_bytes.is_none())
+    );
     assert!(
         plan.node
             .warnings
             .iter()
             .any(|w| w.contains("memoryThrottlingFactor"))
     );
+    // 1.37 with a factor: BestEffort containers are throttled against allocatable.
+    let s = with_memory_qos(37, Some(900_000), MemoryReservationPolicy::None);
+    let plan = plan_node(&s, &pods()).unwrap();
+    let allocatable = 31_138_512_896_i64;
+    assert_eq!(
+        plan.pods[2].containers[0].memory_high_bytes,
+        Some(allocatable * 9 / 10 / 4096 * 4096)
+    );
+    assert_eq!(plan.pods[0].containers[0].memory_high_bytes, None);
+}
+
+#[test]
+fn pod_level_memory_high_reproduces_test_apply_pod_level_memory_high() {
+    // pkg/kubelet/cm/helpers_linux_test.go TestApplyPodLevelMemoryHigh (1.37, factor 0.9).
+    let s = with_memory_qos(37, Some(900_000), MemoryReservationPolicy::None);
+    let high = |yaml: &str| plan_node(&s, &[pod(yaml)]).unwrap().pods[0].memory_high_bytes;
+    // "cpu-only pod-level resources does not set memory.high"
+    assert_eq!(
+        high(
+            "metadata: {name: p, uid: p-1}\nspec: {resources: {limits: {cpu: 2}}, containers: [{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {cpu: 200m}}}]}"
+        ),
+        None
+    );
+    // "mixed declared/undeclared memory limits does not set memory.high"
+    assert_eq!(
+        high(
+            "metadata: {name: p, uid: p-1}\nspec: {resources: {limits: {cpu: 2}}, containers: [{name: a, resources: {requests: {cpu: 100m, memory: 100Mi}, limits: {cpu: 200m, memory: 200Mi}}}, {name: b, resources: {requests: {cpu: 100m, memory: 100Mi}}}]}"
+        ),
+        None
+    );
+    // "pod overhead is included in memory.high calculation": more with overhead than without.
+    let base = "resources: {requests: {memory: 128Mi, cpu: 1}, limits: {memory: 256Mi, cpu: 1}}, containers: [{name: a, resources: {requests: {cpu: 1, memory: 128Mi}, limits: {cpu: 1, memory: 256Mi}}}]";
+    let with = high(&format!(
+        "metadata: {{name: p, uid: p-1}}\nspec: {{overhead: {{memory: 64Mi}}, {base}}}"
+    ))
+    .unwrap();
+    let without = high(&format!(
+        "metadata: {{name: p, uid: p-1}}\nspec: {{{base}}}"
+    ))
+    .unwrap();
+    assert!(with > without, "{with} <= {without}");
+    // 128Mi + 0.9 * 128Mi, and (128+64)Mi + 0.9 * 128Mi with overhead, page aligned.
+    assert_eq!(without, (128 * MIB + 128 * MIB * 9 / 10) / 4096 * 4096);
+    assert_eq!(with, (192 * MIB + 128 * MIB * 9 / 10) / 4096 * 4096);
+    // Before 1.37 there is no pod-level memory.high.
+    let s = with_memory_qos(36, Some(900_000), MemoryReservationPolicy::None);
+    let p = pod(&format!(
+        "metadata: {{name: p, uid: p-1}}\nspec: {{{base}}}"
+    ));
+    assert_eq!(plan_node(&s, &[p]).unwrap().pods[0].memory_high_bytes, None);
+}
+
+#[test]
+fn pod_overhead_counts_in_the_pod_cgroup_and_the_tiers() {
+    // component-helpers PodRequests adds spec.overhead to every request; PodLimits only to
+    // resources that have a limit. The pod cgroup (ResourceConfigForPod) and the QoS tiers
+    // (setCPUCgroupConfig, getQoSMemoryRequests) use both.
+    let p = pod(
+        "metadata: {name: kata, uid: k-1}\nspec: {overhead: {cpu: 250m, memory: 120Mi}, containers: [{name: a, resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {memory: 2Gi}}}]}",
+    );
+    let plan = plan_node(&settings(), &[p]).unwrap();
+    let pp = &plan.pods[0];
+    assert_eq!(pp.qos_class, QosClass::Burstable);
+    assert_eq!(pp.cpu_shares, Some(milli_cpu_to_shares(750)));
+    assert_eq!(pp.memory_limit_bytes, Some(2 * GIB + 120 * MIB));
+    assert_eq!(pp.cpu_quota_us, None); // no cpu limit: overhead does not make one
+    assert_eq!(
+        plan.node.burstable.cpu_shares,
+        Some(milli_cpu_to_shares(750))
+    );
+    // The container's own cgroup is the runtime's: no overhead there.
+    assert_eq!(pp.containers[0].cpu_shares, milli_cpu_to_shares(500));
+    // Nor in oom_score_adj: policy.go scores container requests, and its pod-level share
+    // (remainingPodMemReqPerContainer) subtracts AggregateContainerRequests, no overhead.
+    let without = pod(
+        "metadata: {name: kata, uid: k-1}\nspec: {containers: [{name: a, resources: {requests: {cpu: 500m, memory: 1Gi}, limits: {memory: 2Gi}}}]}",
+    );
+    let plain = plan_node(&settings(), &[without]).unwrap();
+    assert_eq!(
+        pp.containers[0].oom_score_adj,
+        plain.pods[0].containers[0].oom_score_adj
+    );
+    assert_eq!(pp.containers[0].oom_score_adj, 969); // 1000 - 1000 * 1Gi / 32Gi
+}
+
+#[test]
+fn containers_get_memory_oom_group_unless_single_process_oom_kill() {
+    let mut s = settings();
+    let plan = plan_node(&s, &pods()).unwrap();
+    assert_eq!(plan.pods[0].containers[0].memory_oom_group, Some(true));
+    s.single_process_oom_kill = true;
+    let plan = plan_node(&s, &pods()).unwrap();
+    assert_eq!(plan.pods[0].containers[0].memory_oom_group, None);
 }
 
 #[test]
@@ -209,4 +463,55 @@ fn pod_level_resources_gate_off_ignores_spec_resources() {
         plan_node(&s, &[p]).unwrap().pods[0].qos_class,
         QosClass::BestEffort
     );
+}
+
+#[test]
+fn the_tie_break_gate_reaches_the_containers_score() {
+    // 500Mi request == limit on a 16Gi node: 970, 969 with KubeletOOMScoreAdjTieBreak
+    // (TestGetContainerOOMScoreAdjustTieBreak).
+    let mut s = settings();
+    s.capacity.memory_bytes = 16 * GIB;
+    s.system_reserved = Default::default();
+    let p = pod(
+        "metadata: {name: p, uid: p-1}\nspec: {containers: [{name: c, resources: {requests: {memory: 500Mi, cpu: 100m}, limits: {memory: 500Mi}}}]}",
+    );
+    let score = |s: &NodeSettings| {
+        plan_node(s, std::slice::from_ref(&p)).unwrap().pods[0].containers[0].oom_score_adj
+    };
+    assert_eq!(score(&s), 970);
+    s.oom_score_adj_tie_break = true;
+    assert_eq!(score(&s), 969);
+}
+
+#[test]
+fn hugetlb_limits_reproduce_test_huge_page_limits() {
+    // pkg/kubelet/cm/helpers_linux_test.go TestHugePageLimits through ResourceConfigForPod:
+    // (requests, expected limits by page size); the host has 2Mi and 1Gi pages.
+    let rows = [
+        ("no valid hugepages", "{2Mi: '128'}", vec![]),
+        ("2Mi only", "{hugepages-2Mi: '128'}", vec![("2MB", 128)]),
+        (
+            "2Mi and 4Mi",
+            "{hugepages-2Mi: '128', hugepages-2097152: '256', hugepages-4Mi: '512', 4Mi: '1024'}",
+            vec![("2MB", 384), ("4MB", 512)],
+        ),
+    ];
+    let mut s = settings();
+    s.hugepage_sizes = vec![2 << 20, 1 << 30];
+    for (name, requests, want) in rows {
+        let p = pod(&format!(
+            "metadata: {{name: p, uid: p-1}}\nspec: {{containers: [{{name: a, resources: {{requests: {requests}}}}}]}}"
+        ));
+        let plan = plan_node(&s, &[p]).unwrap();
+        let mut expected: BTreeMap<String, i64> =
+            [("2MB".to_string(), 0), ("1GB".to_string(), 0)].into();
+        expected.extend(want.into_iter().map(|(k, v)| (k.to_string(), v)));
+        assert_eq!(plan.pods[0].hugetlb_limits, expected, "{name}");
+        // The QoS tiers stay unbounded for every host page size (setHugePagesUnbounded).
+        assert_eq!(plan.node.burstable.hugetlb_limits["1GB"], 1 << 62);
+        assert_eq!(plan.node.besteffort.hugetlb_limits["2MB"], 1 << 62);
+    }
+    assert_eq!(hugepage_unit(2 << 20), "2MB");
+    assert_eq!(hugepage_unit(1 << 30), "1GB");
+    assert_eq!(hugepage_unit(64 << 10), "64KB");
 }

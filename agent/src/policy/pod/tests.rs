@@ -3,7 +3,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::policy::{
-    oom::{GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj},
+    oom::{GUARANTEED_OOM_SCORE_ADJ, container_oom_score_adj, container_oom_score_adj_with},
     qos::{QosClass, compute_pod_qos, pod_qos},
 };
 
@@ -292,5 +292,143 @@ proptest! {
                 QosClass::BestEffort => prop_assert_eq!(adj, 1000),
             }
         }
+    }
+}
+
+/// pkg/kubelet/qos/policy_test.go `TestGetContainerOOMScoreAdjustTieBreak`, every row without a
+/// DRA claim: (name, capacity, pod YAML, container index, gate off, gate on). The gate is alpha
+/// and off by default, so "gate off" is also every earlier version's score.
+#[test]
+fn oom_score_adj_tie_break_reproduces_the_kubelet_rows() {
+    const GI: i64 = 1 << 30;
+    const TI: i64 = 1 << 40;
+    let one = |req: &str, lim: Option<&str>| {
+        let limits = lim.map_or(String::new(), |l| format!(", limits: {{memory: {l}}}"));
+        format!(
+            "spec: {{containers: [{{name: c, resources: {{requests: {{memory: {req}}}{limits}}}}}]}}"
+        )
+    };
+    let sidecar = "spec: {initContainers: [{name: sidecar, restartPolicy: Always, resources: {requests: {memory: 50Mi}}}], containers: [{name: small-bounded, resources: {requests: {memory: 50Mi}, limits: {memory: 50Mi}}}, {name: large-unbounded, resources: {requests: {memory: 16Gi}}}]}".to_string();
+    let pod_level = |limit: &str| {
+        format!(
+            "spec: {{resources: {{requests: {{memory: 2Gi}}, limits: {{memory: {limit}}}}}, containers: [{{name: c, resources: {{requests: {{cpu: 100m}}}}}}]}}"
+        )
+    };
+    let rows: Vec<(&str, i64, String, usize, i32, i32)> = vec![
+        (
+            "16Gi node, 500Mi unlimited",
+            16 * GI,
+            one("500Mi", None),
+            0,
+            970,
+            970,
+        ),
+        (
+            "16Gi node, 500Mi request equals limit",
+            16 * GI,
+            one("500Mi", Some("500Mi")),
+            0,
+            970,
+            969,
+        ),
+        (
+            "1Ti node, 50Mi unlimited is below the floor",
+            TI,
+            one("50Mi", None),
+            0,
+            999,
+            999,
+        ),
+        (
+            "1Ti node, 500Mi unlimited",
+            TI,
+            one("500Mi", None),
+            0,
+            999,
+            998,
+        ),
+        (
+            "1Ti node, 4Gi unlimited hits the nudge cap",
+            TI,
+            one("4Gi", None),
+            0,
+            997,
+            993,
+        ),
+        (
+            "1Ti node, 16Gi unlimited",
+            TI,
+            one("16Gi", None),
+            0,
+            985,
+            981,
+        ),
+        (
+            "1Ti node, 500Mi request equals limit",
+            TI,
+            one("500Mi", Some("500Mi")),
+            0,
+            999,
+            993,
+        ),
+        (
+            "4Ti node, 500Mi unlimited",
+            4 * TI,
+            one("500Mi", None),
+            0,
+            999,
+            998,
+        ),
+        (
+            "4Ti node, 64Gi unlimited",
+            4 * TI,
+            one("64Gi", None),
+            0,
+            985,
+            979,
+        ),
+        (
+            "1Ti node, sidecar capped at the highest regular container",
+            TI,
+            sidecar,
+            0,
+            999,
+            995,
+        ),
+        (
+            "1Ti node, pod-level limit above the container's share",
+            TI,
+            pod_level("4Gi"),
+            0,
+            999,
+            995,
+        ),
+        (
+            "1Ti node, pod-level limit equal to the container's share",
+            TI,
+            pod_level("2Gi"),
+            0,
+            999,
+            990,
+        ),
+    ];
+    for (name, capacity, yaml, i, off, on) in rows {
+        let p = pod(&yaml);
+        let c = &p.containers[i];
+        assert_eq!(
+            container_oom_score_adj(&p, c, capacity),
+            off,
+            "{name}, gate off"
+        );
+        assert_eq!(
+            container_oom_score_adj_with(&p, c, capacity, false),
+            off,
+            "{name}"
+        );
+        assert_eq!(
+            container_oom_score_adj_with(&p, c, capacity, true),
+            on,
+            "{name}, gate on"
+        );
     }
 }
