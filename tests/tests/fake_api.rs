@@ -705,3 +705,96 @@ async fn down_and_up_on_the_same_port() {
     })
     .await;
 }
+
+/// One HTTP/1.1 request over a fresh connection, as a client other than kube sends it.
+async fn raw(fake: &FakeApi, method: &str, path: &str, body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(fake.addr()).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        fake.addr(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response[9..12].parse().unwrap();
+    let (_, body) = response.split_once("\r\n\r\n").unwrap();
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn controls_over_http_for_a_separate_process() {
+    let (fake, client) = start(Options::default()).await;
+    let (code, stored) = raw(
+        &fake,
+        "POST",
+        "/_fake/objects",
+        &json!([node("n1"), pod("ns", "p", "n1")]).to_string(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(stored.as_array().unwrap().len(), 2);
+    let pods: Api<Pod> = Api::namespaced(client, "ns");
+    assert!(pods.get("p").await.unwrap().metadata.uid.is_some());
+
+    let (code, _) = raw(
+        &fake,
+        "POST",
+        "/_fake/block-eviction",
+        r#"{"namespace": "ns", "name": "p", "budget": "b"}"#,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let err = pods.evict("p", &EvictParams::default()).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 429));
+
+    let (code, _) = raw(&fake, "POST", "/_fake/unavailable", "").await;
+    assert_eq!(code, 200);
+    let (code, status) = raw(&fake, "GET", "/api/v1/namespaces/ns/pods/p", "").await;
+    assert_eq!(
+        (code, status["reason"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
+    raw(&fake, "POST", "/_fake/available", "").await;
+
+    let (code, status) = raw(
+        &fake,
+        "POST",
+        "/_fake/remove",
+        r#"{"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "p"}"#,
+    )
+    .await;
+    assert_eq!(
+        (code, status["metadata"]["name"].as_str()),
+        (200, Some("p"))
+    );
+    let (_, log) = raw(&fake, "GET", "/_fake/requests", "").await;
+    let log: Vec<(String, u16)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                format!(
+                    "{} {}",
+                    r["method"].as_str().unwrap(),
+                    r["path"].as_str().unwrap()
+                ),
+                r["code"].as_u64().unwrap() as u16,
+            )
+        })
+        .collect();
+    assert_eq!(
+        log,
+        [
+            ("GET /api/v1/namespaces/ns/pods/p".to_string(), 200),
+            (
+                "POST /api/v1/namespaces/ns/pods/p/eviction".to_string(),
+                429
+            ),
+            ("GET /api/v1/namespaces/ns/pods/p".to_string(), 503),
+        ],
+        "API requests only, not the controls"
+    );
+}

@@ -12,7 +12,7 @@ use axum::{
 use serde_json::{Value, json};
 
 use super::{
-    Shared,
+    Shared, control,
     log::{RequestRecord, url_decode_pairs},
     ops::{self, DeleteOptions},
     patch::PatchType,
@@ -47,6 +47,13 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         .unwrap_or_default();
     let parsed = parse_body(&bytes, content_type.as_deref());
     let query: Query = url_decode_pairs(&raw_query).into_iter().collect();
+    if path.starts_with(control::PREFIX) {
+        let (code, value) = match parsed {
+            Ok(body) => control::handle(&shared, &parts.method, &path, body),
+            Err(err) => (err.code, err.body()),
+        };
+        return json_response(code, &value);
+    }
 
     let reply = if shared.unavailable.load(std::sync::atomic::Ordering::SeqCst) {
         Err(ApiError::unavailable())
@@ -156,54 +163,35 @@ fn dispatch(
             }
             _ => Err(ApiError::method_not_allowed()),
         },
-        (Some(name), None) => match *method {
-            Method::GET => ops::get(shared, &target, &name).map(|o| Reply::Json(200, o)),
-            Method::PUT => {
-                ops::update(shared, &target, &name, body, Part::Main).map(|o| Reply::Json(200, o))
-            }
-            Method::PATCH => {
-                let kind = patch_type(content_type)?;
-                ops::patch(
-                    shared,
-                    &target,
-                    &name,
-                    kind,
-                    body,
-                    field_manager,
-                    Part::Main,
-                )
-                .map(|o| Reply::Json(200, o))
-            }
-            Method::DELETE => {
-                let mut options = DeleteOptions::from_json(body.as_ref());
-                if let Some(grace) = query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()) {
-                    options.grace_period_seconds = Some(grace);
+        (Some(name), sub @ (None | Some("status"))) if sub.is_none() || res.status_subresource => {
+            let part = if sub.is_none() {
+                Part::Main
+            } else {
+                Part::Status
+            };
+            match *method {
+                Method::GET => ops::get(shared, &target, &name).map(|o| Reply::Json(200, o)),
+                Method::PUT => {
+                    ops::update(shared, &target, &name, body, part).map(|o| Reply::Json(200, o))
                 }
-                let deleted = ops::delete(shared, &target, &name, &options)?;
-                Ok(Reply::Json(200, ops::delete_response(res, deleted)))
+                Method::PATCH => {
+                    let kind = patch_type(content_type)?;
+                    ops::patch(shared, &target, &name, kind, body, field_manager, part)
+                        .map(|o| Reply::Json(200, o))
+                }
+                Method::DELETE if part == Part::Main => {
+                    let mut options = DeleteOptions::from_json(body.as_ref());
+                    if let Some(grace) =
+                        query.get("gracePeriodSeconds").and_then(|g| g.parse().ok())
+                    {
+                        options.grace_period_seconds = Some(grace);
+                    }
+                    let deleted = ops::delete(shared, &target, &name, &options)?;
+                    Ok(Reply::Json(200, ops::delete_response(res, deleted)))
+                }
+                _ => Err(ApiError::method_not_allowed()),
             }
-            _ => Err(ApiError::method_not_allowed()),
-        },
-        (Some(name), Some("status")) if res.status_subresource => match *method {
-            Method::GET => ops::get(shared, &target, &name).map(|o| Reply::Json(200, o)),
-            Method::PUT => {
-                ops::update(shared, &target, &name, body, Part::Status).map(|o| Reply::Json(200, o))
-            }
-            Method::PATCH => {
-                let kind = patch_type(content_type)?;
-                ops::patch(
-                    shared,
-                    &target,
-                    &name,
-                    kind,
-                    body,
-                    field_manager,
-                    Part::Status,
-                )
-                .map(|o| Reply::Json(200, o))
-            }
-            _ => Err(ApiError::method_not_allowed()),
-        },
+        }
         (Some(name), Some("eviction")) if res.kind == "Pod" => match *method {
             Method::POST => ops::evict(shared, &target, &name, body).map(|s| Reply::Json(201, s)),
             _ => Err(ApiError::method_not_allowed()),

@@ -3,7 +3,8 @@
 use serde_json::Value;
 
 /// One request as the fake received and answered it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RequestRecord {
     pub method: String,
     pub path: String,

@@ -38,7 +38,9 @@
 //! - `Status` error bodies worded as the real server words them ([`status`]).
 //! - Test controls on [`FakeApi`]: seed, create, replace, modify and delete objects while
 //!   running (watches see them), block eviction per pod, compact the history, go down (refuse
-//!   connections, or answer 503) and come back on the same port, and a request log.
+//!   connections, or answer 503) and come back on the same port, and a request log. The same
+//!   controls, except refusing connections, over HTTP under `/_fake/` for a fake that runs as
+//!   its own process ([`control`]).
 //!
 //! # What it does not implement
 //! - Authentication, authorization, admission, validation beyond the name, defaulting (a pod's
@@ -55,6 +57,7 @@
 //! - Protobuf, table output, HTTP/2, TLS (plain HTTP on 127.0.0.1), watch over WebSocket.
 //! - PodDisruptionBudgets as objects: a per-pod switch stands for them.
 
+mod control;
 mod handler;
 mod kubeconfig;
 mod log;
@@ -244,18 +247,7 @@ impl FakeApi {
 
     /// Replaces an object (status included), or creates it when missing.
     pub fn apply_json(&self, object: Value) -> Result<Value, FakeApiError> {
-        let key = key_of(&object)?;
-        let mut store = self.store();
-        if store.get(&key).is_none() {
-            return store.create(&key, object).map_err(FakeApiError::Api);
-        }
-        let mut object = object;
-        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("resourceVersion");
-        }
-        store
-            .update(&key, object, Part::Whole)
-            .map_err(FakeApiError::Api)
+        apply_object(&mut self.store(), object)
     }
 
     /// Changes a stored object in place (status included) as one write.
@@ -369,6 +361,20 @@ fn router(shared: &Arc<Shared>) -> Router {
     Router::new()
         .fallback(handler::handle)
         .with_state(Arc::clone(shared))
+}
+
+/// Creates or replaces (status included) an object given as JSON.
+fn apply_object(store: &mut Store, mut object: Value) -> Result<Value, FakeApiError> {
+    let key = key_of(&object)?;
+    if store.get(&key).is_none() {
+        return store.create(&key, object).map_err(FakeApiError::Api);
+    }
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    store
+        .update(&key, object, Part::Whole)
+        .map_err(FakeApiError::Api)
 }
 
 fn key_for(

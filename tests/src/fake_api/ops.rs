@@ -170,33 +170,32 @@ impl DeleteOptions {
     }
 }
 
+/// 409 when a precondition names another uid or resourceVersion than the object has, worded
+/// as `Preconditions.Check` in apiserver's storage interfaces words it.
 fn check_preconditions(
     res: &ResourceType,
     name: &str,
     object: &Value,
     options: &DeleteOptions,
 ) -> Result<(), ApiError> {
-    let uid = meta_str(object, "uid").unwrap_or_default();
-    if let Some(want) = options.uid.as_deref()
-        && want != uid
-    {
-        return Err(ApiError::conflict(
-            res,
-            name,
-            &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"),
-        ));
-    }
-    let rv = meta_str(object, "resourceVersion").unwrap_or_default();
-    if let Some(want) = options.resource_version.as_deref()
-        && want != rv
-    {
-        return Err(ApiError::conflict(
-            res,
-            name,
-            &format!(
-                "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rv}"
-            ),
-        ));
+    let checks = [
+        ("UID", "uid", options.uid.as_deref()),
+        (
+            "ResourceVersion",
+            "resourceVersion",
+            options.resource_version.as_deref(),
+        ),
+    ];
+    for (label, field, want) in checks {
+        let have = meta_str(object, field).unwrap_or_default();
+        if let Some(want) = want
+            && want != have
+        {
+            let why = format!(
+                "Precondition failed: {label} in precondition: {want}, {label} in object meta: {have}"
+            );
+            return Err(ApiError::conflict(res, name, &why));
+        }
     }
     Ok(())
 }

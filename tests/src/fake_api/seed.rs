@@ -45,7 +45,8 @@ pub fn parse(text: &str) -> Result<Vec<Value>, serde_yaml_ng::Error> {
     Ok(out)
 }
 
-fn flatten(value: Value, out: &mut Vec<Value>) {
+/// Appends the objects in `value` (an object, a `List`, an array) to `out`.
+pub(super) fn flatten(value: Value, out: &mut Vec<Value>) {
     match value {
         Value::Null => {}
         Value::Array(items) => items.into_iter().for_each(|v| flatten(v, out)),
