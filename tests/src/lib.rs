@@ -467,6 +467,7 @@ pub fn online_cpus() -> u32 {
 }
 
 pub mod eviction;
+pub mod fake_api;
 pub use eviction::*;
 
 /// How long a runtime test waits for a pod to reach a state.

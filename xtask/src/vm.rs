@@ -103,6 +103,9 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
     Ok(reports)
 }
 
+/// `qoslet-tests` targets that run on the host only.
+const HOST_ONLY: &[&str] = &["fake_api", "qoslet-fake-api"];
+
 /// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
 pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
@@ -133,12 +136,13 @@ pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
                 .is_some_and(|kinds| kinds.iter().any(|k| k == want))
         };
         // Test executables, and the helper binaries the tests start (e.g. qoslet-test-hog).
-        // Bench binaries are not needed in the VM.
-        let is_bench = msg["target"]["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with("qoslet-bench-"));
-        let wanted = (msg["profile"]["test"] == true && kind_is("test"))
-            || (msg["profile"]["test"] == false && kind_is("bin") && !is_bench);
+        // Bench binaries are not needed in the VM, nor the fake API server and its tests, which
+        // exercise kube over loopback and nothing of the kernel.
+        let name = msg["target"]["name"].as_str().unwrap_or_default();
+        let is_bench = name.starts_with("qoslet-bench-");
+        let host_only = HOST_ONLY.contains(&name);
+        let wanted = (msg["profile"]["test"] == true && kind_is("test") && !host_only)
+            || (msg["profile"]["test"] == false && kind_is("bin") && !is_bench && !host_only);
         if msg["reason"] == "compiler-artifact"
             && wanted
             && let Some(exe) = msg["executable"].as_str()

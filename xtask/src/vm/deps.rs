@@ -1,11 +1,14 @@
-//! Host prerequisites of the VM matrix: QEMU, cpio, a static busybox and the musl target.
+//! Host prerequisites of the VM matrix: QEMU, cpio, a static busybox, the musl target and a musl
+//! C compiler.
 
 use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
-/// Debian packages the VM matrix needs on the host.
-const PACKAGES: &[&str] = &["qemu-system-x86", "cpio", "busybox-static"];
+/// Debian packages the VM matrix needs on the host. musl-tools gives cc-rs the
+/// `x86_64-linux-musl-gcc` that ring (kube's TLS, a dependency of the tests crate) compiles its C
+/// and assembly with for the musl target.
+const PACKAGES: &[&str] = &["qemu-system-x86", "cpio", "busybox-static", "musl-tools"];
 /// The test binaries run in an initramfs without a libc, so they are static musl builds.
 pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 
