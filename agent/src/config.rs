@@ -24,6 +24,7 @@ use crate::policy::{
         Reservation, ReservedCpusConflict,
     },
 };
+use crate::sensors::SensorSwitches;
 
 pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub const QOSLET_API_VERSION: &str = "qoslet.dev/v1alpha1";
@@ -98,7 +99,8 @@ pub enum Mode {
 pub struct EbpfConfig {
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Sensor name -> on/off; sensors not listed are on. Names belong to the sensors module.
+    /// Sensor name -> on/off; sensors not listed are on. The names are those of
+    /// `sensors::table::SENSORS`; another name is an error.
     #[serde(default)]
     pub sensors: BTreeMap<String, bool>,
 }
@@ -309,6 +311,8 @@ impl QosletConfiguration {
                 format!("expected {QOSLET_API_VERSION}, got {:?}", qc.api_version),
             ));
         }
+        SensorSwitches::new(&qc.ebpf.sensors)
+            .map_err(|e| invalid("ebpf.sensors", e.to_string()))?;
         Ok(qc)
     }
 }
