@@ -3,14 +3,14 @@
 
 mod sensors_common;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use qoslet::{
     config::EbpfConfig,
     sensors::{CpuSource, SensorMode, SensorsConfig, table::SWITCHED_OFF},
 };
 use qoslet_tests::require_root;
-use sensors_common::{Cgroups, start, status};
+use sensors_common::{Cgroups, remove_and_wait_unwatched, start, status};
 
 fn switched_off(names: &[&str]) -> SensorsConfig {
     SensorsConfig::from_settings(&EbpfConfig {
@@ -57,12 +57,7 @@ async fn a_switched_off_sensor_runs_its_fallback_and_the_others_their_hooks() {
         .expect("reading the cgroup's CPU files")
         .expect("usage of a watched cgroup");
     assert_eq!(usage.source, CpuSource::CgroupFiles);
-    let id = removed.id();
-    drop(removed);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while sensors.is_watched(id) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = remove_and_wait_unwatched(&sensors, removed).await;
     assert!(!sensors.is_watched(id), "the removed cgroup is unwatched");
     assert!(sensors.is_watched(kept.id()));
 }
