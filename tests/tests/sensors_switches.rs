@@ -3,21 +3,24 @@
 
 mod sensors_common;
 
-use std::collections::BTreeMap;
-
 use qoslet::{
     config::EbpfConfig,
-    sensors::{CpuSource, SensorMode, SensorsConfig, table::SWITCHED_OFF},
+    sensors::{
+        CpuSource, SensorMode, SensorSwitches, SensorsConfig,
+        table::{SENSORS, SWITCHED_OFF},
+    },
 };
 use qoslet_tests::require_root;
 use sensors_common::{Cgroups, remove_and_wait_unwatched, start, status};
 
+/// The configuration `ebpf: {sensors: {<name>: false, ...}}` gives the node.
 fn switched_off(names: &[&str]) -> SensorsConfig {
-    SensorsConfig::from_settings(&EbpfConfig {
+    let settings = EbpfConfig {
         enabled: true,
         sensors: names.iter().map(|n| (n.to_string(), false)).collect(),
-    })
-    .expect("known sensor names")
+    };
+    SensorSwitches::new(&settings.sensors).expect("known sensor names");
+    SensorsConfig::from(&settings)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,15 +68,8 @@ async fn a_switched_off_sensor_runs_its_fallback_and_the_others_their_hooks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_sensor_switched_off_nothing_is_loaded() {
     require_root();
-    let all: BTreeMap<String, bool> = qoslet::sensors::table::SENSORS
-        .iter()
-        .map(|s| (s.name.to_string(), false))
-        .collect();
-    let config = SensorsConfig::from_settings(&EbpfConfig {
-        enabled: true,
-        sensors: all,
-    })
-    .expect("known sensor names");
+    let all: Vec<&str> = SENSORS.iter().map(|s| s.name).collect();
+    let config = switched_off(&all);
     let (sensors, _rx) = start(config);
     assert!(sensors.with_ebpf(|_| ()).is_none(), "no eBPF object loaded");
     for s in sensors.statuses() {

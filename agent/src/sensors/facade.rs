@@ -28,7 +28,7 @@ use super::{
     owners::CgroupOwners,
     psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
-    table::{Fallback, Outcome, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches, UnknownSensor},
+    table::{Fallback, Outcome, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches},
 };
 
 /// What to start.
@@ -59,15 +59,15 @@ impl Default for SensorsConfig {
     }
 }
 
-impl SensorsConfig {
-    /// The defaults with the configuration's `ebpf` settings; an unknown name in `ebpf.sensors`
-    /// is an error (`QosletConfiguration::parse` reports it first).
-    pub fn from_settings(ebpf: &EbpfConfig) -> Result<Self, UnknownSensor> {
-        Ok(Self {
+impl From<&EbpfConfig> for SensorsConfig {
+    /// The defaults with the configuration's `ebpf` settings, whose sensor names
+    /// `QosletConfiguration::parse` checked when the file was loaded.
+    fn from(ebpf: &EbpfConfig) -> Self {
+        Self {
             ebpf: ebpf.enabled,
-            switches: SensorSwitches::new(&ebpf.sensors)?,
+            switches: SensorSwitches::from_checked(&ebpf.sensors),
             ..Self::default()
-        })
+        }
     }
 }
 

@@ -225,17 +225,24 @@ impl SensorSwitches {
     /// From the `ebpf.sensors` map (sensor name -> on); a name that is not in [`SENSORS`] is an
     /// error.
     pub fn new(settings: &BTreeMap<String, bool>) -> Result<Self, UnknownSensor> {
-        let mut off = BTreeSet::new();
-        for (name, on) in settings {
-            let sensor = SENSORS
-                .iter()
-                .find(|s| s.name == name)
-                .ok_or_else(|| UnknownSensor { name: name.clone() })?;
-            if !on {
-                off.insert(sensor.name);
-            }
+        if let Some(name) = settings
+            .keys()
+            .find(|name| !SENSORS.iter().any(|s| s.name == name.as_str()))
+        {
+            return Err(UnknownSensor { name: name.clone() });
         }
-        Ok(Self { off })
+        Ok(Self::from_checked(settings))
+    }
+
+    /// From an `ebpf.sensors` map already checked by [`Self::new`] (as
+    /// `QosletConfiguration::parse` does); a name that is not a sensor switches nothing.
+    pub fn from_checked(settings: &BTreeMap<String, bool>) -> Self {
+        let off = SENSORS
+            .iter()
+            .filter(|s| settings.get(s.name) == Some(&false))
+            .map(|s| s.name)
+            .collect();
+        Self { off }
     }
 
     pub fn is_on(&self, sensor: &str) -> bool {

@@ -269,3 +269,23 @@ fn unknown_sensor_names_are_rejected_with_the_known_ones() {
     assert!(!SensorSwitches::new(&all_off).expect("known").any_on());
     assert!(SensorSwitches::default().any_on());
 }
+
+#[test]
+fn the_configuration_switches_reach_the_sensors_config() {
+    let ebpf = crate::config::EbpfConfig {
+        enabled: true,
+        sensors: BTreeMap::from([
+            ("cpu_runqueue".to_string(), false),
+            ("oom_score_adj".to_string(), true),
+        ]),
+    };
+    let config = crate::sensors::SensorsConfig::from(&ebpf);
+    assert!(config.ebpf);
+    assert!(!config.switches.is_on("cpu_runqueue"));
+    assert!(config.switches.is_on("oom_score_adj"));
+    assert!(config.switches.is_on("oom_victim"));
+    assert_eq!(
+        config.switches,
+        SensorSwitches::new(&ebpf.sensors).expect("known")
+    );
+}
