@@ -4,17 +4,11 @@
 //! so they do not grow without bound.
 
 use aya_ebpf::{
-    EbpfContext as _, Global,
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel_str_bytes,
-    },
-    macros::tracepoint,
-    programs::TracePointContext,
+    Global, helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
 use qoslet_common::{
-    CGROUP_PATH_LEN, CgroupEvent, EventHeader, EventKind, LifecycleTracepointLayout,
-    OomScoreAdjEvent, ProcessEvent, TASK_COMM_LEN,
+    CgroupEvent, EventHeader, EventKind, LifecycleTracepointLayout, OomScoreAdjEvent, ProcessEvent,
+    TASK_COMM_LEN,
     event::{
         CGROUP_MKDIR, CGROUP_RMDIR, MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX, MEMCG_ITEM_OOM,
         MEMCG_ITEM_OOM_GROUP_KILL, MEMCG_ITEM_OOM_KILL, MemcgCounterKey, PROCESS_EXEC,
@@ -23,12 +17,14 @@ use qoslet_common::{
 };
 
 use crate::{
-    maps::{EVENTS, EVENTS_LOST, WATCHED_CGROUPS, emit, watched},
+    kernel::{boot_ns, current_cgroup_id, record, record_str},
+    maps::{EVENTS, WATCHED_CGROUPS, count_lost, emit, watched},
     memcg::MEMCG_COUNTERS,
     reclaim::RECLAIM_STATS,
     sched::CPU_STATS,
 };
 
+// SAFETY: the only symbol of this name in the object; the agent sets it by name at load time.
 #[unsafe(no_mangle)]
 static LIFECYCLE_LAYOUT: Global<LifecycleTracepointLayout> =
     Global::new(LifecycleTracepointLayout::UNSET);
@@ -70,7 +66,7 @@ fn header(kind: EventKind) -> EventHeader {
     EventHeader {
         kind: kind as u32,
         flags: 0,
-        boot_ns: unsafe { bpf_ktime_get_boot_ns() },
+        boot_ns: boot_ns(),
     }
 }
 
@@ -80,20 +76,18 @@ fn try_score(ctx: &TracePointContext) -> Result<(), i32> {
         return Err(0);
     }
     // The writer's cgroup: a task resetting its own score (or a sibling's) is in the cgroup.
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let cgroup_id = current_cgroup_id();
     if !watched(cgroup_id) {
         return Ok(());
     }
-    let event = unsafe {
-        OomScoreAdjEvent {
-            header: header(EventKind::OomScoreAdj),
-            pid: ctx.read_at::<i32>(l.score_pid as usize)? as u32,
-            writer_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
-            cgroup_id,
-            oom_score_adj: ctx.read_at::<i16>(l.score_adj as usize)? as i32,
-            _pad: 0,
-            comm: ctx.read_at::<[u8; TASK_COMM_LEN]>(l.score_comm as usize)?,
-        }
+    let event = OomScoreAdjEvent {
+        header: header(EventKind::OomScoreAdj),
+        pid: record::<i32>(ctx, l.score_pid)? as u32,
+        writer_tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        cgroup_id,
+        oom_score_adj: record::<i16>(ctx, l.score_adj)? as i32,
+        _pad: 0,
+        comm: record::<[u8; TASK_COMM_LEN]>(ctx, l.score_comm)?,
     };
     emit(event);
     Ok(())
@@ -104,14 +98,14 @@ fn try_fork(ctx: &TracePointContext) -> Result<(), i32> {
     if l.fork_child_pid == ABSENT || l.fork_parent_pid == ABSENT {
         return Err(0);
     }
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let cgroup_id = current_cgroup_id();
     if !watched(cgroup_id) {
         return Ok(());
     }
     emit(ProcessEvent {
         header: header(EventKind::Process),
-        pid: unsafe { ctx.read_at::<i32>(l.fork_child_pid as usize)? } as u32,
-        parent_pid: unsafe { ctx.read_at::<i32>(l.fork_parent_pid as usize)? } as u32,
+        pid: record::<i32>(ctx, l.fork_child_pid)? as u32,
+        parent_pid: record::<i32>(ctx, l.fork_parent_pid)? as u32,
         cgroup_id,
         op: PROCESS_FORK,
         _pad: 0,
@@ -124,13 +118,13 @@ fn try_exec(ctx: &TracePointContext) -> Result<(), i32> {
     if l.exec_pid == ABSENT {
         return Err(0);
     }
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let cgroup_id = current_cgroup_id();
     if !watched(cgroup_id) {
         return Ok(());
     }
     emit(ProcessEvent {
         header: header(EventKind::Process),
-        pid: unsafe { ctx.read_at::<i32>(l.exec_pid as usize)? } as u32,
+        pid: record::<i32>(ctx, l.exec_pid)? as u32,
         parent_pid: 0,
         cgroup_id,
         op: PROCESS_EXEC,
@@ -144,20 +138,26 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
     if l.cgroup_id == ABSENT || l.cgroup_path == ABSENT {
         return Err(0);
     }
-    let id = unsafe { ctx.read_at::<u64>(l.cgroup_id as usize)? };
+    let id = record::<u64>(ctx, l.cgroup_id)?;
     if op == CGROUP_RMDIR {
         forget(id);
     }
     let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
-        if let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-            unsafe { *lost += 1 };
-        }
+        count_lost();
         return Ok(());
     };
     // Filled in place: the record is too large for the 512-byte BPF stack with a copy.
-    let e = entry.as_mut_ptr();
-    let result = unsafe { fill_cgroup_event(ctx, &l, e, id, op) };
+    let result = {
+        let slot = &mut *entry;
+        // SAFETY: zeroing writes every byte of the reserved slot, which is ours alone until it
+        // is submitted or discarded; all-zero bytes are a valid `CgroupEvent` (integers and a
+        // byte array), so the slot is initialised afterwards.
+        let e = unsafe {
+            slot.as_mut_ptr().write_bytes(0, 1);
+            slot.assume_init_mut()
+        };
+        fill_cgroup_event(ctx, &l, e, id, op)
+    };
     match result {
         Ok(()) => entry.submit(0),
         Err(_) => entry.discard(0),
@@ -165,29 +165,21 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
     Ok(())
 }
 
-unsafe fn fill_cgroup_event(
+/// Fills a zeroed record from the tracepoint's.
+#[inline(always)]
+fn fill_cgroup_event(
     ctx: &TracePointContext,
     l: &LifecycleTracepointLayout,
-    e: *mut CgroupEvent,
+    e: &mut CgroupEvent,
     id: u64,
     op: u32,
 ) -> Result<(), i32> {
-    unsafe {
-        (*e).header = header(EventKind::Cgroup);
-        (*e).id = id;
-        (*e).root = ctx.read_at::<i32>(l.cgroup_root as usize)?;
-        (*e).level = ctx.read_at::<i32>(l.cgroup_level as usize)?;
-        (*e).op = op;
-        (*e).path = [0; CGROUP_PATH_LEN];
-        // `__data_loc`: low 16 bits the offset of the string in the record, high 16 its length.
-        let loc = ctx.read_at::<u32>(l.cgroup_path as usize)?;
-        let src = (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize);
-        let len = match bpf_probe_read_kernel_str_bytes(src, &mut (*e).path) {
-            Ok(s) => s.len() as u32,
-            Err(_) => 0,
-        };
-        (*e).path_len = len;
-    }
+    e.header = header(EventKind::Cgroup);
+    e.id = id;
+    e.root = record(ctx, l.cgroup_root)?;
+    e.level = record(ctx, l.cgroup_level)?;
+    e.op = op;
+    e.path_len = record_str(ctx, l.cgroup_path, &mut e.path).unwrap_or(0) as u32;
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod kernel;
 mod lifecycle;
 mod maps;
 mod memcg;
@@ -18,6 +19,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: the section and symbol the loader reads the program license from; nothing else is
+// placed there or named so.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -3,11 +3,12 @@
 //! Linux 6.15+ has an attachable `__memcg_memory_event()`; the fentry program counts every event
 //! per cgroup in `MEMCG_COUNTERS` and forwards OOM events at once and `high`/`max` at most every
 //! 10 ms per cgroup, so pressure cannot flood the ring. Older kernels run on memory.events polling
-//! (the agent's fallback); why `memcg:count_memcg_events` is not used is said in the loader.
+//! (the agent's fallback); why `memcg:count_memcg_events` is not used is said in the agent's
+//! sensor table (agent/src/sensors/table.rs).
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    helpers::bpf_get_current_pid_tgid,
     macros::{fentry, map},
     maps::LruHashMap,
     programs::FEntryContext,
@@ -21,8 +22,12 @@ use qoslet_common::{
     },
 };
 
-use crate::maps::emit;
+use crate::{
+    kernel::{boot_ns, memcg::MemCgroup},
+    maps::emit,
+};
 
+// SAFETY: the only symbol of this name in the object; the agent sets it by name at load time.
 #[unsafe(no_mangle)]
 static MEMCG_EVENT_LAYOUT: Global<MemcgEventLayout> = Global::new(MemcgEventLayout::UNSET);
 
@@ -42,6 +47,7 @@ fn try_memcg_memory_event(ctx: &FEntryContext) -> Result<(), i32> {
     if layout.valid == 0 {
         return Err(0);
     }
+    // (struct mem_cgroup *memcg, enum memcg_memory_event event)
     let memcg: *const u8 = ctx.arg(0);
     let event: i32 = ctx.arg(1);
     let item = if event == layout.high {
@@ -57,13 +63,7 @@ fn try_memcg_memory_event(ctx: &FEntryContext) -> Result<(), i32> {
     } else {
         return Ok(());
     };
-    let memcg_id = unsafe {
-        let cgroup: *const u8 =
-            bpf_probe_read_kernel(memcg.add(layout.memcg_css_cgroup as usize) as *const *const u8)?;
-        let kn: *const u8 =
-            bpf_probe_read_kernel(cgroup.add(layout.cgroup_kn as usize) as *const *const u8)?;
-        bpf_probe_read_kernel(kn.add(layout.kernfs_node_id as usize) as *const u64)?
-    };
+    let memcg_id = MemCgroup::new(memcg, &layout).cgroup_id()?;
     count_and_emit(memcg_id, item, 1);
     Ok(())
 }
@@ -77,12 +77,14 @@ fn count_and_emit(memcg_id: u64, item: u32, n: u64) {
         item,
         _pad: 0,
     };
-    let now = unsafe { bpf_ktime_get_boot_ns() };
+    let now = boot_ns();
     let frequent = item == MEMCG_ITEM_HIGH || item == MEMCG_ITEM_MAX;
     let (count, flags) = match MEMCG_COUNTERS.get_ptr_mut(&key) {
         Some(counter) => {
-            // SAFETY: a valid map value pointer; concurrent updates may lose a count, which
-            // only makes a coalesced total approximate.
+            // SAFETY: a live value of the LRU hash map, which the kernel frees only after this
+            // program returns (RCU). Programs on other CPUs may update it at the same time and
+            // lose a count, which only makes a coalesced total approximate; the fields are
+            // plain integers, so no torn state is invalid.
             let c = unsafe { &mut *counter };
             c.total += n;
             if frequent && now.wrapping_sub(c.last_emit_boot_ns) < MEMCG_EMIT_INTERVAL_NS {

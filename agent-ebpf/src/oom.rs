@@ -3,10 +3,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel,
-    },
+    helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -18,11 +15,16 @@ use qoslet_common::{
     },
 };
 
-use crate::maps::emit;
+use crate::{
+    kernel::{boot_ns, current_cgroup_id, oom::Task, record},
+    maps::emit,
+};
 
+// SAFETY: the only symbol of this name in the object; the agent sets it by name at load time.
 #[unsafe(no_mangle)]
 static OOM_BTF_LAYOUT: Global<OomBtfLayout> = Global::new(OomBtfLayout::UNSET);
 
+// SAFETY: the only symbol of this name in the object; the agent sets it by name at load time.
 #[unsafe(no_mangle)]
 static OOM_TP_LAYOUT: Global<OomTracepointLayout> = Global::new(OomTracepointLayout::UNSET);
 
@@ -38,68 +40,41 @@ pub fn oom_mark_victim_tp(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Reads a `T` at `base + offset` in kernel memory.
-#[inline(always)]
-unsafe fn read_at<T>(base: *const u8, offset: u32) -> Result<T, i32> {
-    // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error, not a fault.
-    unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const T) }
-}
-
-/// Follows `cgroup->kn->id`.
-#[inline(always)]
-unsafe fn cgroup_id(layout: &OomBtfLayout, cgroup: *const u8) -> Result<u64, i32> {
-    unsafe {
-        let kn: *const u8 = read_at(cgroup, layout.cgroup_kn)?;
-        read_at(kn, layout.kernfs_node_id)
-    }
-}
-
 fn try_oom_mark_victim_btf(ctx: &BtfTracePointContext) -> Result<(), i32> {
     let layout = OOM_BTF_LAYOUT.load();
     if layout.valid == 0 {
         return Err(0);
     }
-    let task: *const u8 = ctx.arg(0);
+    // (struct task_struct *task, enum oom_constraint constraint)
+    let task = Task::new(ctx.arg(0), &layout);
     let mut flags = OOM_FLAG_FROM_BTF;
     let mut event = OomVictimEvent::EMPTY;
-    unsafe {
-        event.pid = read_at::<i32>(task, layout.task_pid)? as u32;
-        event.tgid = read_at::<i32>(task, layout.task_tgid)? as u32;
-        event.comm = read_at(task, layout.task_comm)?;
-        let css_set: *const u8 = read_at(task, layout.task_cgroups)?;
-        let dfl: *const u8 = read_at(css_set, layout.css_set_dfl_cgrp)?;
-        event.cgroup_id = cgroup_id(&layout, dfl)?;
-        if layout.has_memcg != 0 {
-            let css: *const u8 = read_at(css_set, layout.css_set_memory_css)?;
-            if !css.is_null() {
-                let cgroup: *const u8 = read_at(css, layout.css_cgroup)?;
-                if let Ok(id) = cgroup_id(&layout, cgroup) {
-                    event.memcg_id = id;
-                    flags |= OOM_FLAG_HAS_MEMCG;
-                }
-            }
-        }
-        let signal: *const u8 = read_at(task, layout.task_signal)?;
-        if let Ok(adj) = read_at::<i16>(signal, layout.signal_oom_score_adj) {
-            event.oom_score_adj = adj as i32;
-            flags |= OOM_FLAG_HAS_SCORE_ADJ;
-        }
-        let mm: *const u8 = read_at(task, layout.task_mm)?;
-        if !mm.is_null() {
-            // Per-CPU counters may run slightly negative before they are folded; clamp at 0.
-            let file = read_at::<i64>(mm, layout.mm_file_pages).unwrap_or(0);
-            let anon = read_at::<i64>(mm, layout.mm_anon_pages).unwrap_or(0);
-            let shmem = read_at::<i64>(mm, layout.mm_shmem_pages).unwrap_or(0);
-            event.file_rss_pages = file.max(0) as u64;
-            event.anon_rss_pages = anon.max(0) as u64;
-            event.shmem_rss_pages = shmem.max(0) as u64;
-            flags |= OOM_FLAG_HAS_RSS;
-        }
+    event.pid = task.pid()? as u32;
+    event.tgid = task.tgid()? as u32;
+    event.comm = task.comm()?;
+    let css_set = task.css_set()?;
+    event.cgroup_id = css_set.dfl_cgroup()?.id()?;
+    if let Some(memcg) = css_set.memory_cgroup()?
+        && let Ok(id) = memcg.id()
+    {
+        event.memcg_id = id;
+        flags |= OOM_FLAG_HAS_MEMCG;
+    }
+    if let Ok(adj) = task.signal()?.oom_score_adj() {
+        event.oom_score_adj = adj as i32;
+        flags |= OOM_FLAG_HAS_SCORE_ADJ;
+    }
+    if let Some(mm) = task.mm()? {
+        // Per-CPU counters may run slightly negative before they are folded; clamp at 0.
+        event.file_rss_pages = mm.file_pages().unwrap_or(0).max(0) as u64;
+        event.anon_rss_pages = mm.anon_pages().unwrap_or(0).max(0) as u64;
+        event.shmem_rss_pages = mm.shmem_pages().unwrap_or(0).max(0) as u64;
+        flags |= OOM_FLAG_HAS_RSS;
     }
     event.header = EventHeader {
         kind: EventKind::OomVictim as u32,
         flags,
-        boot_ns: unsafe { bpf_ktime_get_boot_ns() },
+        boot_ns: boot_ns(),
     };
     emit(event);
     Ok(())
@@ -111,23 +86,21 @@ fn try_oom_mark_victim_tp(ctx: &TracePointContext) -> Result<(), i32> {
         return Err(0);
     }
     let mut flags = OOM_FLAG_CGROUP_OF_CURRENT;
-    let pid = unsafe { ctx.read_at::<i32>(layout.pid as usize)? } as u32;
+    let pid = record::<i32>(ctx, layout.pid)? as u32;
     // The classic record has no tgid: it stays 0 unless the victim is the current task (below).
     let mut event = OomVictimEvent {
         pid,
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        cgroup_id: current_cgroup_id(),
         ..OomVictimEvent::EMPTY
     };
     if layout.anon_rss != OomTracepointLayout::ABSENT {
-        unsafe {
-            event.anon_rss_pages = ctx.read_at::<u64>(layout.anon_rss as usize)?;
-            event.file_rss_pages = ctx.read_at::<u64>(layout.file_rss as usize)?;
-            event.shmem_rss_pages = ctx.read_at::<u64>(layout.shmem_rss as usize)?;
-        }
+        event.anon_rss_pages = record(ctx, layout.anon_rss)?;
+        event.file_rss_pages = record(ctx, layout.file_rss)?;
+        event.shmem_rss_pages = record(ctx, layout.shmem_rss)?;
         flags |= OOM_FLAG_HAS_RSS;
     }
     if layout.oom_score_adj != OomTracepointLayout::ABSENT {
-        event.oom_score_adj = unsafe { ctx.read_at::<i16>(layout.oom_score_adj as usize)? } as i32;
+        event.oom_score_adj = record::<i16>(ctx, layout.oom_score_adj)? as i32;
         flags |= OOM_FLAG_HAS_SCORE_ADJ;
     }
     // The victim is usually the allocating task for a small memcg OOM; say when it is.
@@ -138,7 +111,7 @@ fn try_oom_mark_victim_tp(ctx: &TracePointContext) -> Result<(), i32> {
     event.header = EventHeader {
         kind: EventKind::OomVictim as u32,
         flags,
-        boot_ns: unsafe { bpf_ktime_get_boot_ns() },
+        boot_ns: boot_ns(),
     };
     emit(event);
     Ok(())

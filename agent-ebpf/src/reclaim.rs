@@ -3,14 +3,17 @@
 //! reclaim). The stalled task is the current one, so no record field is read.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::bpf_get_current_pid_tgid,
     macros::{map, tracepoint},
     maps::{HashMap, LruHashMap},
     programs::TracePointContext,
 };
 use qoslet_common::sched::{RECLAIM_DIRECT, RECLAIM_MEMCG, ReclaimStart, ReclaimStats};
 
-use crate::maps::{MAX_CGROUPS, add, watched};
+use crate::{
+    kernel::{current_cgroup_id, monotonic_ns},
+    maps::{MAX_CGROUPS, add, watched},
+};
 
 /// Per watched cgroup v2 id.
 #[map]
@@ -46,13 +49,13 @@ pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn begin(kind: u32) {
-    let cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    let cgroup_id = current_cgroup_id();
     if !watched(cgroup_id) {
         return;
     }
     let start = ReclaimStart {
         cgroup_id,
-        start_ns: unsafe { bpf_ktime_get_ns() },
+        start_ns: monotonic_ns(),
         kind,
         _pad: 0,
     };
@@ -62,12 +65,14 @@ fn begin(kind: u32) {
 #[inline(always)]
 fn end() {
     let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: copied out before the entry is removed.
+    // SAFETY: `get` is unsafe because the value may change or be deleted while referenced; it
+    // is copied out at once, before this program removes the entry (the key is this thread's
+    // id, so no other program run removes or rewrites it meanwhile).
     let Some(start) = (unsafe { RECLAIM_STARTS.get(&tid) }).copied() else {
         return;
     };
     let _ = RECLAIM_STARTS.remove(&tid);
-    let stalled = unsafe { bpf_ktime_get_ns() }.wrapping_sub(start.start_ns);
+    let stalled = monotonic_ns().wrapping_sub(start.start_ns);
     let stats = match RECLAIM_STATS.get_ptr_mut(&start.cgroup_id) {
         Some(s) => s,
         None => {
@@ -81,7 +86,9 @@ fn end() {
             }
         }
     };
-    // SAFETY: a live map value.
+    // SAFETY: a live value of the hash map, freed only after this program returns (RCU) even
+    // if the agent or `cgroup_rmdir` deletes the entry; other CPUs may add to it at the same
+    // time, which only loses an increment (see `maps::add`): the fields are plain integers.
     let s = unsafe { &mut *stats };
     if start.kind == RECLAIM_MEMCG {
         add(&mut s.memcg_count, 1);

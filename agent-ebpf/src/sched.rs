@@ -39,8 +39,12 @@ use qoslet_common::{
     },
 };
 
-use crate::maps::{MAX_CGROUPS, add};
+use crate::{
+    kernel::sched::{CssSet, Task},
+    maps::{MAX_CGROUPS, add},
+};
 
+// SAFETY: the only symbol of this name in the object; the agent sets it by name at load time.
 #[unsafe(no_mangle)]
 static SCHED_LAYOUT: Global<SchedBtfLayout> = Global::new(SchedBtfLayout::UNSET);
 
@@ -79,33 +83,10 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// A direct load at `base + offset`. `base` is a BTF-typed kernel pointer the verifier tracks
-/// and `offset` a constant from the frozen layout, so the verifier checks the field's type and
-/// size; a NULL or stale pointer reads as 0 (the JIT's exception table), never a fault.
-#[inline(always)]
-unsafe fn load<T: Copy>(base: *const u8, offset: u32) -> T {
-    // SAFETY: see above; BPF_PROBE_MEM loads cannot fault the kernel.
-    unsafe { core::ptr::read_volatile(base.add(offset as usize) as *const T) }
-}
-
-#[inline(always)]
-fn pid_of(l: &SchedBtfLayout, task: *const u8) -> i32 {
-    unsafe { load::<i32>(task, l.task_pid) }
-}
-
-#[inline(always)]
-fn css_set_of(l: &SchedBtfLayout, task: *const u8) -> *const u8 {
-    unsafe { load(task, l.task_cgroups) }
-}
-
 /// The stats of the css_set's default-hierarchy cgroup when that cgroup is watched.
 #[inline(always)]
-fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut CpuStats> {
-    let cgroup_id: u64 = unsafe {
-        let cgroup: *const u8 = load(css_set, l.css_set_dfl_cgrp);
-        let kn: *const u8 = load(cgroup, l.cgroup_kn);
-        load(kn, l.kernfs_node_id)
-    };
+fn watched_stats(css_set: CssSet) -> Option<&'static mut CpuStats> {
+    let cgroup_id = css_set.cgroup_id();
     let (word, bit) = watch_filter_slot(cgroup_id);
     if WATCH_FILTER.get(word).is_none_or(|w| w & bit == 0) {
         return None;
@@ -115,25 +96,16 @@ fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut 
             && e.cgroup_id == cgroup_id
         {
             let s = CPU_SLOT_STATS.get_ptr_mut(e.slot)?;
-            // SAFETY: a live map value, this CPU's copy.
+            // SAFETY: a live value of a per-CPU array, this CPU's copy: with preemption off in
+            // the tracepoint, nothing else on this CPU uses it while the reference lives.
             return Some(unsafe { &mut *s });
         }
     }
     let s = CPU_STATS.get_ptr_mut(&cgroup_id)?;
-    // SAFETY: a live map value, this CPU's copy.
+    // SAFETY: a live value of a per-CPU hash map, this CPU's copy (see above); the agent or
+    // `cgroup_rmdir` may delete the entry, but the kernel frees it only after this program
+    // returns (RCU).
     Some(unsafe { &mut *s })
-}
-
-/// `rq->clock` of this CPU, reached through the current task's CFS run queue
-/// (`se.cfs_rq->rq`, set for tasks of every class and for the idle task): the clock `__schedule`
-/// read for this switch, and the one the kernel's `sched_info` timestamps come from.
-#[inline(always)]
-fn rq_clock(l: &SchedBtfLayout, current: *const u8) -> u64 {
-    unsafe {
-        let cfs_rq: *const u8 = load(current, l.task_se_cfs_rq);
-        let rq: *const u8 = load(cfs_rq, l.cfs_rq_rq);
-        load(rq, l.rq_clock)
-    }
 }
 
 fn try_switch(prev: *const u8, next: *const u8) {
@@ -141,54 +113,55 @@ fn try_switch(prev: *const u8, next: *const u8) {
     if l.valid == 0 {
         return;
     }
-    // Read once, and only when a watched task is involved.
+    // SAFETY: `prev` and `next` are the BTF-typed task_struct arguments of `sched_switch`, and
+    // a valid layout was resolved from the running kernel's BTF.
+    let (prev, next) = unsafe { (Task::new(prev, &l), Task::new(next, &l)) };
+    // `rq->clock` of this CPU through the current task (`prev`): the clock `__schedule` read
+    // for this switch, and the one the kernel's `sched_info` timestamps come from. Read once,
+    // and only when a watched task is involved.
     let mut now = 0u64;
     let mut clock = || {
         if now == 0 {
-            now = rq_clock(&l, prev);
+            now = prev.rq_clock();
         }
         now
     };
     // pid 0 is the idle task of every CPU; the kernel keeps no sched_info for it. Its pid is a
     // cheaper test than its cgroup (measured: through-idle switches cost 15-20% more without
     // it).
-    let prev_set = if pid_of(&l, prev) != 0 {
-        css_set_of(&l, prev)
+    let prev_set = if prev.pid() != 0 {
+        prev.css_set()
     } else {
-        core::ptr::null()
+        CssSet::none(&l)
     };
-    let mut prev_stats = if prev_set.is_null() {
+    let mut prev_stats = if prev_set.is_none() {
         None
     } else {
-        watched_stats(&l, prev_set)
+        watched_stats(prev_set)
     };
     if let Some(s) = prev_stats.as_deref_mut() {
-        let (arrived, runtime, picked_at): (u64, u64, u64) = unsafe {
-            (
-                load(prev, l.task_last_arrival),
-                load(prev, l.task_se_runtime),
-                load(prev, l.task_se_prev_runtime),
-            )
-        };
+        let arrived = prev.sched_info_last_arrival();
+        let runtime = prev.se_sum_exec_runtime();
+        let picked_at = prev.se_prev_sum_exec_runtime();
         let slice = clock().wrapping_sub(arrived);
         // `last_arrival` is 0 before the first arrival.
         if arrived != 0 && (slice as i64) > 0 {
             add(&mut s.oncpu_ns, runtime.wrapping_sub(picked_at).min(slice));
         }
     }
-    if pid_of(&l, next) == 0 {
+    if next.pid() == 0 {
         return;
     }
-    let next_set = css_set_of(&l, next);
-    let next_stats = if next_set == prev_set {
+    let next_set = next.css_set();
+    let next_stats = if next_set.same(prev_set) {
         prev_stats
     } else {
-        watched_stats(&l, next_set)
+        watched_stats(next_set)
     };
     if let Some(s) = next_stats {
         // 0 when the task was not queued through `enqueue_task` (never the case for a task
         // being switched in, but the kernel checks it too).
-        let queued: u64 = unsafe { load(next, l.task_last_queued) };
+        let queued = next.sched_info_last_queued();
         let waited = clock().wrapping_sub(queued);
         if queued != 0 && (waited as i64) >= 0 {
             add(&mut s.runq_count, 1);

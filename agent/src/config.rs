@@ -25,6 +25,7 @@ use crate::policy::{
     },
     version::KubeVersion,
 };
+use crate::sensors::SensorSwitches;
 
 pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub const QOSLET_API_VERSION: &str = "qoslet.dev/v1alpha1";
@@ -101,7 +102,8 @@ pub enum Mode {
 pub struct EbpfConfig {
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Sensor name -> on/off; sensors not listed are on. Names belong to the sensors module.
+    /// Sensor name -> on/off; sensors not listed are on. The names are those of
+    /// `sensors::table::SENSORS`; another name is an error.
     #[serde(default)]
     pub sensors: BTreeMap<String, bool>,
 }
@@ -322,6 +324,8 @@ impl QosletConfiguration {
         {
             return Err(invalid("kubernetesVersion", format!("{v:?}: {e}")));
         }
+        SensorSwitches::new(&qc.ebpf.sensors)
+            .map_err(|e| invalid("ebpf.sensors", e.to_string()))?;
         Ok(qc)
     }
 

@@ -208,6 +208,25 @@ fn malformed_document_is_a_problem_line() {
 }
 
 #[test]
+fn an_unknown_ebpf_sensor_is_a_problem_line() {
+    let s = Scratch::new("sensors");
+    fs::write(
+        s.0.join("q.yaml"),
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nebpf: {sensors: {cpu_runqueue: false, sched: false}}\n",
+    )
+    .expect("write");
+    let o = qoslet(&["validate", s.path()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stdout_lines(&o),
+        vec![format!(
+            "{}/q.yaml: QosletConfiguration: schema: ebpf.sensors: unknown sensor \"sched\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)",
+            s.path()
+        )]
+    );
+}
+
+#[test]
 fn unreadable_input_exits_2() {
     let o = qoslet(&["validate", "/nonexistent/qoslet/manifests.yaml"]);
     assert_eq!(o.status.code(), Some(2));

@@ -12,7 +12,9 @@ use qoslet::sensors::{
     psi::{self, PsiTrigger},
 };
 use qoslet_tests::{Hog, require_root};
-use sensors_common::{Cgroups, Script, start, status, wait_for, without_ebpf};
+use sensors_common::{
+    Cgroups, Script, remove_and_wait_unwatched, start, status, wait_for, without_ebpf,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_ebpf_the_fallbacks_report_the_oom_kill() {
@@ -192,12 +194,7 @@ async fn without_ebpf_a_removed_cgroup_is_unwatched_by_the_scan() {
     };
     sensors.watch(kept.watched());
     sensors.watch(removed.watched());
-    let id = removed.id();
-    drop(removed);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while sensors.is_watched(id) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = remove_and_wait_unwatched(&sensors, removed).await;
     assert!(!sensors.is_watched(id), "the removed cgroup is unwatched");
     assert!(sensors.is_watched(kept.id()), "the other one stays watched");
 }

@@ -193,17 +193,27 @@ fn qoslet_configuration_defaults_and_strictness() {
     assert_eq!(parsed.housekeeping_interval, Duration::from_secs(1));
     let q = QosletConfiguration::parse(
         Path::new("q.yaml"),
-        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom: false}}\ncapacity: {memory: 8Gi}\n",
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom_victim: false}}\ncapacity: {memory: 8Gi}\n",
     )
     .unwrap();
     assert_eq!(q.mode, Mode::Observe);
     assert_eq!(q.housekeeping_interval, Duration::from_millis(250));
     assert_eq!(q.reserved_cpus_conflict, ReservedCpusConflict::Openshift);
-    assert_eq!(q.ebpf.sensors.get("oom"), Some(&false));
+    assert_eq!(q.ebpf.sensors.get("oom_victim"), Some(&false));
     let err = QosletConfiguration::parse(Path::new("q.yaml"), "metricAddress: x\n").unwrap_err();
     assert!(
         err.to_string().contains("unknown field `metricAddress`"),
         "{err}"
+    );
+}
+
+#[test]
+fn an_unknown_sensor_name_is_an_error_naming_the_field_and_the_sensors() {
+    let err = QosletConfiguration::parse(Path::new("q.yaml"), "ebpf: {sensors: {oom: false}}\n")
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "q.yaml: QosletConfiguration: ebpf.sensors: unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
     );
 }
 

@@ -153,10 +153,7 @@ where
     info!(addr = %local, mode = ?cfg.mode, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
 
     let mut signals = Signals::new()?;
-    let (sensors, mut sensor_events) = Sensors::start(SensorsConfig {
-        ebpf: cfg.qc.ebpf.enabled,
-        ..SensorsConfig::default()
-    });
+    let (sensors, mut sensor_events) = Sensors::start(SensorsConfig::from(&cfg.qc.ebpf));
     report_sensors(&state, &sensors);
     release_freed_memory();
 

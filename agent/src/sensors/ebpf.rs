@@ -12,48 +12,19 @@ use tokio::io::unix::AsyncFd;
 
 use super::{
     SensorError,
-    btf::KernelBtf,
+    btf::{BtfError, KernelBtf},
     event::{DecodeError, SensorEvent, decode},
     privilege,
     slots::SlotTable,
+    table::{
+        Attach, AttachedProgram, Hook, Outcome, Program, Requirement, Sensor, SensorSwitches,
+        attach_sensors,
+    },
     tracefs,
 };
 
 /// The object built by agent/build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/qoslet"));
-
-/// Classic tracepoints each serving one sensor; one that is missing is skipped, not fatal.
-const OPTIONAL_TRACEPOINTS: [(&str, &str, &str); 9] = [
-    (
-        "memcg_reclaim_begin",
-        "vmscan",
-        "mm_vmscan_memcg_reclaim_begin",
-    ),
-    ("memcg_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
-    (
-        "direct_reclaim_begin",
-        "vmscan",
-        "mm_vmscan_direct_reclaim_begin",
-    ),
-    (
-        "direct_reclaim_end",
-        "vmscan",
-        "mm_vmscan_direct_reclaim_end",
-    ),
-    ("oom_score_adj_update", "oom", "oom_score_adj_update"),
-    ("process_fork", "sched", "sched_process_fork"),
-    ("process_exec", "sched", "sched_process_exec"),
-    ("cgroup_mkdir", "cgroup", "cgroup_mkdir"),
-    ("cgroup_rmdir", "cgroup", "cgroup_rmdir"),
-];
-
-/// A program attached to a kernel hook.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AttachedProgram {
-    pub program: &'static str,
-    /// `tp_btf/mark_victim`, `tracepoint/oom/mark_victim`, ...
-    pub hook: String,
-}
 
 /// What to load.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +46,9 @@ pub struct EbpfSensors {
     /// them off again when the fd closes, also if qoslet crashes; no sysctl is written).
     stats: Option<OwnedFd>,
     attached: Vec<AttachedProgram>,
-    /// Hooks that were tried and skipped, with the reason (logged once by the caller).
+    /// How each sensor of the table came out.
+    outcomes: Vec<(&'static Sensor, Outcome)>,
+    /// Hooks that were tried and skipped, with the reason.
     skipped: Vec<String>,
     /// The watched cgroup ids and where their CPU statistics live; each `WATCH_FILTER` word is
     /// recomputed from the ids (one bit may stand for several).
@@ -88,45 +61,37 @@ impl EbpfSensors {
         !OBJECT.is_empty()
     }
 
+    /// Loads the object and attaches every sensor.
     pub fn load(options: EbpfOptions) -> Result<Self, SensorError> {
+        Self::load_switched(options, &SensorSwitches::default())
+    }
+
+    /// Loads the object and attaches the sensors `switches` leaves on, each to the first of
+    /// its choices in [`SENSORS`](super::table::SENSORS) that the kernel accepts.
+    pub fn load_switched(
+        options: EbpfOptions,
+        switches: &SensorSwitches,
+    ) -> Result<Self, SensorError> {
         privilege::check()?;
         if !Self::object_built() {
             return Err(SensorError::NotBuilt);
         }
         raise_memlock_limit();
-        let mut skipped = Vec::new();
 
-        let kernel_btf = match KernelBtf::vmlinux() {
-            Ok(b) => Some(b),
-            Err(e) => {
-                skipped.push(format!("kernel BTF unavailable: {e}"));
-                None
-            }
+        let kernel_btf = KernelBtf::vmlinux();
+        // Each BTF layout, or why it is unavailable (the program needing it is then skipped).
+        let btf = kernel_btf.as_ref();
+        let oom_btf_layout: Result<OomBtfLayout, String> = if options.prefer_btf {
+            layout_from(btf, KernelBtf::oom_layout)
+        } else {
+            Err("not tried: the classic tracepoint was asked for".to_owned())
         };
-        let oom_btf_layout = match (&kernel_btf, options.prefer_btf) {
-            (Some(b), true) => b.oom_layout().unwrap_or_else(|e| {
-                skipped.push(format!("tp_btf/mark_victim: {e}"));
-                OomBtfLayout::UNSET
-            }),
-            _ => OomBtfLayout::UNSET,
-        };
+        let memcg_event_layout: Result<MemcgEventLayout, String> =
+            layout_from(btf, KernelBtf::memcg_event_layout);
+        let sched_layout: Result<SchedBtfLayout, String> =
+            layout_from(btf, KernelBtf::sched_layout);
         let root = tracefs::ensure_mounted()?;
         let oom_tp_layout = oom_tracepoint_layout(root);
-        let memcg_event_layout = match &kernel_btf {
-            Some(b) => b.memcg_event_layout().unwrap_or_else(|e| {
-                skipped.push(format!("fentry/__memcg_memory_event: {e}"));
-                MemcgEventLayout::UNSET
-            }),
-            None => MemcgEventLayout::UNSET,
-        };
-
-        let sched_layout = match &kernel_btf {
-            Some(b) => b.sched_layout().unwrap_or_else(|e| {
-                skipped.push(format!("tp_btf/sched_switch: {e}"));
-                SchedBtfLayout::UNSET
-            }),
-            None => SchedBtfLayout::UNSET,
-        };
         let lifecycle_layout = tracefs::lifecycle_layout(root);
         // Every layout is resolved: unmap it before aya parses its own copy of the BTF.
         drop(kernel_btf);
@@ -134,62 +99,46 @@ impl EbpfSensors {
         let aya_btf = aya::Btf::from_sys_fs().ok();
         let mut ebpf = EbpfLoader::new()
             .btf(aya_btf.as_ref())
-            .override_global("OOM_BTF_LAYOUT", &oom_btf_layout, true)
+            .override_global(
+                "OOM_BTF_LAYOUT",
+                oom_btf_layout.as_ref().unwrap_or(&OomBtfLayout::UNSET),
+                true,
+            )
             .override_global("OOM_TP_LAYOUT", &oom_tp_layout, true)
-            .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
-            .override_global("SCHED_LAYOUT", &sched_layout, true)
+            .override_global(
+                "MEMCG_EVENT_LAYOUT",
+                memcg_event_layout
+                    .as_ref()
+                    .unwrap_or(&MemcgEventLayout::UNSET),
+                true,
+            )
+            .override_global(
+                "SCHED_LAYOUT",
+                sched_layout.as_ref().unwrap_or(&SchedBtfLayout::UNSET),
+                true,
+            )
             .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
             .load(OBJECT)
             .map_err(SensorError::Load)?;
 
-        let mut attached = Vec::new();
-        // OOM victims: the BTF program reads the victim itself; the classic tracepoint only knows
-        // the cgroup of the task that ran into the OOM.
-        let mut oom_attached = false;
-        if oom_btf_layout.valid == 1
-            && let Some(btf) = aya_btf.as_ref()
-        {
-            match attach_btf_tracepoint(&mut ebpf, "oom_mark_victim_btf", "mark_victim", btf) {
-                Ok(a) => {
-                    attached.push(a);
-                    oom_attached = true;
-                }
-                Err(e) => skipped.push(error_chain(&e)),
+        let unmet = |r: Requirement| -> Option<String> {
+            match r {
+                Requirement::None => None,
+                Requirement::OomBtfLayout => oom_btf_layout.as_ref().err().cloned(),
+                Requirement::MemcgEventLayout => memcg_event_layout.as_ref().err().cloned(),
+                Requirement::SchedLayout => sched_layout.as_ref().err().cloned(),
             }
-        }
-        if !oom_attached {
-            match attach_tracepoint(&mut ebpf, "oom_mark_victim_tp", "oom", "mark_victim") {
-                Ok(a) => attached.push(a),
-                Err(e) => return Err(SensorError::NoOomProgram(error_chain(&e))),
-            }
-        }
-        // memcg events: fentry where `__memcg_memory_event` exists (6.15+), memory.events polling
-        // elsewhere. `memcg:count_memcg_events` is deliberately not used: it fires for every
-        // memcg vm event (tens of thousands a second under load), carries OOM_KILL only on
-        // 6.12-6.14 (no such tracepoint on 6.1, no OOM_KILL through it on 6.15+), and there it
-        // only repeated what `oom:mark_victim` (the victim) and memory.events (the count) give.
-        if memcg_event_layout.valid == 1
-            && let Some(btf) = aya_btf.as_ref()
-        {
-            match attach_fentry(&mut ebpf, "memcg_memory_event", "__memcg_memory_event", btf) {
-                Ok(a) => attached.push(a),
-                Err(e) => skipped.push(error_chain(&e)),
-            }
-        }
-        if sched_layout.valid == 1
-            && let Some(btf) = aya_btf.as_ref()
-        {
-            match attach_btf_tracepoint(&mut ebpf, "sched_switch", "sched_switch", btf) {
-                Ok(a) => attached.push(a),
-                Err(e) => skipped.push(error_chain(&e)),
-            }
-        }
-        for (program, category, name) in OPTIONAL_TRACEPOINTS {
-            match attach_tracepoint(&mut ebpf, program, category, name) {
-                Ok(a) => attached.push(a),
-                Err(e) => skipped.push(error_chain(&e)),
-            }
-        }
+        };
+        let table = attach_sensors(
+            switches,
+            &mut KernelAttach {
+                ebpf: &mut ebpf,
+                btf: aya_btf.as_ref(),
+                unmet: &unmet,
+            },
+        )
+        .map_err(SensorError::Essential)?;
+        let mut skipped = table.skipped;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -200,7 +149,8 @@ impl EbpfSensors {
         Ok(Self {
             ebpf,
             stats,
-            attached,
+            attached: table.programs,
+            outcomes: table.outcomes,
             skipped,
             slots: SlotTable::default(),
         })
@@ -222,6 +172,11 @@ impl EbpfSensors {
 
     pub fn skipped(&self) -> &[String] {
         &self.skipped
+    }
+
+    /// Each sensor of [`SENSORS`](super::table::SENSORS) and how it came out, in table order.
+    pub fn outcomes(&self) -> &[(&'static Sensor, Outcome)] {
+        &self.outcomes
     }
 
     /// Takes the event ring buffer for a reader task. Call once.
@@ -291,19 +246,78 @@ impl EventReader {
     }
 }
 
+/// [`Attach`] on the loaded object: checks the program's requirement, then loads and attaches it.
+struct KernelAttach<'a> {
+    ebpf: &'a mut Ebpf,
+    /// aya's parse of the kernel BTF, for the BTF-typed hooks.
+    btf: Option<&'a aya::Btf>,
+    /// Why a requirement is unmet (a layout that could not be resolved).
+    unmet: &'a dyn Fn(Requirement) -> Option<String>,
+}
+
+impl Attach for KernelAttach<'_> {
+    fn attach(&mut self, program: &Program) -> Result<(), String> {
+        let hook = program.hook.to_string();
+        if let Some(why) = (self.unmet)(program.requires) {
+            return Err(format!("{hook}: {why}"));
+        }
+        let btf = || {
+            self.btf
+                .ok_or_else(|| format!("{hook}: the loader could not parse the kernel BTF"))
+        };
+        let name = program.name;
+        let attached = match program.hook {
+            Hook::BtfTracepoint(event) => {
+                let btf = btf()?;
+                attach_with(self.ebpf, name, &hook, |p: &mut BtfTracePoint| {
+                    p.load(event, btf)?;
+                    p.attach().map(drop)
+                })
+            }
+            Hook::Fentry(function) => {
+                let btf = btf()?;
+                attach_with(self.ebpf, name, &hook, |p: &mut FEntry| {
+                    p.load(function, btf)?;
+                    p.attach().map(drop)
+                })
+            }
+            Hook::Tracepoint {
+                category,
+                name: event,
+            } => attach_with(self.ebpf, name, &hook, |p: &mut TracePoint| {
+                p.load()?;
+                p.attach(category, event).map(drop)
+            }),
+        };
+        attached.map_err(|e| error_chain(&e))
+    }
+
+    fn detach(&mut self, program: &Program) {
+        let unloaded = match self.ebpf.program_mut(program.name) {
+            Some(aya::programs::Program::BtfTracePoint(p)) => p.unload(),
+            Some(aya::programs::Program::FEntry(p)) => p.unload(),
+            Some(aya::programs::Program::TracePoint(p)) => p.unload(),
+            _ => Ok(()),
+        };
+        if let Err(e) = unloaded {
+            tracing::debug!(program = program.name, error = %error_chain(&e), "Could not unload a program.");
+        }
+    }
+}
+
 /// Finds `program` in the object as a `P` and runs `attach` on it, naming the hook in errors.
 fn attach_with<P>(
     ebpf: &mut Ebpf,
     program: &'static str,
-    hook: String,
+    hook: &str,
     attach: impl FnOnce(&mut P) -> Result<(), aya::programs::ProgramError>,
-) -> Result<AttachedProgram, SensorError>
+) -> Result<(), SensorError>
 where
     for<'a> &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
     let wrap = |source| SensorError::Program {
         program,
-        hook: hook.clone(),
+        hook: hook.to_owned(),
         source,
     };
     let prog: &mut P = ebpf
@@ -311,59 +325,18 @@ where
         .ok_or_else(|| wrap(aya::programs::ProgramError::UnexpectedProgramType))?
         .try_into()
         .map_err(wrap)?;
-    attach(prog).map_err(wrap)?;
-    Ok(AttachedProgram { program, hook })
+    attach(prog).map_err(wrap)
 }
 
-fn attach_btf_tracepoint(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    hook: &str,
-    btf: &aya::Btf,
-) -> Result<AttachedProgram, SensorError> {
-    attach_with(
-        ebpf,
-        program,
-        format!("tp_btf/{hook}"),
-        |p: &mut BtfTracePoint| {
-            p.load(hook, btf)?;
-            p.attach().map(drop)
-        },
-    )
-}
-
-fn attach_fentry(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    function: &str,
-    btf: &aya::Btf,
-) -> Result<AttachedProgram, SensorError> {
-    attach_with(
-        ebpf,
-        program,
-        format!("fentry/{function}"),
-        |p: &mut FEntry| {
-            p.load(function, btf)?;
-            p.attach().map(drop)
-        },
-    )
-}
-
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    category: &str,
-    name: &str,
-) -> Result<AttachedProgram, SensorError> {
-    attach_with(
-        ebpf,
-        program,
-        format!("tracepoint/{category}/{name}"),
-        |p: &mut TracePoint| {
-            p.load()?;
-            p.attach(category, name).map(drop)
-        },
-    )
+/// A layout resolved from the kernel BTF, or why there is none.
+fn layout_from<L>(
+    btf: Result<&KernelBtf, &BtfError>,
+    resolve: fn(&KernelBtf) -> Result<L, BtfError>,
+) -> Result<L, String> {
+    match btf {
+        Ok(b) => resolve(b).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("kernel BTF unavailable: {e}")),
+    }
 }
 
 fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {

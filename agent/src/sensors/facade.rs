@@ -16,7 +16,7 @@ use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use crate::lock;
+use crate::{config::EbpfConfig, lock};
 
 use super::{
     EbpfSensors, SensorError,
@@ -28,6 +28,7 @@ use super::{
     owners::CgroupOwners,
     psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
+    table::{Fallback, Outcome, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches},
 };
 
 /// What to start.
@@ -35,6 +36,8 @@ use super::{
 pub struct SensorsConfig {
     /// `ebpf.enabled` of the configuration; false runs the fallbacks only.
     pub ebpf: bool,
+    /// `ebpf.sensors` of the configuration: sensors switched off run their fallback.
+    pub switches: SensorSwitches,
     pub prefer_btf: bool,
     /// Period of the memory.events poller and of the score check without a kernel hook.
     pub poll_interval: Duration,
@@ -47,10 +50,23 @@ impl Default for SensorsConfig {
     fn default() -> Self {
         Self {
             ebpf: true,
+            switches: SensorSwitches::default(),
             prefer_btf: true,
             poll_interval: Duration::from_millis(100),
             psi_stall: Duration::from_millis(150),
             psi_window: Duration::from_secs(1),
+        }
+    }
+}
+
+impl From<&EbpfConfig> for SensorsConfig {
+    /// The defaults with the configuration's `ebpf` settings, whose sensor names
+    /// `QosletConfiguration::parse` checked when the file was loaded.
+    fn from(ebpf: &EbpfConfig) -> Self {
+        Self {
+            ebpf: ebpf.enabled,
+            switches: SensorSwitches::from_checked(&ebpf.sensors),
+            ..Self::default()
         }
     }
 }
@@ -152,17 +168,26 @@ impl Sensors {
     /// Starts every sensor, on eBPF where it can and on its fallback otherwise. Call inside a
     /// tokio runtime.
     pub fn start(config: SensorsConfig) -> (Self, mpsc::Receiver<SensorEvent>) {
-        let (ebpf, why_not) = if config.ebpf {
-            match EbpfSensors::load(EbpfOptions {
-                prefer_btf: config.prefer_btf,
-            }) {
+        let (ebpf, why_not) = if !config.ebpf {
+            (None, Some("eBPF disabled by configuration".to_owned()))
+        } else if !config.switches.any_on() {
+            (None, None)
+        } else {
+            match EbpfSensors::load_switched(
+                EbpfOptions {
+                    prefer_btf: config.prefer_btf,
+                },
+                &config.switches,
+            ) {
                 Ok(s) => (Some(s), None),
                 Err(e) => (None, Some(error_chain(&e))),
             }
-        } else {
-            (None, Some("eBPF disabled by configuration".to_owned()))
         };
-        let statuses = decide(ebpf.as_ref(), why_not.as_deref());
+        let outcomes = match &ebpf {
+            Some(e) => e.outcomes().to_vec(),
+            None => unloaded_outcomes(&config.switches, why_not.as_deref()),
+        };
+        let statuses = decide(&outcomes, Path::new(SYSTEM_MEMORY_PRESSURE).exists());
         // Why eBPF as a whole is unavailable is said once, not on every sensor's line.
         if let Some(why) = &why_not {
             warn!(reason = %why, "eBPF sensors unavailable; running on the fallbacks.");
@@ -334,123 +359,73 @@ impl Drop for Sensors {
     }
 }
 
-/// The one-line-per-sensor decision.
-fn decide(ebpf: Option<&EbpfSensors>, why_not: Option<&str>) -> Vec<SensorStatus> {
-    let hook = |program: &str| {
-        ebpf.and_then(|e| e.attached().iter().find(|a| a.program == program))
-            .map(|a| a.hook.clone())
-    };
-    let reason = |program: &str| -> String {
-        match (ebpf, why_not) {
-            (None, Some(w)) => w.to_owned(),
-            (Some(e), _) => e
-                .skipped()
-                .iter()
-                .find(|s| s.contains(program))
-                .cloned()
-                .unwrap_or_else(|| format!("{program} is not attached")),
-            (None, None) => "eBPF unavailable".to_owned(),
-        }
-    };
-    let one = |name: &'static str, programs: &[&str], fallback: Option<&str>| {
-        let hooks: Vec<String> = programs.iter().filter_map(|p| hook(p)).collect();
-        if !hooks.is_empty() && hooks.len() == programs.len() {
-            return SensorStatus {
-                name,
-                mode: SensorMode::Active,
-                source: hooks.join(","),
-                reason: None,
+/// Each sensor's outcome when the eBPF object is not loaded: switched off, or without its
+/// hooks because of `why_not`.
+fn unloaded_outcomes(
+    switches: &SensorSwitches,
+    why_not: Option<&str>,
+) -> Vec<(&'static Sensor, Outcome)> {
+    SENSORS
+        .iter()
+        .map(|s| {
+            let outcome = if switches.is_on(s.name) {
+                Outcome::Unhooked {
+                    reason: why_not.unwrap_or("eBPF unavailable").to_owned(),
+                }
+            } else {
+                Outcome::SwitchedOff
             };
-        }
-        let missing = programs
-            .iter()
-            .find(|p| hook(p).is_none())
-            .copied()
-            .unwrap_or_default();
-        SensorStatus {
-            name,
-            mode: if fallback.is_some() {
-                SensorMode::Fallback
-            } else {
-                SensorMode::Off
-            },
-            source: fallback.unwrap_or("none").to_owned(),
-            reason: Some(reason(missing)),
-        }
-    };
-    let oom_victim = match hook("oom_mark_victim_btf").or_else(|| hook("oom_mark_victim_tp")) {
-        Some(h) => SensorStatus {
-            name: "oom_victim",
-            mode: SensorMode::Active,
-            source: h,
-            reason: None,
+            (s, outcome)
+        })
+        .collect()
+}
+
+/// The one-line-per-sensor decision: the table's sensors as attaching left them, then
+/// `memory_pressure` (PSI, no program). `psi` is whether the kernel has PSI.
+pub(super) fn decide(outcomes: &[(&'static Sensor, Outcome)], psi: bool) -> Vec<SensorStatus> {
+    let mut statuses: Vec<SensorStatus> = outcomes
+        .iter()
+        .map(|(sensor, outcome)| {
+            let reason = match outcome {
+                Outcome::Hooked(programs) => {
+                    let hooks: Vec<&str> = programs.iter().map(|p| p.hook.as_str()).collect();
+                    return SensorStatus {
+                        name: sensor.name,
+                        mode: SensorMode::Active,
+                        source: hooks.join(","),
+                        reason: None,
+                    };
+                }
+                Outcome::Unhooked { reason } => reason.clone(),
+                Outcome::SwitchedOff => SWITCHED_OFF.to_owned(),
+            };
+            let fallback = match sensor.fallback {
+                Fallback::Always(text) => Some(text),
+                Fallback::Psi(text) => psi.then_some(text),
+            };
+            SensorStatus {
+                name: sensor.name,
+                mode: if fallback.is_some() {
+                    SensorMode::Fallback
+                } else {
+                    SensorMode::Off
+                },
+                source: fallback.unwrap_or("none").to_owned(),
+                reason: Some(reason),
+            }
+        })
+        .collect();
+    statuses.push(SensorStatus {
+        name: "memory_pressure",
+        mode: if psi {
+            SensorMode::Active
+        } else {
+            SensorMode::Off
         },
-        None => one(
-            "oom_victim",
-            &["oom_mark_victim_tp"],
-            Some("memory.events oom_kill polling"),
-        ),
-    };
-    let memcg_events = match hook("memcg_memory_event") {
-        Some(h) => SensorStatus {
-            name: "memcg_events",
-            mode: SensorMode::Active,
-            source: h,
-            reason: None,
-        },
-        None => one(
-            "memcg_events",
-            &["memcg_memory_event"],
-            Some("memory.events polling (v1: memory.failcnt, memory.oom_control)"),
-        ),
-    };
-    let psi = Path::new(SYSTEM_MEMORY_PRESSURE).exists();
-    vec![
-        oom_victim,
-        memcg_events,
-        one(
-            "reclaim_stall",
-            &[
-                "memcg_reclaim_begin",
-                "memcg_reclaim_end",
-                "direct_reclaim_begin",
-                "direct_reclaim_end",
-            ],
-            psi.then_some("PSI memory triggers"),
-        ),
-        SensorStatus {
-            name: "memory_pressure",
-            mode: if psi {
-                SensorMode::Active
-            } else {
-                SensorMode::Off
-            },
-            source: if psi { "PSI triggers" } else { "none" }.to_owned(),
-            reason: (!psi).then(|| format!("{SYSTEM_MEMORY_PRESSURE} is missing (PSI off)")),
-        },
-        one(
-            "cpu_runqueue",
-            &["sched_switch"],
-            Some(
-                "cgroup CPU files read at housekeeping (usage, throttling, cpu.pressure; no run-queue histograms)",
-            ),
-        ),
-        one(
-            "oom_score_adj",
-            &["oom_score_adj_update"],
-            Some("oom_score_adj polling of expected pids"),
-        ),
-        one(
-            "process_lifecycle",
-            &["process_fork", "process_exec"],
-            Some("periodic cgroup.procs scan of the oom_score_adj housekeeping"),
-        ),
-        one(
-            "cgroup_lifecycle",
-            &["cgroup_mkdir", "cgroup_rmdir"],
-            Some("scan of watched cgroup directories every second; removed ones unwatched"),
-        ),
-    ]
+        source: if psi { "PSI triggers" } else { "none" }.to_owned(),
+        reason: (!psi).then(|| format!("{SYSTEM_MEMORY_PRESSURE} is missing (PSI off)")),
+    });
+    statuses
 }
 
 impl Shared {

@@ -13,13 +13,15 @@ pub mod privilege;
 pub mod psi;
 pub mod scores;
 pub mod slots;
+pub mod table;
 pub mod tracefs;
 
 pub use cpu_usage::{CpuSource, CpuUsage};
-pub use ebpf::{AttachedProgram, EbpfSensors, EventReader};
+pub use ebpf::{EbpfSensors, EventReader};
 pub use event::{CgroupOwner, OomVictim, SensorEvent};
 pub use facade::{SensorMode, SensorStatus, Sensors, SensorsConfig, WatchedCgroup};
 pub use scores::ScoreKey;
+pub use table::{AttachedProgram, SensorSwitches};
 
 use thiserror::Error;
 
@@ -55,8 +57,8 @@ pub enum SensorError {
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("no OOM program could be attached: {0}")]
-    NoOomProgram(String),
+    #[error(transparent)]
+    Essential(table::EssentialMissing),
     #[error("registering the ring buffer with the runtime failed")]
     Intake(#[source] std::io::Error),
     #[error("the CPU files of cgroup {cgroup_id} could not be read")]

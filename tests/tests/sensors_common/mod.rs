@@ -146,6 +146,18 @@ pub fn without_ebpf() -> SensorsConfig {
     }
 }
 
+/// Drops `removed` and waits up to 3 s for the sensors to stop watching it (the
+/// `cgroup_lifecycle` sensor, on its hook or on the directory scan); returns its id.
+pub async fn remove_and_wait_unwatched(sensors: &Sensors, removed: Cgroups) -> u64 {
+    let id = removed.id();
+    drop(removed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while sensors.is_watched(id) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    id
+}
+
 /// Waits up to `timeout` for an event `f` accepts.
 pub async fn wait_for<T>(
     rx: &mut mpsc::UnboundedReceiver<SensorEvent>,
