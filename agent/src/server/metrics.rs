@@ -84,6 +84,25 @@ pub struct RingLabels {
     pub ring: String,
 }
 
+/// An eviction signal (`memory.available`, `pid.available`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThresholdLabels {
+    pub signal: String,
+    /// `hard` or `soft`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    /// `MemoryPressure`, `PIDPressure`.
+    pub condition: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SensorLabels {
     pub sensor: String,
@@ -221,6 +240,12 @@ pub struct Metrics {
     pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
     pub ebpf_events_lost: Family<RingLabels, Counter>,
     pub sensor_active: Family<SensorLabels, Gauge>,
+    pub node_signal_available: Family<SignalLabels, Gauge>,
+    pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
+    pub node_condition: Family<ConditionLabels, Gauge>,
+    /// Errors of cgroup reconcile passes (one per `ReconcileReport::errors` entry). A plain
+    /// counter, exported from the start at 0, so an alert on its increase has a baseline.
+    pub reconcile_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -326,6 +351,32 @@ impl Metrics {
             "1 for each sensor that runs, with its source (ebpf or a fallback)",
             sensor_active.clone(),
         );
+        let node_signal_available = Family::default();
+        reg.add_with_unit(
+            "qoslet_node_signal_available",
+            "What an eviction signal has left on the node (memory.available: capacity - working set)",
+            Unit::Bytes,
+            node_signal_available.clone(),
+        );
+        let node_eviction_threshold = Family::default();
+        reg.add_with_unit(
+            "qoslet_node_eviction_threshold",
+            "The eviction threshold of a signal, resolved against the node's capacity, by kind (hard, soft)",
+            Unit::Bytes,
+            node_eviction_threshold.clone(),
+        );
+        let node_condition = Family::default();
+        reg.add(
+            "qoslet_node_condition",
+            "1 while the node has the condition (MemoryPressure, PIDPressure), else 0",
+            node_condition.clone(),
+        );
+        let reconcile_errors = Counter::default();
+        reg.add(
+            "qoslet_reconcile_errors",
+            "Errors of cgroup reconcile passes (a write or read that failed)",
+            reconcile_errors.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -344,6 +395,10 @@ impl Metrics {
             ebpf_program_run,
             ebpf_events_lost,
             sensor_active,
+            node_signal_available,
+            node_eviction_threshold,
+            node_condition,
+            reconcile_errors,
         }
     }
 

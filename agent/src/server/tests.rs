@@ -247,3 +247,41 @@ fn series_names_are_what_metrics_carries() {
             .any(|n| n == "qoslet_reconcile_duration_seconds_bucket")
     );
 }
+
+#[test]
+fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
+    let m = Metrics::new();
+    // The error counter is there before the first error, so an alert on its increase has a
+    // baseline.
+    let text = m.encode().unwrap();
+    assert!(
+        text.lines().any(|l| l == "qoslet_reconcile_errors_total 0"),
+        "{text}"
+    );
+    m.reconcile_errors.inc();
+    m.node_signal_available
+        .get_or_create(&metrics::SignalLabels {
+            signal: "memory.available".into(),
+        })
+        .set(700 << 20);
+    m.node_eviction_threshold
+        .get_or_create(&metrics::ThresholdLabels {
+            signal: "memory.available".into(),
+            kind: "hard".into(),
+        })
+        .set(256 << 20);
+    m.node_condition
+        .get_or_create(&metrics::ConditionLabels {
+            condition: "MemoryPressure".into(),
+        })
+        .set(1);
+    let text = m.encode().unwrap();
+    for line in [
+        "qoslet_reconcile_errors_total 1",
+        "qoslet_node_signal_available_bytes{signal=\"memory.available\"} 734003200",
+        "qoslet_node_eviction_threshold_bytes{signal=\"memory.available\",kind=\"hard\"} 268435456",
+        "qoslet_node_condition{condition=\"MemoryPressure\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+}

@@ -4,41 +4,28 @@ use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
+pub(super) use crate::apt::run;
+
 /// Debian packages the VM matrix needs on the host.
 const PACKAGES: &[&str] = &["qemu-system-x86", "cpio", "busybox-static"];
-/// The test binaries run in an initramfs without a libc, so they are static musl builds.
+/// The test binaries run in an initramfs without a libc, so they are static musl builds (and so
+/// is the agent in its container image).
 pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 
 /// Installs what is missing; when everything is there it only asks dpkg and rustc (well under 1 s).
 pub fn ensure_vm_prerequisites() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !deb_installed(p))
-        .collect();
-    if !missing.is_empty() {
-        // `apt-get update` is slow and only needed when something has to be fetched.
-        println!("vm-test: installing {}", missing.join(" "));
-        run(Command::new("apt-get").arg("update").arg("-q"))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-        println!("vm-test: installed {}", missing.join(" "));
-    }
-    if !musl_target_installed()? {
-        println!("vm-test: installing the rustup target {MUSL_TARGET}");
-        run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))?;
-        println!("vm-test: installed the rustup target {MUSL_TARGET}");
-    }
-    Ok(())
+    crate::apt::ensure("vm-test", PACKAGES)?;
+    ensure_musl_target()
 }
 
-fn deb_installed(package: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", package])
-        .output()
-        .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b"install ok installed"))
+/// `rustup target add` the musl target unless the toolchain has it.
+pub fn ensure_musl_target() -> Result<()> {
+    if !musl_target_installed()? {
+        println!("xtask: installing the rustup target {MUSL_TARGET}");
+        run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))?;
+        println!("xtask: installed the rustup target {MUSL_TARGET}");
+    }
+    Ok(())
 }
 
 /// Looks for the target's std in the sysroot of the toolchain that cargo will use here
@@ -57,12 +44,4 @@ fn musl_target_installed() -> Result<bool> {
         .join(MUSL_TARGET)
         .join("lib")
         .is_dir())
-}
-
-pub(super) fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
 }
