@@ -26,9 +26,10 @@ use anyhow::{Context as _, Result, bail, ensure};
 pub use podman::{HostSwaps, podman_run_args};
 
 const CONTAINER: &str = "qoslet-container-test";
-/// The node of the standalone run inside the container.
-const NODE_MEMORY: &str = "256Mi";
-const NODE_MEMORY_BYTES: u64 = 256 << 20;
+/// The node of the standalone run inside the container: above the example kubelet configuration's
+/// 384Mi of reservations and threshold, small beside the machine.
+const NODE_MEMORY: &str = "512Mi";
+const NODE_MEMORY_BYTES: u64 = 512 << 20;
 
 /// Removes what the test made (the container, its cgroups, its work directory), also on failure.
 struct Cleanup {
@@ -75,6 +76,13 @@ pub fn run() -> Result<()> {
         &kubelet_config,
     )?;
     let port = free_port()?;
+    // A pod for the node to run: the image has no shell, so its one binary, watching the agent.
+    fs::write(
+        state.join("pods/status.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: status, namespace: container-test}}\nspec:\n  containers:\n  - name: status\n    command: [\"/usr/bin/qoslet\", \"status\", \"--addr\", \"127.0.0.1:{port}\"]\n    resources:\n      requests: {{memory: 16Mi}}\n"
+        ),
+    )?;
     // The ConfigMap's own settings, with the node under a test cgroup with a small memory
     // limit, and on a free loopback port: the container shares the host's network here
     // (see `HostSwaps::host_network`).
@@ -144,12 +152,17 @@ pub fn run() -> Result<()> {
         "no eBPF sensor in /readyz: {}",
         ready.1
     );
-    let (_, metrics) = get(addr, "/metrics").context("/metrics")?;
     let capacity = format!("qoslet_node_capacity{{resource=\"memory\"}} {NODE_MEMORY_BYTES}");
-    ensure!(
-        metrics.lines().any(|l| l == capacity),
-        "{capacity} not in /metrics:\n{metrics}"
-    );
+    let pod = "qoslet_pod_info{namespace=\"container-test\",pod=\"status\",";
+    let metrics = wait_until(
+        "the node's plan in /metrics",
+        Duration::from_secs(30),
+        || {
+            let (_, m) = get(addr, "/metrics")?;
+            (m.lines().any(|l| l == capacity) && m.lines().any(|l| l.starts_with(pod))).then_some(m)
+        },
+    )
+    .map_err(|e| e.context(logs()))?;
     let ebpf_sensors = metrics
         .lines()
         .filter(|l| l.starts_with("qoslet_sensor_active{") && l.contains("/") && l.ends_with(" 1"))
@@ -158,12 +171,22 @@ pub fn run() -> Result<()> {
         ebpf_sensors > 0,
         "no sensor on an eBPF hook in /metrics:\n{metrics}"
     );
-    // The host's cgroups, written from inside: the node root with its memory limit.
+    // The host's cgroups, written from inside: the node root with its memory limit, and the
+    // pod's process in a cgroup below it.
     let limit = node_memory_limit(&node_root)?;
     ensure!(
         limit == NODE_MEMORY_BYTES,
         "the node root's memory limit on the host is {limit}, not {NODE_MEMORY_BYTES}"
     );
+    let pod_procs = wait_until(
+        "the pod's process in a host cgroup",
+        Duration::from_secs(30),
+        || {
+            let dirs = cgroup_dirs(&node_root);
+            let n = dirs.iter().map(|d| procs_below(d)).max()?;
+            (n > 0).then_some(n)
+        },
+    )?;
 
     // SIGTERM, as the kubelet stops it: qoslet removes the cgroups it created.
     let out = podman()
@@ -179,7 +202,7 @@ pub fn run() -> Result<()> {
         ensure!(!dir.exists(), "{} left behind", dir.display());
     }
     println!(
-        "container: passed in {:.1?}: ready, {ebpf_sensors} sensors on eBPF hooks, the host's node root cgroup written ({} bytes), metrics served, clean stop{}",
+        "container: passed in {:.1?}: ready, {ebpf_sensors} sensors on eBPF hooks, the host's node root cgroup written ({} bytes) with {pod_procs} pod process(es) below it, metrics served, clean stop{}",
         t.elapsed(),
         limit,
         if swaps.drop_caps.is_empty() {
@@ -269,6 +292,21 @@ fn node_memory_limit(node_root: &str) -> Result<u64> {
     };
     let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     Ok(text.trim().parse()?)
+}
+
+/// Processes in `dir` and every cgroup below it.
+fn procs_below(dir: &Path) -> usize {
+    let here = fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    let below: usize = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| procs_below(&e.path()))
+        .sum();
+    here + below
 }
 
 fn remove_cgroup_tree(dir: &Path) {

@@ -35,6 +35,9 @@ pub fn storage_args() -> [&'static str; 2] {
 }
 
 pub fn build(tc: &Toolchain) -> Result<Image> {
+    if std::env::var_os("AYA_BUILD_SKIP").is_some_and(|v| v == "1" || v == "true") {
+        bail!("AYA_BUILD_SKIP is set: the image's agent needs its eBPF programs; unset it");
+    }
     apt::ensure("image", PACKAGES)?;
     vm::ensure_musl_target()?;
     let t = Instant::now();

@@ -175,8 +175,10 @@ impl EncodeMetric for KernelHistogram {
             .enumerate()
             .map(|(i, n)| {
                 (
+                    // The encoder writes `le="+Inf"` only for infinity, and Prometheus'
+                    // histogram_quantile needs that bucket (NaN without it).
                     if i == last {
-                        f64::MAX
+                        f64::INFINITY
                     } else {
                         bucket_upper_bound(i)
                     },

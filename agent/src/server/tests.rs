@@ -171,6 +171,8 @@ fn kernel_histograms_are_exported_with_log2_microsecond_buckets() {
     };
     assert_eq!(bucket("0.000002"), Some(3.0), "{text}");
     assert_eq!(bucket("0.000008"), Some(4.0));
+    // The last bucket is +Inf, without which Prometheus' histogram_quantile returns NaN.
+    assert_eq!(bucket("+Inf"), Some(4.0), "{text}");
 }
 
 #[test]

@@ -1,0 +1,396 @@
+//! Prometheus scraping a real agent, as an operator's would: Debian's Prometheus (2.42) scrapes
+//! a standalone node (a test cgroup with a 1Gi limit) through a scenario that exercises every
+//! panel of deploy/grafana/qoslet.json (an eviction, a kernel OOM kill, memcg events, reconcile
+//! passes), with the alert rules of deploy/kubernetes/prometheusrule.yaml loaded. Every
+//! dashboard query, with the dashboard's variables substituted as Grafana would, must return
+//! data through Prometheus' HTTP API, and the eviction and OOM alerts must fire (`ALERTS`).
+//!
+//! Ignored by default: it needs root and Debian's prometheus, which `cargo xtask test`
+//! installs before it runs this test with `--ignored`.
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::Value;
+
+/// Series the lead's node core is adding (node pressure and conditions). This branch registers
+/// them but nothing sets them yet: their panels must come back empty here, and the test fails
+/// once they are set, so that whoever sets them removes them from this list.
+const AWAITING_NODE_CORE: &[&str] = &[
+    "qoslet_node_signal_available_bytes",
+    "qoslet_node_eviction_threshold_bytes",
+    "qoslet_node_condition",
+];
+/// Series the standalone node never observes today: its eviction action lets the runtime
+/// signal the pod first (`RuntimeEviction` in agent/src/standalone/eviction_action.rs), so the
+/// cgroup kill finds the cgroup empty and the decision carries no first-signal time. Same rule
+/// as above: the test fails once the series has data, to have it removed from this list.
+const AWAITING_STANDALONE_FIX: &[&str] = &["qoslet_eviction_decision_latency_seconds"];
+/// Grafana's `$__rate_interval` for a 1 s scrape interval is at least four scrapes; a little
+/// more keeps two samples in every window on a busy machine.
+const RATE_INTERVAL: &str = "15s";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A GET over HTTP/1.0, so that Prometheus answers without chunked encoding.
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.get(9..12)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The `data.result` of a Prometheus API answer; `None` while Prometheus does not listen yet.
+fn try_api(addr: SocketAddr, path: &str) -> Option<Vec<Value>> {
+    get(addr, path)?;
+    Some(api(addr, path))
+}
+
+/// The `data.result` of a Prometheus API answer.
+fn api(addr: SocketAddr, path: &str) -> Vec<Value> {
+    let (code, body) = get(addr, path).unwrap_or_else(|| panic!("no answer to {path}"));
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(code, 200, "{path}: {body}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// Whether a range query's result holds a finite value (`histogram_quantile` of an empty
+/// window is NaN: that is not data).
+fn has_finite_value(result: &[Value]) -> bool {
+    result.iter().any(|series| {
+        series["values"].as_array().into_iter().flatten().any(|v| {
+            v[1].as_str()
+                .and_then(|s| s.parse::<f64>().ok())
+                .is_some_and(f64::is_finite)
+        })
+    })
+}
+
+/// Every PromQL expression of the dashboard's panels.
+fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for p in dashboard["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            if let Some(e) = t["expr"].as_str() {
+                out.push((p["title"].as_str().unwrap_or("?").to_owned(), e.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Stops a child on drop (SIGINT, then SIGKILL): qoslet removes its cgroups on SIGINT.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of a child this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A Burstable pod that allocates past its 48Mi limit once `GO` exists: the kernel OOM-kills it.
+const OOMER: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: oomer, namespace: demo}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: oomer
+    command: [\"sh\", \"-c\", \"while [ ! -e GO ]; do sleep 0.2; done; exec tail /dev/zero\"]
+    resources:
+      limits: {memory: 48Mi}
+";
+
+/// The example's BestEffort hog, allocating without bound once `GO` exists: evicted.
+const HOG: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: hog, namespace: demo}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: hog
+    command: [\"sh\", \"-c\", \"while [ ! -e GO ]; do sleep 0.2; done; sleep 1; exec tail /dev/zero\"]
+";
+
+#[test]
+#[ignore = "needs root and Debian's prometheus: `cargo xtask test` installs it and runs this"]
+fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "needs root (real cgroups)");
+    let prometheus = std::env::var_os("QOSLET_PROMETHEUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/prometheus"));
+    assert!(
+        prometheus.exists(),
+        "{} missing: `apt-get install prometheus`",
+        prometheus.display()
+    );
+    let work_dir =
+        WorkDir(std::env::temp_dir().join(format!("qoslet-prometheus-{}", std::process::id())));
+    let work = work_dir.0.clone();
+    let _ = fs::remove_dir_all(&work);
+    let pods = work.join("pods");
+    fs::create_dir_all(&pods).unwrap();
+    let examples = repo().join("deploy/examples/standalone");
+    for f in ["guaranteed.yaml", "burstable.yaml", "besteffort-idle.yaml"] {
+        fs::copy(examples.join("pods").join(f), pods.join(f)).unwrap();
+    }
+    // The trigger file, named by an absolute path in the pods' commands.
+    let go = work.join("GO");
+    let arm = |pod: &str| pod.replace("-e GO", &format!("-e {}", go.display()));
+    fs::write(pods.join("hog.yaml"), arm(HOG)).unwrap();
+    fs::write(pods.join("oomer.yaml"), arm(OOMER)).unwrap();
+
+    let node_root = format!("qoslet-test-{}-prometheus", std::process::id());
+    let port = free_port();
+    let config = work.join("qoslet.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
+        ),
+    )
+    .unwrap();
+
+    // The PrometheusRule's spec is a plain rule file.
+    let rule: Value = serde_yaml_ng::from_str(
+        &fs::read_to_string(repo().join("deploy/kubernetes/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    fs::write(
+        work.join("rules.yaml"),
+        serde_json::to_string(&rule["spec"]).unwrap(),
+    )
+    .unwrap();
+    let instance = format!("127.0.0.1:{port}");
+    // The job is `qoslet`, as the ServiceMonitor names it (the Service's name).
+    fs::write(
+        work.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [rules.yaml]\nscrape_configs:\n  - job_name: qoslet\n    static_configs:\n      - targets: ['{instance}']\n"
+        ),
+    )
+    .unwrap();
+
+    let started = now();
+    let _qoslet = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_qoslet"))
+            .arg("run")
+            .arg("--kubelet-config")
+            .arg(examples.join("kubelet-config.yaml"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--standalone")
+            .arg(&pods)
+            .arg("--log-dir")
+            .arg(work.join("logs"))
+            .arg("--shutdown-grace-seconds")
+            .arg("5")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
+            .spawn()
+            .expect("starting qoslet"),
+    );
+    let prom_port = free_port();
+    let prom: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
+    let _prometheus = Daemon(
+        Command::new(&prometheus)
+            .arg(format!(
+                "--config.file={}",
+                work.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                work.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .current_dir(&work)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(work.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("starting prometheus"),
+    );
+    let log = |name: &str| fs::read_to_string(work.join(name)).unwrap_or_default();
+
+    // The target is up, as the "Agent up" panel shows it.
+    wait_until(
+        "Prometheus scraping qoslet",
+        Duration::from_secs(60),
+        || {
+            let r = try_api(
+                prom,
+                &format!("/api/v1/query?query={}", encode("up{job=\"qoslet\"} == 1")),
+            )?;
+            (!r.is_empty()).then_some(())
+        },
+    );
+
+    // A few scrapes before anything happens, so every rate has a "before".
+    thread::sleep(Duration::from_secs(5));
+    // The scenario: the oomer dies by the kernel's hand in its 48Mi limit, the hog is evicted.
+    fs::write(&go, "").unwrap();
+    for (alert, what) in [
+        ("QosletKernelOOMKill", "the oomer's kernel OOM kill"),
+        ("QosletPodsEvicted", "the hog's eviction"),
+    ] {
+        let q = encode(&format!(
+            "ALERTS{{alertname=\"{alert}\",alertstate=\"firing\"}}"
+        ));
+        let firing = wait_until(
+            &format!("{alert} firing for {what}"),
+            Duration::from_secs(120),
+            || {
+                let r = api(prom, &format!("/api/v1/query?query={q}"));
+                (!r.is_empty()).then_some(r)
+            },
+        );
+        let labels = &firing[0]["metric"];
+        match alert {
+            "QosletKernelOOMKill" => assert_eq!(labels["pod"], "oomer", "{firing:?}"),
+            _ => {
+                assert_eq!(labels["signal"], "memory.available", "{firing:?}");
+                assert_eq!(labels["qos_class"], "BestEffort", "{firing:?}");
+            }
+        }
+    }
+    // Rate windows after the events hold samples from before and after them.
+    thread::sleep(Duration::from_secs(5));
+    let end = now();
+
+    let dashboard: Value = serde_json::from_str(
+        &fs::read_to_string(repo().join("deploy/grafana/qoslet.json")).unwrap(),
+    )
+    .unwrap();
+    let node_var = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "node")
+        .unwrap();
+    // The node variable lists the instances Grafana would offer; this one is among them.
+    let definition = node_var["definition"].as_str().unwrap();
+    let (metric, label) = definition
+        .strip_prefix("label_values(")
+        .and_then(|s| s.strip_suffix(')'))
+        .and_then(|s| s.split_once(", "))
+        .unwrap();
+    let values = get(
+        prom,
+        &format!("/api/v1/label/{label}/values?match[]={}", encode(metric)),
+    )
+    .unwrap()
+    .1;
+    assert!(values.contains(&instance), "{definition}: {values}");
+
+    let mut empty = Vec::new();
+    let mut checked = 0;
+    for (title, expr) in panel_queries(&dashboard) {
+        // Grafana escapes a variable's value for regex matchers.
+        let q = expr
+            .replace("$__rate_interval", RATE_INTERVAL)
+            .replace("$node", &instance.replace('.', "\\\\."));
+        let result = api(
+            prom,
+            &format!(
+                "/api/v1/query_range?query={}&start={started:.3}&end={end:.3}&step=1",
+                encode(&q)
+            ),
+        );
+        let awaited = AWAITING_NODE_CORE
+            .iter()
+            .chain(AWAITING_STANDALONE_FIX)
+            .any(|m| expr.contains(m));
+        let data = has_finite_value(&result);
+        if awaited {
+            assert!(
+                !data,
+                "{title}: {expr} returns data now: remove its metric from its AWAITING list"
+            );
+        } else if !data {
+            let raw: String = serde_json::to_string(&result)
+                .unwrap()
+                .chars()
+                .take(600)
+                .collect();
+            empty.push(format!("{title}: {q}\n  {raw}"));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} queries");
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data:\n{}\nqoslet log:\n{}",
+        empty.join("\n"),
+        log("qoslet.log")
+    );
+}
