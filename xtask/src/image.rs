@@ -63,6 +63,7 @@ pub fn build(tc: &Toolchain) -> Result<Image> {
     fs::create_dir_all(&context)?;
     fs::copy(&binary, context.join("qoslet"))?;
     let containerfile = cargo::workspace_root().join("deploy/Containerfile");
+    let previous = image_id();
     apt::run(
         Command::new("buildah")
             .args(storage_args())
@@ -78,6 +79,26 @@ pub fn build(tc: &Toolchain) -> Result<Image> {
             .args(["push", "--quiet", IMAGE])
             .arg(format!("oci-archive:{}:{IMAGE}", archive.display())),
     )?;
+    // The tag moved to the new image: drop the one it replaced (vfs keeps full copies).
+    if let Some(old) = previous.filter(|old| image_id().as_ref() != Some(old)) {
+        let _ = Command::new("buildah")
+            .args(storage_args())
+            .args(["rmi", &old])
+            .output();
+    }
+    // Loadable as a node would load it: skopeo reads the archive's manifest and config.
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci-archive:{}", archive.display()))
+        .output()
+        .context("running skopeo")?;
+    if !inspect.status.success() {
+        bail!(
+            "skopeo cannot read {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&inspect.stderr).trim()
+        );
+    }
     let image = Image {
         binary_bytes: fs::metadata(&binary)?.len(),
         archive_bytes: fs::metadata(&archive)?.len(),
@@ -91,6 +112,17 @@ pub fn build(tc: &Toolchain) -> Result<Image> {
         mib(image.archive_bytes)
     );
     Ok(image)
+}
+
+/// The image id `IMAGE` names in local storage, if any.
+fn image_id() -> Option<String> {
+    let out = Command::new("buildah")
+        .args(storage_args())
+        .args(["images", "--quiet", "--no-trunc", IMAGE])
+        .output()
+        .ok()?;
+    let id = String::from_utf8(out.stdout).ok()?.trim().to_owned();
+    (out.status.success() && !id.is_empty()).then_some(id)
 }
 
 fn mib(bytes: u64) -> f64 {
