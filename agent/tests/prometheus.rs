@@ -10,15 +10,18 @@
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
+
+mod common;
+
+use common::{Daemon, WorkDir, free_port, get, wait_until};
 
 /// Series the lead's node core is adding (node pressure and conditions). This branch registers
 /// them but nothing sets them yet: their panels must come back empty here, and the test fails
@@ -39,37 +42,6 @@ const RATE_INTERVAL: &str = "15s";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A GET over HTTP/1.0, so that Prometheus answers without chunked encoding.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.get(9..12)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(500));
-    }
 }
 
 fn encode(s: &str) -> String {
@@ -127,33 +99,6 @@ fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
         }
     }
     out
-}
-
-/// Stops a child on drop (SIGINT, then SIGKILL): qoslet removes its cgroups on SIGINT.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) of a child this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct WorkDir(PathBuf);
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A Burstable pod that allocates past its 48Mi limit once `GO` exists: the kernel OOM-kills it.
@@ -242,8 +187,8 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
     .unwrap();
 
     let started = now();
-    let _qoslet = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_qoslet"))
+    let _qoslet = Daemon {
+        child: Command::new(env!("CARGO_BIN_EXE_qoslet"))
             .arg("run")
             .arg("--kubelet-config")
             .arg(examples.join("kubelet-config.yaml"))
@@ -260,11 +205,11 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
             .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
             .spawn()
             .expect("starting qoslet"),
-    );
+    };
     let prom_port = free_port();
     let prom: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
-    let _prometheus = Daemon(
-        Command::new(&prometheus)
+    let _prometheus = Daemon {
+        child: Command::new(&prometheus)
             .arg(format!(
                 "--config.file={}",
                 work.join("prometheus.yml").display()
@@ -279,7 +224,7 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
             .stderr(fs::File::create(work.join("prometheus.log")).unwrap())
             .spawn()
             .expect("starting prometheus"),
-    );
+    };
     let log = |name: &str| fs::read_to_string(work.join(name)).unwrap_or_default();
 
     // The target is up, as the "Agent up" panel shows it.
