@@ -21,7 +21,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{Daemon, WorkDir, free_port, get, wait_until};
+use common::{Daemon, WorkDir, free_port, get, start_node, wait_until};
 
 /// Series the lead's node core is adding (node pressure and conditions). This branch registers
 /// them but nothing sets them yet: their panels must come back empty here, and the test fails
@@ -157,14 +157,6 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
 
     let node_root = format!("qoslet-test-{}-prometheus", std::process::id());
     let port = free_port();
-    let config = work.join("qoslet.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
-        ),
-    )
-    .unwrap();
 
     // The PrometheusRule's spec is a plain rule file.
     let rule: Value = serde_yaml_ng::from_str(
@@ -187,25 +179,7 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
     .unwrap();
 
     let started = now();
-    let _qoslet = Daemon {
-        child: Command::new(env!("CARGO_BIN_EXE_qoslet"))
-            .arg("run")
-            .arg("--kubelet-config")
-            .arg(examples.join("kubelet-config.yaml"))
-            .arg("--config")
-            .arg(&config)
-            .arg("--standalone")
-            .arg(&pods)
-            .arg("--log-dir")
-            .arg(work.join("logs"))
-            .arg("--shutdown-grace-seconds")
-            .arg("5")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
-            .spawn()
-            .expect("starting qoslet"),
-    };
+    let _qoslet = start_node(&work, &node_root, port);
     let prom_port = free_port();
     let prom: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
     let _prometheus = Daemon {

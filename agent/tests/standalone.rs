@@ -6,7 +6,7 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
@@ -14,7 +14,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{Daemon, WorkDir, free_port, get, wait_until};
+use common::{WorkDir, free_port, get, start_node, wait_until};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
@@ -227,33 +227,9 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     let node_root = format!("qoslet-test-{}-standalone", std::process::id());
     let port = free_port();
     let config = work.join("qoslet.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
-        ),
-    )
-    .unwrap();
     let kubelet = examples().join("kubelet-config.yaml");
     let stderr_path = work.join("qoslet.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(&kubelet)
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(&pods)
-        .arg("--log-dir")
-        .arg(work.join("logs"))
-        .arg("--shutdown-grace-seconds")
-        .arg("5")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .expect("starting qoslet");
-    let mut daemon = Daemon { child };
+    let mut daemon = start_node(&work, &node_root, port);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
     wait_until("/readyz 200", Duration::from_secs(30), || {

@@ -5,8 +5,8 @@ use std::{
     fs,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
-    path::PathBuf,
-    process::Child,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -72,4 +72,37 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A standalone node as these tests run it: the manifests in `<work>/pods`, the example node's
+/// KubeletConfiguration, a node root cgroup `/<node_root>` of 1Gi that qoslet creates and
+/// removes, `/metrics` on `127.0.0.1:<port>`, its log in `<work>/qoslet.log`.
+pub fn start_node(work: &Path, node_root: &str, port: u16) -> Daemon {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone");
+    let config = work.join("qoslet.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
+        .arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--standalone")
+        .arg(work.join("pods"))
+        .arg("--log-dir")
+        .arg(work.join("logs"))
+        .arg("--shutdown-grace-seconds")
+        .arg("5")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
+        .spawn()
+        .expect("starting qoslet");
+    Daemon { child }
 }
