@@ -10,6 +10,7 @@
 //!   oci-archive; `--test` runs it as the DaemonSet describes.
 //! - `validate-deploy`: deploy/ against the Kubernetes and prometheus-operator schemas, the
 //!   alert rules through promtool.
+//! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
 
 mod apt;
 mod bench;
@@ -63,6 +64,8 @@ enum Cmd {
     },
     /// Validate deploy/ (Kubernetes 1.37 and prometheus-operator schemas, promtool).
     ValidateDeploy,
+    /// The deploy checks of `test` alone: validation, image and container test, Prometheus test.
+    DeployTest,
 }
 
 #[derive(clap::Args)]
@@ -107,6 +110,19 @@ fn run(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::ValidateDeploy => deploy::validate(&deploy::ensure_tools()?),
+        Cmd::DeployTest => {
+            let tc = toolchain::ensure()?;
+            let (lines, counts) = deploy_checks(&tc);
+            println!("\n== qoslet deploy checks ==");
+            for l in &lines {
+                println!("{l}");
+            }
+            println!("xtask: {} passed, {} failed", counts.passed, counts.failed);
+            if !counts.ok {
+                bail!("deploy checks failed");
+            }
+            Ok(())
+        }
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
             let reports = vm_matrix(&tc, &args)?;
