@@ -16,6 +16,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    cgroup::{ReconcileReport, WriteResult},
     policy::plan::{CgroupPlan, Plan},
     sensors::event::MemcgEventKind,
 };
@@ -245,8 +246,8 @@ pub struct Metrics {
     pub node_signal_available: Family<SignalLabels, Gauge>,
     pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
     pub node_condition: Family<ConditionLabels, Gauge>,
-    /// Errors of cgroup reconcile passes (one per `ReconcileReport::errors` entry). A plain
-    /// counter, exported from the start at 0, so an alert on its increase has a baseline.
+    /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
+    /// exported from the start at 0, so an alert on its increase has a baseline.
     pub reconcile_errors: Counter,
 }
 
@@ -461,6 +462,20 @@ impl Metrics {
                     .set(c.oom_score_adj.into());
             }
         }
+    }
+
+    /// Records a reconcile pass: its duration, and one error per failed write and per entry of
+    /// its `errors` (the lines the node logs as "Cgroup write failed." and "Cgroup reconcile
+    /// error.").
+    pub fn record_reconcile(&self, report: &ReconcileReport, took: std::time::Duration) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        let failed_writes = report
+            .writes
+            .iter()
+            .filter(|w| matches!(w.result, WriteResult::Failed { .. }))
+            .count();
+        self.reconcile_errors
+            .inc_by((failed_writes + report.errors.len()) as u64);
     }
 
     /// Replaces the pods' requests: `(namespace, pod, cpu millicores, memory bytes)`.

@@ -287,3 +287,40 @@ fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
         assert!(text.lines().any(|l| l == line), "{line} in {text}");
     }
 }
+
+#[test]
+fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
+    use crate::cgroup::{Mode, ReconcileReport, Tree, WriteReport, WriteResult, name::CgroupPath};
+    let m = Metrics::new();
+    let write = |result| WriteReport {
+        cgroup: CgroupPath::root(),
+        tree: Tree::V2,
+        path: "/sys/fs/cgroup/x".into(),
+        file: "cpu.weight",
+        old: None,
+        new: "100".into(),
+        result,
+    };
+    let report = ReconcileReport {
+        mode: Mode::Enforce,
+        created: Vec::new(),
+        writes: vec![
+            write(WriteResult::Written),
+            write(WriteResult::Failed { errno: 13 }),
+            write(WriteResult::Vanished),
+        ],
+        errors: Vec::new(),
+        read: 1,
+    };
+    m.record_reconcile(&report, std::time::Duration::from_millis(3));
+    let text = m.encode().unwrap();
+    assert!(
+        text.lines().any(|l| l == "qoslet_reconcile_errors_total 1"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "qoslet_reconcile_duration_seconds_count 1"),
+        "{text}"
+    );
+}
