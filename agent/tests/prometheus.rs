@@ -88,6 +88,16 @@ fn has_finite_value(result: &[Value]) -> bool {
     })
 }
 
+/// The largest finite value of a range query's result.
+fn max_value(result: &[Value]) -> Option<f64> {
+    result
+        .iter()
+        .flat_map(|series| series["values"].as_array().into_iter().flatten())
+        .filter_map(|v| v[1].as_str()?.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+        .reduce(f64::max)
+}
+
 /// Every PromQL expression of the dashboard's panels.
 fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -271,6 +281,8 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
     .1;
     assert!(values.contains(&instance), "{definition}: {values}");
 
+    // The operator sees each event in its panel, the first of a new series included.
+    let mut peaks = std::collections::BTreeMap::new();
     let mut empty = Vec::new();
     let mut checked = 0;
     for (title, expr) in panel_queries(&dashboard) {
@@ -290,6 +302,7 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
             .chain(AWAITING_STANDALONE_FIX)
             .any(|m| expr.contains(m));
         let data = has_finite_value(&result);
+        peaks.insert(title.clone(), max_value(&result));
         if awaited {
             assert!(
                 !data,
@@ -306,6 +319,13 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
         checked += 1;
     }
     assert!(checked >= 20, "{checked} queries");
+    for panel in ["OOM kills by pod", "Evictions"] {
+        assert!(
+            peaks.get(panel).copied().flatten() >= Some(1.0),
+            "{panel}: the event does not show ({:?})",
+            peaks.get(panel)
+        );
+    }
     assert!(
         empty.is_empty(),
         "dashboard queries without data:\n{}\nqoslet log:\n{}",
