@@ -13,7 +13,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{Daemon, WorkDir, free_port, get, phase, root_or_skip, status, wait_until};
+use common::{WorkDir, free_port, get, phase, root_or_skip, start_node, status, wait_until};
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
@@ -208,17 +208,9 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     let node_root = format!("qoslet-test-{}-standalone", std::process::id());
     let port = free_port();
     let config = work.join("qoslet.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstatsInterval: 1s\nstateDir: {}\n",
-            work.join("state").display()
-        ),
-    )
-    .unwrap();
     let kubelet = examples().join("kubelet-config.yaml");
     let stderr_path = work.join("qoslet.log");
-    let mut daemon = Daemon::start(&kubelet, &config, &work, &["--shutdown-grace-seconds", "5"]);
+    let mut daemon = start_node(&work, &node_root, port);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
     wait_until("/readyz 200", Duration::from_secs(30), || {

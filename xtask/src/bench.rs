@@ -10,7 +10,7 @@ use crate::{cargo, toolchain::Toolchain};
 
 pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
     // qoslet-bench-agent counts the daemon's system calls with strace.
-    crate::vm::ensure_debs(&["strace"])?;
+    crate::apt::ensure("bench", &["strace"])?;
     cargo::run(tc, &["build", "--release", "-p", "qoslet-tests", "--bins"])?;
     // qoslet-bench-agent measures the release daemon itself.
     cargo::run(

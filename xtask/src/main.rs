@@ -6,13 +6,26 @@
 //! - `run`: the README's main command: the agent on the embedded example node.
 //! - `vm-test`: the kernel matrix alone.
 //! - `bench`: the speed and memory measurements (`tests/src/bin/qoslet-bench-*`).
+//! - `image`: the OCI image (static agent, deploy/Containerfile) in local storage and an
+//!   oci-archive; `--test` runs it as the DaemonSet describes.
+//! - `validate-deploy`: deploy/ against the Kubernetes and prometheus-operator schemas, the
+//!   alert rules through promtool.
+//! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
 
+mod apt;
 mod bench;
 mod cargo;
+mod container;
+mod deploy;
+mod image;
 mod toolchain;
 mod vm;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
@@ -43,6 +56,16 @@ enum Cmd {
         /// Only the benches whose name ends with one of these (e.g. `reconcile`).
         only: Vec<String>,
     },
+    /// Build the OCI image: a static release agent from deploy/Containerfile, with buildah.
+    Image {
+        /// Then run it under podman as deploy/kubernetes/daemonset.yaml describes (root).
+        #[arg(long)]
+        test: bool,
+    },
+    /// Validate deploy/ (Kubernetes 1.37 and prometheus-operator schemas, promtool).
+    ValidateDeploy,
+    /// The deploy checks of `test` alone: validation, image and container test, Prometheus test.
+    DeployTest,
 }
 
 #[derive(clap::Args)]
@@ -77,6 +100,28 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Bench { only } => {
             let tc = toolchain::ensure()?;
             bench::run(&tc, &only).map(|_| ())
+        }
+        Cmd::Image { test } => {
+            let tc = toolchain::ensure()?;
+            image::build(&tc)?;
+            if test {
+                container::run()?;
+            }
+            Ok(())
+        }
+        Cmd::ValidateDeploy => deploy::validate(&deploy::ensure_tools()?),
+        Cmd::DeployTest => {
+            let tc = toolchain::ensure()?;
+            let (lines, counts) = deploy_checks(&tc);
+            println!("\n== qoslet deploy checks ==");
+            for l in &lines {
+                println!("{l}");
+            }
+            println!("xtask: {} passed, {} failed", counts.passed, counts.failed);
+            if !counts.ok {
+                bail!("deploy checks failed");
+            }
+            Ok(())
         }
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
@@ -115,6 +160,10 @@ fn test(args: &TestArgs) -> Result<()> {
     ));
     total.add(&host);
 
+    let (deploy_lines, deploy_counts) = deploy_checks(&tc);
+    lines.extend(deploy_lines);
+    total.add(&deploy_counts);
+
     let mut vm_failed = false;
     if !args.no_vm {
         for r in vm_matrix(&tc, &args.vm)? {
@@ -146,10 +195,71 @@ fn test(args: &TestArgs) -> Result<()> {
         "xtask: {} passed, {} failed, {} skipped",
         total.passed, total.failed, total.ignored
     );
-    if total.failed > 0 || vm_failed || !unit.ok || !host.ok {
+    if total.failed > 0 || vm_failed || !unit.ok || !host.ok || !deploy_counts.ok {
         bail!("tests failed");
     }
     Ok(())
+}
+
+/// What users install, checked by the programs that consume it: the manifests' schemas and the
+/// alert rules, the image run as the DaemonSet describes, and Prometheus scraping a real agent
+/// through every dashboard query and alert. One report line per check, with its time.
+fn deploy_checks(tc: &toolchain::Toolchain) -> (Vec<String>, cargo::TestCounts) {
+    let mut lines = Vec::new();
+    let mut counts = cargo::TestCounts {
+        ok: true,
+        ..Default::default()
+    };
+    let mut step = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>| {
+        let t = Instant::now();
+        let r = f();
+        let took = secs(t.elapsed());
+        match r {
+            Ok(()) => {
+                counts.passed += 1;
+                lines.push(format!("{name}: passed in {took}"));
+            }
+            Err(e) => {
+                eprintln!("xtask: {name} failed: {e:#}");
+                counts.failed += 1;
+                counts.ok = false;
+                lines.push(format!("{name}: FAILED in {took}: {e:#}"));
+            }
+        }
+    };
+    step("deploy/ schemas and alert rules", &mut || {
+        deploy::validate(&deploy::ensure_tools()?)
+    });
+    step("image build (musl release, buildah)", &mut || {
+        image::build(tc).map(|_| ())
+    });
+    step("container test (podman, the DaemonSet's spec)", &mut || {
+        container::run()
+    });
+    step("Prometheus test (dashboard queries, alerts)", &mut || {
+        crate::apt::ensure("prometheus-test", deploy::PROMETHEUS_PACKAGES)?;
+        let r = cargo::test(
+            tc,
+            &[
+                "test",
+                "-p",
+                "qoslet",
+                "--test",
+                "prometheus",
+                "--",
+                "--ignored",
+            ],
+        )?;
+        if !r.ok || r.passed == 0 {
+            anyhow::bail!("cargo test --test prometheus: {}", r.summary());
+        }
+        Ok(())
+    });
+    (lines, counts)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.0} s", d.as_secs_f64())
 }
 
 fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm::KernelReport>> {

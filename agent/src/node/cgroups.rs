@@ -67,8 +67,7 @@ impl NodeCgroups {
         report
             .state
             .metrics
-            .reconcile_duration
-            .observe(started.elapsed().as_secs_f64());
+            .record_reconcile(&result, started.elapsed());
         for w in &result.writes {
             match &w.result {
                 WriteResult::Failed { .. } => {

@@ -34,8 +34,16 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
                 tracing::warn!(pod = %req.pod, error = %e, "Could not record the eviction before acting; a crash now would start the pod again.");
             }
         }
+        // The executor's own stop may signal the pod first (the standalone runtime does); then
+        // the action finds it gone and sent nothing: the first signal went out here.
+        let marked = std::time::Instant::now();
         self.executor
             .mark_evicted(&req.pod, &req.message, req.grace);
-        self.action.evict(req).await
+        let mut outcome = self.action.evict(req).await?;
+        if self.executor.signals_on_evict() {
+            outcome.first_signal_at =
+                Some(outcome.first_signal_at.map_or(marked, |t| t.min(marked)));
+        }
+        Ok(outcome)
     }
 }

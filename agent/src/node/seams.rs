@@ -71,6 +71,10 @@ pub trait PodExecutor: Send + Sync + 'static {
     /// The pod is being evicted: it ends Failed with reason `Evicted` and is not started again.
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration);
 
+    /// Whether [`PodExecutor::mark_evicted`] itself signals the pod's processes (so the first
+    /// signal of an eviction goes out there).
+    fn signals_on_evict(&self) -> bool;
+
     /// At shutdown: stops what the executor started, each pod within the shorter of its own
     /// grace period and `grace`, and waits for them.
     fn stop_all(&self, grace: Duration) -> impl Future<Output = ()> + Send;

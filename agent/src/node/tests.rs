@@ -155,6 +155,10 @@ impl PodExecutor for FakeExecutor {
         self.evicted.lock().unwrap().push(key.clone());
     }
 
+    fn signals_on_evict(&self) -> bool {
+        false
+    }
+
     async fn stop_all(&self, _: Duration) {}
 }
 

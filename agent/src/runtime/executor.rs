@@ -89,6 +89,11 @@ impl PodExecutor for Runtime {
         Runtime::mark_evicted(self, key, message, grace);
     }
 
+    /// The runtime stops an evicted pod itself: SIGTERM to its containers at once.
+    fn signals_on_evict(&self) -> bool {
+        true
+    }
+
     async fn stop_all(&self, grace: Duration) {
         Runtime::stop_all(self, grace).await;
     }

@@ -16,6 +16,7 @@ use prometheus_client::{
 };
 
 use crate::{
+    cgroup::{ReconcileReport, WriteResult},
     policy::plan::{CgroupPlan, Plan},
     sensors::event::MemcgEventKind,
 };
@@ -75,6 +76,17 @@ pub struct EvictionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProgramLabels {
+    pub program: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RingLabels {
+    pub ring: String,
+}
+
+/// An eviction signal (`memory.available`, `pid.available`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalLabels {
     pub signal: String,
 }
@@ -88,17 +100,8 @@ pub struct ThresholdLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
+    /// `MemoryPressure`, `PIDPressure`.
     pub condition: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProgramLabels {
-    pub program: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RingLabels {
-    pub ring: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -173,8 +176,10 @@ impl EncodeMetric for KernelHistogram {
             .enumerate()
             .map(|(i, n)| {
                 (
+                    // The encoder writes `le="+Inf"` only for infinity, and Prometheus'
+                    // histogram_quantile needs that bucket (NaN without it).
                     if i == last {
-                        f64::MAX
+                        f64::INFINITY
                     } else {
                         bucket_upper_bound(i)
                     },
@@ -241,6 +246,9 @@ pub struct Metrics {
     pub node_signal_available: Family<SignalLabels, Gauge>,
     pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
     pub node_condition: Family<ConditionLabels, Gauge>,
+    /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
+    /// exported from the start at 0, so an alert on its increase has a baseline.
+    pub reconcile_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -366,6 +374,12 @@ impl Metrics {
             "1 while a node condition (MemoryPressure, PIDPressure) is in force, else 0",
             node_condition.clone(),
         );
+        let reconcile_errors = Counter::default();
+        reg.add(
+            "qoslet_reconcile_errors",
+            "Errors of cgroup reconcile passes (a write or read that failed)",
+            reconcile_errors.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -387,6 +401,7 @@ impl Metrics {
             node_signal_available,
             node_eviction_threshold,
             node_condition,
+            reconcile_errors,
         }
     }
 
@@ -447,6 +462,20 @@ impl Metrics {
                     .set(c.oom_score_adj.into());
             }
         }
+    }
+
+    /// Records a reconcile pass: its duration, and one error per failed write and per entry of
+    /// its `errors` (the lines the node logs as "Cgroup write failed." and "Cgroup reconcile
+    /// error.").
+    pub fn record_reconcile(&self, report: &ReconcileReport, took: std::time::Duration) {
+        self.reconcile_duration.observe(took.as_secs_f64());
+        let failed_writes = report
+            .writes
+            .iter()
+            .filter(|w| matches!(w.result, WriteResult::Failed { .. }))
+            .count();
+        self.reconcile_errors
+            .inc_by((failed_writes + report.errors.len()) as u64);
     }
 
     /// Replaces the pods' requests: `(namespace, pod, cpu millicores, memory bytes)`.

@@ -171,6 +171,8 @@ fn kernel_histograms_are_exported_with_log2_microsecond_buckets() {
     };
     assert_eq!(bucket("0.000002"), Some(3.0), "{text}");
     assert_eq!(bucket("0.000008"), Some(4.0));
+    // The last bucket is +Inf, without which Prometheus' histogram_quantile returns NaN.
+    assert_eq!(bucket("+Inf"), Some(4.0), "{text}");
 }
 
 #[test]
@@ -316,4 +318,79 @@ async fn idle_connections_are_capped_and_closed() {
     );
     let rest = String::from_utf8_lossy(&rest);
     assert!(!rest.contains("200 OK"), "{rest}");
+}
+
+#[test]
+fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
+    let m = Metrics::new();
+    // The error counter is there before the first error, so an alert on its increase has a
+    // baseline.
+    let text = m.encode().unwrap();
+    assert!(
+        text.lines().any(|l| l == "qoslet_reconcile_errors_total 0"),
+        "{text}"
+    );
+    m.reconcile_errors.inc();
+    m.node_signal_available
+        .get_or_create(&metrics::SignalLabels {
+            signal: "memory.available".into(),
+        })
+        .set(700 << 20);
+    m.node_eviction_threshold
+        .get_or_create(&metrics::ThresholdLabels {
+            signal: "memory.available".into(),
+            kind: "hard".into(),
+        })
+        .set(256 << 20);
+    m.node_condition
+        .get_or_create(&metrics::ConditionLabels {
+            condition: "MemoryPressure".into(),
+        })
+        .set(1);
+    let text = m.encode().unwrap();
+    for line in [
+        "qoslet_reconcile_errors_total 1",
+        "qoslet_node_signal_available_bytes{signal=\"memory.available\"} 734003200",
+        "qoslet_node_eviction_threshold_bytes{signal=\"memory.available\",kind=\"hard\"} 268435456",
+        "qoslet_node_condition{condition=\"MemoryPressure\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+}
+
+#[test]
+fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
+    use crate::cgroup::{Mode, ReconcileReport, Tree, WriteReport, WriteResult, name::CgroupPath};
+    let m = Metrics::new();
+    let write = |result| WriteReport {
+        cgroup: CgroupPath::root(),
+        tree: Tree::V2,
+        path: "/sys/fs/cgroup/x".into(),
+        file: "cpu.weight",
+        old: None,
+        new: "100".into(),
+        result,
+    };
+    let report = ReconcileReport {
+        mode: Mode::Enforce,
+        created: Vec::new(),
+        writes: vec![
+            write(WriteResult::Written),
+            write(WriteResult::Failed { errno: 13 }),
+            write(WriteResult::Vanished),
+        ],
+        errors: Vec::new(),
+        read: 1,
+    };
+    m.record_reconcile(&report, std::time::Duration::from_millis(3));
+    let text = m.encode().unwrap();
+    assert!(
+        text.lines().any(|l| l == "qoslet_reconcile_errors_total 1"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l == "qoslet_reconcile_duration_seconds_count 1"),
+        "{text}"
+    );
 }

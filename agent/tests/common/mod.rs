@@ -1,5 +1,5 @@
 //! What the tests that run the `qoslet` daemon share: a free loopback port, one HTTP GET, a
-//! wait with a deadline, the status page's pod phases, and guards that stop the daemon and
+//! wait with a deadline, the status page's pod phases, a standalone node as most of them start it, and guards that stop the daemon and
 //! remove the work directory however the test ends. Each test crate uses part of it.
 #![allow(
     dead_code,
@@ -24,15 +24,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// `GET path`: the status code and the body, `None` when nothing answers.
+/// A GET over HTTP/1.0, so that no server answers with chunked encoding: status and body.
 pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let code = out.get(9..12)?.parse().ok()?;
@@ -81,7 +77,8 @@ impl Drop for WorkDir {
     }
 }
 
-/// Stops the daemon (SIGINT) if the test fails half way; the daemon removes its cgroups.
+/// Stops a daemon the test started (SIGINT, then SIGKILL after 20 s) if the test fails half way;
+/// qoslet removes its cgroups on SIGINT.
 pub struct Daemon {
     pub child: Child,
 }
@@ -137,4 +134,38 @@ pub fn phase(status: &serde_json::Value, name: &str) -> Option<String> {
         .iter()
         .find(|p| p["name"] == name)
         .and_then(|p| p["phase"].as_str().map(str::to_owned))
+}
+
+/// A standalone node as these tests run it: the manifests in `<work>/pods`, the example node's
+/// KubeletConfiguration, a node root cgroup `/<node_root>` of 1Gi that qoslet creates and
+/// removes, `/metrics` on `127.0.0.1:<port>`, its log in `<work>/qoslet.log`.
+pub fn start_node(work: &Path, node_root: &str, port: u16) -> Daemon {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone");
+    let config = work.join("qoslet.yaml");
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstatsInterval: 1s\nstateDir: {}\n",
+            work.join("state").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
+        .arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--standalone")
+        .arg(work.join("pods"))
+        .arg("--log-dir")
+        .arg(work.join("logs"))
+        .arg("--shutdown-grace-seconds")
+        .arg("5")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
+        .spawn()
+        .expect("starting qoslet");
+    Daemon { child }
 }

@@ -1,0 +1,251 @@
+//! deploy/ checked by the programs that consume it: the rendered kustomization against the
+//! Kubernetes 1.37 schemas (`kubernetes-validate`, PyPI) and the prometheus-operator CRD schemas
+//! (`@kubernetes-models/prometheus-operator`, npm); the example manifests against the same
+//! Kubernetes schemas; the alert rules with `promtool check rules` and `promtool test rules`.
+//! Each tool is installed on first use under the cache directory (or by apt), pinned.
+
+mod render;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+pub use render::{documents, render};
+
+use crate::{apt, cargo::workspace_root, toolchain::cache_dir};
+
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
+const KUBERNETES_VERSION: &str = "1.37.0";
+const PROMETHEUS_OPERATOR_MODELS: &str = "@kubernetes-models/prometheus-operator@6.0.0";
+/// Debian's prometheus carries promtool.
+pub const PROMETHEUS_PACKAGES: &[&str] = &["prometheus"];
+/// Kinds of deploy/examples that are no Kubernetes API object; `qoslet validate` checks them
+/// (agent/tests/validate_cli.rs).
+const NOT_API_KINDS: &[&str] = &["KubeletConfiguration", "QosletConfiguration"];
+
+/// Where the validators live once installed.
+pub struct Tools {
+    kubernetes_validate: PathBuf,
+    node_modules: PathBuf,
+}
+
+/// Installs what is missing: a venv with kubernetes-validate, the npm models, Debian's
+/// prometheus (promtool). A second run only checks paths and dpkg.
+pub fn ensure_tools() -> Result<Tools> {
+    let cache = cache_dir()?;
+    let venv = cache.join("venv");
+    let kubernetes_validate = venv.join("bin/kubernetes-validate");
+    if !kubernetes_validate.exists() {
+        println!(
+            "deploy: installing {KUBERNETES_VALIDATE} into {}",
+            venv.display()
+        );
+        apt::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+        apt::run(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "-q", "--disable-pip-version-check"])
+                .arg(KUBERNETES_VALIDATE),
+        )?;
+    }
+    let npm = cache.join("npm");
+    let node_modules = npm.join("node_modules");
+    if !node_modules
+        .join("@kubernetes-models/prometheus-operator/package.json")
+        .exists()
+    {
+        println!(
+            "deploy: installing {PROMETHEUS_OPERATOR_MODELS} into {}",
+            npm.display()
+        );
+        fs::create_dir_all(&npm)?;
+        apt::run(
+            Command::new("npm")
+                .args([
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--save-exact",
+                    "--prefix",
+                ])
+                .arg(&npm)
+                .arg(PROMETHEUS_OPERATOR_MODELS),
+        )?;
+    }
+    apt::ensure("deploy", PROMETHEUS_PACKAGES)?;
+    Ok(Tools {
+        kubernetes_validate,
+        node_modules,
+    })
+}
+
+/// Renders deploy/kubernetes, validates every object and the examples, checks and unit-tests
+/// the alert rules. Prints one line per check; fails on the first broken one.
+pub fn validate(tools: &Tools) -> Result<()> {
+    let root = workspace_root();
+    let out = target_dir().join("deploy");
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+
+    let objects = render(&root.join("deploy/kubernetes"))?;
+    let (crds, core): (Vec<&Value>, Vec<&Value>) = objects.iter().partition(|o| {
+        o["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("monitoring.coreos.com/"))
+    });
+    // One file per object, so a failure names it.
+    let mut files = Vec::new();
+    for (i, obj) in core.iter().enumerate() {
+        let f = out.join(format!(
+            "{i:02}-{}-{}.json",
+            obj["kind"].as_str().unwrap_or("x"),
+            obj["metadata"]["name"].as_str().unwrap_or("x")
+        ));
+        fs::write(&f, serde_json::to_vec_pretty(obj)?)?;
+        files.push(f);
+    }
+    kubernetes_validate(tools, &files)?;
+    println!(
+        "deploy: {} objects of deploy/kubernetes valid against the Kubernetes {KUBERNETES_VERSION} schemas",
+        files.len()
+    );
+    validate_crds(tools, &crds)?;
+    println!(
+        "deploy: {} prometheus-operator objects valid against their CRD schemas",
+        crds.len()
+    );
+
+    let mut examples = Vec::new();
+    yaml_files(&root.join("deploy/examples"), &mut examples)?;
+    let mut checked = Vec::new();
+    for f in examples {
+        let docs = documents(&f)?;
+        let api = |d: &Value| !NOT_API_KINDS.contains(&d["kind"].as_str().unwrap_or(""));
+        if docs.iter().all(api) {
+            checked.push(f);
+        } else if docs.iter().any(api) {
+            bail!("{}: mixes API objects with {NOT_API_KINDS:?}", f.display());
+        }
+    }
+    kubernetes_validate(tools, &checked)?;
+    println!(
+        "deploy: {} example manifests valid against the Kubernetes {KUBERNETES_VERSION} schemas",
+        checked.len()
+    );
+
+    let rules = write_rules(&objects, &out)?;
+    promtool(&["check", "rules"], &rules)?;
+    let tests = out.join("qoslet-rules.test.yaml");
+    fs::copy(
+        root.join("deploy/prometheus/qoslet-rules.test.yaml"),
+        &tests,
+    )?;
+    promtool(&["test", "rules"], &tests)?;
+    println!("deploy: alert rules pass promtool check rules and their unit tests");
+    Ok(())
+}
+
+/// The PrometheusRule's `spec` as a plain Prometheus rule file, `<out>/qoslet-rules.yaml` (what
+/// the operator hands to Prometheus).
+pub fn write_rules(objects: &[Value], out: &Path) -> Result<PathBuf> {
+    let rule = objects
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .context("deploy/kubernetes has no PrometheusRule")?;
+    let path = out.join("qoslet-rules.yaml");
+    fs::write(&path, serde_json::to_vec_pretty(&rule["spec"])?)?;
+    Ok(path)
+}
+
+fn kubernetes_validate(tools: &Tools, files: &[PathBuf]) -> Result<()> {
+    let out = Command::new(&tools.kubernetes_validate)
+        .args([
+            "--strict",
+            "--quiet",
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+        ])
+        .args(files)
+        .stdin(Stdio::null())
+        .output()
+        .context("running kubernetes-validate")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A kind without a schema is only a warning to kubernetes-validate; here it is a failure.
+    if !out.status.success()
+        || text
+            .lines()
+            .any(|l| l.starts_with("WARN") || l.starts_with("ERROR"))
+    {
+        bail!("kubernetes-validate: {}", text.trim());
+    }
+    Ok(())
+}
+
+fn validate_crds(tools: &Tools, objects: &[&Value]) -> Result<()> {
+    let script = workspace_root().join("xtask/src/deploy/validate-crds.mjs");
+    let mut child = Command::new("node")
+        .arg(script)
+        .arg(&tools.node_modules)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running node")?;
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().context("node stdin")?;
+        stdin.write_all(&serde_json::to_vec(objects)?)?;
+    }
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || text.lines().count() != objects.len() {
+        bail!("prometheus-operator schemas: {}", text.trim());
+    }
+    Ok(())
+}
+
+fn promtool(args: &[&str], file: &Path) -> Result<()> {
+    let out = Command::new("promtool")
+        .args(args)
+        .arg(file)
+        .output()
+        .context("running promtool")?;
+    if !out.status.success() {
+        bail!(
+            "promtool {} {}: {}{}",
+            args.join(" "),
+            file.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<PathBuf> = fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            yaml_files(&p, out)?;
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
