@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod policy;
