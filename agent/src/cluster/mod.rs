@@ -6,7 +6,9 @@
 //! eviction action kills locally first and then tells the API server, through a persistent
 //! queue that survives the API server's absence and qoslet's restarts.
 
+pub mod queue;
 pub mod source;
+pub mod writes;
 
 #[cfg(test)]
 mod mock;
