@@ -152,6 +152,18 @@ pub struct QosletConfiguration {
         serialize_with = "ser_duration"
     )]
     pub housekeeping_interval: Duration,
+    /// How often per-pod statistics are sampled (run-queue latency, working sets, the Summary
+    /// API's CPU base) and every container's processes scanned for their oom_score_adj. The
+    /// eviction path does not wait for it: it reads usage fresh at decision time.
+    #[serde(
+        default = "default_stats_interval",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub stats_interval: Duration,
+    /// Where state that must survive a crash is kept (evicted pods, the cgroups qoslet created).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
     #[serde(default)]
     pub capacity: CapacityOverride,
     /// A cgroup that acts as the node; with a memory limit, that limit is the node's memory.
@@ -182,6 +194,15 @@ fn default_housekeeping() -> Duration {
     Duration::from_secs(1)
 }
 
+/// The kubelet's own statistics housekeeping interval.
+fn default_stats_interval() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/qoslet")
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     let nanos = parse_duration_nanos(&text).map_err(serde::de::Error::custom)?;
@@ -205,6 +226,8 @@ impl Default for QosletConfiguration {
             container_weight_formula: default_container_weight_formula(),
             gang_aware_eviction: true,
             housekeeping_interval: default_housekeeping(),
+            stats_interval: default_stats_interval(),
+            state_dir: default_state_dir(),
             capacity: CapacityOverride::default(),
             node_root_cgroup: None,
             reserved_cpus_conflict: ReservedCpusConflict::Reject,

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod eviction;
+pub mod node;
 pub mod policy;
 pub mod runtime;
 pub mod sensors;

@@ -293,7 +293,8 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstatsInterval: 1s\nstateDir: {}\n",
+            work.join("state").display()
         ),
     )
     .unwrap();

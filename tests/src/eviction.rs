@@ -185,9 +185,10 @@ pub fn managed_pod(
     priority: i32,
 ) -> qoslet::eviction::ManagedPod {
     qoslet::eviction::ManagedPod {
-        key: qoslet::eviction::PodKey {
+        key: qoslet::policy::pod::PodKey {
             namespace: "default".into(),
             name: name.into(),
+            uid: format!("uid-{name}"),
         },
         qos,
         request_bytes: request_mib << 20,
@@ -252,7 +253,12 @@ impl EvictionRun {
         let manager = Manager::new(cfg, signals, CgroupKill, inv_rx);
         let stats = manager.stats();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let mut tasks = vec![tokio::spawn(manager.run(rx))];
+        // Stopped by aborting the task on drop; the stop channel stays open until then.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = vec![tokio::spawn(async move {
+            let _stop_tx = stop_tx;
+            manager.run(rx, stop_rx).await;
+        })];
         if watch {
             let w = spawn_watcher(
                 WatchConfig {

@@ -309,15 +309,31 @@ mod action {
         time::{Duration, Instant},
     };
 
-    use qoslet::eviction::{CgroupKill, EvictionAction as _, PodKey};
+    use qoslet::{
+        eviction::{CgroupKill, EvictionAction as _, EvictionRequest},
+        policy::pod::PodKey,
+    };
     use qoslet_tests::{EvictionNodeRoot, require_root};
 
     const MI: u64 = 1 << 20;
+
+    fn request(cgroups: qoslet::eviction::PodCgroups, grace: Duration) -> EvictionRequest {
+        EvictionRequest {
+            pod: key(),
+            cgroups,
+            grace,
+            message: "m".into(),
+            signal: "memory.available".into(),
+            hard: grace.is_zero(),
+            unit: None,
+        }
+    }
 
     fn key() -> PodKey {
         PodKey {
             namespace: "default".into(),
             name: "pod".into(),
+            uid: "uid-pod".into(),
         }
     }
 
@@ -333,12 +349,10 @@ mod action {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let t0 = Instant::now();
         let out = CgroupKill
-            .evict(
-                &key(),
-                &pod.eviction_cgroups(node.v1),
+            .evict(&request(
+                pod.eviction_cgroups(node.v1),
                 Duration::from_secs(5),
-                "m",
-            )
+            ))
             .await
             .expect("eviction");
         assert!(
@@ -376,7 +390,7 @@ mod action {
         let grace = Duration::from_millis(500);
         let t0 = Instant::now();
         CgroupKill
-            .evict(&key(), &pod.eviction_cgroups(node.v1), grace, "m")
+            .evict(&request(pod.eviction_cgroups(node.v1), grace))
             .await
             .expect("eviction");
         assert!(t0.elapsed() >= grace, "the grace period was honoured");

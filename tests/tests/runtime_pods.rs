@@ -10,9 +10,11 @@ use std::{
 };
 
 use qoslet::{
+    node::{ContainerState, PodPhase, PodStatus},
+    policy::pod::PodKey,
     runtime::{
-        BackoffConfig, ContainerCgroups, ContainerState, PodKey, PodPhase, PodRuntimeSpec,
-        PodStatus, Runtime, RuntimeConfig, logs::container_log_path,
+        BackoffConfig, ContainerCgroups, PodRuntimeSpec, Runtime, RuntimeConfig,
+        logs::container_log_path,
     },
     source::manifest::{Loaded, parse_documents},
 };

@@ -14,7 +14,7 @@ fn pod(name: &str, cmd: &str) -> String {
     )
 }
 
-fn names(keys: &[qoslet::runtime::PodKey]) -> Vec<&str> {
+fn names(keys: &[qoslet::policy::pod::PodKey]) -> Vec<&str> {
     keys.iter().map(|k| k.name.as_str()).collect()
 }
 

@@ -9,6 +9,8 @@ use anyhow::{Context as _, Result, bail};
 use crate::{cargo, toolchain::Toolchain};
 
 pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
+    // qoslet-bench-agent counts the daemon's system calls with strace.
+    crate::vm::ensure_debs(&["strace"])?;
     cargo::run(tc, &["build", "--release", "-p", "qoslet-tests", "--bins"])?;
     // qoslet-bench-agent measures the release daemon itself.
     cargo::run(

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-pub use deps::{MUSL_TARGET, ensure_vm_prerequisites};
+pub use deps::{MUSL_TARGET, ensure_debs, ensure_vm_prerequisites};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct VmTestArgs {

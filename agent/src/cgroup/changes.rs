@@ -46,6 +46,8 @@ pub struct ChangeFeed {
     entries: HashMap<CgroupPath, Vec<Entry>>,
     full_every: Duration,
     last_full: Option<Instant>,
+    /// Events were lost since the last pass: the next pass reads everything.
+    overflowed: bool,
 }
 
 /// Files the kernel itself notifies on (event counters, populated state): their changes are not
@@ -63,6 +65,7 @@ impl ChangeFeed {
             entries: HashMap::new(),
             full_every,
             last_full: None,
+            overflowed: false,
         })
     }
 
@@ -88,19 +91,19 @@ impl ChangeFeed {
         Some(wd)
     }
 
-    /// Starts a pass: forgets the verification of every cgroup an event names, and of every
-    /// cgroup when this pass must read everything (first pass, overflow, or a full pass is due).
-    pub fn begin_pass(&mut self) {
-        let mut full = self
-            .last_full
-            .is_none_or(|t| t.elapsed() >= self.full_every);
+    /// Reads the pending inotify events: forgets the verification of every cgroup an event
+    /// names, and every cgroup removed. True when something a pass must look at happened (a
+    /// write by anyone, a removal, an overflow); kernel notifications do not count.
+    pub fn absorb_events(&mut self) -> bool {
+        let mut touched = false;
         while let Ok(events) = self.inotify.read_events() {
             if events.is_empty() {
                 break;
             }
             for e in events {
                 if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                    full = true;
+                    self.overflowed = true;
+                    touched = true;
                     continue;
                 }
                 let Some((tree, path)) = self.by_wd.get(&e.wd).cloned() else {
@@ -109,6 +112,7 @@ impl ChangeFeed {
                 if e.mask.contains(AddWatchFlags::IN_IGNORED) {
                     // The watch is gone: forget the cgroup entirely.
                     self.forget(tree, &path);
+                    touched = true;
                     continue;
                 }
                 if e.mask.contains(AddWatchFlags::IN_DELETE) {
@@ -119,6 +123,7 @@ impl ChangeFeed {
                         && let Some(wd) = self.forget(tree, &child)
                     {
                         let _ = self.inotify.rm_watch(wd);
+                        touched = true;
                     }
                     continue;
                 }
@@ -129,9 +134,21 @@ impl ChangeFeed {
                     .is_some_and(kernel_notified);
                 if !noise && let Some(entry) = self.entry_mut(tree, &path) {
                     entry.verified = None;
+                    touched = true;
                 }
             }
         }
+        touched
+    }
+
+    /// Starts a pass: reads the pending events, and forgets every verification when this pass
+    /// must read everything (first pass, overflow, or a full pass is due).
+    pub fn begin_pass(&mut self) {
+        self.absorb_events();
+        let full = std::mem::take(&mut self.overflowed)
+            || self
+                .last_full
+                .is_none_or(|t| t.elapsed() >= self.full_every);
         if full {
             for entry in self.entries.values_mut().flatten() {
                 entry.verified = None;

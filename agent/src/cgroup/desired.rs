@@ -64,6 +64,8 @@ pub struct DesiredCgroup {
     pub role: Role,
     /// The pod this cgroup belongs to (pods and containers).
     pub pod_uid: Option<String>,
+    /// Containers: the container's name (the cgroup is named by the runtime's container id).
+    pub container: Option<String>,
     pub settings: Settings,
     /// Containers: the score every process in the cgroup gets.
     pub oom_score_adj: Option<i32>,
@@ -129,6 +131,7 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
                 path,
                 role,
                 pod_uid: None,
+                container: None,
                 settings,
                 oom_score_adj: None,
                 create: role != Role::Reserved,
@@ -211,6 +214,7 @@ fn pod_cgroups(
         path: path.clone(),
         role: Role::Pod,
         pod_uid: Some(pod.uid.clone()),
+        container: None,
         settings,
         oom_score_adj: None,
         create: true,
@@ -255,6 +259,7 @@ fn container_cgroup(
         path,
         role: Role::Container,
         pod_uid: Some(uid.into()),
+        container: Some(c.name.clone()),
         settings,
         oom_score_adj: Some(c.oom_score_adj),
         create: true,

@@ -328,6 +328,64 @@ impl CgroupFs {
         }
     }
 
+    /// Removes the cgroup directory (it must have no children and no processes). `Ok(false)`
+    /// when it did not exist. The node root itself is never removed here.
+    pub fn rmdir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
+        let (Some(parent), Some(last)) = (cgroup.parent(), cgroup.components().last()) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        let dir = match openat2(
+            self.root(tree)?,
+            &parent.relative(),
+            libc::O_PATH | libc::O_DIRECTORY,
+            RESOLVE,
+        ) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let name = CString::new(last.as_str())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: unlinkat on a directory fd we hold with a validated single component.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOENT) {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// The names of the cgroup's child directories; empty when it does not exist.
+    pub fn children(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<Vec<String>> {
+        let relative = if cgroup.depth() == 0 {
+            ".".to_owned()
+        } else {
+            cgroup.relative()
+        };
+        let fd = match openat2(
+            self.root(tree)?,
+            &relative,
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            RESOLVE,
+        ) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in nix::dir::Dir::from_fd(fd)?.iter() {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy();
+            if name != "." && name != ".." && entry.file_type() == Some(nix::dir::Type::Directory) {
+                out.push(name.into_owned());
+            }
+        }
+        Ok(out)
+    }
+
     pub fn read(&self, tree: Tree, cgroup: &CgroupPath, file: &str) -> io::Result<String> {
         read_small(openat2(
             self.root(tree)?,

@@ -97,6 +97,12 @@ impl Reconciler {
         feed.add_watch(&self.fs.display_path(tree, path)).ok()
     }
 
+    /// Whether a managed cgroup was written or removed by someone since the last pass (the
+    /// change feed's events), so a pass should run now to put it back. False without a feed.
+    pub fn changed_since_pass(&self) -> bool {
+        self.feed().is_some_and(|mut f| f.absorb_events())
+    }
+
     /// Cgroup directories (per tree) the change feed watches; 0 without a feed.
     pub fn watched_cgroups(&self) -> usize {
         self.feed().map_or(0, |f| f.watch_count())

@@ -77,8 +77,15 @@ pub fn run(args: RunArgs) -> ExitCode {
     match runtime.block_on(standalone::run(opts, capacity)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("qoslet: {e}");
-            ExitCode::from(EXIT_CONFIG)
+            // One line naming the cause: the error and its sources.
+            let mut line = format!("qoslet: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                line.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("{line}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

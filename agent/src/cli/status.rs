@@ -66,8 +66,14 @@ fn fetch(addr: SocketAddr) -> std::io::Result<StatusSnapshot> {
     serde_json::from_str(body).map_err(std::io::Error::other)
 }
 
+/// Bytes as an operator reads them: `Mi` from 1 MiB up, `Ki` below (a small working set is
+/// not `0Mi`), `-` when unknown.
 fn mib(v: Option<i64>) -> String {
-    v.map_or("-".into(), |b| format!("{}Mi", b >> 20))
+    match v {
+        None => "-".into(),
+        Some(b) if b.unsigned_abs() >= 1 << 20 => format!("{}Mi", b >> 20),
+        Some(b) => format!("{}Ki", b >> 10),
+    }
 }
 
 pub fn render(s: &StatusSnapshot) -> String {
@@ -154,5 +160,15 @@ mod tests {
         assert!(row.contains("Burstable") && row.contains("app=321") && row.contains("256Mi"));
         let events: Vec<&str> = table.lines().filter(|l| l.contains("event ")).collect();
         assert_eq!(events, ["  t1 shop/web event 1", "  t0 shop/web event 0"]);
+    }
+
+    #[test]
+    fn sizes_below_a_mebibyte_are_shown_in_kibibytes() {
+        assert_eq!(mib(Some(300 << 10)), "300Ki");
+        assert_eq!(mib(Some(3 << 20)), "3Mi");
+        assert_eq!(mib(None), "-");
+        let mut s = StatusSnapshot::default();
+        s.node.memory_available_bytes = Some(512 << 20);
+        assert!(render(&s).contains("memory available 512Mi"));
     }
 }

@@ -1,7 +1,7 @@
 //! What an eviction does. Standalone: SIGTERM to the pod's processes, the grace period, then
 //! the whole cgroup killed (`cgroup.kill` where a v2 cgroup exists, else SIGKILL to every pid
 //! of cgroup.procs until it is empty). Only pids read from the pod's own cgroups are signalled.
-//! The cluster action (the Eviction API) implements the same trait later.
+//! The cluster action (the Eviction API) wraps it.
 
 use std::{
     fs, io,
@@ -16,10 +16,9 @@ use nix::{
 };
 use thiserror::Error;
 
-use super::{
-    select::PodKey,
-    signals::{SignalError, read_procs},
-};
+use crate::policy::pod::PodKey;
+
+use super::signals::{SignalError, read_procs};
 
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,14 +100,27 @@ pub struct Outcome {
     pub status: EvictedStatus,
 }
 
+/// One pod to evict, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictionRequest {
+    pub pod: PodKey,
+    pub cgroups: PodCgroups,
+    /// SIGTERM first, then this long before the kill; zero kills at once.
+    pub grace: Duration,
+    /// The kubelet's message: "The node was low on resource: memory. Threshold quantity: ...".
+    pub message: String,
+    pub signal: String,
+    /// A hard threshold: no grace, and (in a cluster) no PodDisruptionBudget can refuse it.
+    pub hard: bool,
+    /// The disruption unit (gang) the pod goes with, when it does not go alone.
+    pub unit: Option<String>,
+}
+
 /// Evicts one pod.
 pub trait EvictionAction: Send + Sync {
     fn evict(
         &self,
-        pod: &PodKey,
-        cgroups: &PodCgroups,
-        grace: Duration,
-        message: &str,
+        req: &EvictionRequest,
     ) -> impl Future<Output = Result<Outcome, ActionError>> + Send;
 }
 
@@ -143,13 +155,8 @@ fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
 }
 
 impl EvictionAction for CgroupKill {
-    async fn evict(
-        &self,
-        pod: &PodKey,
-        cgroups: &PodCgroups,
-        grace: Duration,
-        message: &str,
-    ) -> Result<Outcome, ActionError> {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
         let mut first_signal_at = None;
         let mut signalled = 0;
         // A zero grace period kills at once, as the runtime does for StopContainer(timeout 0).
@@ -192,7 +199,7 @@ impl EvictionAction for CgroupKill {
         Ok(Outcome {
             first_signal_at,
             signalled,
-            status: EvictedStatus::new(message.to_owned()),
+            status: EvictedStatus::new(req.message.clone()),
         })
     }
 }

@@ -13,10 +13,10 @@ use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    action::{ActionError, EvictionAction, PodCgroups},
+    action::{ActionError, EvictionAction, EvictionRequest, PodCgroups},
     conditions::{ConditionState, NodeCondition},
     node::NodeSignals,
-    select::{Order, PodKey, Sample, choose},
+    select::{Order, Sample, choose},
     signals::{MemoryCgroup, SignalError, read_procs},
     stats::{Decision, EvictionStats},
     thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
@@ -26,6 +26,7 @@ use crate::{
     config::QosletConfiguration,
     policy::{
         eviction::{Candidate, Threshold, eviction_grace_secs},
+        pod::PodKey,
         qos::QosClass,
         settings::NodeSettings,
     },
@@ -127,6 +128,10 @@ pub struct Manager<A> {
     /// Evicted pods, treated as Failed until the source drops them.
     evicted: BTreeSet<PodKey>,
     stats: Arc<Mutex<EvictionStats>>,
+    /// Each signal as the last pass observed it.
+    observed_tx: watch::Sender<Observations>,
+    /// Every decision, to whoever listens (the node: metrics, status, persisted state).
+    decisions_tx: Option<mpsc::UnboundedSender<Decision>>,
 }
 
 impl<A: EvictionAction> Manager<A> {
@@ -146,7 +151,22 @@ impl<A: EvictionAction> Manager<A> {
             conditions_tx: watch::Sender::new(Vec::new()),
             evicted: BTreeSet::new(),
             stats: Arc::default(),
+            observed_tx: watch::Sender::new(Observations::new()),
+            decisions_tx: None,
         }
+    }
+
+    /// Every decision from now on, in order, none dropped (decisions are rare: at most one per
+    /// pass, and a pass that evicts waits for the memory to come back).
+    pub fn decisions(&mut self) -> mpsc::UnboundedReceiver<Decision> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.decisions_tx = Some(tx);
+        rx
+    }
+
+    /// Each signal as the last pass observed it.
+    pub fn observations(&self) -> watch::Receiver<Observations> {
+        self.observed_tx.subscribe()
     }
 
     /// Shared counters, histogram and recent decisions.
@@ -165,11 +185,15 @@ impl<A: EvictionAction> Manager<A> {
         }
     }
 
-    /// Runs passes on wake-ups and every housekeeping interval, until the task is aborted.
-    pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>) {
+    /// Runs passes on wake-ups and every housekeeping interval, until `stop` turns true (or its
+    /// sender goes). A pass in progress, and the eviction in it, finishes first.
+    pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>, mut stop: watch::Receiver<bool>) {
         let mut open = true;
         let mut trigger: Option<Wake> = None;
         loop {
+            if *stop.borrow() {
+                return;
+            }
             let evicted = match self.pass(trigger.take()).await {
                 Ok(d) => d.is_some(),
                 Err(e) => {
@@ -196,6 +220,9 @@ impl<A: EvictionAction> Manager<A> {
                     }
                     None => open = false,
                 },
+                r = stop.changed() => if r.is_err() || *stop.borrow() {
+                    return;
+                },
                 _ = tokio::time::sleep(self.cfg.housekeeping) => {}
             }
         }
@@ -208,6 +235,7 @@ impl<A: EvictionAction> Manager<A> {
         let seen = trigger.map_or(now, |w| w.at.min(now));
         self.with_stats(|s| s.passes += 1);
         let obs = self.signals.observe()?;
+        self.observed_tx.send_replace(obs.clone());
         let all: Vec<Threshold> = self
             .cfg
             .hard
@@ -258,13 +286,20 @@ impl<A: EvictionAction> Manager<A> {
         let evictions = choice.pods.iter().map(|k| {
             let p = pods[k];
             let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
-            let grace = Duration::from_secs(grace.max(0) as u64);
-            let message = message.clone();
+            let req = EvictionRequest {
+                pod: k.clone(),
+                cgroups: p.cgroups.clone(),
+                grace: Duration::from_secs(grace.max(0) as u64),
+                message: message.clone(),
+                signal: threshold.signal.clone(),
+                hard,
+                unit: unit.clone(),
+            };
             async move {
                 action
-                    .evict(k, &p.cgroups, grace, &message)
+                    .evict(&req)
                     .await
-                    .map(|o| (k.clone(), o))
+                    .map(|o| (req.pod, o))
                     .map_err(|source| ManagerError::Action {
                         pod: k.clone(),
                         source,
@@ -305,6 +340,10 @@ impl<A: EvictionAction> Manager<A> {
             "Evicted."
         );
         self.with_stats(|s| s.record(decision.clone()));
+        if let Some(tx) = &self.decisions_tx {
+            // The node may be gone at shutdown; the decision is in the stats either way.
+            let _ = tx.send(decision.clone());
+        }
         if let Some(e) = failure {
             return Err(e);
         }

@@ -15,11 +15,11 @@ pub mod stats;
 pub mod thresholds;
 pub mod watch;
 
-pub use action::{CgroupKill, EvictedStatus, EvictionAction, Outcome, PodCgroups};
+pub use action::{CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups};
 pub use conditions::{Admission, NodeCondition, admit};
 pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;
-pub use select::{Order, PodKey};
+pub use select::Order;
 pub use signals::MemoryCgroup;
 pub use stats::{Decision, EvictionStats, Histogram};
 pub use watch::{Wake, WakeSource, WatchConfig, spawn_watcher};

@@ -14,22 +14,12 @@ use std::{
 
 use super::thresholds::Resource;
 use crate::{
-    policy::eviction::{Candidate, rank_memory, rank_pids},
+    policy::{
+        eviction::{Candidate, rank_memory, rank_pids},
+        pod::PodKey,
+    },
     workload::{Forest, GangBreak, UnitRoot, breaks_gang, disruption_unit},
 };
-
-/// A pod by namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl fmt::Display for PodKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// A pod as the ranking sees it, usage read at decision time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,10 +134,11 @@ pub fn choose(
             reason: Reason::KubeletRank,
         });
     }
-    let index: BTreeMap<&PodKey, usize> = samples
+    // Workload units name their pods by namespace and name.
+    let index: BTreeMap<(&str, &str), usize> = samples
         .iter()
         .enumerate()
-        .map(|(i, s)| (&s.key, i))
+        .map(|(i, s)| ((s.key.namespace.as_str(), s.key.name.as_str()), i))
         .collect();
     let mut seen: BTreeSet<usize> = BTreeSet::new();
     let mut units: Vec<Unit> = Vec::new();
@@ -164,14 +155,7 @@ pub fn choose(
                     let pods = u
                         .pods
                         .iter()
-                        .filter_map(|p| {
-                            index
-                                .get(&PodKey {
-                                    namespace: ns.clone(),
-                                    name: p.clone(),
-                                })
-                                .copied()
-                        })
+                        .filter_map(|p| index.get(&(ns.as_str(), p.as_str())).copied())
                         .chain([i])
                         .collect::<BTreeSet<_>>()
                         .into_iter()

@@ -6,7 +6,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{action::EvictedStatus, select::PodKey};
+use super::action::EvictedStatus;
+use crate::policy::pod::PodKey;
 
 /// Upper bounds of the latency buckets, seconds (Prometheus `le`).
 pub const LATENCY_BUCKETS_SECS: &[f64] = &[

@@ -19,6 +19,31 @@ use super::{
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 const SYSTEM_NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
 
+/// A pod's identity on the node: namespace and name, plus the uid (for manifest pods without
+/// one, derived from namespace and name as the kubelet does for static pods). The one key every
+/// part of qoslet uses: source, plan, cgroups, executor, eviction.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `spec.restartPolicy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
 /// A field of a pod could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{field}: {source}")]

@@ -20,9 +20,10 @@ use super::{
     backoff::{Backoff, BackoffConfig},
     logs, process,
     shared::SharedStatus,
-    spec::{ContainerSpec, PodKey},
+    spec::ContainerSpec,
     status::{ContainerState, Termination},
 };
+use crate::policy::pod::PodKey;
 
 /// How long the final SIGKILL sweep may take before the runtime gives up and reports it.
 const SWEEP_LIMIT: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::spec::PodKey;
+use crate::policy::pod::PodKey;
 
 /// The directory holding a pod's container logs.
 pub fn pod_log_dir(log_dir: &Path, key: &PodKey) -> PathBuf {

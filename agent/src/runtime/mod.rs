@@ -8,12 +8,12 @@
 
 pub mod backoff;
 mod container;
+mod executor;
 pub mod logs;
 mod pod;
 pub mod process;
 mod shared;
 pub mod spec;
-pub mod status;
 
 use std::{
     collections::BTreeMap,
@@ -28,12 +28,17 @@ use tokio::{
 };
 
 pub use backoff::BackoffConfig;
-pub use spec::{ContainerCgroups, ContainerSpec, PodKey, PodRuntimeSpec, RestartPolicy, SpecError};
-pub use status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
+pub use spec::{ContainerCgroups, ContainerSpec, PodRuntimeSpec, SpecError};
+
+use crate::{
+    node::pod_status::{
+        self as status, ContainerState, ContainerStatus, PhaseInput, PodPhase, PodStatus,
+    },
+    policy::pod::PodKey,
+};
 
 use pod::{Control, PodTask};
 use shared::SharedStatus;
-use status::PhaseInput;
 
 /// Where logs go and how restarts back off.
 #[derive(Debug, Clone)]

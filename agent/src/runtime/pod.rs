@@ -14,10 +14,10 @@ use super::{
     backoff::BackoffConfig,
     container::{ContainerCtx, Outcome, Restart, StopRx, supervise},
     shared::SharedStatus,
-    spec::{PodRuntimeSpec, RestartPolicy},
+    spec::PodRuntimeSpec,
     status::ContainerState,
 };
-use crate::policy::pod::ContainerKind;
+use crate::policy::pod::{ContainerKind, RestartPolicy};
 
 /// What the runtime tells a pod task.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

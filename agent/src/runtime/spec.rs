@@ -2,42 +2,18 @@
 //! k8s-openapi `Pod`. There are no images, so each container's `command` and `args` run on the
 //! host; every field the runtime cannot honour is an error naming it rather than a silent skip.
 
-use std::{fmt, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use k8s_openapi::api::core::v1 as core;
 use thiserror::Error;
 
-use crate::policy::pod::{ContainerKind, derived_uid};
+use crate::policy::pod::{ContainerKind, PodKey, RestartPolicy, derived_uid};
 
 /// `terminationGracePeriodSeconds` when unset (PodSpec defaulting).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// PATH for containers whose `env` does not set one (the value container runtimes default to).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// A pod's identity, as for the kubelet's static pods: namespace and name, plus the uid
-/// (derived from them when the manifest has none).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl fmt::Display for PodKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// `spec.restartPolicy`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub enum RestartPolicy {
-    #[default]
-    Always,
-    OnFailure,
-    Never,
-}
 
 /// The cgroup directories a container's processes join: one per hierarchy (on a hybrid host
 /// the v1 controller directories plus the unified-tree directory; on pure v2 one directory).

@@ -75,6 +75,23 @@ pub struct EvictionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThresholdLabels {
+    pub signal: String,
+    /// `hard` or `soft`.
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabels {
+    pub condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProgramLabels {
     pub program: String,
 }
@@ -221,6 +238,9 @@ pub struct Metrics {
     pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
     pub ebpf_events_lost: Family<RingLabels, Counter>,
     pub sensor_active: Family<SensorLabels, Gauge>,
+    pub node_signal_available: Family<SignalLabels, Gauge>,
+    pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
+    pub node_condition: Family<ConditionLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -326,6 +346,26 @@ impl Metrics {
             "1 for each sensor that runs, with its source (ebpf or a fallback)",
             sensor_active.clone(),
         );
+        let node_signal_available = Family::default();
+        reg.add_with_unit(
+            "qoslet_node_signal_available",
+            "What an eviction signal observed last (memory.available, allocatableMemory.available, pid.available: bytes or pids)",
+            Unit::Bytes,
+            node_signal_available.clone(),
+        );
+        let node_eviction_threshold = Family::default();
+        reg.add_with_unit(
+            "qoslet_node_eviction_threshold",
+            "Each eviction threshold, as an amount of the signal (percentages taken of capacity)",
+            Unit::Bytes,
+            node_eviction_threshold.clone(),
+        );
+        let node_condition = Family::default();
+        reg.add(
+            "qoslet_node_condition",
+            "1 while a node condition (MemoryPressure, PIDPressure) is in force, else 0",
+            node_condition.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -344,6 +384,9 @@ impl Metrics {
             ebpf_program_run,
             ebpf_events_lost,
             sensor_active,
+            node_signal_available,
+            node_eviction_threshold,
+            node_condition,
         }
     }
 
@@ -384,7 +427,7 @@ impl Metrics {
                     namespace: p.namespace.clone(),
                     pod: p.name.clone(),
                     uid: p.uid.clone(),
-                    qos_class: format!("{:?}", p.qos_class),
+                    qos_class: p.qos_class.as_str().into(),
                 })
                 .set(1);
             if let (Some(cgroup), Some(w)) = (&p.cgroup, p.cpu_weight) {

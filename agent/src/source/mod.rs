@@ -4,4 +4,4 @@
 pub mod manifest;
 pub mod watch;
 
-pub use watch::{ManifestPod, PodSet};
+pub use watch::{Diff, ManifestPod, PodSet};

@@ -19,8 +19,9 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use super::manifest::{Loaded, RawObject, expand, is_manifest_file, parse_documents};
 use crate::{
+    policy::pod::PodKey,
     policy::pod::PodSpecView,
-    runtime::spec::{PodKey, PodRuntimeSpec},
+    runtime::spec::PodRuntimeSpec,
     workload::{
         self, DecodeError, Forest, Kind, Object, ValidationOptions, apply_updates,
         problem::{Problem, Rule},
@@ -444,6 +445,18 @@ impl ManifestWatch {
             dir: self.dir.clone(),
             source,
         }
+    }
+}
+
+impl crate::node::PodSource for ManifestWatch {
+    type Error = WatchError;
+
+    fn pods(&self) -> &PodSet {
+        self.state()
+    }
+
+    fn changed(&mut self) -> impl std::future::Future<Output = Result<Diff, WatchError>> + Send {
+        ManifestWatch::changed(self)
     }
 }
 

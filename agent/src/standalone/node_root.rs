@@ -21,10 +21,14 @@ pub struct NodeRootError {
     pub source: io::Error,
 }
 
-/// The directories qoslet created for the node root, removed on drop of [`NodeRoot::remove`].
+/// The directories qoslet created for the node root, removed by [`NodeRoot::remove`].
+///
+/// A marker file beside the state file records that qoslet created the node root, so a run after
+/// a crash (which never got to remove it) knows the node root is its own to remove.
 #[derive(Debug, Default)]
 pub struct NodeRoot {
     created: Vec<PathBuf>,
+    marker: Option<PathBuf>,
 }
 
 impl NodeRoot {
@@ -34,17 +38,23 @@ impl NodeRoot {
         mounts: &Mounts,
         path: &CgroupPath,
         memory_limit: Option<i64>,
+        marker: Option<PathBuf>,
     ) -> Result<Self, NodeRootError> {
         let mut root = Self::default();
         if path.depth() == 0 {
             return Ok(root);
         }
+        // An earlier run created it and crashed: its leaf directories are ours again.
+        let adopt = marker.as_ref().is_some_and(|m| m.exists());
         for (tree, mount) in &mounts.trees {
             let mut dir = mount.clone();
-            for component in path.components() {
+            for (i, component) in path.components().iter().enumerate() {
                 let parent = dir.clone();
                 dir.push(component);
                 if dir.is_dir() {
+                    if adopt && i + 1 == path.depth() {
+                        root.created.push(dir.clone());
+                    }
                     continue;
                 }
                 fs::create_dir(&dir).map_err(|source| NodeRootError {
@@ -56,6 +66,17 @@ impl NodeRoot {
                 prepare(*tree, &parent, &dir, memory_limit)?;
             }
         }
+        if let Some(m) = &marker
+            && !root.created.is_empty()
+        {
+            if let Some(dir) = m.parent() {
+                let _ = fs::create_dir_all(dir);
+            }
+            if let Err(e) = fs::write(m, path.to_string()) {
+                tracing::warn!(path = %m.display(), error = %e, "Cannot record that qoslet created the node root; after a crash it would be left behind.");
+            }
+        }
+        root.marker = marker;
         Ok(root)
     }
 
@@ -66,11 +87,16 @@ impl NodeRoot {
     /// Removes what `ensure` created, with every cgroup below it, deepest first. Everything
     /// under a node root qoslet created is qoslet's. The caller has stopped every process.
     pub fn remove(self) {
+        let mut all_gone = true;
         for dir in self.created.iter().rev() {
             remove_below(dir);
             if let Err(e) = fs::remove_dir(dir) {
+                all_gone = false;
                 tracing::warn!(path = %dir.display(), error = %e, "Could not remove a cgroup qoslet created.");
             }
+        }
+        if all_gone && let Some(m) = &self.marker {
+            let _ = fs::remove_file(m);
         }
     }
 }

@@ -11,25 +11,31 @@ pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 
 /// Installs what is missing; when everything is there it only asks dpkg and rustc (well under 1 s).
 pub fn ensure_vm_prerequisites() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    ensure_debs(PACKAGES)?;
+    if !musl_target_installed()? {
+        println!("vm-test: installing the rustup target {MUSL_TARGET}");
+        run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))?;
+        println!("vm-test: installed the rustup target {MUSL_TARGET}");
+    }
+    Ok(())
+}
+
+/// Installs the Debian packages that are missing (asks dpkg only when all are there).
+pub fn ensure_debs(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !deb_installed(p))
         .collect();
     if !missing.is_empty() {
         // `apt-get update` is slow and only needed when something has to be fetched.
-        println!("vm-test: installing {}", missing.join(" "));
+        println!("xtask: installing {}", missing.join(" "));
         run(Command::new("apt-get").arg("update").arg("-q"))?;
         run(Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
-        println!("vm-test: installed {}", missing.join(" "));
-    }
-    if !musl_target_installed()? {
-        println!("vm-test: installing the rustup target {MUSL_TARGET}");
-        run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))?;
-        println!("vm-test: installed the rustup target {MUSL_TARGET}");
+        println!("xtask: installed {}", missing.join(" "));
     }
     Ok(())
 }

@@ -17,15 +17,12 @@ struct Fake {
 }
 
 impl EvictionAction for &Fake {
-    async fn evict(
-        &self,
-        pod: &PodKey,
-        cgroups: &PodCgroups,
-        grace: Duration,
-        message: &str,
-    ) -> Result<Outcome, ActionError> {
-        self.calls.lock().unwrap().push((pod.name.clone(), grace));
-        let dir = &cgroups.procs[0];
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((req.pod.name.clone(), req.grace));
+        let dir = &req.cgroups.procs[0];
         let held: i64 = fs::read_to_string(dir.join("memory.current"))
             .unwrap()
             .trim()
@@ -42,7 +39,7 @@ impl EvictionAction for &Fake {
         Ok(Outcome {
             first_signal_at: Some(Instant::now()),
             signalled: 1,
-            status: EvictedStatus::new(message.into()),
+            status: EvictedStatus::new(req.message.clone()),
         })
     }
 }
@@ -88,6 +85,7 @@ fn pod(root: &Path, name: &str, mib: i64, request_mib: i64) -> ManagedPod {
         key: PodKey {
             namespace: "ns".into(),
             name: name.into(),
+            uid: format!("uid-{name}"),
         },
         qos: QosClass::Burstable,
         request_bytes: request_mib * MI,

@@ -62,6 +62,7 @@ fn key(name: &str) -> PodKey {
     PodKey {
         namespace: NS.into(),
         name: name.into(),
+        uid: format!("uid-{name}"),
     }
 }
 

@@ -24,7 +24,8 @@ use std::{
 use crate::{
     eviction::{MemoryCgroup, signals::stat_field},
     lock,
-    runtime::{ContainerState, ContainerStatus, PodKey, Runtime},
+    node::pod_status::{ContainerState, ContainerStatus, PodStatus},
+    policy::pod::PodKey,
     server::{
         Summary, SummarySource,
         summary::{ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats},
@@ -61,7 +62,7 @@ struct CpuSample {
     usage_ns: u64,
 }
 
-/// Shared by the sync loop (targets, CPU samples) and the HTTP server (requests).
+/// Shared by the node (targets, container statuses, CPU samples) and the HTTP server (requests).
 #[derive(Clone)]
 pub struct CgroupSummary {
     inner: Arc<Inner>,
@@ -71,13 +72,14 @@ struct Inner {
     node_name: String,
     node_start: String,
     node: StatsCgroup,
-    runtime: Arc<Runtime>,
+    /// The executor's container statuses at the node's last status refresh (start times).
+    statuses: Mutex<HashMap<PodKey, Vec<ContainerStatus>>>,
     targets: Mutex<SummaryTargets>,
     samples: Mutex<HashMap<PathBuf, CpuSample>>,
 }
 
 impl CgroupSummary {
-    pub fn new(node: StatsCgroup, runtime: Arc<Runtime>) -> Self {
+    pub fn new(node: StatsCgroup) -> Self {
         let node_name = fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
@@ -86,7 +88,7 @@ impl CgroupSummary {
                 node_name,
                 node_start: boot_time().map(rfc3339).unwrap_or_default(),
                 node,
-                runtime,
+                statuses: Mutex::default(),
                 targets: Mutex::default(),
                 samples: Mutex::default(),
             }),
@@ -95,6 +97,13 @@ impl CgroupSummary {
 
     pub fn set_targets(&self, targets: SummaryTargets) {
         *lock(&self.inner.targets) = targets;
+    }
+
+    pub fn set_statuses(&self, statuses: &[PodStatus]) {
+        *lock(&self.inner.statuses) = statuses
+            .iter()
+            .map(|s| (s.key.clone(), s.containers.clone()))
+            .collect();
     }
 
     /// A CPU sample of every cgroup, the base of the next requests' usageNanoCores (taken at
@@ -151,13 +160,7 @@ impl SummarySource for CgroupSummary {
     fn summary(&self) -> Summary {
         let time = rfc3339(SystemTime::now());
         let targets = lock(&self.inner.targets).clone();
-        let statuses: HashMap<PodKey, Vec<ContainerStatus>> = self
-            .inner
-            .runtime
-            .status()
-            .into_iter()
-            .map(|s| (s.key, s.containers))
-            .collect();
+        let statuses = lock(&self.inner.statuses).clone();
         let (cpu, memory) = self.stats(&self.inner.node, &time);
         let system_containers = targets
             .system

@@ -1,13 +1,13 @@
-//! Where the Summary API reads each cgroup the sync pass placed: the kubelet's system containers
+//! Where the Summary API reads each cgroup the pass placed: the kubelet's system containers
 //! and the pods' and containers' cgroups.
 
-use super::{summary::StatsCgroup, sync::Synced, trees::memory_cgroup};
+use super::{Node, summary::StatsCgroup, trees::memory_cgroup};
 use crate::{
     cgroup::{CgroupPath, Tree},
     policy::plan::Plan,
 };
 
-impl Synced {
+impl Node {
     /// Where the Summary API reads one cgroup: the memory hierarchy and the v2 tree.
     pub(super) fn stats_cgroup(
         &self,
@@ -16,8 +16,8 @@ impl Synced {
         path: &CgroupPath,
     ) -> StatsCgroup {
         StatsCgroup {
-            memory: memory_tree.map(|t| memory_cgroup(t, self.fs().display_path(t, path))),
-            cpu: unified_tree.map(|t| self.fs().display_path(t, path)),
+            memory: memory_tree.map(|t| memory_cgroup(t, self.cgroups.fs().display_path(t, path))),
+            cpu: unified_tree.map(|t| self.cgroups.fs().display_path(t, path)),
         }
     }
 
@@ -38,7 +38,8 @@ impl Synced {
         .into_iter()
         .filter_map(|(name, tier)| {
             let path =
-                CgroupPath::under_root(tier.cgroup.as_deref()?, &self.naming.node_root).ok()?;
+                CgroupPath::under_root(tier.cgroup.as_deref()?, &self.cgroups.naming.node_root)
+                    .ok()?;
             let c = self.stats_cgroup(memory_tree, unified_tree, &path);
             c.memory
                 .as_ref()

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::spec::{PodKey, RestartPolicy};
 use crate::policy::pod::ContainerKind;
+use crate::policy::pod::{PodKey, RestartPolicy};
 
 /// `status.phase`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,0 +1,151 @@
+//! The node, independent of its mode: the pass (source -> plan -> cgroups -> executor ->
+//! eviction inventory, metrics, status), housekeeping, sensor events, eviction results, stale
+//! cgroups, the status page and the Summary API, and the run loop with its shutdown. A mode
+//! wires in a [`PodSource`], a [`PodExecutor`] and an `EvictionAction` (see
+//! docs/architecture.md); nothing here knows which mode it runs in.
+//!
+//! The node's state is split by job: [`cgroups::NodeCgroups`] (the reconciler and what it
+//! wants), [`Tracking`] (the pods on the node and their cgroup ids, for the sensors and the
+//! metrics), [`report::Report`] (what operators see), [`state::StateFile`] (what survives a
+//! crash); the eviction manager runs on its own task and talks to the node through channels.
+
+mod cgroups;
+mod eviction_action;
+mod housekeeping;
+mod pass;
+pub mod pod_status;
+mod report;
+mod run;
+mod seams;
+mod sensing;
+pub mod state;
+mod status;
+pub mod summary;
+mod summary_targets;
+pub mod trees;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::watch;
+
+pub use eviction_action::ExecutorEviction;
+pub use pod_status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
+pub use run::{NodeError, RunConfig, run};
+pub use seams::{PlannedPod, PodExecutor, PodSource};
+pub use sensing::SensorControl;
+
+use crate::{
+    cgroup::{CgroupFs, Mode, Naming},
+    eviction::Inventory,
+    policy::{eviction::Threshold, plan::Plan, pod::PodKey, settings::NodeSettings},
+    server::{AgentState, metrics::MemcgEventLabels},
+    workload::ValidationOptions,
+};
+
+use self::{
+    cgroups::NodeCgroups, pass::PodEntry, report::Report, state::StateFile, summary::CgroupSummary,
+};
+
+/// The pods on the node after the last pass, and the ids the kernel knows their cgroups by.
+#[derive(Default)]
+struct Tracking {
+    pods: BTreeMap<PodKey, PodEntry>,
+    /// memcg ids (memory cgroup inodes) of pods and containers, with their memcg event labels
+    /// (`event` left empty).
+    memcg_owners: BTreeMap<u64, MemcgEventLabels>,
+    /// cgroup ids handed to the sensors, so each is watched once and unwatched when it goes.
+    watched: BTreeSet<u64>,
+}
+
+/// The kernel's cumulative eBPF figures at the last housekeeping (counters grow by the
+/// difference).
+#[derive(Default)]
+struct EbpfSeen {
+    run_ns: BTreeMap<String, u64>,
+    lost: u64,
+}
+
+/// What a node is built from.
+pub struct NodeParts {
+    pub settings: NodeSettings,
+    pub naming: Naming,
+    pub fs: CgroupFs,
+    pub mode: Mode,
+    pub validation: ValidationOptions,
+    pub state: Arc<AgentState>,
+    pub summary: CgroupSummary,
+    pub persisted: StateFile,
+    /// Per-pod statistics and the oom_score_adj safety scan run this often.
+    pub stats_interval: Duration,
+}
+
+pub struct Node {
+    settings: NodeSettings,
+    validation: ValidationOptions,
+    cgroups: NodeCgroups,
+    tracked: Tracking,
+    report: Report,
+    plan: Option<Plan>,
+    inventory_tx: watch::Sender<Arc<Inventory>>,
+    summary: CgroupSummary,
+    persisted: StateFile,
+    /// The eviction thresholds with their kind (`hard`, `soft`), for the metrics.
+    thresholds: Vec<(Threshold, &'static str)>,
+    stats_interval: Duration,
+    next_stats: Option<Instant>,
+    ebpf_seen: EbpfSeen,
+}
+
+impl Node {
+    /// The node, and the eviction inventory it keeps current.
+    pub fn new(parts: NodeParts) -> (Self, watch::Receiver<Arc<Inventory>>) {
+        let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Inventory::default()));
+        let thresholds = parts
+            .settings
+            .hard_eviction
+            .iter()
+            .map(|t| (t.clone(), "hard"))
+            .chain(
+                parts
+                    .settings
+                    .soft_eviction
+                    .iter()
+                    .map(|t| (t.clone(), "soft")),
+            )
+            .collect();
+        let node = Self {
+            validation: parts.validation,
+            cgroups: NodeCgroups::new(parts.fs, parts.mode, parts.naming),
+            tracked: Tracking::default(),
+            report: Report::new(parts.state),
+            plan: None,
+            inventory_tx,
+            summary: parts.summary,
+            persisted: parts.persisted,
+            thresholds,
+            stats_interval: parts.stats_interval,
+            next_stats: None,
+            ebpf_seen: EbpfSeen::default(),
+            settings: parts.settings,
+        };
+        (node, inventory_rx)
+    }
+
+    /// Problem lines the source found (already logged by it): status events, once each.
+    pub fn note_problems<'a>(&mut self, lines: impl IntoIterator<Item = &'a String>) {
+        let lines: Vec<String> = lines.into_iter().cloned().collect();
+        self.report.noted(&lines);
+    }
+
+    /// The last plan, for tests and the status.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+}

@@ -1,0 +1,436 @@
+//! One pass of the node: the source's pods -> plan -> cgroups -> executor -> eviction inventory,
+//! sensors' watch list, metrics and status. Runs on every change of the source, of the node
+//! conditions (admission), and when a managed cgroup was removed behind qoslet's back.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    sync::Arc,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use tracing::warn;
+
+use super::{
+    Node,
+    seams::{PlannedPod, PodExecutor},
+    sensing::SensorControl,
+    summary::{PodTarget, StatsCgroup, SummaryTargets},
+    trees::{cgroup_id, memory_tree, unified_tree},
+};
+use crate::{
+    cgroup::{CgroupPath, DesiredState, Tree, desired::Role, desired_state, layout::Controller},
+    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
+    policy::{
+        plan::{Plan, PodPlan, plan_node},
+        pod::{PodKey, PodSpecView},
+    },
+    sensors::{CgroupOwner, WatchedCgroup},
+    server::{metrics::MemcgEventLabels, summary::PodReference},
+    source::PodSet,
+    workload::Forest,
+};
+
+/// What one pod is on this node, after a pass.
+pub(super) struct PodEntry {
+    pub(super) view: PodSpecView,
+    pub(super) memory: Option<MemoryCgroup>,
+    /// cgroup v2 ids of the pod's container cgroups (unified tree on hybrid hosts): the CPU
+    /// sensor keys by the task's own cgroup.
+    pub(super) container_ids: Vec<u64>,
+    /// Run-queue latency p99 (bucket upper bound, seconds), from the last statistics sample.
+    pub(super) runq_p99: Option<f64>,
+    /// Working set (bytes) at the last statistics sample.
+    pub(super) working_set: Option<u64>,
+    /// The hash of the pod's spec, recorded with an eviction ([`super::state::spec_hash`]).
+    pub(super) spec_hash: u64,
+}
+
+/// A source pod the pass can plan: its key, its policy view and the API object.
+type PodView<'a> = (PodKey, PodSpecView, &'a Pod);
+
+/// Where the pass puts each pod and container, in every hierarchy.
+struct Placement {
+    trees: Vec<Tree>,
+    memory_tree: Option<Tree>,
+    unified_tree: Option<Tree>,
+    /// The v1 cpu hierarchy, for the sensors' CPU fallback (throttling, cpuacct.usage).
+    cpu_tree: Option<Tree>,
+    /// Pod cgroups by pod uid.
+    pod_paths: BTreeMap<String, CgroupPath>,
+    /// Container cgroups by pod uid and container name.
+    container_paths: BTreeMap<(String, String), CgroupPath>,
+}
+
+/// What the pass gathers pod by pod for the eviction manager, the sensors and the Summary API.
+struct Tracked {
+    /// cgroup ids the sensors watch after this pass.
+    now_watched: BTreeSet<u64>,
+    managed: Vec<ManagedPod>,
+    summary: SummaryTargets,
+}
+
+impl Node {
+    /// The whole pass.
+    pub fn pass(
+        &mut self,
+        pods: &PodSet,
+        executor: &impl PodExecutor,
+        conditions: &[NodeCondition],
+        sensors: &impl SensorControl,
+    ) {
+        let views = self.read_pods(pods, executor);
+        let Some((plan, desired)) = self.plan_pods(&views, pods, executor) else {
+            return;
+        };
+        self.cgroups.reconcile(&desired, &self.report);
+        let placement = self.place(&desired);
+        self.apply_executor(pods, &plan, &views, &placement, executor, conditions);
+        let (managed, summary) = self.track_pods(&plan, &views, &placement, executor, sensors);
+        self.refresh_inventory(pods, managed);
+        self.summary.set_targets(summary);
+        self.report
+            .record_plan(&plan, views.iter().map(|(k, v, _)| (k, v)));
+        self.cgroups.set_desired(desired);
+        self.plan = Some(plan);
+        self.refresh_status(conditions, executor.status());
+    }
+
+    /// The source's pods as policy views; a pod the policy or the executor cannot read is a
+    /// problem, reported once, and nothing of it is planned.
+    fn read_pods<'a>(&mut self, pods: &'a PodSet, executor: &impl PodExecutor) -> Vec<PodView<'a>> {
+        let mut views = Vec::new();
+        let mut problems = Vec::new();
+        for (key, mp) in &pods.pods {
+            match PodSpecView::from_pod(&mp.pod) {
+                Ok(v) => match executor.accepts(&mp.pod) {
+                    Ok(()) => views.push((key.clone(), v, &mp.pod)),
+                    Err(e) => problems.push(e),
+                },
+                Err(e) => problems.push(format!("Pod/{}/{}: {e}", key.namespace, key.name)),
+            }
+        }
+        self.report.problems(&problems);
+        views
+    }
+
+    /// The node plan and the cgroups it wants; `None` keeps the last plan.
+    fn plan_pods(
+        &mut self,
+        views: &[PodView<'_>],
+        pods: &PodSet,
+        executor: &impl PodExecutor,
+    ) -> Option<(Plan, DesiredState)> {
+        let pod_views: Vec<PodSpecView> = views.iter().map(|(_, v, _)| v.clone()).collect();
+        let plan = match plan_node(&self.settings, &pod_views) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "The node plan failed; keeping the last one.");
+                return None;
+            }
+        };
+        let desired = desired_state(&plan, &self.cgroups.naming, &executor.container_ids(pods));
+        let refused: Vec<String> = desired
+            .refused_pods
+            .iter()
+            .map(|r| format!("{r}: {}", r.source))
+            .collect();
+        self.report.problems(&refused);
+        Some((plan, desired))
+    }
+
+    /// Where each pod and container lives, in every hierarchy.
+    fn place(&self, desired: &DesiredState) -> Placement {
+        let trees: Vec<Tree> = self.cgroups.fs().trees().collect();
+        let mut pod_paths = BTreeMap::new();
+        let mut container_paths = BTreeMap::new();
+        for c in &desired.cgroups {
+            let Some(uid) = &c.pod_uid else { continue };
+            match c.role {
+                Role::Pod => {
+                    pod_paths.insert(uid.clone(), c.path.clone());
+                }
+                Role::Container => {
+                    if let Some(name) = &c.container {
+                        container_paths.insert((uid.clone(), name.clone()), c.path.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        Placement {
+            memory_tree: memory_tree(trees.iter().copied()),
+            unified_tree: unified_tree(trees.iter().copied()),
+            cpu_tree: trees
+                .iter()
+                .copied()
+                .find(|t| *t == Tree::V1(Controller::Cpu)),
+            trees,
+            pod_paths,
+            container_paths,
+        }
+    }
+
+    /// Hands the planned pods to the executor (enforce mode), with each container's cgroup
+    /// directories. Pods evicted earlier and not changed since are not handed over again.
+    fn apply_executor(
+        &mut self,
+        pods: &PodSet,
+        plan: &Plan,
+        views: &[PodView<'_>],
+        placement: &Placement,
+        executor: &impl PodExecutor,
+        conditions: &[NodeCondition],
+    ) {
+        if !self.cgroups.enforce() {
+            return;
+        }
+        let startable = pods.startable_pods(&self.validation);
+        let planned: Vec<PlannedPod<'_>> = views
+            .iter()
+            .zip(&plan.pods)
+            .filter(|((key, _, pod), _)| !self.persisted.is_evicted(key, pod))
+            .map(|((key, view, pod), p)| PlannedPod {
+                key: key.clone(),
+                pod,
+                qos_class: p.qos_class,
+                critical: view.is_critical(),
+                startable: startable.contains(key),
+                container_cgroups: view
+                    .containers
+                    .iter()
+                    .filter_map(|c| {
+                        let path = placement
+                            .container_paths
+                            .get(&(view.uid.clone(), c.name.clone()))?;
+                        let dirs = placement
+                            .trees
+                            .iter()
+                            .map(|t| self.cgroups.fs().display_path(*t, path))
+                            .collect();
+                        Some((c.name.clone(), dirs))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let problems = executor.apply(planned, conditions);
+        self.report.problems(&problems);
+        self.persisted.retain_present(pods);
+    }
+
+    /// Eviction inventory, sensors' watch list, summary sources, memcg owners.
+    fn track_pods(
+        &mut self,
+        plan: &Plan,
+        views: &[PodView<'_>],
+        placement: &Placement,
+        executor: &impl PodExecutor,
+        sensors: &impl SensorControl,
+    ) -> (Vec<ManagedPod>, SummaryTargets) {
+        let old_pods = std::mem::take(&mut self.tracked.pods);
+        self.tracked.memcg_owners.clear();
+        // Pods that already ended evicted are not candidates again (after a restart, too).
+        let evicted: BTreeSet<PodKey> = executor
+            .status()
+            .into_iter()
+            .filter(|s| s.reason.as_deref() == Some("Evicted"))
+            .map(|s| s.key)
+            .chain(self.persisted.evicted())
+            .collect();
+        let mut tracked = Tracked {
+            now_watched: BTreeSet::new(),
+            managed: Vec::new(),
+            summary: SummaryTargets {
+                system: self.system_containers(plan, placement.memory_tree, placement.unified_tree),
+                pods: Vec::new(),
+            },
+        };
+        for (view, p) in views.iter().zip(&plan.pods) {
+            let previous = old_pods.get(&view.0);
+            self.track_pod(
+                view,
+                p,
+                placement,
+                sensors,
+                &evicted,
+                previous,
+                &mut tracked,
+            );
+        }
+        for (key, old) in &old_pods {
+            if !self.tracked.pods.contains_key(key) {
+                let containers: Vec<&str> = old
+                    .view
+                    .containers
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect();
+                self.report.state.metrics.drop_pod(
+                    &key.namespace,
+                    &key.name,
+                    &key.uid,
+                    &containers,
+                );
+            }
+        }
+        let Tracked {
+            now_watched,
+            managed,
+            summary,
+        } = tracked;
+        for gone in self.tracked.watched.difference(&now_watched) {
+            sensors.unwatch(*gone);
+        }
+        self.tracked.watched = now_watched;
+        (managed, summary)
+    }
+
+    /// One pod with a cgroup: its eviction inventory entry, its cgroups for the sensors and the
+    /// Summary API, its memcg owners and its `PodEntry`.
+    fn track_pod(
+        &mut self,
+        (key, view, pod): &PodView<'_>,
+        p: &PodPlan,
+        placement: &Placement,
+        sensors: &impl SensorControl,
+        evicted: &BTreeSet<PodKey>,
+        previous: Option<&PodEntry>,
+        tracked: &mut Tracked,
+    ) {
+        let Some(path) = placement.pod_paths.get(&view.uid) else {
+            return;
+        };
+        let (memory_tree, unified_tree) = (placement.memory_tree, placement.unified_tree);
+        let dirs: Vec<PathBuf> = placement
+            .trees
+            .iter()
+            .map(|t| self.cgroups.fs().display_path(*t, path))
+            .collect();
+        let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
+        let memory = cgroup.memory.clone();
+        let unified = cgroup.cpu.clone();
+        let containers: Vec<(String, StatsCgroup)> = p
+            .containers
+            .iter()
+            .filter_map(|c| {
+                let cpath = placement
+                    .container_paths
+                    .get(&(view.uid.clone(), c.name.clone()))?;
+                Some((
+                    c.name.clone(),
+                    self.stats_cgroup(memory_tree, unified_tree, cpath),
+                ))
+            })
+            .collect();
+        let owner = |container: &str| MemcgEventLabels {
+            namespace: key.namespace.clone(),
+            pod: key.name.clone(),
+            uid: view.uid.clone(),
+            container: container.into(),
+            event: String::new(),
+        };
+        if let Some(memory) = &memory {
+            if !evicted.contains(key) {
+                tracked.managed.push(ManagedPod {
+                    key: key.clone(),
+                    qos: p.qos_class,
+                    request_bytes: view.requests().memory_bytes(),
+                    priority: view.effective_priority(),
+                    critical: view.is_critical(),
+                    start_time: pod
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(0, |t| t.0.as_second()),
+                    grace_secs: pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.termination_grace_period_seconds)
+                        .unwrap_or(30),
+                    memory: memory.clone(),
+                    cgroups: PodCgroups {
+                        procs: dirs,
+                        unified: unified.clone(),
+                    },
+                });
+            }
+            if let Some(id) = cgroup_id(memory.path()) {
+                self.tracked.memcg_owners.insert(id, owner(""));
+            }
+        }
+        if let Some(u) = &unified
+            && let Some(id) = cgroup_id(u)
+            && tracked.now_watched.insert(id)
+            && !self.tracked.watched.contains(&id)
+        {
+            sensors.watch(WatchedCgroup {
+                id,
+                v2_dir: Some(u.clone()),
+                memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
+                cpu_dir: placement
+                    .cpu_tree
+                    .map(|t| self.cgroups.fs().display_path(t, path)),
+            });
+        }
+        let mut container_ids = Vec::new();
+        for (name, c) in &containers {
+            if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.path())) {
+                self.tracked.memcg_owners.insert(id, owner(name));
+            }
+            // The CPU sensor keys by the task's own (v2) cgroup.
+            let Some(id) = c.cpu.as_deref().and_then(cgroup_id) else {
+                continue;
+            };
+            sensors.set_owner(
+                id,
+                CgroupOwner {
+                    pod_uid: view.uid.clone(),
+                    container: name.clone(),
+                },
+            );
+            container_ids.push(id);
+            tracked.now_watched.insert(id);
+            if !self.tracked.watched.contains(&id) {
+                sensors.watch(WatchedCgroup {
+                    id,
+                    v2_dir: None,
+                    memory_dir: None,
+                    cpu_dir: None,
+                });
+            }
+        }
+        tracked.summary.pods.push(PodTarget {
+            pod_ref: PodReference {
+                name: key.name.clone(),
+                namespace: key.namespace.clone(),
+                uid: view.uid.clone(),
+            },
+            key: key.clone(),
+            cgroup,
+            containers,
+        });
+        let (runq_p99, working_set) =
+            previous.map_or((None, None), |e| (e.runq_p99, e.working_set));
+        self.tracked.pods.insert(
+            key.clone(),
+            PodEntry {
+                view: view.clone(),
+                memory,
+                container_ids,
+                runq_p99,
+                working_set,
+                spec_hash: super::state::spec_hash(pod),
+            },
+        );
+    }
+
+    /// The eviction manager's new inventory: the managed pods and the workload objects above
+    /// them.
+    fn refresh_inventory(&self, pods: &PodSet, managed: Vec<ManagedPod>) {
+        let forests = Forest::by_namespace(pods.workload_objects().cloned());
+        self.inventory_tx.send_replace(Arc::new(Inventory {
+            pods: managed,
+            forests,
+        }));
+    }
+}

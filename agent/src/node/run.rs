@@ -1,0 +1,427 @@
+//! The node's run loop: everything a mode hands in (source, executor, eviction action) wired to
+//! the cgroups, the sensors, the eviction manager and the HTTP server, until a signal; then a
+//! drain (the pass or eviction in progress finishes, bounded by the grace period), the pods
+//! stopped and the cgroups qoslet created removed.
+//!
+//! Threading (docs/architecture.md, "Threads"): one task owns the node and runs every pass;
+//! the eviction manager, the memory watcher, the sensors' readers and the HTTP server run on
+//! their own tasks and reach the node through channels only.
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use thiserror::Error;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+};
+use tracing::{info, warn};
+
+use super::{
+    ExecutorEviction, Node, NodeParts,
+    seams::{PodExecutor, PodSource},
+    state::{NodeLock, StateError, StateFile},
+    summary::{CgroupSummary, StatsCgroup},
+    trees,
+};
+use crate::{
+    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, fs::OpenRootError},
+    config::QosletConfiguration,
+    eviction::{
+        CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
+        PodCgroups, Wake, watch::WatchConfig,
+    },
+    policy::{pod::PodKey, settings::NodeSettings},
+    sensors::{SensorMode, Sensors, SensorsConfig},
+    server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
+    workload::ValidationOptions,
+};
+
+/// sysexits.h: a service is unavailable (the port is taken, another instance runs).
+const EX_UNAVAILABLE: u8 = 69;
+/// sysexits.h: an operating system error (the kernel refused, a cgroup cannot be opened).
+const EX_OSERR: u8 = 71;
+/// sysexits.h: a system file is missing (no cgroup hierarchy mounted).
+const EX_OSFILE: u8 = 72;
+
+/// Why the node could not start (configuration errors are the mode's, exit 64).
+#[derive(Debug, Error)]
+pub enum NodeError {
+    #[error("cannot open the node root cgroup")]
+    NodeRoot(#[source] OpenRootError),
+    #[error("no memory cgroup hierarchy is mounted")]
+    NoMemoryHierarchy,
+    #[error(transparent)]
+    State(StateError),
+    #[error(transparent)]
+    Bind(BindError),
+    #[error("cannot watch {signal}")]
+    Signal {
+        signal: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl NodeError {
+    /// The process's exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NoMemoryHierarchy => EX_OSFILE,
+            Self::State(StateError::Locked { .. }) | Self::Bind(_) => EX_UNAVAILABLE,
+            Self::NodeRoot(_) | Self::State(_) | Self::Signal { .. } => EX_OSERR,
+        }
+    }
+}
+
+/// What the mode decided: the node's settings, its cgroups and how it runs.
+pub struct RunConfig {
+    pub settings: NodeSettings,
+    pub qc: QosletConfiguration,
+    pub mode: Mode,
+    pub mounts: Mounts,
+    pub node_root: CgroupPath,
+    pub naming: Naming,
+    pub validation: ValidationOptions,
+    pub addr: SocketAddr,
+    /// How long pods get to stop at shutdown, and how long a pass or an eviction in progress
+    /// may take to finish.
+    pub shutdown_grace: Duration,
+    /// Where the state file lives; `None` keeps no state (observe mode).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Runs the node until SIGINT, SIGTERM or SIGHUP; then drains and stops.
+pub async fn run<S, E, A>(
+    cfg: RunConfig,
+    mut source: S,
+    executor: Arc<E>,
+    action: A,
+) -> Result<(), NodeError>
+where
+    S: PodSource,
+    E: PodExecutor,
+    A: EvictionAction + 'static,
+{
+    let enforce = cfg.mode == Mode::Enforce;
+    let fs =
+        CgroupFs::open(cfg.mounts.clone(), cfg.node_root.clone()).map_err(NodeError::NodeRoot)?;
+    let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
+    // One instance per node root: the lock is taken before anything is written.
+    let _lock = if enforce {
+        let dir = fs.display_path(memory_tree, &CgroupPath::root());
+        Some(NodeLock::acquire(&dir, &cfg.node_root).map_err(NodeError::State)?)
+    } else {
+        None
+    };
+    if enforce && !cgroup::oom::can_lower_scores() {
+        warn!(
+            "qoslet lacks CAP_SYS_RESOURCE: negative oom_score_adj (Guaranteed pods' -997, qoslet's own -999) cannot be set; give the DaemonSet that capability."
+        );
+    }
+    if enforce && let Err(e) = cgroup::set_own_oom_score() {
+        warn!(error = %e, "Could not set qoslet's own oom_score_adj to -999.");
+    }
+
+    let node_root_memory = trees::memory_cgroup(
+        memory_tree,
+        fs.display_path(memory_tree, &CgroupPath::root()),
+    );
+    let unified_tree = trees::unified_tree(fs.trees());
+    let summary = CgroupSummary::new(StatsCgroup {
+        memory: Some(node_root_memory.clone()),
+        cpu: unified_tree.map(|t| fs.display_path(t, &CgroupPath::root())),
+    });
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(summary.clone()),
+    });
+    for s in ["sensors", "reconciler", "eviction"] {
+        state.readiness.register(s);
+    }
+    let (local, serve) = server::bind(cfg.addr, state.clone())
+        .await
+        .map_err(NodeError::Bind)?;
+    let server_task = tokio::spawn(serve);
+    info!(addr = %local, mode = ?cfg.mode, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
+
+    let mut signals = Signals::new()?;
+    let (sensors, mut sensor_events) = Sensors::start(SensorsConfig {
+        ebpf: cfg.qc.ebpf.enabled,
+        ..SensorsConfig::default()
+    });
+    report_sensors(&state, &sensors);
+    release_freed_memory();
+
+    let mut persisted = if enforce {
+        StateFile::load(cfg.state_dir.as_deref(), &cfg.node_root)
+    } else {
+        StateFile::in_memory()
+    };
+    if enforce && executor.creates_container_cgroups() {
+        stop_leftovers(&fs, &mut persisted).await;
+    }
+
+    let (mut node, inventory_rx) = Node::new(NodeParts {
+        settings: cfg.settings.clone(),
+        naming: cfg.naming,
+        fs,
+        mode: cfg.mode,
+        validation: cfg.validation,
+        state: state.clone(),
+        summary,
+        persisted,
+        stats_interval: cfg.qc.stats_interval,
+    });
+
+    let (wake_tx, wake_rx) = mpsc::channel::<Wake>(256);
+    let manager_cfg = ManagerConfig::from_settings(&cfg.settings, &cfg.qc);
+    let mut manager = Manager::new(
+        manager_cfg.clone(),
+        NodeSignals {
+            node_root: node_root_memory.clone(),
+            capacity_bytes: Some(cfg.settings.capacity.memory_bytes),
+            kubepods: None,
+            pids: None,
+        },
+        ExecutorEviction::new(executor.clone(), action),
+        inventory_rx,
+    );
+    let mut decisions = manager.decisions();
+    let mut observations = manager.observations();
+    let conditions = manager.conditions();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let manager_task = enforce.then(|| tokio::spawn(manager.run(wake_rx, stop_rx)));
+    if enforce {
+        let watch_cfg = WatchConfig {
+            node_root: node_root_memory.clone(),
+            level_bytes: manager_cfg.watch_level(cfg.settings.capacity.memory_bytes),
+            poll: Some(Duration::from_millis(100)),
+        };
+        if let Err(e) = crate::eviction::watch::spawn_watcher(watch_cfg, wake_tx.clone()) {
+            warn!(error = %e, "Memory watcher unavailable; eviction runs on sensor events and housekeeping.");
+        }
+    }
+    state
+        .readiness
+        .set("eviction", true, format!("{:?} order", manager_cfg.order));
+    let node_memory_ids = trees::memory_ids(&node_root_memory);
+
+    node.note_problems(&source.pods().problems);
+    node.pass(
+        source.pods(),
+        executor.as_ref(),
+        &conditions.borrow(),
+        &sensors,
+    );
+    node.on_conditions(&conditions.borrow());
+    node.save_state();
+    state.readiness.set("reconciler", true, "first pass done");
+
+    let mut housekeeping =
+        tokio::time::interval(cfg.qc.housekeeping_interval.max(Duration::from_millis(100)));
+    let mut conditions_rx = conditions.clone();
+    info!("qoslet node is running; SIGINT, SIGTERM or SIGHUP stops it.");
+    loop {
+        tokio::select! {
+            signal = signals.next() => {
+                info!(signal, "Stopping on a signal.");
+                break;
+            }
+            changed = source.changed() => match changed {
+                Ok(diff) => {
+                    node.note_problems(&source.pods().problems);
+                    if !diff.is_empty() {
+                        info!(added = diff.pods_added.len(), changed = diff.pods_changed.len(), removed = diff.pods_removed.len(), "Pods changed.");
+                    }
+                    node.pass(source.pods(), executor.as_ref(), &conditions.borrow(), &sensors);
+                    node.save_state();
+                }
+                Err(e) => warn!(error = %e, source = ?std::error::Error::source(&e), "Reading the pod source failed; keeping the last good state."),
+            },
+            Ok(()) = conditions_rx.changed() => {
+                let now = conditions_rx.borrow_and_update().clone();
+                node.on_conditions(&now);
+                // Admission depends on MemoryPressure: apply again when it changes.
+                node.pass(source.pods(), executor.as_ref(), &now, &sensors);
+            }
+            Some(d) = decisions.recv() => node.on_eviction(&d),
+            Ok(()) = observations.changed() => {
+                let obs = observations.borrow_and_update().clone();
+                node.on_observations(&obs);
+            }
+            Some(e) = sensor_events.recv() => {
+                if let Some(w) = Wake::from_sensor(&e, &node_memory_ids) {
+                    let _ = wake_tx.try_send(w);
+                }
+                node.on_sensor_event(&e);
+            }
+            _ = housekeeping.tick() => {
+                if node.housekeeping(&sensors) {
+                    // A managed cgroup was changed or removed behind qoslet's back.
+                    node.pass(source.pods(), executor.as_ref(), &conditions.borrow(), &sensors);
+                    node.save_state();
+                }
+            }
+            () = executor.changed() => node.refresh_status(&conditions.borrow(), executor.status()),
+        }
+    }
+
+    info!(
+        "Stopping: the eviction in progress first, then the pods, then the cgroups qoslet created."
+    );
+    let _ = stop_tx.send(true);
+    if let Some(mut t) = manager_task
+        && tokio::time::timeout(cfg.shutdown_grace, &mut t)
+            .await
+            .is_err()
+    {
+        warn!(
+            grace_secs = cfg.shutdown_grace.as_secs(),
+            "The eviction manager did not finish within the grace period; stopping it."
+        );
+        t.abort();
+    }
+    // Decisions made while draining still count and are persisted.
+    while let Ok(d) = decisions.try_recv() {
+        node.on_eviction(&d);
+    }
+    executor.stop_all(cfg.shutdown_grace).await;
+    if enforce {
+        node.cgroups.remove_all();
+        node.save_state();
+    }
+    server_task.abort();
+    info!("qoslet stopped.");
+    Ok(())
+}
+
+/// SIGINT, SIGTERM and SIGHUP: each stops the node the same way.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, NodeError> {
+        let watch = |kind, name| {
+            signal(kind).map_err(|source| NodeError::Signal {
+                signal: name,
+                source,
+            })
+        };
+        Ok(Self {
+            int: watch(SignalKind::interrupt(), "SIGINT")?,
+            term: watch(SignalKind::terminate(), "SIGTERM")?,
+            hup: watch(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
+}
+
+/// After a crash (SIGKILL, power loss) the earlier run's pods may still run in the cgroups it
+/// created, unsupervised: qoslet cannot adopt a process it did not start (it would never learn
+/// its exit status), so it stops them and removes their cgroups; the pass then starts the pods
+/// again. Evicted pods stay evicted: that is in the state file too.
+async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
+    let mut paths = persisted.created_cgroups();
+    if paths.is_empty() {
+        return;
+    }
+    paths.sort_by_key(|p| std::cmp::Reverse(p.depth()));
+    let procs_tree = fs.mounts().procs_tree();
+    let unified = trees::unified_tree(fs.trees());
+    let mut stopped = 0;
+    for p in &paths {
+        let cgroups = PodCgroups {
+            procs: procs_tree
+                .map(|t| fs.display_path(t, p))
+                .into_iter()
+                .collect(),
+            unified: unified.map(|t| fs.display_path(t, p)),
+        };
+        if !cgroups.procs.iter().any(|d| has_processes(d)) {
+            continue;
+        }
+        let req = EvictionRequest {
+            pod: PodKey {
+                namespace: String::new(),
+                name: p.to_string(),
+                uid: String::new(),
+            },
+            cgroups,
+            grace: Duration::ZERO,
+            message: "left by an earlier run of qoslet".into(),
+            signal: String::new(),
+            hard: true,
+            unit: None,
+        };
+        match CgroupKill.evict(&req).await {
+            Ok(_) => stopped += 1,
+            Err(e) => {
+                warn!(cgroup = %p, error = %e, "Could not stop a process left by an earlier run.")
+            }
+        }
+    }
+    let mut removed = 0;
+    for p in &paths {
+        let gone = fs.trees().map(|t| fs.rmdir(t, p)).all(|r| r.is_ok());
+        removed += usize::from(gone);
+    }
+    info!(
+        cgroups = paths.len(),
+        stopped,
+        removed,
+        "Stopped what an earlier run of qoslet left running and removed its cgroups."
+    );
+    persisted.set_created_cgroups(&Default::default());
+}
+
+fn has_processes(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|s| !s.trim().is_empty())
+}
+
+/// Loading the sensors parses the kernel's BTF and leaves its freed memory scattered in the heap,
+/// which glibc keeps resident; hand whole free pages back to the kernel once.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn report_sensors(state: &AgentState, sensors: &Sensors) {
+    let mut active = Vec::new();
+    for st in sensors.statuses() {
+        let on = st.mode != SensorMode::Off;
+        if on {
+            active.push(format!("{} ({})", st.name, st.source));
+        }
+        state
+            .metrics
+            .sensor_active
+            .get_or_create(&SensorLabels {
+                sensor: st.name.into(),
+                source: st.source.clone(),
+            })
+            .set(on.into());
+    }
+    state.status.update(|s| s.node.sensors = active.clone());
+    state.readiness.set("sensors", true, active.join(", "));
+}

@@ -1,0 +1,287 @@
+//! What must survive a crash, and the guard against a second instance.
+//!
+//! - [`NodeLock`]: an exclusive `flock` on the node root's cgroup directory, held for the life of
+//!   the process, so a second qoslet on the same node root exits at once instead of starting the
+//!   pods again in the same cgroups (and removing them when it stops). The kernel drops the lock
+//!   when the process dies, SIGKILL included, so a crash never leaves a stale lock behind.
+//! - [`StateFile`]: the pods evicted (a restart never starts an evicted pod again, nor evicts it
+//!   twice) and the pod and container cgroups qoslet created (a restart after SIGKILL finds the
+//!   earlier run's pods and stops them), as JSON under the state directory. Written whole to a
+//!   temporary file, synced, then renamed, so a crash leaves the old file or the new one.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::{self, File},
+    hash::{Hash as _, Hasher as _},
+    io::{self, Write as _},
+    path::{Path, PathBuf},
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::{cgroup::CgroupPath, policy::pod::PodKey, source::PodSet};
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("another qoslet already runs on the node root {root} (it holds the lock on {path})")]
+    Locked { root: String, path: PathBuf },
+    #[error("cannot lock the node root {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the state file {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The lock on the node root; released when dropped or when the process ends.
+#[derive(Debug)]
+pub struct NodeLock {
+    _lock: Flock<File>,
+}
+
+impl NodeLock {
+    /// Locks `dir`, the node root's directory in one hierarchy (every instance on this node root
+    /// picks the same one).
+    pub fn acquire(dir: &Path, root: &CgroupPath) -> Result<Self, StateError> {
+        let file = File::open(dir).map_err(|source| StateError::Lock {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Self { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(StateError::Locked {
+                root: root.to_string(),
+                path: dir.to_path_buf(),
+            }),
+            Err((_, e)) => Err(StateError::Lock {
+                path: dir.to_path_buf(),
+                source: e.into(),
+            }),
+        }
+    }
+}
+
+/// The file name part for a node root: its components joined by `_`, or `root`.
+fn node_root_name(root: &CgroupPath) -> String {
+    if root.depth() == 0 {
+        "root".to_owned()
+    } else {
+        root.components().join("_")
+    }
+}
+
+/// The marker that says qoslet created the node root `root` (standalone), under `dir`.
+pub fn node_root_marker(dir: &Path, root: &CgroupPath) -> PathBuf {
+    dir.join(format!("node-{}.created", node_root_name(root)))
+}
+
+/// An evicted pod, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct EvictedRecord {
+    namespace: String,
+    name: String,
+    /// A hash of the pod's spec when it was evicted: a changed manifest is a new pod.
+    spec: u64,
+    message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Persisted {
+    /// By pod uid.
+    #[serde(default)]
+    evicted: BTreeMap<String, EvictedRecord>,
+    /// Pod and container cgroups qoslet created, relative to the node root.
+    #[serde(default)]
+    cgroups: BTreeSet<String>,
+}
+
+/// The node's state file and what it holds now.
+#[derive(Debug)]
+pub struct StateFile {
+    path: Option<PathBuf>,
+    saved: Persisted,
+    now: Persisted,
+}
+
+impl StateFile {
+    /// The state of the node root `root` under `dir`; a missing or unreadable file is an empty
+    /// state (said once). `None` keeps the state in memory only (observe mode, tests).
+    pub fn load(dir: Option<&Path>, root: &CgroupPath) -> Self {
+        let Some(dir) = dir else {
+            return Self::in_memory();
+        };
+        let path = dir.join(format!("node-{}.json", node_root_name(root)));
+        let saved = match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "The state file is not valid; starting with an empty state.");
+                Persisted::default()
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Persisted::default(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "Cannot read the state file; starting with an empty state.");
+                Persisted::default()
+            }
+        };
+        Self {
+            path: Some(path),
+            now: saved.clone(),
+            saved,
+        }
+    }
+
+    pub fn in_memory() -> Self {
+        Self {
+            path: None,
+            saved: Persisted::default(),
+            now: Persisted::default(),
+        }
+    }
+
+    /// Whether the pod, with this spec, was evicted.
+    pub fn is_evicted(&self, key: &PodKey, pod: &Pod) -> bool {
+        self.now
+            .evicted
+            .get(&key.uid)
+            .is_some_and(|r| r.spec == spec_hash(pod))
+    }
+
+    /// The evicted pods.
+    pub fn evicted(&self) -> impl Iterator<Item = PodKey> + '_ {
+        self.now.evicted.iter().map(|(uid, r)| PodKey {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            uid: uid.clone(),
+        })
+    }
+
+    /// Records an eviction of the pod whose spec has the hash `spec` ([`spec_hash`]).
+    pub fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str) {
+        self.now.evicted.insert(
+            key.uid.clone(),
+            EvictedRecord {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                spec,
+                message: message.to_owned(),
+            },
+        );
+    }
+
+    /// Forgets evictions of pods that left the source or changed: those are new pods.
+    pub fn retain_present(&mut self, pods: &PodSet) {
+        let present: BTreeMap<&str, &Pod> = pods
+            .pods
+            .iter()
+            .map(|(k, p)| (k.uid.as_str(), &p.pod))
+            .collect();
+        self.now.evicted.retain(|uid, r| {
+            present
+                .get(uid.as_str())
+                .is_some_and(|p| spec_hash(p) == r.spec)
+        });
+    }
+
+    /// The cgroups the earlier run created.
+    pub fn created_cgroups(&self) -> Vec<CgroupPath> {
+        self.now
+            .cgroups
+            .iter()
+            .filter_map(|p| CgroupPath::parse(p).ok())
+            .collect()
+    }
+
+    pub fn set_created_cgroups(&mut self, cgroups: &BTreeSet<CgroupPath>) {
+        self.now.cgroups = cgroups.iter().map(|p| p.relative()).collect();
+    }
+
+    /// Writes the state when it changed since the last save.
+    pub fn save(&mut self) -> Result<(), StateError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        if self.now == self.saved {
+            return Ok(());
+        }
+        let err = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(err)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        let body = serde_json::to_vec_pretty(&self.now).map_err(|e| err(e.into()))?;
+        let mut f = File::create(&tmp).map_err(err)?;
+        f.write_all(&body).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        fs::rename(&tmp, path).map_err(err)?;
+        self.saved = self.now.clone();
+        Ok(())
+    }
+}
+
+/// A hash of the pod's spec, stable across runs of the same build.
+pub fn spec_hash(pod: &Pod) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    serde_json::to_vec(&pod.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::tests::pod_set;
+
+    const UID: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
+
+    fn yaml(command: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: a, namespace: default, uid: {UID}}}\nspec:\n  containers: [{{name: c, command: [{command}]}}]\n"
+        )
+    }
+
+    fn key() -> PodKey {
+        PodKey {
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: UID.into(),
+        }
+    }
+
+    #[test]
+    fn evictions_survive_a_restart_until_the_pod_changes() {
+        let dir = std::env::temp_dir().join(format!("qoslet-state-{}", std::process::id()));
+        let root = CgroupPath::parse("/node-a").unwrap();
+        let first = pod_set(&yaml("sleep"), &PodSet::default());
+        let p = &first.pods[&key()].pod;
+        let mut s = StateFile::load(Some(&dir), &root);
+        s.record_evicted(&key(), spec_hash(p), "low on memory");
+        s.set_created_cgroups(&[CgroupPath::parse("/kubepods/poda").unwrap()].into());
+        s.save().unwrap();
+
+        let mut again = StateFile::load(Some(&dir), &root);
+        assert!(again.is_evicted(&key(), p));
+        let changed = pod_set(&yaml("'true'"), &first);
+        assert!(!again.is_evicted(&key(), &changed.pods[&key()].pod));
+        assert_eq!(
+            again.created_cgroups(),
+            vec![CgroupPath::parse("/kubepods/poda").unwrap()]
+        );
+        // The manifest changed: a new pod, no longer evicted.
+        again.retain_present(&changed);
+        assert_eq!(again.evicted().count(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

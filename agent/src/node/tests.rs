@@ -1,0 +1,590 @@
+//! The node with a fake source, a fake executor and fake sensors over a cgroup tree in a
+//! temporary directory: no root, no kernel. The same pass, housekeeping and eviction handling
+//! the modes run.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1 as core;
+
+use super::*;
+use crate::{
+    cgroup::{CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
+    eviction::{
+        Decision, EvictedStatus, EvictionAction, EvictionRequest, ManagedPod, Manager,
+        ManagerConfig, MemoryCgroup, NodeCondition, NodeSignals, Order, Outcome,
+        action::ActionError,
+    },
+    policy::{
+        cpuset::CpuSet,
+        eviction::{EvictionInput, parse_thresholds},
+        settings::{Capacity, CgroupDriver},
+    },
+    sensors::{CgroupOwner, CpuUsage, WatchedCgroup, kmaps::ProgramCost},
+    server::{AgentState, Metrics, Readiness, StatusStore},
+    source::{
+        Diff, PodSet,
+        manifest::{Loaded, parse_documents},
+        watch::build,
+    },
+};
+
+const MI: i64 = 1 << 20;
+
+/// A PodSet from YAML documents, through the manifest source's own decoding and validation.
+pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
+    let mut loaded = Loaded::default();
+    parse_documents(Path::new("test.yaml"), yaml, &mut loaded);
+    build(
+        loaded,
+        previous,
+        &ValidationOptions::default(),
+        BTreeSet::new(),
+    )
+    .0
+}
+
+fn pod_yaml(name: &str, uid: &str, memory_request: Option<&str>) -> String {
+    let resources = memory_request.map_or(String::new(), |m| {
+        format!(", resources: {{requests: {{memory: {m}}}}}")
+    });
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: {uid}}}\nspec:\n  containers: [{{name: main, command: [sleep, '60']{resources}}}]\n---\n"
+    )
+}
+
+const UID_A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+const UID_B: &str = "aaaaaaaa-0000-4000-8000-000000000002";
+
+/// A source that yields prepared states one change at a time.
+struct FakeSource {
+    now: PodSet,
+    next: VecDeque<PodSet>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no more changes")]
+struct NoMore;
+
+impl PodSource for FakeSource {
+    type Error = NoMore;
+
+    fn pods(&self) -> &PodSet {
+        &self.now
+    }
+
+    async fn changed(&mut self) -> Result<Diff, NoMore> {
+        let next = self.next.pop_front().ok_or(NoMore)?;
+        let diff = crate::source::watch::diff(&self.now, &next);
+        self.now = next;
+        Ok(diff)
+    }
+}
+
+/// What the fake executor was asked, pod by pod, on the last apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Applied {
+    startable: bool,
+    containers: BTreeMap<String, Vec<PathBuf>>,
+}
+
+#[derive(Default)]
+struct FakeExecutor {
+    /// A pod name this executor cannot run.
+    refuse: Option<&'static str>,
+    applied: Mutex<BTreeMap<String, Applied>>,
+    applies: Mutex<usize>,
+    evicted: Mutex<Vec<PodKey>>,
+}
+
+impl PodExecutor for FakeExecutor {
+    fn creates_container_cgroups(&self) -> bool {
+        true
+    }
+
+    fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
+        match (self.refuse, pod.metadata.name.as_deref()) {
+            (Some(r), Some(n)) if r == n => Err(format!("Pod/default/{n}: cannot run it")),
+            _ => Ok(()),
+        }
+    }
+
+    fn container_ids(&self, pods: &PodSet) -> crate::cgroup::ContainerIds {
+        pods.pods
+            .iter()
+            .flat_map(|(k, p)| {
+                p.pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .map(|c| ((k.uid.clone(), c.name.clone()), c.name.clone()))
+            })
+            .collect()
+    }
+
+    fn apply(&self, pods: Vec<PlannedPod<'_>>, _: &[NodeCondition]) -> Vec<String> {
+        *self.applies.lock().unwrap() += 1;
+        *self.applied.lock().unwrap() = pods
+            .into_iter()
+            .map(|p| {
+                (
+                    p.key.name.clone(),
+                    Applied {
+                        startable: p.startable,
+                        containers: p.container_cgroups,
+                    },
+                )
+            })
+            .collect();
+        Vec::new()
+    }
+
+    fn status(&self) -> Vec<PodStatus> {
+        Vec::new()
+    }
+
+    async fn changed(&self) {
+        std::future::pending::<()>().await;
+    }
+
+    fn mark_evicted(&self, key: &PodKey, _: &str, _: Duration) {
+        self.evicted.lock().unwrap().push(key.clone());
+    }
+
+    async fn stop_all(&self, _: Duration) {}
+}
+
+#[derive(Default)]
+struct FakeSensors {
+    watched: Mutex<BTreeSet<u64>>,
+}
+
+impl SensorControl for FakeSensors {
+    fn watch(&self, cgroup: WatchedCgroup) {
+        self.watched.lock().unwrap().insert(cgroup.id);
+    }
+    fn unwatch(&self, id: u64) {
+        self.watched.lock().unwrap().remove(&id);
+    }
+    fn set_owner(&self, _: u64, _: CgroupOwner) {}
+    fn cpu_stats(&self, _: u64) -> Option<CpuUsage> {
+        None
+    }
+    fn program_costs(&self) -> Vec<ProgramCost> {
+        Vec::new()
+    }
+    fn events_lost(&self) -> u64 {
+        0
+    }
+    fn reports_new_processes(&self) -> bool {
+        true
+    }
+}
+
+/// A temporary directory standing for a cgroup v2 mount, removed on drop.
+struct Tree0(PathBuf);
+
+impl Tree0 {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "qoslet-node-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.0.with_extension("state")
+    }
+}
+
+impl Drop for Tree0 {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(self.state_dir());
+    }
+}
+
+fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
+    let mounts = Mounts {
+        kind: LayoutKind::Unified,
+        trees: BTreeMap::from([(Tree::V2, tree.0.clone())]),
+    };
+    let fs = CgroupFs::open(mounts, CgroupPath::root()).unwrap();
+    let mut settings = NodeSettings::defaults(Capacity {
+        cpu_millis: 4000,
+        memory_bytes: 8 << 30,
+        pids: 4096,
+        cpus: CpuSet::first(4),
+    });
+    settings.cgroup_driver = CgroupDriver::Cgroupfs;
+    settings.cgroup_root = "/".into();
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(CgroupSummary::new(Default::default())),
+    });
+    let (node, inventory) = Node::new(NodeParts {
+        settings,
+        naming: Naming {
+            driver: CgroupDriver::Cgroupfs,
+            runtime: ContainerRuntime::Standalone,
+            node_root: CgroupPath::root(),
+            create_containers: true,
+        },
+        fs,
+        mode: Mode::Enforce,
+        validation: ValidationOptions::default(),
+        state: state.clone(),
+        summary: CgroupSummary::new(Default::default()),
+        persisted: StateFile::load(Some(&tree.state_dir()), &CgroupPath::root()),
+        stats_interval: Duration::from_secs(10),
+    });
+    (node, inventory, state)
+}
+
+fn pod_dir(tree: &Tree0, tier: &str, uid: &str) -> PathBuf {
+    let mut p = tree.0.join("kubepods");
+    if !tier.is_empty() {
+        p.push(tier);
+    }
+    p.join(format!("pod{uid}"))
+}
+
+fn status_events(state: &AgentState) -> Vec<String> {
+    state
+        .status
+        .snapshot()
+        .events
+        .into_iter()
+        .map(|e| e.message)
+        .collect()
+}
+
+#[tokio::test]
+async fn pods_added_changed_and_removed() {
+    let tree = Tree0::new("lifecycle");
+    let (mut node, inventory, _) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &PodSet::default(),
+    );
+    let b_changed = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("128Mi"))),
+        &both,
+    );
+    let b_only = pod_set(&pod_yaml("b", UID_B, Some("128Mi")), &b_changed);
+    let mut source = FakeSource {
+        now: both,
+        next: VecDeque::from([b_changed, b_only]),
+    };
+
+    node.pass(source.pods(), &exec, &[], &sensors);
+    let applied = exec.applied.lock().unwrap().clone();
+    assert_eq!(applied.keys().collect::<Vec<_>>(), ["a", "b"]);
+    // Each container is handed its own cgroup, which the reconciler created.
+    let a_main = pod_dir(&tree, "besteffort", UID_A).join("main");
+    assert_eq!(applied["a"].containers["main"], vec![a_main.clone()]);
+    assert!(a_main.is_dir());
+    assert!(pod_dir(&tree, "burstable", UID_B).join("main").is_dir());
+    assert_eq!(inventory.borrow().pods.len(), 2);
+    assert!(!sensors.watched.lock().unwrap().is_empty());
+
+    let diff = source.changed().await.unwrap();
+    assert_eq!(diff.pods_changed.len(), 1);
+    node.pass(source.pods(), &exec, &[], &sensors);
+    let b_request = inventory
+        .borrow()
+        .pods
+        .iter()
+        .find(|p| p.key.name == "b")
+        .map(|p| p.request_bytes);
+    assert_eq!(b_request, Some(128 * MI));
+
+    let diff = source.changed().await.unwrap();
+    assert_eq!(diff.pods_removed.len(), 1);
+    let watched_before = sensors.watched.lock().unwrap().len();
+    node.pass(source.pods(), &exec, &[], &sensors);
+    assert_eq!(
+        exec.applied.lock().unwrap().keys().collect::<Vec<_>>(),
+        ["b"]
+    );
+    assert_eq!(inventory.borrow().pods.len(), 1);
+    assert!(sensors.watched.lock().unwrap().len() < watched_before);
+    // The removed pod's cgroups are stale: housekeeping removes them once empty.
+    assert!(pod_dir(&tree, "besteffort", UID_A).is_dir());
+    node.housekeeping(&sensors);
+    assert!(!pod_dir(&tree, "besteffort", UID_A).exists());
+    assert!(pod_dir(&tree, "burstable", UID_B).is_dir());
+}
+
+#[tokio::test]
+async fn a_pod_the_executor_refuses_is_reported_once_and_never_planned() {
+    let tree = Tree0::new("refused");
+    let (mut node, _, state) = build_node(&tree);
+    let exec = FakeExecutor {
+        refuse: Some("bad"),
+        ..Default::default()
+    };
+    let sensors = FakeSensors::default();
+    let mut set = pod_set(
+        &(pod_yaml("good", UID_A, None) + &pod_yaml("bad", UID_B, None)),
+        &PodSet::default(),
+    );
+    // A manifest problem the source found: noted once as well.
+    set.problems
+        .insert("test.yaml: Pod/default/x: Schema: broken".into());
+    for _ in 0..3 {
+        node.note_problems(&set.problems);
+        node.pass(&set, &exec, &[], &sensors);
+    }
+    let events = status_events(&state);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.contains("cannot run it"))
+            .count(),
+        1
+    );
+    assert_eq!(events.iter().filter(|e| e.contains("broken")).count(), 1);
+    assert_eq!(
+        exec.applied.lock().unwrap().keys().collect::<Vec<_>>(),
+        ["good"]
+    );
+    assert!(!pod_dir(&tree, "besteffort", UID_B).exists());
+    assert!(node.plan().unwrap().pods.iter().all(|p| p.name != "bad"));
+}
+
+#[tokio::test]
+async fn gating_holds_a_gang_until_it_is_complete() {
+    let tree = Tree0::new("gating");
+    let (mut node, _, _) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let group = "apiVersion: scheduling.k8s.io/v1beta1\nkind: Workload\nmetadata: {name: w, namespace: default}\nspec:\n  controllerRef: {apiGroup: batch, kind: Job, name: w}\n  podGroupTemplates:\n  - {name: g, schedulingPolicy: {gang: {minCount: 2}}}\n---\napiVersion: scheduling.k8s.io/v1beta1\nkind: PodGroup\nmetadata: {name: w-g, namespace: default}\nspec: {workloadRef: {workloadName: w, templateName: g}, schedulingPolicy: {gang: {minCount: 2}}}\n---\n";
+    let member = |name: &str, uid: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: {uid}}}\nspec:\n  schedulingGroup: {{podGroupName: w-g}}\n  containers: [{{name: main, command: [sleep, '60']}}]\n---\n"
+        )
+    };
+    let one = pod_set(
+        &format!("{group}{}", member("m0", UID_A)),
+        &PodSet::default(),
+    );
+    node.pass(&one, &exec, &[], &sensors);
+    assert!(!exec.applied.lock().unwrap()["m0"].startable);
+    let two = pod_set(
+        &format!("{group}{}{}", member("m0", UID_A), member("m1", UID_B)),
+        &one,
+    );
+    node.pass(&two, &exec, &[], &sensors);
+    let applied = exec.applied.lock().unwrap().clone();
+    assert!(applied["m0"].startable && applied["m1"].startable);
+}
+
+fn decision(pods: &[(&str, &str)]) -> Decision {
+    Decision {
+        signal: "memory.available".into(),
+        observed: 10 * MI,
+        threshold: 100 * MI,
+        pods: pods
+            .iter()
+            .map(|(name, uid)| PodKey {
+                namespace: "default".into(),
+                name: (*name).into(),
+                uid: (*uid).into(),
+            })
+            .collect(),
+        unit: None,
+        reason: "usage above request".into(),
+        latency: Some(Duration::from_millis(1)),
+        first_signal_at: None,
+        statuses: Vec::new(),
+    }
+}
+
+fn metric(state: &AgentState, series: &str) -> f64 {
+    let text = state.metrics.encode().unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn an_eviction_is_reported_once_and_survives_a_restart() {
+    let tree = Tree0::new("evicted");
+    let (mut node, inventory, state) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let set = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, None)),
+        &PodSet::default(),
+    );
+    node.pass(&set, &exec, &[], &sensors);
+    node.on_eviction(&decision(&[("a", UID_A)]));
+    node.pass(&set, &exec, &[], &sensors);
+    node.pass(&set, &exec, &[], &sensors);
+    assert_eq!(metric(&state, "qoslet_evictions_total"), 1.0);
+    assert_eq!(
+        status_events(&state)
+            .iter()
+            .filter(|e| e.starts_with("evicted"))
+            .count(),
+        1
+    );
+    // Not handed to the executor again, and no longer an eviction candidate.
+    assert_eq!(
+        exec.applied.lock().unwrap().keys().collect::<Vec<_>>(),
+        ["b"]
+    );
+    assert!(inventory.borrow().pods.iter().all(|p| p.key.name != "a"));
+    drop(node);
+
+    // A restart on the same state directory: still evicted.
+    let (mut again, inventory, _) = build_node_keeping(&tree);
+    let exec = FakeExecutor::default();
+    again.pass(&set, &exec, &[], &sensors);
+    assert_eq!(
+        exec.applied.lock().unwrap().keys().collect::<Vec<_>>(),
+        ["b"]
+    );
+    assert!(inventory.borrow().pods.iter().all(|p| p.key.name != "a"));
+    // The manifest changes: a new pod, started again.
+    let changed = pod_set(
+        &(pod_yaml("a", UID_A, Some("32Mi")) + &pod_yaml("b", UID_B, None)),
+        &set,
+    );
+    again.pass(&changed, &exec, &[], &sensors);
+    again.pass(&changed, &exec, &[], &sensors);
+    assert_eq!(
+        exec.applied.lock().unwrap().keys().collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+}
+
+/// A second node on the same tree and state directory (the first one dropped), as after a
+/// restart.
+fn build_node_keeping(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
+    build_node(tree)
+}
+
+/// The eviction manager's decisions reach the node as events: every one of 100 evictions is
+/// counted (the bounded log the node read before stopped at 64).
+#[tokio::test]
+async fn a_hundred_evictions_are_all_counted() {
+    const PODS: usize = 100;
+    let tree = Tree0::new("hundred");
+    let (mut node, _, state) = build_node(&tree);
+    // The node root's memory: 100 pods of 1 MiB on a 1000 MiB node, with a threshold that
+    // only freeing all of them relieves.
+    let memory = tree.0.join("memory");
+    let write = |dir: &Path, file: &str, v: &str| std::fs::write(dir.join(file), v).unwrap();
+    let cgroup = |dir: &Path, mib: i64| {
+        std::fs::create_dir_all(dir).unwrap();
+        write(dir, "memory.current", &(mib * MI).to_string());
+        write(dir, "memory.stat", "anon 0\ninactive_file 0\n");
+        write(dir, "memory.max", "max");
+    };
+    cgroup(&memory, 900);
+    write(&memory, "memory.max", &(1000 * MI).to_string());
+    let pods: Vec<ManagedPod> = (0..PODS)
+        .map(|i| {
+            let dir = memory.join(format!("p{i}"));
+            cgroup(&dir, 1);
+            ManagedPod {
+                key: PodKey {
+                    namespace: "default".into(),
+                    name: format!("p{i}"),
+                    uid: format!("uid-{i}"),
+                },
+                qos: crate::policy::qos::QosClass::BestEffort,
+                request_bytes: 0,
+                priority: 0,
+                critical: false,
+                start_time: i as i64,
+                grace_secs: 0,
+                memory: MemoryCgroup::V2(dir.clone()),
+                cgroups: crate::eviction::PodCgroups {
+                    procs: vec![dir],
+                    unified: None,
+                },
+            }
+        })
+        .collect();
+    struct Frees(PathBuf);
+    impl EvictionAction for Frees {
+        async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+            let dir = &req.cgroups.procs[0];
+            let read = |p: &Path| -> i64 {
+                std::fs::read_to_string(p.join("memory.current"))
+                    .unwrap()
+                    .trim()
+                    .parse()
+                    .unwrap()
+            };
+            let (held, node) = (read(dir), read(&self.0));
+            std::fs::write(self.0.join("memory.current"), (node - held).to_string()).unwrap();
+            std::fs::write(dir.join("memory.current"), "0").unwrap();
+            Ok(Outcome {
+                first_signal_at: Some(std::time::Instant::now()),
+                signalled: 1,
+                status: EvictedStatus::new(req.message.clone()),
+            })
+        }
+    }
+    let hard = BTreeMap::from([("memory.available".to_owned(), "200Mi".to_owned())]);
+    let min_reclaim = BTreeMap::from([("memory.available".to_owned(), "1000Mi".to_owned())]);
+    let (hard, soft) = parse_thresholds(&EvictionInput {
+        hard: Some(&hard),
+        min_reclaim: Some(&min_reclaim),
+        ..Default::default()
+    })
+    .unwrap();
+    let cfg = ManagerConfig {
+        hard,
+        soft,
+        pressure_transition: Duration::from_secs(300),
+        max_pod_grace_secs: 0,
+        housekeeping: Duration::from_secs(1),
+        order: Order::Kubelet,
+        release_timeout: Duration::from_millis(100),
+    };
+    let (_inv_tx, inv_rx) = watch::channel(Arc::new(Inventory {
+        pods,
+        forests: BTreeMap::new(),
+    }));
+    let signals = NodeSignals {
+        node_root: MemoryCgroup::V2(memory.clone()),
+        capacity_bytes: None,
+        kubepods: None,
+        pids: None,
+    };
+    let mut manager = Manager::new(cfg, signals, Frees(memory.clone()), inv_rx);
+    let mut decisions = manager.decisions();
+    for _ in 0..PODS {
+        manager
+            .pass(None)
+            .await
+            .unwrap()
+            .expect("an eviction each pass");
+    }
+    let mut seen = 0;
+    while let Ok(d) = decisions.try_recv() {
+        node.on_eviction(&d);
+        seen += 1;
+    }
+    assert_eq!(seen, PODS);
+    assert_eq!(metric(&state, "qoslet_evictions_total"), PODS as f64);
+    assert_eq!(
+        metric(&state, "qoslet_eviction_decision_latency_seconds_count"),
+        PODS as f64
+    );
+}

@@ -1,0 +1,95 @@
+//! qoslet's process runtime as the node's [`PodExecutor`]: it creates the container cgroups
+//! (named by container name), admits pods as the kubelet does under node pressure, holds pods
+//! that workload gating has not released, and runs the rest.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::core::v1 as core;
+
+use super::{ContainerCgroups, PodRuntimeSpec, Runtime};
+use crate::{
+    cgroup::ContainerIds,
+    eviction::{Admission, NodeCondition, admit},
+    node::{PlannedPod, PodExecutor, PodStatus},
+    policy::pod::PodKey,
+    source::PodSet,
+};
+
+impl PodExecutor for Runtime {
+    fn creates_container_cgroups(&self) -> bool {
+        true
+    }
+
+    fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
+        PodRuntimeSpec::from_pod(pod)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The standalone runtime names container cgroups by the container's name.
+    fn container_ids(&self, pods: &PodSet) -> ContainerIds {
+        let mut ids = ContainerIds::new();
+        for (key, p) in &pods.pods {
+            let Some(spec) = &p.pod.spec else { continue };
+            let names = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+                .map(|c| c.name.clone());
+            for name in names {
+                ids.insert((key.uid.clone(), name.clone()), name);
+            }
+        }
+        ids
+    }
+
+    fn apply(&self, pods: Vec<PlannedPod<'_>>, conditions: &[NodeCondition]) -> Vec<String> {
+        // Admission: under MemoryPressure BestEffort pods that are not running yet wait.
+        let running: BTreeMap<PodKey, bool> = self
+            .status()
+            .into_iter()
+            .map(|s| {
+                let running = s.containers.iter().any(|c| !c.pids.is_empty());
+                (s.key, running)
+            })
+            .collect();
+        let mut problems = Vec::new();
+        let mut specs = Vec::new();
+        let mut may_start = BTreeMap::new();
+        for p in pods {
+            let mut spec = match PodRuntimeSpec::from_pod(p.pod) {
+                Ok(s) => s,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            for (name, dirs) in p.container_cgroups {
+                spec.set_cgroups(&name, ContainerCgroups { dirs });
+            }
+            let admitted = running.get(&p.key).copied().unwrap_or(false)
+                || admit(conditions, p.qos_class, p.critical, false) == Admission::Admit;
+            may_start.insert(p.key.clone(), p.startable && admitted);
+            specs.push(spec);
+        }
+        Runtime::apply(self, specs, |k| may_start.get(k).copied().unwrap_or(false));
+        problems
+    }
+
+    fn status(&self) -> Vec<PodStatus> {
+        Runtime::status(self)
+    }
+
+    async fn changed(&self) {
+        Runtime::changed(self).await;
+    }
+
+    fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) {
+        Runtime::mark_evicted(self, key, message, grace);
+    }
+
+    async fn stop_all(&self, grace: Duration) {
+        Runtime::stop_all(self, grace).await;
+    }
+}

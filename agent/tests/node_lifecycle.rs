@@ -1,0 +1,342 @@
+//! The node's life as root on the real kernel: one instance per node root, SIGHUP with the
+//! daemon's stdout and stderr gone, and a restart after SIGKILL. Each test runs `qoslet run
+//! --standalone` in its own node root cgroup (1Gi) and work directory.
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::unix::process::ExitStatusExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
+}
+
+fn require_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: needs root (real cgroups)");
+    }
+    root
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.get(9..12)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn phase(addr: SocketAddr, name: &str) -> Option<String> {
+    let (code, body) = get(addr, "/status")?;
+    if code != 200 {
+        return None;
+    }
+    let s: Value = serde_json::from_str(&body).ok()?;
+    s["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["phase"].as_str().map(str::to_owned))
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is not alive: it holds nothing and runs nothing.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
+}
+
+/// Pids a pod's command wrote, one per line, each time it started.
+fn pids(file: &Path) -> Vec<i32> {
+    fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The memory hierarchy's directory of the node root (v2, or v1's memory controller).
+fn node_root_dir(node_root: &str) -> PathBuf {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        PathBuf::from(format!("/sys/fs/cgroup/{node_root}"))
+    } else {
+        PathBuf::from(format!("/sys/fs/cgroup/memory/{node_root}"))
+    }
+}
+
+/// A test node: its work directory, node root name and port. Removes what the test left
+/// however it ends (after the daemons stopped).
+struct TestNode {
+    work: PathBuf,
+    node_root: String,
+    port: u16,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl TestNode {
+    fn new(tag: &str) -> Self {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let id = format!("qoslet-test-{}-{n}-{tag}", std::process::id());
+        let work = std::env::temp_dir().join(&id);
+        let _ = fs::remove_dir_all(&work);
+        fs::create_dir_all(work.join("pods")).unwrap();
+        Self {
+            work,
+            node_root: id,
+            port: free_port(),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        format!("127.0.0.1:{}", self.port).parse().unwrap()
+    }
+
+    fn config(&self, port: u16) -> PathBuf {
+        let path = self.work.join(format!("qoslet-{port}.yaml"));
+        fs::write(
+            &path,
+            format!(
+                "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstateDir: {}\n",
+                self.node_root,
+                self.work.join("state").display()
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// A pod whose container appends its shell's pid to `<work>/<name>.pids` and then runs `then`.
+    fn pod(&self, name: &str, restart: &str, then: &str) {
+        let pids = self.work.join(format!("{name}.pids"));
+        fs::write(
+            self.work.join("pods").join(format!("{name}.yaml")),
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: demo}}\nspec:\n  restartPolicy: {restart}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    command: [\"sh\", \"-c\", \"echo $$ >> {}; {then}\"]\n",
+                pids.display()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn pids(&self, name: &str) -> Vec<i32> {
+        pids(&self.work.join(format!("{name}.pids")))
+    }
+
+    fn command(&self, port: u16) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_qoslet"));
+        c.arg("run")
+            .arg("--kubelet-config")
+            .arg(examples().join("kubelet-config.yaml"))
+            .arg("--config")
+            .arg(self.config(port))
+            .arg("--standalone")
+            .arg(self.work.join("pods"))
+            .arg("--log-dir")
+            .arg(self.work.join("logs"))
+            .arg("--shutdown-grace-seconds")
+            .arg("5")
+            .env("NO_COLOR", "1");
+        c
+    }
+
+    fn start(&self, log: &str) -> Daemon {
+        let child = self
+            .command(self.port)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(self.work.join(log)).unwrap())
+            .spawn()
+            .expect("starting qoslet");
+        let d = Daemon(child);
+        wait_until("/readyz 200", Duration::from_secs(30), || {
+            get(self.addr(), "/readyz").filter(|(c, _)| *c == 200)
+        });
+        d
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.work);
+    }
+}
+
+struct Daemon(Child);
+
+impl Daemon {
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) of the child this test started.
+        unsafe { libc::kill(self.0.id() as i32, sig) };
+    }
+
+    fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        wait_until("qoslet to exit", timeout, || self.0.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            self.signal(libc::SIGINT);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+#[test]
+fn a_second_instance_on_the_same_node_root_exits_with_a_clear_line() {
+    if !require_root() {
+        return;
+    }
+    let node = TestNode::new("second");
+    node.pod("sleeper", "Always", "exec sleep 3600");
+    let _first = node.start("first.log");
+    wait_until("sleeper Running", Duration::from_secs(20), || {
+        (phase(node.addr(), "sleeper").as_deref() == Some("Running")).then_some(())
+    });
+    let out = node
+        .command(free_port())
+        .output()
+        .expect("running a second qoslet");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("another qoslet already runs on the node root"),
+        "{stderr}"
+    );
+    // The first instance and its pod are untouched: same process, still running.
+    assert_eq!(node.pids("sleeper").len(), 1);
+    assert!(alive(node.pids("sleeper")[0]));
+    assert_eq!(phase(node.addr(), "sleeper").as_deref(), Some("Running"));
+    assert!(node_root_dir(&node.node_root).is_dir());
+}
+
+#[test]
+fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
+    if !require_root() {
+        return;
+    }
+    let node = TestNode::new("hup");
+    node.pod("sleeper", "Always", "exec sleep 3600");
+    node.pod("looper", "Always", "while true; do sleep 1; done");
+    let mut child = node
+        .command(node.port)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting qoslet");
+    wait_until("both pods Running", Duration::from_secs(30), || {
+        ["sleeper", "looper"]
+            .iter()
+            .all(|p| phase(node.addr(), p).as_deref() == Some("Running"))
+            .then_some(())
+    });
+    // Nobody reads qoslet's output any more: every log line now fails with EPIPE.
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let mut daemon = Daemon(child);
+    let pods: Vec<i32> = ["sleeper", "looper"]
+        .iter()
+        .flat_map(|p| node.pids(p))
+        .collect();
+    assert_eq!(pods.len(), 2);
+    daemon.signal(libc::SIGHUP);
+    let status = daemon.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?} (signal {:?})", status.signal());
+    for pid in pods {
+        assert!(!alive(pid), "pod process {pid} outlived qoslet");
+    }
+    assert!(
+        !node_root_dir(&node.node_root).exists(),
+        "the node root qoslet created is removed"
+    );
+}
+
+#[test]
+fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod() {
+    if !require_root() {
+        return;
+    }
+    let node = TestNode::new("crash");
+    node.pod("sleeper", "Always", "exec sleep 3600");
+    // A Never pod that allocates until it is evicted (the node: 1Gi, hard threshold 256Mi).
+    node.pod("hog", "Never", "sleep 2; exec tail /dev/zero");
+    let mut first = node.start("first.log");
+    wait_until("the hog evicted", Duration::from_secs(60), || {
+        phase(node.addr(), "hog")?.contains("Evicted").then_some(())
+    });
+    let orphan = node.pids("sleeper")[0];
+    assert!(alive(orphan));
+    first.signal(libc::SIGKILL);
+    first.wait(Duration::from_secs(10));
+    assert!(alive(orphan), "SIGKILL leaves the pods running, unsupervised");
+
+    let mut second = node.start("second.log");
+    wait_until("sleeper Running again", Duration::from_secs(30), || {
+        (phase(node.addr(), "sleeper").as_deref() == Some("Running")).then_some(())
+    });
+    assert!(!alive(orphan), "the earlier run's process was stopped");
+    assert_eq!(node.pids("sleeper").len(), 2, "one new sleeper, no duplicate");
+    // The evicted Never pod is neither started again nor evicted twice.
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(node.pids("hog").len(), 1, "the evicted pod did not start again");
+    assert_eq!(phase(node.addr(), "hog").as_deref(), Some("Failed (Evicted)"));
+    let (_, metrics) = get(node.addr(), "/metrics").unwrap();
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("qoslet_evictions_total{") && !l.ends_with(" 0")),
+        "no eviction in the second run:\n{metrics}"
+    );
+
+    second.signal(libc::SIGTERM);
+    assert!(second.wait(Duration::from_secs(30)).success());
+    for pid in node.pids("sleeper") {
+        assert!(!alive(pid));
+    }
+    assert!(
+        !node_root_dir(&node.node_root).exists(),
+        "nothing of either run is left"
+    );
+}
