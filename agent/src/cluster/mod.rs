@@ -6,6 +6,7 @@
 //! eviction action kills locally first and then tells the API server, through a persistent
 //! queue that survives the API server's absence and qoslet's restarts.
 
+pub mod executor;
 pub mod queue;
 pub mod source;
 pub mod writes;
@@ -13,4 +14,5 @@ pub mod writes;
 #[cfg(test)]
 mod mock;
 
+pub use executor::KubeletExecutor;
 pub use source::{ApiSource, WatchState, WatchStates};

@@ -95,7 +95,10 @@ impl WriteQueue {
                 .filter(|id| is_id(id))
             else {
                 // A temporary file of a write interrupted before its rename: never queued.
-                if path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b".tmp-")) {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n.as_encoded_bytes().starts_with(b".tmp-"))
+                {
                     let _ = fs::remove_file(&path);
                 }
                 continue;

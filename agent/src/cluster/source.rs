@@ -194,8 +194,14 @@ impl ApiSource {
     /// Waits for the first complete list of the node's pods and the Node, then builds the first
     /// state. Workload kinds a cluster does not serve never list; they do not hold the start.
     pub async fn wait_synced(&mut self) -> Result<Diff, SourceClosed> {
-        self.pods.wait_until_ready().await.map_err(|_| SourceClosed)?;
-        self.node.wait_until_ready().await.map_err(|_| SourceClosed)?;
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| SourceClosed)?;
+        self.node
+            .wait_until_ready()
+            .await
+            .map_err(|_| SourceClosed)?;
         Ok(self.rebuild())
     }
 

@@ -90,7 +90,11 @@ impl NodeCgroups {
     pub(super) fn set_desired(&mut self, desired: DesiredState) {
         let wanted: BTreeSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
         for c in &self.desired.cgroups {
-            if matches!(c.role, Role::Pod | Role::Container) && !wanted.contains(&c.path) {
+            // Only what qoslet created: the kubelet removes its own cgroups.
+            if c.create
+                && matches!(c.role, Role::Pod | Role::Container)
+                && !wanted.contains(&c.path)
+            {
                 self.stale.insert(c.path.clone());
             }
         }

@@ -169,6 +169,7 @@ async fn run_node(
         runtime: ContainerRuntime::Standalone,
         node_root: node_root.clone(),
         create_containers: true,
+        owner: crate::cgroup::desired::Owner::Qoslet,
     };
     let validation = ValidationOptions {
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),

@@ -57,11 +57,19 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
             ),
             "/api/v1/nodes" => (
                 200,
-                list("Node", "5", vec![json!({"metadata": {"name": "node-a", "uid": "n1"}})]),
+                list(
+                    "Node",
+                    "5",
+                    vec![json!({"metadata": {"name": "node-a", "uid": "n1"}})],
+                ),
             ),
             "/apis/scheduling.k8s.io/v1beta1/podgroups" => (
                 200,
-                list("PodGroup", "5", vec![pod_group("g"), pod_group("unrelated")]),
+                list(
+                    "PodGroup",
+                    "5",
+                    vec![pod_group("g"), pod_group("unrelated")],
+                ),
             ),
             p if p.starts_with("/apis/scheduling.k8s.io/") => (200, list("X", "5", vec![])),
             _ => (404, status(404, "NotFound", "no")),
@@ -92,7 +100,10 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     // The PodGroup the pod references arrives (now or with the next change); the other does not.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while src.pods().objects.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "PodGroup never arrived");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "PodGroup never arrived"
+        );
         tokio::time::timeout(Duration::from_secs(5), src.changed())
             .await
             .unwrap()
@@ -112,7 +123,10 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
         .unwrap();
     assert_eq!(w.query("resourceVersion").as_deref(), Some("5"));
     assert_eq!(w.query("allowWatchBookmarks").as_deref(), Some("true"));
-    assert_eq!(w.query("fieldSelector").as_deref(), Some("spec.nodeName=node-a"));
+    assert_eq!(
+        w.query("fieldSelector").as_deref(),
+        Some("spec.nodeName=node-a")
+    );
 }
 
 #[tokio::test]
@@ -181,7 +195,11 @@ async fn an_invalid_pod_is_reported_and_skipped() {
         Some(match r.path() {
             "/api/v1/pods" => (
                 200,
-                list("Pod", "1", vec![pod("a", UID_A, "Running", None), bad.clone()]),
+                list(
+                    "Pod",
+                    "1",
+                    vec![pod("a", UID_A, "Running", None), bad.clone()],
+                ),
             ),
             _ => (200, list("X", "1", vec![])),
         })

@@ -38,7 +38,11 @@ async fn a_pdb_429_is_retried_for_a_soft_threshold() {
     let (client, api) = mock::client(|_| {
         Some((
             429,
-            status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."),
+            status(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            ),
         ))
     });
     let w = ApiWrite::Evict {
@@ -134,7 +138,9 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
             uid: pod().uid,
         },
         reason: "Evicted".into(),
-        message: "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi.".into(),
+        message:
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
+                .into(),
         type_: "Warning".into(),
         node: "node-a".into(),
         at: "2026-11-30T10:00:00Z".into(),
@@ -151,7 +157,10 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
         b["involvedObject"],
         json!({"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": pod().uid})
     );
-    assert_eq!(b["source"], json!({"component": "qoslet", "host": "node-a"}));
+    assert_eq!(
+        b["source"],
+        json!({"component": "qoslet", "host": "node-a"})
+    );
     assert_eq!(b["firstTimestamp"], "2026-11-30T10:00:00Z");
     assert_eq!(b["count"], 1);
 }
