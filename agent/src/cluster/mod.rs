@@ -6,6 +6,7 @@
 //! eviction action kills locally first and then tells the API server, through a persistent
 //! queue that survives the API server's absence and qoslet's restarts.
 
+pub mod action;
 pub mod executor;
 pub mod queue;
 pub mod source;

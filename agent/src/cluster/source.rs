@@ -222,9 +222,12 @@ impl ApiSource {
         self.states.clone()
     }
 
-    /// A reader of the workload stores (the eviction action finds gang members through it).
-    pub fn workload_stores(&self) -> Vec<(ApiResource, Store<DynamicObject>)> {
-        self.workloads.clone()
+    /// Readers of the pod and workload stores: the eviction action finds a unit's groups there.
+    pub fn gangs(&self) -> super::action::Gangs {
+        super::action::Gangs {
+            pods: self.pods.clone(),
+            workloads: self.workloads.clone(),
+        }
     }
 
     /// Resolves when a watch delivered a change; returns the diff (possibly empty when nothing
@@ -359,6 +362,27 @@ pub fn loaded(pods: &[Arc<Pod>], workloads: &[(ApiResource, Vec<Arc<DynamicObjec
             queue.push((ns.clone(), "Workload".into(), w.into()));
         }
         push(&mut out, api_version, &key.1, v.clone());
+    }
+    out
+}
+
+/// `pods` and every workload object given, unfiltered (a unit's whole hierarchy).
+pub fn loaded_all(
+    pods: &[Arc<Pod>],
+    workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
+) -> Loaded {
+    let mut out = Loaded::default();
+    for p in pods {
+        if let Ok(v) = serde_json::to_value(&**p) {
+            push(&mut out, "v1", "Pod", v);
+        }
+    }
+    for (ar, objs) in workloads {
+        for o in objs {
+            if let Ok(v) = serde_json::to_value(&**o) {
+                push(&mut out, &ar.api_version, &ar.kind, v);
+            }
+        }
     }
     out
 }

@@ -52,6 +52,19 @@ pub enum ApiWrite {
         grace_secs: u32,
         hard: bool,
     },
+    /// The members of a `disruptionMode: all` unit on other nodes: every pod of the namespace
+    /// whose PodGroup is one of `groups` and that runs elsewhere, through the Eviction API (with
+    /// the same fallback as [`ApiWrite::Evict`]). Resolved when delivered, so the API server
+    /// being down at eviction time loses nothing.
+    #[serde(rename_all = "camelCase")]
+    EvictUnitMembers {
+        namespace: String,
+        groups: Vec<String>,
+        /// This node: its members were killed locally and have their own writes.
+        node: String,
+        grace_secs: u32,
+        hard: bool,
+    },
     /// A Warning Event on a pod or the node.
     #[serde(rename_all = "camelCase")]
     Event {
@@ -273,6 +286,40 @@ pub fn node_condition_request(
     )
 }
 
+/// `GET namespaces/{ns}/pods`: the unit's live pods on other nodes.
+pub async fn unit_members(
+    client: &Client,
+    namespace: &str,
+    groups: &[String],
+    node: &str,
+) -> Result<Vec<PodRef>, kube::Error> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let pods = api.list(&kube::api::ListParams::default()).await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| {
+            let spec = p.spec.as_ref();
+            let group = spec
+                .and_then(|s| s.scheduling_group.as_ref())
+                .and_then(|g| g.pod_group_name.as_deref());
+            let elsewhere = spec.and_then(|s| s.node_name.as_deref()) != Some(node);
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            elsewhere
+                && group.is_some_and(|g| groups.iter().any(|x| x == g))
+                && !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter_map(|p| {
+            Some(PodRef {
+                namespace: namespace.to_owned(),
+                name: p.metadata.name?,
+                uid: p.metadata.uid?,
+            })
+        })
+        .collect())
+}
+
 /// The HTTP status of a failed request, when the API server answered.
 fn code(e: &kube::Error) -> Option<u16> {
     match e {
@@ -319,6 +366,34 @@ pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
             }
             Err(e) => retry("eviction", e),
         },
+        ApiWrite::EvictUnitMembers {
+            namespace,
+            groups,
+            node,
+            grace_secs,
+            hard,
+        } => {
+            let members = match unit_members(client, namespace, groups, node).await {
+                Ok(m) => m,
+                Err(e) => return retry("listing the unit's pods", e),
+            };
+            let mut left = Vec::new();
+            for pod in members {
+                let w = ApiWrite::Evict {
+                    pod,
+                    grace_secs: *grace_secs,
+                    hard: *hard,
+                };
+                if let Delivery::Retry(why) = Box::pin(deliver(client, &w)).await {
+                    left.push(why);
+                }
+            }
+            if left.is_empty() {
+                Delivery::Done
+            } else {
+                Delivery::Retry(left.join("; "))
+            }
+        }
         ApiWrite::Event { .. } => {
             let Some(req) = event_request(w) else {
                 return Delivery::Done;
