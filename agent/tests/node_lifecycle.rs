@@ -40,7 +40,11 @@ fn free_port() -> u16 {
 fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let code = out.get(9..12)?.parse().ok()?;
@@ -74,8 +78,11 @@ fn phase(addr: SocketAddr, name: &str) -> Option<String> {
 
 fn alive(pid: i32) -> bool {
     // A zombie is not alive: it holds nothing and runs nothing.
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|r| !r.trim_start().starts_with('Z')))
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z'))
+    })
 }
 
 /// Pids a pod's command wrote, one per line, each time it started.
@@ -202,7 +209,9 @@ impl Daemon {
     }
 
     fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        wait_until("qoslet to exit", timeout, || self.0.try_wait().ok().flatten())
+        wait_until("qoslet to exit", timeout, || {
+            self.0.try_wait().ok().flatten()
+        })
     }
 }
 
@@ -283,7 +292,11 @@ fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
     assert_eq!(pods.len(), 2);
     daemon.signal(libc::SIGHUP);
     let status = daemon.wait(Duration::from_secs(30));
-    assert!(status.success(), "{status:?} (signal {:?})", status.signal());
+    assert!(
+        status.success(),
+        "{status:?} (signal {:?})",
+        status.signal()
+    );
     for pid in pods {
         assert!(!alive(pid), "pod process {pid} outlived qoslet");
     }
@@ -310,18 +323,32 @@ fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod()
     assert!(alive(orphan));
     first.signal(libc::SIGKILL);
     first.wait(Duration::from_secs(10));
-    assert!(alive(orphan), "SIGKILL leaves the pods running, unsupervised");
+    assert!(
+        alive(orphan),
+        "SIGKILL leaves the pods running, unsupervised"
+    );
 
     let mut second = node.start("second.log");
     wait_until("sleeper Running again", Duration::from_secs(30), || {
         (phase(node.addr(), "sleeper").as_deref() == Some("Running")).then_some(())
     });
     assert!(!alive(orphan), "the earlier run's process was stopped");
-    assert_eq!(node.pids("sleeper").len(), 2, "one new sleeper, no duplicate");
+    assert_eq!(
+        node.pids("sleeper").len(),
+        2,
+        "one new sleeper, no duplicate"
+    );
     // The evicted Never pod is neither started again nor evicted twice.
     thread::sleep(Duration::from_secs(3));
-    assert_eq!(node.pids("hog").len(), 1, "the evicted pod did not start again");
-    assert_eq!(phase(node.addr(), "hog").as_deref(), Some("Failed (Evicted)"));
+    assert_eq!(
+        node.pids("hog").len(),
+        1,
+        "the evicted pod did not start again"
+    );
+    assert_eq!(
+        phase(node.addr(), "hog").as_deref(),
+        Some("Failed (Evicted)")
+    );
     let (_, metrics) = get(node.addr(), "/metrics").unwrap();
     assert!(
         !metrics

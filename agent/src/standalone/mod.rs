@@ -193,6 +193,7 @@ async fn run_node(
         addr,
         shutdown_grace: opts.shutdown_grace,
         state_dir,
+        on_start: None,
     };
     tracing::info!(dir = %opts.dir.display(), "Standalone node: pods from the manifest directory.");
     node::run(cfg, manifests, runtime, CgroupKill).await?;

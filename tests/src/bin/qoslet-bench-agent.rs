@@ -170,7 +170,16 @@ fn count_procs(dir: &Path) -> usize {
 /// System calls and file opens per second of every thread of `pid`, from `strace -c -f`.
 fn strace_rates(pid: u32, secs: u64) -> Result<(f64, f64), String> {
     let out = Command::new("timeout")
-        .args(["-s", "INT", &secs.to_string(), "strace", "-c", "-f", "-p", &pid.to_string()])
+        .args([
+            "-s",
+            "INT",
+            &secs.to_string(),
+            "strace",
+            "-c",
+            "-f",
+            "-p",
+            &pid.to_string(),
+        ])
         .output()
         .map_err(|e| format!("strace: {e}"))?;
     let text = String::from_utf8_lossy(&out.stderr);
