@@ -196,6 +196,7 @@ pub fn managed_pod(
         critical: priority >= qoslet::policy::pod::SYSTEM_CRITICAL_PRIORITY,
         start_time: 0,
         grace_secs: 30,
+        revision: 0,
         memory: pod.memory_cgroup(v1),
         cgroups: pod.eviction_cgroups(v1),
     }

@@ -326,6 +326,7 @@ mod action {
             signal: "memory.available".into(),
             hard: grace.is_zero(),
             unit: None,
+            revision: 0,
         }
     }
 

@@ -53,6 +53,9 @@ pub fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // With stderr gone (a closed pipe) tracing-subscriber would report the failed write with
+        // eprintln!, which panics: qoslet must go on, and stop its pods when told to.
+        .log_internal_errors(false)
         .init();
 }
 

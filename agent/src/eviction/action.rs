@@ -114,6 +114,8 @@ pub struct EvictionRequest {
     pub hard: bool,
     /// The disruption unit (gang) the pod goes with, when it does not go alone.
     pub unit: Option<String>,
+    /// The pod's spec revision (`ManagedPod::revision`).
+    pub revision: u64,
 }
 
 /// Evicts one pod.

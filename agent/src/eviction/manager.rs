@@ -47,6 +47,9 @@ pub struct ManagedPod {
     pub start_time: i64,
     /// `terminationGracePeriodSeconds`.
     pub grace_secs: i64,
+    /// Identifies the pod's spec (a hash): an eviction is recorded against this revision, so a
+    /// changed pod is a new pod.
+    pub revision: u64,
     /// Where the pod's memory usage is read.
     pub memory: MemoryCgroup,
     pub cgroups: PodCgroups,
@@ -294,6 +297,7 @@ impl<A: EvictionAction> Manager<A> {
                 signal: threshold.signal.clone(),
                 hard,
                 unit: unit.clone(),
+                revision: p.revision,
             };
             async move {
                 action

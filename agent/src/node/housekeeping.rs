@@ -134,8 +134,7 @@ impl Node {
                     .iter()
                     .find(|(k, _)| k == pod)
                     .map_or_else(|| d.reason.clone(), |(_, s)| s.message.clone());
-                self.persisted
-                    .record_evicted(pod, entry.spec_hash, &message);
+                crate::lock(&self.persisted).record_evicted(pod, entry.spec_hash, &message);
             }
         }
         if let Some(l) = d.latency {
@@ -194,8 +193,9 @@ impl Node {
 
     /// Persists what must survive a crash; a failure is logged, the node goes on.
     pub(super) fn save_state(&mut self) {
-        self.persisted.set_created_cgroups(&self.cgroups.created());
-        if let Err(e) = self.persisted.save() {
+        let mut state = crate::lock(&self.persisted);
+        state.set_created_cgroups(&self.cgroups.created());
+        if let Err(e) = state.save(true) {
             warn!(error = %e, source = ?std::error::Error::source(&e), "Could not save the node state.");
         }
     }

@@ -29,7 +29,7 @@ mod tests;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -95,7 +95,8 @@ pub struct Node {
     plan: Option<Plan>,
     inventory_tx: watch::Sender<Arc<Inventory>>,
     summary: CgroupSummary,
-    persisted: StateFile,
+    /// Shared with the eviction path, which records an eviction before it acts.
+    persisted: Arc<Mutex<StateFile>>,
     /// The eviction thresholds with their kind (`hard`, `soft`), for the metrics.
     thresholds: Vec<(Threshold, &'static str)>,
     stats_interval: Duration,
@@ -128,7 +129,7 @@ impl Node {
             plan: None,
             inventory_tx,
             summary: parts.summary,
-            persisted: parts.persisted,
+            persisted: Arc::new(Mutex::new(parts.persisted)),
             thresholds,
             stats_interval: parts.stats_interval,
             next_stats: None,
@@ -142,6 +143,11 @@ impl Node {
     pub fn note_problems<'a>(&mut self, lines: impl IntoIterator<Item = &'a String>) {
         let lines: Vec<String> = lines.into_iter().cloned().collect();
         self.report.noted(&lines);
+    }
+
+    /// The state file, for the eviction path ([`ExecutorEviction`]).
+    pub fn state_file(&self) -> Arc<Mutex<StateFile>> {
+        self.persisted.clone()
     }
 
     /// The last plan, for tests and the status.

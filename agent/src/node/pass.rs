@@ -68,6 +68,8 @@ struct Tracked {
     now_watched: BTreeSet<u64>,
     managed: Vec<ManagedPod>,
     summary: SummaryTargets,
+    /// Pods that ended evicted: tracked, but no longer eviction candidates.
+    evicted: BTreeSet<PodKey>,
 }
 
 impl Node {
@@ -189,7 +191,7 @@ impl Node {
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
-            .filter(|((key, _, pod), _)| !self.persisted.is_evicted(key, pod))
+            .filter(|((key, _, pod), _)| !crate::lock(&self.persisted).is_evicted(key, pod))
             .map(|((key, view, pod), p)| PlannedPod {
                 key: key.clone(),
                 pod,
@@ -215,7 +217,7 @@ impl Node {
             .collect();
         let problems = executor.apply(planned, conditions);
         self.report.problems(&problems);
-        self.persisted.retain_present(pods);
+        crate::lock(&self.persisted).retain_present(pods);
     }
 
     /// Eviction inventory, sensors' watch list, summary sources, memcg owners.
@@ -235,7 +237,7 @@ impl Node {
             .into_iter()
             .filter(|s| s.reason.as_deref() == Some("Evicted"))
             .map(|s| s.key)
-            .chain(self.persisted.evicted())
+            .chain(crate::lock(&self.persisted).evicted())
             .collect();
         let mut tracked = Tracked {
             now_watched: BTreeSet::new(),
@@ -244,18 +246,11 @@ impl Node {
                 system: self.system_containers(plan, placement.memory_tree, placement.unified_tree),
                 pods: Vec::new(),
             },
+            evicted,
         };
         for (view, p) in views.iter().zip(&plan.pods) {
             let previous = old_pods.get(&view.0);
-            self.track_pod(
-                view,
-                p,
-                placement,
-                sensors,
-                &evicted,
-                previous,
-                &mut tracked,
-            );
+            self.track_pod(view, p, placement, sensors, previous, &mut tracked);
         }
         for (key, old) in &old_pods {
             if !self.tracked.pods.contains_key(key) {
@@ -277,6 +272,7 @@ impl Node {
             now_watched,
             managed,
             summary,
+            ..
         } = tracked;
         for gone in self.tracked.watched.difference(&now_watched) {
             sensors.unwatch(*gone);
@@ -293,7 +289,6 @@ impl Node {
         p: &PodPlan,
         placement: &Placement,
         sensors: &impl SensorControl,
-        evicted: &BTreeSet<PodKey>,
         previous: Option<&PodEntry>,
         tracked: &mut Tracked,
     ) {
@@ -330,7 +325,7 @@ impl Node {
             event: String::new(),
         };
         if let Some(memory) = &memory {
-            if !evicted.contains(key) {
+            if !tracked.evicted.contains(key) {
                 tracked.managed.push(ManagedPod {
                     key: key.clone(),
                     qos: p.qos_class,
@@ -347,6 +342,7 @@ impl Node {
                         .as_ref()
                         .and_then(|s| s.termination_grace_period_seconds)
                         .unwrap_or(30),
+                    revision: super::state::spec_hash(pod),
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,

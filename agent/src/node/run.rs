@@ -187,6 +187,7 @@ where
         stats_interval: cfg.qc.stats_interval,
     });
 
+    let state_file = node.state_file();
     let (wake_tx, wake_rx) = mpsc::channel::<Wake>(256);
     let manager_cfg = ManagerConfig::from_settings(&cfg.settings, &cfg.qc);
     let mut manager = Manager::new(
@@ -197,7 +198,7 @@ where
             kubepods: None,
             pids: None,
         },
-        ExecutorEviction::new(executor.clone(), action),
+        ExecutorEviction::new(executor.clone(), action, state_file),
         inventory_rx,
     );
     let mut decisions = manager.decisions();
@@ -376,6 +377,7 @@ async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
             signal: String::new(),
             hard: true,
             unit: None,
+            revision: 0,
         };
         match CgroupKill.evict(&req).await {
             Ok(_) => stopped += 1,

@@ -111,6 +111,8 @@ pub struct StateFile {
     path: Option<PathBuf>,
     saved: Persisted,
     now: Persisted,
+    /// The last save reached the disk (fsync).
+    synced: bool,
 }
 
 impl StateFile {
@@ -136,6 +138,7 @@ impl StateFile {
             path: Some(path),
             now: saved.clone(),
             saved,
+            synced: true,
         }
     }
 
@@ -144,6 +147,7 @@ impl StateFile {
             path: None,
             saved: Persisted::default(),
             now: Persisted::default(),
+            synced: true,
         }
     }
 
@@ -204,12 +208,14 @@ impl StateFile {
         self.now.cgroups = cgroups.iter().map(|p| p.relative()).collect();
     }
 
-    /// Writes the state when it changed since the last save.
-    pub fn save(&mut self) -> Result<(), StateError> {
+    /// Writes the state when it changed since the last save. `durable` waits for the disk
+    /// (fsync); without it the file survives a crash of qoslet, not of the machine, and the write
+    /// costs no disk wait (the eviction path records this way, before the kill).
+    pub fn save(&mut self, durable: bool) -> Result<(), StateError> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        if self.now == self.saved {
+        if self.now == self.saved && (self.synced || !durable) {
             return Ok(());
         }
         let err = |source| StateError::Write {
@@ -223,9 +229,12 @@ impl StateFile {
         let body = serde_json::to_vec_pretty(&self.now).map_err(|e| err(e.into()))?;
         let mut f = File::create(&tmp).map_err(err)?;
         f.write_all(&body).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        if durable {
+            f.sync_all().map_err(err)?;
+        }
         fs::rename(&tmp, path).map_err(err)?;
         self.saved = self.now.clone();
+        self.synced = durable;
         Ok(())
     }
 }
@@ -269,7 +278,7 @@ mod tests {
         let mut s = StateFile::load(Some(&dir), &root);
         s.record_evicted(&key(), spec_hash(p), "low on memory");
         s.set_created_cgroups(&[CgroupPath::parse("/kubepods/poda").unwrap()].into());
-        s.save().unwrap();
+        s.save(true).unwrap();
 
         let mut again = StateFile::load(Some(&dir), &root);
         assert!(again.is_evicted(&key(), p));

@@ -12,7 +12,7 @@ impl Node {
         let Some(plan) = &self.plan else { return };
         let statuses: BTreeMap<PodKey, PodStatus> =
             statuses.into_iter().map(|s| (s.key.clone(), s)).collect();
-        let evicted: Vec<PodKey> = self.persisted.evicted().collect();
+        let evicted: Vec<PodKey> = crate::lock(&self.persisted).evicted().collect();
         let rows = plan
             .pods
             .iter()

@@ -512,6 +512,7 @@ async fn a_hundred_evictions_are_all_counted() {
                 critical: false,
                 start_time: i as i64,
                 grace_secs: 0,
+                revision: 0,
                 memory: MemoryCgroup::V2(dir.clone()),
                 cgroups: crate::eviction::PodCgroups {
                     procs: vec![dir],

@@ -93,6 +93,7 @@ fn pod(root: &Path, name: &str, mib: i64, request_mib: i64) -> ManagedPod {
         critical: false,
         start_time: 0,
         grace_secs: 30,
+        revision: 0,
         memory: MemoryCgroup::V2(dir.clone()),
         cgroups: PodCgroups {
             procs: vec![dir],
