@@ -26,6 +26,7 @@ fn req(unit: bool, hard: bool) -> EvictionRequest {
         signal: "memory.available".into(),
         hard,
         unit: unit.then(|| "ns/Group(top)".into()),
+        revision: 0,
     }
 }
 
