@@ -465,4 +465,5 @@ pub fn online_cpus() -> u32 {
 }
 
 pub mod eviction;
+pub mod fake_api;
 pub use eviction::*;

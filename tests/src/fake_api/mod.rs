@@ -1,0 +1,415 @@
+//! A **test fake** of the Kubernetes API server: an HTTP server on loopback that speaks enough of
+//! the real wire protocol for kube-rs (the `kube` client and kube-runtime's watcher and
+//! reflector) to work against it unmodified. It exists because no API server can be installed
+//! on the machines that test qoslet's cluster mode; it is not an API server and must never be
+//! pointed at by anything but tests, benches and manual runs.
+//!
+//! Hand-written because no crate offers this: kube's own `tower_test` mocks answer one scripted
+//! request at a time, and a real server (kind, envtest) needs binaries these machines cannot
+//! fetch.
+//!
+//! # What it implements
+//! - Resources (JSON objects, k8s-openapi's wire format): core/v1 Pods (namespaced and the
+//!   cluster-wide `/api/v1/pods`), Nodes, Events; events.k8s.io/v1 Events;
+//!   coordination.k8s.io/v1 Leases; scheduling.k8s.io/v1beta1 Workloads and PodGroups;
+//!   scheduling.k8s.io/v1alpha3 CompositePodGroups ([`resources`]). Every verb (get, list,
+//!   watch, create, update, patch, delete) on each; `status` subresources on Pods, Nodes and the
+//!   scheduling kinds; the `pods/eviction` subresource.
+//! - Minimal discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`.
+//! - One global resourceVersion bumped by every write; `uid`, `creationTimestamp` set on create;
+//!   identity fields kept on update; a write that changes nothing keeps the resourceVersion;
+//!   PUT with a stale `metadata.resourceVersion` is 409 Conflict ([`store`]).
+//! - list: the current state; `fieldSelector` (`=`, `==`, `!=` on the fields each type supports,
+//!   e.g. `spec.nodeName`, `metadata.name`, `metadata.namespace`, `status.phase`; others are 400
+//!   `field label not supported`), `labelSelector` (equality and set-based) ([`select`]).
+//! - watch (`watch=true|1`): `resourceVersion`, `allowWatchBookmarks` (periodic BOOKMARKs),
+//!   `timeoutSeconds`, `sendInitialEvents` (with the `k8s.io/initial-events-end` bookmark),
+//!   selectors with the watch cache's ADDED/DELETED on entering/leaving the selection, and
+//!   410 `Expired` as an ERROR event when the requested version is older than the kept history
+//!   ([`watch`]).
+//! - PATCH: merge, strategic merge (lists merged by their patch merge key for the fields in
+//!   [`patch`]; `status.conditions` by `type`), server-side apply treated as a strategic merge.
+//! - DELETE with `DeleteOptions` (`gracePeriodSeconds`, `preconditions.uid`,
+//!   `preconditions.resourceVersion`; 409 on a mismatch); a pod bound to a node is marked with
+//!   `deletionTimestamp` and removed after [`Options::kubelet_delete_after`], as its kubelet
+//!   would; everything else goes at once ([`ops`]).
+//! - Eviction: 201 Success `Status`, 429 `TooManyRequests` when blocked by a (simulated)
+//!   disruption budget, 404 when the pod is missing.
+//! - `Status` error bodies worded as the real server words them ([`status`]).
+//! - Test controls on [`FakeApi`]: seed, create, replace, modify and delete objects while
+//!   running (watches see them), block eviction per pod, compact the history, go down (refuse
+//!   connections, or answer 503) and come back on the same port, and a request log.
+//!
+//! # What it does not implement
+//! - Authentication, authorization, admission, validation beyond the name, defaulting (a pod's
+//!   `status.phase` and `qosClass` are whatever was written), `generation`, finalizers, owner
+//!   references and garbage collection, namespaces as objects, `dryRun`.
+//! - Resources other than those above (404), subresources other than `status` and `eviction`.
+//! - list pagination: `limit` and `continue` are ignored (one page, no continue token); a list
+//!   is always served from the current state whatever `resourceVersion` and
+//!   `resourceVersionMatch` ask. A watch from a resourceVersion in the future starts there
+//!   instead of waiting or answering 504.
+//! - JSON patch (`application/json-patch+json`, 415); strategic merge's `$retainKeys`,
+//!   `$setElementOrder` and `$deleteFromPrimitiveList` (dropped); server-side apply's field
+//!   ownership, managedFields and conflicts.
+//! - Protobuf, table output, HTTP/2, TLS (plain HTTP on 127.0.0.1), watch over WebSocket.
+//! - PodDisruptionBudgets as objects: a per-pod switch stands for them.
+
+mod handler;
+mod kubeconfig;
+mod log;
+mod ops;
+mod patch;
+mod resources;
+mod seed;
+mod select;
+mod server;
+mod status;
+mod store;
+mod watch;
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::Router;
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+pub use kubeconfig::kubeconfig;
+pub use log::RequestRecord;
+pub use seed::{SeedError, load as load_seed, parse as parse_seed};
+pub use status::ApiError;
+
+use store::{ObjectKey, Part, Store};
+
+/// How the fake behaves.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where to listen; port 0 picks an ephemeral port.
+    pub addr: SocketAddr,
+    /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK (the real server sends
+    /// about one a minute; tests want them sooner).
+    pub bookmark_interval: Duration,
+    /// Changes kept for watches to resume from; older ones are compacted away.
+    pub history_limit: usize,
+    /// How long after a graceful delete (or eviction) of a pod bound to a node the fake removes
+    /// it, standing in for its kubelet; `None` leaves it terminating until a test removes it.
+    pub kubelet_delete_after: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            bookmark_interval: Duration::from_secs(1),
+            history_limit: 10_000,
+            kubelet_delete_after: Some(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// How the fake is unavailable while down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// The listener and every connection are closed: connects are refused.
+    Refuse,
+    /// Connections are accepted and every request answers 503 ServiceUnavailable; open watches
+    /// end.
+    Unavailable,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FakeApiError {
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the fake API server does not serve {kind} in {api_version}")]
+    UnknownKind { api_version: String, kind: String },
+    #[error("the object is not valid JSON for the fake")]
+    Encode(#[source] serde_json::Error),
+    #[error("the fake API server refused the write")]
+    Api(#[source] ApiError),
+}
+
+/// State shared by the handlers and the controls.
+struct Shared {
+    store: Mutex<Store>,
+    log: Mutex<Vec<RequestRecord>>,
+    unavailable: AtomicBool,
+    /// Bumped to end every open watch.
+    epoch: tokio::sync::watch::Sender<u64>,
+    options: Options,
+    addr: SocketAddr,
+}
+
+/// A running fake API server and its test controls. Dropping it stops the server.
+pub struct FakeApi {
+    shared: Arc<Shared>,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl FakeApi {
+    /// Starts listening. Must run inside a tokio runtime.
+    pub async fn start(options: Options) -> Result<Self, FakeApiError> {
+        let listener = server::bind(options.addr).map_err(|source| FakeApiError::Bind {
+            addr: options.addr,
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| FakeApiError::Bind {
+            addr: options.addr,
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new(options.history_limit.max(1))),
+            log: Mutex::new(Vec::new()),
+            unavailable: AtomicBool::new(false),
+            epoch: tokio::sync::watch::channel(0).0,
+            options: Options {
+                bookmark_interval: options.bookmark_interval.max(Duration::from_millis(1)),
+                ..options
+            },
+            addr,
+        });
+        let task = server::serve(listener, router(&shared));
+        Ok(Self {
+            shared,
+            server: Mutex::new(Some(task)),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    /// Writes a kubeconfig for this server, with `default` as its namespace.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, kubeconfig(&self.url(), "default"))
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.store().resource_version()
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.shared.store.lock().expect("store lock")
+    }
+
+    /// Creates each object (`apiVersion` and `kind` pick the type; namespaced objects without a
+    /// namespace go to `default`).
+    pub fn seed(&self, objects: impl IntoIterator<Item = Value>) -> Result<(), FakeApiError> {
+        objects
+            .into_iter()
+            .try_for_each(|o| self.create_json(o).map(drop))
+    }
+
+    /// Creates a typed object; returns it as stored (uid, resourceVersion, ...).
+    pub fn create<K: k8s_openapi::Resource + Serialize + DeserializeOwned>(
+        &self,
+        object: &K,
+    ) -> Result<K, FakeApiError> {
+        let value = serde_json::to_value(object).map_err(FakeApiError::Encode)?;
+        serde_json::from_value(self.create_json(value)?).map_err(FakeApiError::Encode)
+    }
+
+    /// Creates an object given as JSON, status included.
+    pub fn create_json(&self, object: Value) -> Result<Value, FakeApiError> {
+        let key = key_of(&object)?;
+        if key.name.is_empty() {
+            return Err(FakeApiError::Api(ApiError::invalid(
+                key.res(),
+                "",
+                "metadata.name",
+                "Required value: name is required",
+            )));
+        }
+        self.store().create(&key, object).map_err(FakeApiError::Api)
+    }
+
+    /// Replaces an object (status included), or creates it when missing.
+    pub fn apply_json(&self, object: Value) -> Result<Value, FakeApiError> {
+        let key = key_of(&object)?;
+        let mut store = self.store();
+        if store.get(&key).is_none() {
+            return store.create(&key, object).map_err(FakeApiError::Api);
+        }
+        let mut object = object;
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        store
+            .update(&key, object, Part::Whole)
+            .map_err(FakeApiError::Api)
+    }
+
+    /// Changes a stored object in place (status included) as one write.
+    pub fn modify<K: k8s_openapi::Resource>(
+        &self,
+        namespace: &str,
+        name: &str,
+        change: impl FnOnce(&mut Value),
+    ) -> Result<Value, FakeApiError> {
+        let key = key_for(K::API_VERSION, K::KIND, namespace, name)?;
+        let mut store = self.store();
+        let mut object = store
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| FakeApiError::Api(ApiError::not_found(key.res(), name)))?;
+        change(&mut object);
+        store
+            .update(&key, object, Part::Whole)
+            .map_err(FakeApiError::Api)
+    }
+
+    /// A stored object (`namespace` is ignored for cluster-scoped types).
+    pub fn get<K: k8s_openapi::Resource + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
+        let key = key_for(K::API_VERSION, K::KIND, namespace, name).ok()?;
+        self.store()
+            .get(&key)
+            .cloned()
+            .and_then(|v| serde_json::from_value(v).ok())
+    }
+
+    /// Removes an object at once (no grace period); returns its last state.
+    pub fn remove<K: k8s_openapi::Resource>(&self, namespace: &str, name: &str) -> Option<Value> {
+        let key = key_for(K::API_VERSION, K::KIND, namespace, name).ok()?;
+        self.store().remove(&key)
+    }
+
+    /// Makes the eviction of a pod answer 429, as a PodDisruptionBudget named `budget` with no
+    /// disruptions allowed would.
+    pub fn block_eviction(&self, namespace: &str, name: &str, budget: &str) {
+        self.store().blocked_evictions.insert(
+            (namespace.to_string(), name.to_string()),
+            budget.to_string(),
+        );
+    }
+
+    pub fn unblock_eviction(&self, namespace: &str, name: &str) {
+        self.store()
+            .blocked_evictions
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// Forgets the change history: a watch from any earlier resourceVersion, including open
+    /// watches that have not caught up, gets 410 Expired.
+    pub fn compact(&self) {
+        self.store().compact();
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.shared.log.lock().expect("log lock").clone()
+    }
+
+    pub fn clear_requests(&self) {
+        self.shared.log.lock().expect("log lock").clear();
+    }
+
+    /// Makes the server unavailable (see [`Outage`]); open watches end either way.
+    pub async fn go_down(&self, outage: Outage) {
+        match outage {
+            Outage::Refuse => {
+                let task = self.server.lock().expect("server lock").take();
+                if let Some(task) = task {
+                    task.abort();
+                    // Aborted is the expected outcome; waiting makes sure the port is closed.
+                    let _ = task.await;
+                }
+            }
+            Outage::Unavailable => self.shared.unavailable.store(true, Ordering::SeqCst),
+        }
+        self.shared.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Serves again, on the same address.
+    pub async fn come_up(&self) -> Result<(), FakeApiError> {
+        self.shared.unavailable.store(false, Ordering::SeqCst);
+        if self.server.lock().expect("server lock").is_some() {
+            return Ok(());
+        }
+        let addr = self.shared.addr;
+        let listener = server::bind(addr).map_err(|source| FakeApiError::Bind { addr, source })?;
+        let task = server::serve(listener, router(&self.shared));
+        *self.server.lock().expect("server lock") = Some(task);
+        Ok(())
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        if let Some(task) = self.server.lock().ok().and_then(|mut s| s.take()) {
+            task.abort();
+        }
+        self.shared.epoch.send_modify(|e| *e += 1);
+    }
+}
+
+fn router(shared: &Arc<Shared>) -> Router {
+    Router::new()
+        .fallback(handler::handle)
+        .with_state(Arc::clone(shared))
+}
+
+fn key_for(
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<ObjectKey, FakeApiError> {
+    let resource =
+        resources::by_kind(api_version, kind).ok_or_else(|| FakeApiError::UnknownKind {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+        })?;
+    let namespaced = resources::RESOURCES[resource].namespaced;
+    Ok(ObjectKey {
+        resource,
+        namespace: if namespaced {
+            namespace.to_string()
+        } else {
+            String::new()
+        },
+        name: name.to_string(),
+    })
+}
+
+/// The key of an object given as JSON; namespaced objects without a namespace go to `default`.
+fn key_of(object: &Value) -> Result<ObjectKey, FakeApiError> {
+    let text = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let namespace = match text("/metadata/namespace") {
+        "" => "default",
+        ns => ns,
+    };
+    key_for(
+        text("/apiVersion"),
+        text("/kind"),
+        namespace,
+        text("/metadata/name"),
+    )
+}
