@@ -142,6 +142,10 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
             .await
             .map_err(|e| ClusterError::Client(Box::new(e)))?,
     };
+    // The write queue retries with its own backoff, and a hard threshold must see a PDB's 429
+    // at once to fall back to a delete: no retry inside the client.
+    let mut config = config;
+    config.default_retry = false;
     Client::try_from(config).map_err(boxed)
 }
 

@@ -130,17 +130,34 @@ pub trait EvictionAction: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CgroupKill;
 
+/// Every process of the pod: its cgroups' and their descendants' (container cgroups below the
+/// pod cgroup; cgroup.procs lists a cgroup's own members only).
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
-    for d in &cgroups.procs {
-        all.extend(read_procs(d)?);
-    }
-    if let Some(u) = &cgroups.unified {
-        all.extend(read_procs(u)?);
+    for d in cgroups.procs.iter().chain(&cgroups.unified) {
+        procs_below(d, &mut all)?;
     }
     all.sort_unstable();
     all.dedup();
     Ok(all)
+}
+
+fn procs_below(dir: &std::path::Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    out.extend(read_procs(dir)?);
+    // A child removed meanwhile is simply gone.
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            match procs_below(&e.path(), out) {
+                Ok(()) => {}
+                Err(_) if !e.path().exists() => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Signals each pid; one that exited meanwhile is not an error.
