@@ -225,7 +225,12 @@ pub async fn run(
         .ok()
         .and_then(|fs| crate::cgroup::node_root_memory_limit(&fs).ok().flatten());
     let capacity = capacity(&qc.capacity, root_limit).map_err(|e| setting("capacity", e))?;
-    let settings = node_settings(&kc_file, &kc, &qc, capacity)?;
+    let mut settings = node_settings(&kc_file, &kc, &qc, capacity)?;
+    if qc.node_root_cgroup.is_some() {
+        // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
+        // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
+        settings.cgroup_root = "/".into();
+    }
     let validation = ValidationOptions {
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
     };
