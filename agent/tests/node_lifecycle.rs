@@ -367,3 +367,80 @@ fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod()
         "nothing of either run is left"
     );
 }
+
+/// Every cgroup v2 or memory-controller directory of `rel` below the node root.
+fn cgroup_dirs(node_root: &str, rel: &str) -> Vec<PathBuf> {
+    ["unified", "memory", "cpu", "pids", "cpuset", ""]
+        .iter()
+        .map(|t| {
+            Path::new("/sys/fs/cgroup")
+                .join(t)
+                .join(node_root)
+                .join(rel)
+        })
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+#[test]
+fn a_cgroup_removed_behind_qoslets_back_is_made_again() {
+    if !require_root() {
+        return;
+    }
+    let node = TestNode::new("remade");
+    // A container that exits at once: between its restarts its cgroup is empty and removable.
+    node.pod("crasher", "Always", "exit 1");
+    let _d = node.start("node.log");
+    wait_until("crasher started once", Duration::from_secs(20), || {
+        (!node.pids("crasher").is_empty()).then_some(())
+    });
+    // The pod's container cgroup: <kubepods>/burstable|besteffort/pod<uid>/main.
+    let container = wait_until("the container cgroup", Duration::from_secs(10), || {
+        let mut found = None;
+        for tree in ["unified", "memory", ""] {
+            let root = Path::new("/sys/fs/cgroup").join(tree).join(&node.node_root);
+            if let Some(d) = find_dir(&root, "main") {
+                found = Some(d.strip_prefix(&root).unwrap().to_path_buf());
+                break;
+            }
+        }
+        found
+    });
+    let rel = container.to_str().unwrap().to_owned();
+    let before = node.pids("crasher").len();
+    // Remove it in every hierarchy while it is empty (the container is in back-off).
+    wait_until(
+        "the container cgroup removed",
+        Duration::from_secs(20),
+        || {
+            for d in cgroup_dirs(&node.node_root, &rel) {
+                let _ = fs::remove_dir(&d);
+            }
+            cgroup_dirs(&node.node_root, &rel).is_empty().then_some(())
+        },
+    );
+    // qoslet sees the removal and makes it again; the container starts again in it.
+    wait_until(
+        "the container cgroup made again",
+        Duration::from_secs(10),
+        || (!cgroup_dirs(&node.node_root, &rel).is_empty()).then_some(()),
+    );
+    wait_until("the container restarted", Duration::from_secs(60), || {
+        (node.pids("crasher").len() > before).then_some(())
+    });
+}
+
+/// The first directory named `name` below `dir` (depth first).
+fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in fs::read_dir(dir).ok()?.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if e.file_name() == name {
+                return Some(e.path());
+            }
+            if let Some(found) = find_dir(&e.path(), name) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}

@@ -467,3 +467,51 @@ pub fn online_cpus() -> u32 {
 pub mod eviction;
 pub mod fake_api;
 pub use eviction::*;
+
+/// How long a runtime test waits for a pod to reach a state.
+pub const POD_WAIT: Duration = Duration::from_secs(20);
+
+/// The runtime's status of `key`; panics when the runtime does not know the pod.
+pub fn find_pod(
+    rt: &qoslet::runtime::Runtime,
+    key: &qoslet::policy::pod::PodKey,
+) -> qoslet::node::PodStatus {
+    rt.status()
+        .into_iter()
+        .find(|p| &p.key == key)
+        .unwrap_or_else(|| panic!("pod {key} is not in the status"))
+}
+
+/// Polls the pod's status until `f` holds; panics with `what` and the last status after
+/// [`POD_WAIT`].
+pub async fn wait_for_pod(
+    rt: &qoslet::runtime::Runtime,
+    key: &qoslet::policy::pod::PodKey,
+    what: &str,
+    f: impl Fn(&qoslet::node::PodStatus) -> bool,
+) -> qoslet::node::PodStatus {
+    let deadline = Instant::now() + POD_WAIT;
+    loop {
+        let s = find_pod(rt, key);
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {POD_WAIT:?}: {s:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A runtime logging under `logs`, with a fast back-off (100 ms doubling to 400 ms).
+pub fn fast_runtime(logs: &Path) -> qoslet::runtime::Runtime {
+    qoslet::runtime::Runtime::new(qoslet::runtime::RuntimeConfig {
+        log_dir: logs.to_path_buf(),
+        backoff: qoslet::runtime::BackoffConfig {
+            base: Duration::from_millis(100),
+            max: Duration::from_millis(400),
+            reset_after: Duration::from_secs(600),
+        },
+    })
+}

@@ -12,27 +12,15 @@ use std::{
 use qoslet::{
     node::{ContainerState, PodPhase, PodStatus},
     policy::pod::PodKey,
-    runtime::{
-        BackoffConfig, ContainerCgroups, PodRuntimeSpec, Runtime, RuntimeConfig,
-        logs::container_log_path,
-    },
+    runtime::{ContainerCgroups, PodRuntimeSpec, logs::container_log_path},
     source::manifest::{Loaded, parse_documents},
 };
-use qoslet_tests::{TempDir, TestCgroup, container_cgroups, require_root, unique_name};
+use qoslet_tests::{
+    TempDir, TestCgroup, container_cgroups, fast_runtime, find_pod, require_root, unique_name,
+    wait_for_pod,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// A runtime logging under a fresh directory, with a fast back-off.
-fn runtime(logs: &Path) -> Runtime {
-    Runtime::new(RuntimeConfig {
-        log_dir: logs.to_path_buf(),
-        backoff: BackoffConfig {
-            base: Duration::from_millis(100),
-            max: Duration::from_millis(400),
-            reset_after: Duration::from_secs(600),
-        },
-    })
-}
 
 /// Reads one Pod manifest; every container gets its own cgroups, kept alive by the caller.
 fn pod(yaml: &str) -> (PodRuntimeSpec, Vec<Vec<TestCgroup>>) {
@@ -50,32 +38,6 @@ fn pod(yaml: &str) -> (PodRuntimeSpec, Vec<Vec<TestCgroup>>) {
         all.push(cgs);
     }
     (spec, all)
-}
-
-fn find(rt: &Runtime, key: &PodKey) -> PodStatus {
-    rt.status()
-        .into_iter()
-        .find(|p| &p.key == key)
-        .unwrap_or_else(|| panic!("pod {key} is not in the status"))
-}
-
-async fn wait_for(
-    rt: &Runtime,
-    key: &PodKey,
-    what: &str,
-    f: impl Fn(&PodStatus) -> bool,
-) -> PodStatus {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = find(rt, key);
-        if f(&s) {
-            return s;
-        }
-        if Instant::now() > deadline {
-            panic!("{what} did not happen within {WAIT:?}: {s:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn running_pid(s: &PodStatus, container: &str) -> Option<u32> {
@@ -133,9 +95,9 @@ spec:
     );
     let (spec, cgroups) = pod(&yaml);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec], |_| true);
-    let s = wait_for(&rt, &key, "the app running", |s| {
+    let s = wait_for_pod(&rt, &key, "the app running", |s| {
         running_pid(s, "app").is_some()
     })
     .await;
@@ -182,12 +144,12 @@ spec:
         })
         .count();
     assert_eq!(app_lines, cgroups[1].len(), "{proc_cgroup}");
-    let status = find(&rt, &key);
+    let status = find_pod(&rt, &key);
     assert_eq!(status.containers[1].pids, vec![pid]);
 
     rt.stop_all(Duration::from_secs(5)).await;
     assert!(cgroups[1].iter().all(|c| c.pids().is_empty()));
-    let s = find(&rt, &key);
+    let s = find_pod(&rt, &key);
     assert_eq!(
         s.phase,
         PodPhase::Failed,
@@ -223,9 +185,9 @@ spec:
     );
     let (spec, _cgroups) = pod(&yaml);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec], |_| true);
-    let s = wait_for(&rt, &key, "the app running", |s| {
+    let s = wait_for_pod(&rt, &key, "the app running", |s| {
         running_pid(s, "app").is_some()
     })
     .await;
@@ -238,7 +200,7 @@ spec:
     assert!(started(0) <= started(1));
 
     rt.stop_all(Duration::from_secs(5)).await;
-    let s = find(&rt, &key);
+    let s = find_pod(&rt, &key);
     let finished = |c: usize| match &s.containers[c].state {
         ContainerState::Terminated(t) => t.finished_at,
         other => panic!("not terminated: {other:?}"),
@@ -268,10 +230,10 @@ spec:
 "#;
     let (spec, _cgroups) = pod(yaml);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     let t0 = Instant::now();
     rt.apply(vec![spec], |_| true);
-    let s = wait_for(&rt, &key, "three restarts", |s| {
+    let s = wait_for_pod(&rt, &key, "three restarts", |s| {
         s.containers[0].restart_count >= 3
     })
     .await;
@@ -319,9 +281,9 @@ spec:
 "#;
     let (spec, cgroups) = pod(yaml);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec], |_| true);
-    wait_for(&rt, &key, "both running", |s| {
+    wait_for_pod(&rt, &key, "both running", |s| {
         running_pid(s, "stubborn").is_some() && running_pid(s, "polite").is_some()
     })
     .await;
@@ -335,7 +297,7 @@ spec:
         "killed before the grace period: {took:?}"
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
-    let s = find(&rt, &key);
+    let s = find_pod(&rt, &key);
     let term = |i: usize| match &s.containers[i].state {
         ContainerState::Terminated(t) => t.clone(),
         other => panic!("not terminated: {other:?}"),
@@ -368,10 +330,10 @@ spec:
 "#;
     let (spec, _cgroups) = pod(yaml);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     rt.apply(vec![spec.clone()], |_| false);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = find(&rt, &key);
+    let s = find_pod(&rt, &key);
     assert_eq!(s.phase, PodPhase::Pending);
     assert_eq!(s.reason.as_deref(), Some("SchedulingGated"));
     assert!(
@@ -380,19 +342,19 @@ spec:
     );
 
     rt.apply(vec![spec.clone()], |_| true);
-    wait_for(&rt, &key, "the released pod running", |s| {
+    wait_for_pod(&rt, &key, "the released pod running", |s| {
         running_pid(s, "app").is_some()
     })
     .await;
 
     assert!(rt.mark_evicted(&key, "memory pressure", Duration::from_secs(1)));
-    let s = wait_for(&rt, &key, "the eviction", |s| s.phase == PodPhase::Failed).await;
+    let s = wait_for_pod(&rt, &key, "the eviction", |s| s.phase == PodPhase::Failed).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(s.message.as_deref(), Some("memory pressure"));
     // Still desired with the same spec: it stays evicted, not restarted.
     rt.apply(vec![spec], |_| true);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = find(&rt, &key);
+    let s = find_pod(&rt, &key);
     assert_eq!(
         (s.phase, s.containers[0].restart_count),
         (PodPhase::Failed, 0)
@@ -422,7 +384,7 @@ spec:
     command: [/bin/sh, -c, "sleep 0.5"]
 "#);
     let key = spec.key.clone();
-    let rt = runtime(&logs.path);
+    let rt = fast_runtime(&logs.path);
     // Waits on wake-ups alone until the pod reaches `phase`; returns how many it took.
     let wake_until = |phase: PodPhase| {
         let (rt, key) = (&rt, &key);
@@ -432,13 +394,13 @@ spec:
                 loop {
                     rt.changed().await;
                     wakes += 1;
-                    if find(rt, key).phase == phase {
+                    if find_pod(rt, key).phase == phase {
                         return;
                     }
                 }
             })
             .await
-            .unwrap_or_else(|_| panic!("no wake-up announced {phase:?}: {:#?}", find(rt, key)));
+            .unwrap_or_else(|_| panic!("no wake-up announced {phase:?}: {:#?}", find_pod(rt, key)));
             wakes
         }
     };

@@ -9,7 +9,7 @@ use std::{
     ffi::CString,
     fs::File,
     io::{self, Read as _, Write as _},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -22,7 +22,7 @@ use super::{
 };
 
 #[derive(Debug, Error)]
-#[error("cannot open the node root {path}")]
+#[error("cannot open the node root {path}: {source}{hint}", hint = crate::privilege_hint(.source))]
 pub struct OpenRootError {
     pub path: PathBuf,
     #[source]
@@ -170,33 +170,10 @@ pub struct CgroupFs {
     page: i64,
 }
 
-const RESOLVE: u64 = libc::RESOLVE_BENEATH
-    | libc::RESOLVE_NO_SYMLINKS
-    | libc::RESOLVE_NO_MAGICLINKS
-    | libc::RESOLVE_NO_XDEV;
+const RESOLVE: u64 = crate::beneath::RESOLVE_STRICT;
 
 fn openat2(dir: libc::c_int, path: &str, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
-    let cpath = CString::new(if path.is_empty() { "." } else { path })
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_how is plain data; zero is a valid value for every field.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64;
-    how.resolve = resolve;
-    // SAFETY: the pointers are valid for the call; the kernel returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir,
-            cpath.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor the kernel just gave us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    crate::beneath::openat2(dir, path, flags, 0, resolve)
 }
 
 impl CgroupFs {
@@ -314,18 +291,7 @@ impl CgroupFs {
             libc::O_PATH | libc::O_DIRECTORY,
             RESOLVE,
         )?;
-        let name = CString::new(last.as_str())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: mkdirat on a directory fd we hold with a validated single component.
-        if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) } == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EEXIST) {
-            Ok(false)
-        } else {
-            Err(e)
-        }
+        crate::beneath::mkdirat(dir.as_fd(), last.as_str(), 0o755)
     }
 
     /// Removes the cgroup directory (it must have no children and no processes). `Ok(false)`

@@ -71,7 +71,7 @@ pub struct Mounts {
 
 #[derive(Debug, Error)]
 pub enum LayoutError {
-    #[error("cannot read {file}")]
+    #[error("cannot read {file}: {source}")]
     Mountinfo {
         file: PathBuf,
         #[source]

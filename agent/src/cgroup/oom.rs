@@ -27,21 +27,21 @@ pub const QOSLET_OOM_SCORE_ADJ: i32 = -999;
 
 #[derive(Debug, Error)]
 pub enum OomError {
-    #[error("/proc/{pid}/oom_score_adj: cannot write {value}")]
+    #[error("/proc/{pid}/oom_score_adj: cannot write {value}: {source}")]
     Write {
         pid: i32,
         value: i32,
         #[source]
         source: io::Error,
     },
-    #[error("/proc/{pid}/{file}: cannot read")]
+    #[error("/proc/{pid}/{file}: cannot read: {source}")]
     Read {
         pid: i32,
         file: &'static str,
         #[source]
         source: io::Error,
     },
-    #[error("{path}/cgroup.procs: cannot read")]
+    #[error("{path}/cgroup.procs: cannot read: {source}")]
     Procs {
         path: String,
         #[source]

@@ -53,6 +53,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> ExitCode {
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -110,13 +111,20 @@ pub fn run(args: RunArgs) -> ExitCode {
 }
 
 /// One line naming the cause (the error and its sources), and the exit status.
-fn fail(e: &dyn std::error::Error, code: u8) -> ExitCode {
-    let mut line = format!("qoslet: {e}");
-    let mut source = e.source();
-    while let Some(s) = source {
-        line.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    eprintln!("{line}");
+fn fail(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
+    eprintln!("qoslet: {}", crate::error_chain(e));
     ExitCode::from(code)
+}
+
+/// Raises the soft limit on open files to the hard limit (as Go programs do at start): the
+/// eviction path holds a few descriptors per pod (`eviction/held.rs`), and a soft limit of 1024
+/// would cap a node at about a hundred pods.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!(soft, hard, error = %e, "Could not raise the open-files limit.");
+    }
 }

@@ -242,11 +242,10 @@ pub fn pod_status(
             } else if let Some(t) = &state.terminated {
                 ContainerState::Terminated(termination(t))
             } else {
+                let w = state.waiting.unwrap_or_default();
                 ContainerState::Waiting {
-                    reason: state
-                        .waiting
-                        .and_then(|w| w.reason)
-                        .unwrap_or_else(|| "ContainerCreating".into()),
+                    reason: w.reason.unwrap_or_else(|| "ContainerCreating".into()),
+                    message: w.message,
                 }
             };
             c.last_termination = s

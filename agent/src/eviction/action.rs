@@ -4,7 +4,7 @@
 //! The cluster action (the Eviction API) wraps it.
 
 use std::{
-    fs, io,
+    io,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -130,12 +130,22 @@ pub trait EvictionAction: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CgroupKill;
 
-/// Every process of the pod: its cgroups' and their descendants' (container cgroups below the
-/// pod cgroup; cgroup.procs lists a cgroup's own members only).
+/// The pod's processes: its cgroups' and their descendants' (under the kubelet every process sits
+/// in a container cgroup below the pod's, and `cgroup.procs` lists a cgroup's own members only).
+/// The cgroup v2 directory's errors count; the v1 directories are read as far as they can be: a
+/// v1 `cgroup.procs` cannot be held open, since a re-read through one open file may return the
+/// kernel's cached pid list of up to a second before (`cgroup_pidlist_start`).
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
-    for d in cgroups.procs.iter().chain(&cgroups.unified) {
-        procs_below(d, &mut all)?;
+    if let Some(u) = &cgroups.unified {
+        procs_below(u, &mut all)?;
+        for d in cgroups.procs.iter().filter(|d| *d != u) {
+            let _ = procs_below(d, &mut all);
+        }
+    } else {
+        for d in &cgroups.procs {
+            procs_below(d, &mut all)?;
+        }
     }
     all.sort_unstable();
     all.dedup();
@@ -145,7 +155,7 @@ fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
 fn procs_below(dir: &std::path::Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
     out.extend(read_procs(dir)?);
     // A child removed meanwhile is simply gone.
-    let Ok(entries) = fs::read_dir(dir) else {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };
     for e in entries.flatten() {
@@ -196,7 +206,7 @@ impl EvictionAction for CgroupKill {
         {
             first_signal_at.get_or_insert_with(Instant::now);
             let path = u.join("cgroup.kill");
-            fs::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
+            super::held::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
             signalled += 1;
         }
         let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;

@@ -5,6 +5,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -15,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use super::{
     action::{ActionError, EvictionAction, EvictionRequest, PodCgroups},
     conditions::{ConditionState, NodeCondition},
+    held::{self, Access},
     node::NodeSignals,
     select::{Order, Sample, choose},
     signals::{MemoryCgroup, SignalError, read_procs},
@@ -188,11 +190,36 @@ impl<A: EvictionAction> Manager<A> {
         }
     }
 
+    /// Opens the descriptors the next passes need (`held.rs`): the node's files and those of
+    /// every pod of the current inventory; closes those of pods that left it.
+    pub fn hold_files(&self) {
+        let inventory = self.inventory.borrow().clone();
+        let mut wanted: BTreeSet<(PathBuf, Access)> = self
+            .signals
+            .files()
+            .into_iter()
+            .map(|f| (f, Access::Read))
+            .collect();
+        for p in &inventory.pods {
+            wanted.extend(p.memory.files().into_iter().map(|f| (f, Access::Read)));
+            // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
+            if let Some(u) = &p.cgroups.unified {
+                wanted.insert((u.join("cgroup.procs"), Access::Read));
+                wanted.insert((u.join("cgroup.kill"), Access::Write));
+            }
+        }
+        let failed = held::hold_only(&wanted);
+        if let Some((path, e)) = failed.first() {
+            tracing::warn!(path = %path.display(), error = %e, failed = failed.len(), "Could not keep eviction files open; they are opened when needed.");
+        }
+    }
+
     /// Runs passes on wake-ups and every housekeeping interval, until `stop` turns true (or its
     /// sender goes). A pass in progress, and the eviction in it, finishes first.
     pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>, mut stop: watch::Receiver<bool>) {
         let mut open = true;
         let mut trigger: Option<Wake> = None;
+        self.hold_files();
         loop {
             if *stop.borrow() {
                 return;
@@ -227,6 +254,10 @@ impl<A: EvictionAction> Manager<A> {
                     return;
                 },
                 _ = tokio::time::sleep(self.cfg.housekeeping) => {}
+                Ok(()) = self.inventory.changed() => {
+                    // Pods added: their files are opened now, not at decision time.
+                    self.hold_files();
+                }
             }
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod action;
 pub mod conditions;
+pub mod held;
 pub mod manager;
 pub mod node;
 pub mod select;

@@ -21,6 +21,19 @@ pub struct NodeSignals {
 }
 
 impl NodeSignals {
+    /// Every file [`NodeSignals::observe`] reads.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.node_root.files().into();
+        if let Some(k) = &self.kubepods {
+            files.extend(k.files());
+        }
+        if let Some(p) = &self.pids {
+            files.push(p.join("pids.current"));
+            files.push(p.join("pids.max"));
+        }
+        files
+    }
+
     pub fn observe(&self) -> Result<Observations, SignalError> {
         let mut obs = Observations::new();
         let root = self.node_root.read()?;

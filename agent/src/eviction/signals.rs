@@ -9,7 +9,7 @@
 //! - pid.available = pids.max - pids.current of the node root.
 
 use std::{
-    fs, io,
+    io,
     path::{Path, PathBuf},
 };
 
@@ -73,6 +73,22 @@ impl MemoryCgroup {
         match self {
             Self::V1(p) => p.join("memory.usage_in_bytes"),
             Self::V2(p) => p.join("memory.current"),
+        }
+    }
+
+    /// Every file [`MemoryCgroup::read`] reads.
+    pub fn files(&self) -> [PathBuf; 3] {
+        match self {
+            Self::V1(p) => [
+                p.join("memory.usage_in_bytes"),
+                p.join("memory.stat"),
+                p.join("memory.limit_in_bytes"),
+            ],
+            Self::V2(p) => [
+                p.join("memory.current"),
+                p.join("memory.stat"),
+                p.join("memory.max"),
+            ],
         }
     }
 
@@ -152,7 +168,7 @@ pub fn read_pids(dir: &Path) -> Result<PidsReading, SignalError> {
 /// The pids listed in `cgroup.procs` of `dir`; an absent cgroup has none.
 pub fn read_procs(dir: &Path) -> Result<Vec<i32>, SignalError> {
     let path = dir.join("cgroup.procs");
-    match fs::read_to_string(&path) {
+    match super::held::read_to_string(&path) {
         Ok(t) => Ok(t.lines().filter_map(|l| l.trim().parse().ok()).collect()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(source) => Err(SignalError::Read { path, source }),
@@ -170,7 +186,7 @@ pub fn stat_field(text: &str, key: &str) -> Option<i64> {
 }
 
 fn read(path: &Path) -> Result<String, SignalError> {
-    fs::read_to_string(path).map_err(|source| SignalError::Read {
+    super::held::read_to_string(path).map_err(|source| SignalError::Read {
         path: path.to_owned(),
         source,
     })
@@ -198,6 +214,8 @@ fn read_limit(path: &Path) -> Result<Option<i64>, SignalError> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

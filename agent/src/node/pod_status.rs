@@ -40,9 +40,13 @@ impl Termination {
 /// `state` of a container status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum ContainerState {
-    /// Not running: `PodInitializing`, `SchedulingGated`, `CrashLoopBackOff`, ...
+    /// Not running: `PodInitializing`, `SchedulingGated`, `CrashLoopBackOff` (restarting
+    /// after the back-off), `CreateContainerError` (could not be created: no cgroup of its own,
+    /// its cgroup missing, its log refused; `message` says which).
     Waiting {
         reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
     },
     Running {
         pid: u32,
@@ -70,6 +74,7 @@ impl ContainerStatus {
             kind,
             state: ContainerState::Waiting {
                 reason: waiting_reason.to_owned(),
+                message: None,
             },
             last_termination: None,
             restart_count: 0,
@@ -99,6 +104,42 @@ pub struct PodStatus {
     pub containers: Vec<ContainerStatus>,
     /// Stopping or stopped on request (removed from the desired state, evicted, shut down).
     pub terminating: bool,
+}
+
+/// The reason a container waits before its first start: `PodInitializing` in a pod with init
+/// containers (regular or sidecars), else `ContainerCreating` (pkg/kubelet/kubelet_pods.go
+/// `convertToAPIContainerStatuses`, `defaultWaitingState`).
+pub fn default_waiting(mut kinds: impl Iterator<Item = ContainerKind>) -> &'static str {
+    if kinds.any(|k| k != ContainerKind::App) {
+        "PodInitializing"
+    } else {
+        "ContainerCreating"
+    }
+}
+
+/// The waiting reasons that say a container is not running because something is wrong, as
+/// `kubectl get pods` shows them in place of the phase.
+const PROBLEMS: [&str; 3] = [
+    "CrashLoopBackOff",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// The first container's waiting reason that is a problem (init containers first, as kubectl
+/// reports `Init:CrashLoopBackOff`); `None` when no container is held by one. The kubelet's
+/// phase stays `Running` for a pod whose containers restart under `Always` (its `getPhase`: "All
+/// containers are in the process of restarting"); this reason is what tells such a pod apart.
+pub fn waiting_problem(containers: &[ContainerStatus]) -> Option<String> {
+    containers.iter().find_map(|c| match &c.state {
+        ContainerState::Waiting { reason, .. } if PROBLEMS.contains(&reason.as_str()) => {
+            Some(if c.kind == ContainerKind::App {
+                reason.clone()
+            } else {
+                format!("Init:{reason}")
+            })
+        }
+        _ => None,
+    })
 }
 
 /// What the phase depends on.
@@ -198,6 +239,7 @@ mod tests {
     fn waiting() -> ContainerState {
         ContainerState::Waiting {
             reason: "PodInitializing".into(),
+            message: None,
         }
     }
 
@@ -263,5 +305,15 @@ mod tests {
         assert_eq!(ph(Always, true, &cs), PodPhase::Succeeded);
         let cs = [c(Init, done(143), None), c(App, waiting(), None)];
         assert_eq!(ph(Always, true, &cs), PodPhase::Failed);
+    }
+
+    #[test]
+    fn containers_wait_in_pod_initializing_only_behind_init_containers() {
+        assert_eq!(default_waiting([App].into_iter()), "ContainerCreating");
+        assert_eq!(
+            default_waiting([Sidecar, App].into_iter()),
+            "PodInitializing"
+        );
+        assert_eq!(default_waiting([Init, App].into_iter()), "PodInitializing");
     }
 }

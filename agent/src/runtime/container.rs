@@ -3,9 +3,11 @@
 //! cgroups until none is left).
 
 use std::{
+    fs::File,
     os::unix::process::ExitStatusExt as _,
     path::PathBuf,
     process::ExitStatus,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -18,7 +20,9 @@ use tokio::{
 
 use super::{
     backoff::{Backoff, BackoffConfig},
-    logs, process,
+    claims::{Claim, Claims, Held},
+    logs::{self, LogDir},
+    process::{self, ProcessError},
     shared::SharedStatus,
     spec::ContainerSpec,
     status::{ContainerState, Termination},
@@ -61,7 +65,8 @@ pub(crate) struct ContainerCtx {
     pub spec: ContainerSpec,
     /// The container's position in `PodStatus::containers`.
     pub index: usize,
-    pub log_dir: PathBuf,
+    pub logs: Arc<LogDir>,
+    pub claims: Claims,
     pub backoff: BackoffConfig,
     pub status: SharedStatus,
 }
@@ -86,16 +91,40 @@ pub(crate) async fn supervise(
 ) -> Outcome {
     let mut backoff = Backoff::new(ctx.backoff);
     let mut restarts: u32 = 0;
+    let mut held: Option<Held> = None;
+    let mut last_create_error = String::new();
     loop {
         if stop.borrow().is_some() {
             return Outcome::Stopped;
         }
-        let log = logs::container_log_path(&ctx.log_dir, &ctx.pod, &ctx.spec.name, restarts);
         let started_at = SystemTime::now();
         let run_start = Instant::now();
-        let termination = match process::spawn(&ctx.spec, &log) {
+        let spawned = create(&ctx, &mut held, restarts)
+            .and_then(|(log, path)| process::spawn(&ctx.spec, log, &path));
+        let termination = match spawned {
+            // The container could not be made (no cgroup of its own, its cgroup missing, its log
+            // refused): it never ran, so it waits, and is tried again after the back-off.
+            Err(e) if e.is_create_error() => {
+                let message = e.to_string();
+                if message != last_create_error {
+                    tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, error = %message, "Container not created; retrying after the back-off.");
+                    last_create_error = message.clone();
+                }
+                ctx.update(|c| {
+                    c.state = ContainerState::Waiting {
+                        reason: "CreateContainerError".into(),
+                        message: Some(message),
+                    };
+                });
+                let delay = backoff.next_delay(Duration::ZERO);
+                tokio::select! {
+                    _ = sleep(delay) => {}
+                    _ = stop.wait_for(Option::is_some) => return Outcome::Stopped,
+                }
+                continue;
+            }
             Err(e) => {
-                tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, error = %e, cause = ?std::error::Error::source(&e), "Container failed to start.");
+                tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, error = %e, "Container failed to start.");
                 Termination {
                     exit_code: 128,
                     signal: None,
@@ -151,6 +180,7 @@ pub(crate) async fn supervise(
             c.last_termination = Some(termination);
             c.state = ContainerState::Waiting {
                 reason: "CrashLoopBackOff".into(),
+                message: None,
             };
         });
         tokio::select! {
@@ -160,6 +190,35 @@ pub(crate) async fn supervise(
         restarts += 1;
         ctx.update(|c| c.restart_count = restarts);
     }
+}
+
+/// The container's claims (taken once, held until supervision ends) and the log file of this
+/// run.
+fn create(
+    ctx: &ContainerCtx,
+    held: &mut Option<Held>,
+    restart: u32,
+) -> Result<(File, PathBuf), ProcessError> {
+    if ctx.spec.cgroups.dirs.is_empty() {
+        return Err(ProcessError::NoCgroup);
+    }
+    if held.is_none() {
+        let log_dir = logs::pod_dir_name(&ctx.pod)
+            .map(|pod| ctx.logs.path().join(pod).join(&ctx.spec.name))?;
+        let mut wanted: Vec<Claim> = ctx
+            .spec
+            .cgroups
+            .dirs
+            .iter()
+            .map(|d| Claim::Cgroup(d.clone()))
+            .collect();
+        wanted.push(Claim::Log(log_dir));
+        *held = Some(ctx.claims.take(wanted).map_err(|c| match c {
+            Claim::Cgroup(path) => ProcessError::SharedCgroup { path },
+            Claim::Log(path) => ProcessError::SharedLog { path },
+        })?);
+    }
+    Ok(ctx.logs.create(&ctx.pod, &ctx.spec.name, restart)?)
 }
 
 /// SIGTERM to the container's processes, then SIGKILL to all of them at `deadline`.

@@ -7,6 +7,7 @@
 //! through `shared`, which announces each change; [`Runtime`] ties them together.
 
 pub mod backoff;
+mod claims;
 mod container;
 mod executor;
 pub mod logs;
@@ -73,6 +74,8 @@ impl PodHandle {
 /// The process runtime. Call its methods from within a tokio runtime: pods run as tasks.
 pub struct Runtime {
     config: RuntimeConfig,
+    logs: Arc<logs::LogDir>,
+    claims: claims::Claims,
     state: Mutex<State>,
     /// Woken by every pod status change.
     changed: Arc<Notify>,
@@ -88,6 +91,8 @@ struct State {
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> Self {
         Self {
+            logs: Arc::new(logs::LogDir::new(&config.log_dir)),
+            claims: claims::Claims::default(),
             config,
             state: Mutex::new(State::default()),
             changed: Arc::new(Notify::new()),
@@ -144,6 +149,10 @@ impl Runtime {
                 h.stop(Instant::now() + h.spec.termination_grace);
                 previous = Some(h.done.clone());
                 state.stopping.push(h);
+            } else if let Some(h) = state.stopping.iter().rev().find(|h| h.spec.key == key) {
+                // Removed and added again while still stopping: it shares the pod's cgroups
+                // and logs, so it starts once the old one is gone.
+                previous = Some(h.done.clone());
             }
             let handle = self.start(spec, release, previous);
             state.pods.insert(key, handle);
@@ -157,7 +166,7 @@ impl Runtime {
         previous: Option<watch::Receiver<bool>>,
     ) -> PodHandle {
         let waiting = if may_start {
-            "PodInitializing"
+            status::default_waiting(spec.containers.iter().map(|c| c.kind))
         } else {
             "SchedulingGated"
         };
@@ -185,7 +194,8 @@ impl Runtime {
         let task = PodTask {
             spec: spec.clone(),
             status: status.clone(),
-            log_dir: self.config.log_dir.clone(),
+            logs: self.logs.clone(),
+            claims: self.claims.clone(),
             backoff: self.config.backoff,
             control: control_rx,
             previous,
@@ -231,6 +241,24 @@ impl Runtime {
         for mut d in dones {
             let _ = d.wait_for(|d| *d).await;
         }
+        // Each container's supervisor has killed what was left in its cgroups; kill them once
+        // more as a whole, so nothing the runtime started outlives it.
+        let cgroups: Vec<ContainerCgroups> = {
+            let state = self.state();
+            state
+                .pods
+                .values()
+                .chain(state.stopping.iter())
+                .flat_map(|h| h.spec.containers.iter().map(|c| c.cgroups.clone()))
+                .collect()
+        };
+        for _ in 0..100 {
+            if cgroups.iter().map(process::kill_cgroups).sum::<usize>() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::warn!("Processes survive in container cgroups after SIGKILL at shutdown.");
     }
 
     /// A snapshot of every pod, including removed pods still stopping.
@@ -255,6 +283,9 @@ fn snapshot(h: &PodHandle) -> PodStatus {
     });
     if s.reason.as_deref() == Some("Evicted") && h.is_done() {
         s.phase = PodPhase::Failed;
+    }
+    if s.reason.is_none() {
+        s.reason = status::waiting_problem(&s.containers);
     }
     for (c, spec) in s.containers.iter_mut().zip(&h.spec.containers) {
         if matches!(c.state, ContainerState::Running { .. }) {

@@ -2,7 +2,7 @@
 //! (sidecars started and kept running), then the app containers; on a stop, app containers are
 //! terminated first, sidecars after them, all within the pod's grace deadline.
 
-use std::path::PathBuf;
+use std::sync::Arc;
 
 use futures::future::join_all;
 use tokio::{
@@ -12,7 +12,9 @@ use tokio::{
 
 use super::{
     backoff::BackoffConfig,
+    claims::Claims,
     container::{ContainerCtx, Outcome, Restart, StopRx, supervise},
+    logs::LogDir,
     shared::SharedStatus,
     spec::PodRuntimeSpec,
     status::ContainerState,
@@ -32,7 +34,8 @@ pub(crate) struct Control {
 pub(crate) struct PodTask {
     pub spec: PodRuntimeSpec,
     pub status: SharedStatus,
-    pub log_dir: PathBuf,
+    pub logs: Arc<LogDir>,
+    pub claims: Claims,
     pub backoff: BackoffConfig,
     pub control: watch::Receiver<Control>,
     /// The pod this one replaces: it must be gone before this one starts.
@@ -81,7 +84,8 @@ impl PodTask {
             pod: self.spec.key.clone(),
             spec: self.spec.containers[index].clone(),
             index,
-            log_dir: self.log_dir.clone(),
+            logs: self.logs.clone(),
+            claims: self.claims.clone(),
             backoff: self.backoff,
             status: self.status.clone(),
         }
@@ -93,6 +97,7 @@ impl PodTask {
                 if matches!(c.state, ContainerState::Waiting { .. }) {
                     c.state = ContainerState::Waiting {
                         reason: reason.into(),
+                        message: None,
                     };
                 }
             }
@@ -124,7 +129,7 @@ async fn body(task: &PodTask, mut stop: StopRx) {
             ContainerKind::Sidecar,
             ContainerKind::App,
         ],
-        "PodInitializing",
+        super::status::default_waiting(task.spec.containers.iter().map(|c| c.kind)),
     );
     tracing::info!(pod = %task.spec.key, "Pod released; starting its containers.");
 

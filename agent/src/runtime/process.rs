@@ -1,13 +1,10 @@
-//! Starting a container's process inside its cgroups, and signalling the processes of those
-//! cgroups (never any other).
+//! Starting a container's process inside its cgroups (never outside them), and signalling the
+//! processes of those cgroups (never any other).
 
 use std::{
-    fs::{self, File, OpenOptions},
-    io,
-    os::{
-        fd::{AsRawFd as _, OwnedFd, RawFd},
-        unix::fs::OpenOptionsExt as _,
-    },
+    fs::{self, File},
+    io::{self, Write as _},
+    os::fd::{AsRawFd as _, OwnedFd, RawFd},
     path::{Path, PathBuf},
     process::Stdio,
 };
@@ -16,24 +13,32 @@ use nix::{sys::signal::Signal, unistd::Pid};
 use thiserror::Error;
 use tokio::process::{Child, Command};
 
-use super::spec::{ContainerCgroups, ContainerSpec};
+use super::{
+    logs::LogError,
+    spec::{ContainerCgroups, ContainerSpec},
+};
+use crate::beneath::{self, RESOLVE_STRICT};
 
 /// A container process could not be started.
 #[derive(Debug, Error)]
 pub enum ProcessError {
-    #[error("{path}: cannot open to join the cgroup")]
+    #[error("the container has no cgroup of its own; it is not started outside the node's cgroups")]
+    NoCgroup,
+    #[error("cgroup {path} is shared with another container of the node; it is not started in it")]
+    SharedCgroup { path: PathBuf },
+    #[error("{path}: cannot open to join the cgroup: {source}{hint}", hint = crate::privilege_hint(.source))]
     Cgroup {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{log}: cannot create the log file")]
-    Log {
-        log: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot start {command:?}")]
+    #[error("{path} is not a cgroup directory; the container is not started")]
+    NotCgroup { path: PathBuf },
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("log file {path} is in use by another container; the container is not started")]
+    SharedLog { path: PathBuf },
+    #[error("cannot start {command:?}: {source}{hint}", hint = crate::privilege_hint(.source))]
     Spawn {
         command: String,
         #[source]
@@ -41,23 +46,35 @@ pub enum ProcessError {
     },
 }
 
+impl ProcessError {
+    /// The container could not be created (placement, log): the kubelet's
+    /// `CreateContainerError`. Otherwise its command failed to start (`StartError`).
+    pub fn is_create_error(&self) -> bool {
+        !matches!(self, Self::Spawn { .. })
+    }
+}
+
 /// Starts the container's command with its environment and working directory, stdout and
-/// stderr appended to `log`, already inside every cgroup of `spec.cgroups` when it execs.
-pub fn spawn(spec: &ContainerSpec, log: &Path) -> Result<Child, ProcessError> {
+/// stderr going to `log`, already inside every cgroup of `spec.cgroups` when it execs: the
+/// child writes its own pid into each `cgroup.procs` between fork and exec (`pre_exec`), so
+/// nothing it runs or forks ever exists outside them. A container without cgroups, or whose
+/// cgroups cannot be opened, is not started.
+pub fn spawn(spec: &ContainerSpec, log: File, log_path: &Path) -> Result<Child, ProcessError> {
     let procs = open_procs(&spec.cgroups)?;
-    let log_err = |source| ProcessError::Log {
-        log: log.to_path_buf(),
-        source,
+    let log_err = |source: io::Error| {
+        ProcessError::Log(LogError::Create {
+            path: log_path.to_path_buf(),
+            source,
+        })
     };
-    let out = super::logs::create(log).map_err(log_err)?;
-    let err = out.try_clone().map_err(log_err)?;
+    let err = log.try_clone().map_err(log_err)?;
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.working_dir)
         .stdin(Stdio::null())
-        .stdout(out)
+        .stdout(log)
         .stderr(err)
         // Its own process group: a Ctrl-C at the agent's terminal must not reach the pods,
         // which are stopped gracefully instead.
@@ -85,21 +102,62 @@ pub fn spawn(spec: &ContainerSpec, log: &Path) -> Result<Child, ProcessError> {
     child
 }
 
+/// cgroupfs magic numbers (`include/uapi/linux/magic.h`).
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
 /// `cgroup.procs` of every directory, opened before the fork.
 fn open_procs(cgroups: &ContainerCgroups) -> Result<Vec<OwnedFd>, ProcessError> {
+    if cgroups.dirs.is_empty() {
+        return Err(ProcessError::NoCgroup);
+    }
     cgroups
         .dirs
         .iter()
-        .map(|d| {
-            let path = d.join("cgroup.procs");
-            OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-                .map(|f: File| OwnedFd::from(f))
-                .map_err(|source| ProcessError::Cgroup { path, source })
-        })
+        .map(|d| open_cgroup_file(d, "cgroup.procs"))
         .collect()
+}
+
+/// Opens `file` of the cgroup directory `dir` for writing. The directory must exist and be a
+/// cgroup (checked on the open descriptor, so nothing can swap it after the check), reached
+/// without symlinks; the file is opened beneath it and never created.
+fn open_cgroup_file(dir: &Path, file: &str) -> Result<OwnedFd, ProcessError> {
+    let err = |source| ProcessError::Cgroup {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let path = dir
+        .to_str()
+        .ok_or_else(|| err(io::Error::from_raw_os_error(libc::EINVAL)))?;
+    let fd = beneath::openat2(
+        libc::AT_FDCWD,
+        path,
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    )
+    .map_err(err)?;
+    let fs_type = fstatfs(&fd).map_err(err)?;
+    if fs_type != CGROUP_SUPER_MAGIC && fs_type != CGROUP2_SUPER_MAGIC {
+        return Err(ProcessError::NotCgroup {
+            path: dir.to_path_buf(),
+        });
+    }
+    beneath::openat2(fd.as_raw_fd(), file, libc::O_WRONLY, 0, RESOLVE_STRICT).map_err(err)
+}
+
+fn fstatfs(fd: &OwnedFd) -> io::Result<i64> {
+    // SAFETY: statfs is plain data the kernel fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out pointer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[expect(
+        clippy::useless_conversion,
+        reason = "f_type is i64 on x86_64, narrower elsewhere"
+    )]
+    Ok(i64::from(st.f_type))
 }
 
 /// The processes in the container's cgroups (the union over its hierarchies).
@@ -117,6 +175,20 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
     pids.sort_unstable();
     pids.dedup();
     pids
+}
+
+/// Kills every process in the container's cgroups: `cgroup.kill` where the kernel has it (cgroup
+/// v2, 5.14+; it also reaches processes forking at that moment), then SIGKILL to each pid read
+/// from `cgroup.procs`. Returns how many processes were still listed; call again until none.
+pub fn kill_cgroups(cgroups: &ContainerCgroups) -> usize {
+    for d in &cgroups.dirs {
+        // Fails on a v1 hierarchy, an older kernel, or when the cgroup is gone; the sweep
+        // follows either way.
+        if let Ok(fd) = open_cgroup_file(d, "cgroup.kill") {
+            let _ = File::from(fd).write_all(b"1");
+        }
+    }
+    signal_cgroup(cgroups, Signal::SIGKILL)
 }
 
 /// Sends `signal` to every process in the container's cgroups; returns how many there were.

@@ -17,7 +17,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 /// The cgroup directories a container's processes join: one per hierarchy (on a hybrid host
 /// the v1 controller directories plus the unified-tree directory; on pure v2 one directory).
-/// Empty means the processes stay in the agent's cgroups (tests of pure logic only).
+/// Empty means the container has no cgroup of its own, and the runtime does not start it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerCgroups {
     pub dirs: Vec<PathBuf>,

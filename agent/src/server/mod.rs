@@ -4,6 +4,7 @@
 
 pub mod metrics;
 pub mod readiness;
+pub mod serve;
 pub mod status;
 pub mod summary;
 
@@ -20,6 +21,7 @@ use thiserror::Error;
 
 pub use metrics::Metrics;
 pub use readiness::Readiness;
+pub use serve::ServeLimits;
 pub use status::{StatusSnapshot, StatusStore};
 pub use summary::{Summary, SummarySource};
 
@@ -50,10 +52,25 @@ pub fn router(state: Arc<AgentState>) -> Router {
 }
 
 /// Binds `addr` (so a taken port is an error at start-up, not later) and serves until the
-/// returned future is dropped.
+/// returned future is dropped, within the default [`ServeLimits`].
 pub async fn bind(
     addr: SocketAddr,
     state: Arc<AgentState>,
+) -> Result<
+    (
+        SocketAddr,
+        impl std::future::Future<Output = std::io::Result<()>>,
+    ),
+    BindError,
+> {
+    bind_with(addr, state, ServeLimits::default()).await
+}
+
+/// [`bind`] within `limits`.
+pub async fn bind_with(
+    addr: SocketAddr,
+    state: Arc<AgentState>,
+    limits: ServeLimits,
 ) -> Result<
     (
         SocketAddr,
@@ -68,7 +85,7 @@ pub async fn bind(
         .local_addr()
         .map_err(|source| BindError { addr, source })?;
     let app = router(state);
-    Ok((local, async move { axum::serve(listener, app).await }))
+    Ok((local, serve::serve(listener, app, limits)))
 }
 
 async fn metrics_handler(State(state): State<Arc<AgentState>>) -> impl IntoResponse {

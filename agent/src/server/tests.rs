@@ -247,3 +247,73 @@ fn series_names_are_what_metrics_carries() {
             .any(|n| n == "qoslet_reconcile_duration_seconds_bucket")
     );
 }
+
+/// A client that opens the cap's worth of connections and sends nothing: the next connection
+/// waits (in the listen backlog) instead of taking another descriptor, and is answered once the
+/// idle timeout has closed the silent ones. A half-sent request is closed by the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_capped_and_closed() {
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(NoSummary),
+    });
+    let limits = ServeLimits {
+        max_connections: 4,
+        header_read_timeout: std::time::Duration::from_millis(1500),
+        idle_timeout: std::time::Duration::from_millis(1000),
+    };
+    let (addr, serve) = bind_with("127.0.0.1:0".parse().unwrap(), state, limits)
+        .await
+        .expect("bind");
+    let server = tokio::spawn(serve);
+    let result = tokio::task::spawn_blocking(move || {
+        use std::time::{Duration, Instant};
+        let idle: Vec<TcpStream> = (0..limits.max_connections)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect();
+        // Let the server accept all of them before the next one comes.
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let (code, body) = get(addr, "/healthz");
+        let waited = started.elapsed();
+        // Each silent connection was closed by the server (EOF on our side).
+        let closed = idle.into_iter().all(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut b = [0u8; 1];
+            // EOF or a reset: closed by the server. A read timeout means it was left open.
+            match s.read(&mut b) {
+                Ok(0) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+                Ok(_) => false,
+            }
+        });
+        // A request whose headers never finish is dropped after the header timeout.
+        let mut slow = TcpStream::connect(addr).expect("connect");
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let t = Instant::now();
+        let mut rest = Vec::new();
+        let _ = slow.read_to_end(&mut rest);
+        (code, body, waited, closed, t.elapsed(), rest)
+    })
+    .await
+    .unwrap();
+    server.abort();
+    let (code, body, waited, closed, slow_after, rest) = result;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    assert!(
+        waited >= std::time::Duration::from_millis(700),
+        "the request past the cap was served after {waited:?}, before any slot was free"
+    );
+    assert!(closed, "an idle connection was left open");
+    assert!(
+        slow_after < std::time::Duration::from_secs(9),
+        "the half-sent request was held for {slow_after:?}"
+    );
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(!rest.contains("200 OK"), "{rest}");
+}

@@ -9,11 +9,11 @@ use std::{
     fs, io,
     os::fd::{AsFd as _, AsRawFd, RawFd},
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1 as core;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use thiserror::Error;
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -47,6 +47,10 @@ pub struct PodSet {
     pub objects: BTreeMap<ObjectKey, Object>,
     /// Every current problem line, sorted.
     pub problems: BTreeSet<String>,
+    /// Files that could not be read or hold a document that does not parse or decode.
+    pub broken_files: BTreeSet<PathBuf>,
+    /// Broken files whose last good objects are kept in this state for the parse grace period.
+    pub held_files: BTreeSet<PathBuf>,
 }
 
 /// What changed between two loads.
@@ -98,13 +102,13 @@ impl PodSet {
 /// The directory could not be read or watched.
 #[derive(Debug, Error)]
 pub enum WatchError {
-    #[error("{dir}: cannot read the manifest directory")]
+    #[error("{dir}: cannot read the manifest directory: {source}")]
     Read {
         dir: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{dir}: cannot watch the manifest directory")]
+    #[error("{dir}: cannot watch the manifest directory: {source}")]
     Watch {
         dir: PathBuf,
         #[source]
@@ -124,6 +128,7 @@ pub fn load_dir(
     })?;
     let mut loaded = Loaded::default();
     let mut problems = BTreeSet::new();
+    let mut unreadable = Vec::new();
     for file in files {
         // A file may vanish or be half-written between the listing and the read: report it,
         // the next event reloads it.
@@ -131,10 +136,13 @@ pub fn load_dir(
             Ok(text) => parse_documents(&file, &text, &mut loaded),
             Err(e) => {
                 problems.insert(format!("{}: cannot read: {e}", file.display()));
+                unreadable.push(file);
             }
         }
     }
-    let (next, diff) = build(loaded, previous, opts, problems);
+    let (mut next, _) = build(loaded, previous, opts, problems);
+    next.broken_files.extend(unreadable);
+    let diff = diff(previous, &next);
     Ok((next, diff))
 }
 
@@ -165,8 +173,10 @@ pub fn build_for(
     mut problems: BTreeSet<String>,
     runner: Runner,
 ) -> (PodSet, Diff) {
+    let mut broken_files = BTreeSet::new();
     for m in loaded.malformed {
         problems.insert(m.to_string());
+        broken_files.insert(m.file);
     }
     // Decode; a Pod also has to be readable by the policy and runnable by the runtime.
     let mut decoded: Vec<(Object, Option<core::Pod>)> = Vec::new();
@@ -175,6 +185,7 @@ pub fn build_for(
             Ok(x) => decoded.push(x),
             Err(line) => {
                 problems.insert(line);
+                broken_files.insert(raw.file.clone());
             }
         }
     }
@@ -242,6 +253,7 @@ pub fn build_for(
         }
     }
     next.problems = problems;
+    next.broken_files = broken_files;
     let diff = diff(previous, &next);
     (next, diff)
 }
@@ -337,6 +349,16 @@ pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
     }
 }
 
+/// How long a manifest file that stops parsing (an editor writing it half-way, a truncated
+/// copy) keeps the objects it last held: they run on unchanged until the file parses again, or
+/// are removed once this much time has passed. A file that is deleted, or that parses and no
+/// longer holds an object, removes it at once.
+pub const PARSE_GRACE: Duration = Duration::from_secs(30);
+
+/// A burst of events is read as one change at most this long after its first event, however
+/// long the burst lasts.
+const MAX_SETTLE: Duration = Duration::from_secs(2);
+
 /// The inotify descriptor, readable through tokio.
 struct InotifyFd(Inotify);
 
@@ -346,13 +368,48 @@ impl AsRawFd for InotifyFd {
     }
 }
 
+/// Events on the directory itself and on its manifest files.
+const DIR_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MODIFY)
+    .union(AddWatchFlags::IN_CLOSE_WRITE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_ATTRIB)
+    .union(AddWatchFlags::IN_DELETE_SELF)
+    .union(AddWatchFlags::IN_MOVE_SELF)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
+/// Events on the parent for the directory's name: it is removed, created or moved back.
+const PARENT_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO)
+    .union(AddWatchFlags::IN_ONLYDIR);
+
 /// A watched manifest directory.
+///
+/// [`ManifestWatch::changed`] is cancel-safe: what it has seen (events read, the debounce
+/// deadline) lives in the struct, so a caller may poll it in a `select!` with other branches and
+/// drop it at any await point without losing a change.
 pub struct ManifestWatch {
     dir: PathBuf,
     fd: AsyncFd<InotifyFd>,
+    /// The directory's own watch; `None` while the directory is missing.
+    dir_wd: Option<WatchDescriptor>,
+    /// The parent's watch, which sees the directory removed and created again.
+    parent_wd: WatchDescriptor,
+    /// The directory's name in its parent.
+    dir_name: std::ffi::OsString,
     debounce: Duration,
     opts: ValidationOptions,
     state: PodSet,
+    /// A change was seen: reload at the first instant, or at the second (`MAX_SETTLE` after the
+    /// burst's first event), whichever comes first.
+    pending: Option<(Instant, Instant)>,
+    parse_grace: Duration,
+    /// Files that stopped parsing, since when.
+    broken_since: BTreeMap<PathBuf, Instant>,
 }
 
 impl ManifestWatch {
@@ -369,17 +426,16 @@ impl ManifestWatch {
         };
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| watch_err(e.into()))?;
-        let flags = AddWatchFlags::IN_CREATE
-            | AddWatchFlags::IN_DELETE
-            | AddWatchFlags::IN_MODIFY
-            | AddWatchFlags::IN_CLOSE_WRITE
-            | AddWatchFlags::IN_MOVED_FROM
-            | AddWatchFlags::IN_MOVED_TO
-            | AddWatchFlags::IN_ATTRIB
-            | AddWatchFlags::IN_DELETE_SELF
-            | AddWatchFlags::IN_MOVE_SELF;
-        inotify
-            .add_watch(dir, flags)
+        let absolute = std::path::absolute(dir).map_err(watch_err)?;
+        let (parent, dir_name) = match (absolute.parent(), absolute.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), n.to_os_string()),
+            _ => return Err(watch_err(io::ErrorKind::InvalidInput.into())),
+        };
+        let parent_wd = inotify
+            .add_watch(&parent, PARENT_EVENTS)
+            .map_err(|e| watch_err(e.into()))?;
+        let dir_wd = inotify
+            .add_watch(dir, DIR_EVENTS)
             .map_err(|e| watch_err(e.into()))?;
         // SAFETY: `InotifyFd` owns the descriptor and always returns it; it stays open until
         // the AsyncFd is dropped.
@@ -388,10 +444,22 @@ impl ManifestWatch {
         Ok(Self {
             dir: dir.to_path_buf(),
             fd,
+            dir_wd: Some(dir_wd),
+            parent_wd,
+            dir_name,
             debounce,
             opts,
             state: PodSet::default(),
+            pending: None,
+            parse_grace: PARSE_GRACE,
+            broken_since: BTreeMap::new(),
         })
+    }
+
+    /// Overrides [`PARSE_GRACE`] (tests).
+    pub fn with_parse_grace(mut self, grace: Duration) -> Self {
+        self.parse_grace = grace;
+        self
     }
 
     /// The state of the last load.
@@ -399,9 +467,12 @@ impl ManifestWatch {
         &self.state
     }
 
-    /// Reloads the directory now; the diff is against the last load.
+    /// Reloads the directory now; the diff is against the last load. Objects of a file that no
+    /// longer parses are kept for the parse grace period.
     pub fn reload(&mut self) -> Result<Diff, WatchError> {
-        let (next, diff) = load_dir(&self.dir, &self.state, &self.opts)?;
+        let (mut next, _) = load_dir(&self.dir, &self.state, &self.opts)?;
+        self.keep_broken(&mut next, Instant::now());
+        let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
             tracing::warn!(dir = %self.dir.display(), problem = %line, "Manifest skipped.");
         }
@@ -409,34 +480,131 @@ impl ManifestWatch {
         Ok(diff)
     }
 
-    /// Waits for a change to a manifest file, lets the burst settle, reloads and returns the
-    /// diff (possibly empty when the files' contents did not change).
+    /// Carries the last good objects of each file that stopped parsing into `next`, while the
+    /// file is within its grace period.
+    fn keep_broken(&mut self, next: &mut PodSet, now: Instant) {
+        self.broken_since
+            .retain(|f, _| next.broken_files.contains(f));
+        for file in &next.broken_files {
+            let since = *self.broken_since.entry(file.clone()).or_insert(now);
+            let from_file = |o: &Object| o.meta().origin.file == *file;
+            let held_pods: Vec<(PodKey, ManifestPod)> = self
+                .state
+                .pods
+                .iter()
+                .filter(|(k, p)| from_file(&p.object) && !next.pods.contains_key(*k))
+                .map(|(k, p)| (k.clone(), p.clone()))
+                .collect();
+            let held_objects: Vec<(ObjectKey, Object)> = self
+                .state
+                .objects
+                .iter()
+                .filter(|(k, o)| from_file(o) && !next.objects.contains_key(*k))
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect();
+            if held_pods.is_empty() && held_objects.is_empty() {
+                continue;
+            }
+            if now.duration_since(since) >= self.parse_grace {
+                tracing::warn!(file = %file.display(), grace_secs = self.parse_grace.as_secs_f64(), "Manifest still does not parse after the grace period; removing its objects.");
+                continue;
+            }
+            if since == now {
+                tracing::warn!(file = %file.display(), grace_secs = self.parse_grace.as_secs_f64(), "Manifest does not parse; its last good objects keep running for the grace period.");
+            }
+            next.pods.extend(held_pods);
+            next.objects.extend(held_objects);
+            next.held_files.insert(file.clone());
+        }
+    }
+
+    /// When the parse grace of a file whose objects are held runs out.
+    fn grace_deadline(&self) -> Option<Instant> {
+        self.broken_since
+            .iter()
+            .filter(|(f, _)| self.state.held_files.contains(*f))
+            .map(|(_, since)| *since + self.parse_grace)
+            .min()
+    }
+
+    /// Waits for a change to a manifest file (or the end of a parse grace period), lets the
+    /// burst settle, reloads and returns the diff (possibly empty when the files' contents did
+    /// not change). Cancel-safe.
     pub async fn changed(&mut self) -> Result<Diff, WatchError> {
-        while !self.relevant_events().await? {}
         loop {
+            let wake = match (self.pending, self.grace_deadline()) {
+                (Some((quiet, cap)), grace) => {
+                    Some(grace.map_or(quiet.min(cap), |g| quiet.min(cap).min(g)))
+                }
+                (None, grace) => grace,
+            };
+            let timer = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                r = self.relevant_events() => { r?; }
-                _ = tokio::time::sleep(self.debounce) => break,
+                r = self.relevant_events() => {
+                    if r? {
+                        let now = Instant::now();
+                        let cap = self.pending.map_or(now + MAX_SETTLE, |(_, cap)| cap);
+                        self.pending = Some((now + self.debounce, cap));
+                    }
+                }
+                () = timer => {
+                    self.pending = None;
+                    return self.reload();
+                }
             }
         }
-        self.reload()
     }
 
     /// Waits for inotify events; true when one concerns a manifest file or the directory.
-    async fn relevant_events(&self) -> Result<bool, WatchError> {
+    /// Re-adds the directory's watch when the directory comes back. Nothing is awaited after
+    /// the events are read, so dropping the future loses none.
+    async fn relevant_events(&mut self) -> Result<bool, WatchError> {
         loop {
             let mut guard = self.fd.readable().await.map_err(|e| self.watch_err(e))?;
-            match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
-                Ok(Ok(events)) => {
-                    return Ok(events.iter().any(|e| {
-                        e.name
+            let events =
+                match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
+                    Ok(Ok(events)) => events,
+                    Ok(Err(e)) => return Err(self.watch_err(e)),
+                    Err(_would_block) => continue,
+                };
+            let mut relevant = false;
+            for e in &events {
+                if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    relevant = true;
+                } else if e.wd == self.parent_wd {
+                    relevant |= e.name.as_deref() == Some(self.dir_name.as_os_str());
+                } else if Some(e.wd) == self.dir_wd {
+                    if e.mask.intersects(
+                        AddWatchFlags::IN_DELETE_SELF
+                            | AddWatchFlags::IN_MOVE_SELF
+                            | AddWatchFlags::IN_IGNORED,
+                    ) {
+                        // Gone or moved away: a watch that followed it elsewhere must go too.
+                        if let Some(wd) = self.dir_wd.take() {
+                            let _ = self.fd.get_ref().0.rm_watch(wd);
+                        }
+                        relevant = true;
+                    } else {
+                        relevant |= e
+                            .name
                             .as_ref()
-                            .is_none_or(|n| is_manifest_file(Path::new(n)))
-                    }));
+                            .is_none_or(|n| is_manifest_file(Path::new(n)));
+                    }
                 }
-                Ok(Err(e)) => return Err(self.watch_err(e)),
-                Err(_would_block) => continue,
             }
+            if relevant && self.dir_wd.is_none() {
+                // The directory may be back (created or moved in again); watch it anew. Files
+                // written into it before this are read by the reload that follows.
+                if let Ok(wd) = self.fd.get_ref().0.add_watch(&self.dir, DIR_EVENTS) {
+                    self.dir_wd = Some(wd);
+                }
+            }
+            return Ok(relevant);
         }
     }
 
@@ -575,3 +743,6 @@ mod tests {
         assert_eq!(names(&d1.pods_added), ["m1"]);
     }
 }
+
+#[cfg(test)]
+mod watch_tests;

@@ -178,7 +178,8 @@ fn pod_status_is_the_api_servers() {
     assert_eq!(
         app.state,
         ContainerState::Waiting {
-            reason: "CrashLoopBackOff".into()
+            reason: "CrashLoopBackOff".into(),
+            message: None,
         }
     );
     assert_eq!(app.last_termination.as_ref().unwrap().reason, "OOMKilled");
