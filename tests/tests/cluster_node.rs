@@ -357,6 +357,24 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
             .then_some(())
     })
     .await;
+    // The kubelet's files are compared, never written: kubepods keeps the value the "kubelet"
+    // (this test) left, and the difference is counted as drift.
+    let kubepods_shares = s
+        .root
+        .read(Tree::V1(Controller::Cpu), "kubepods", "cpu.shares");
+    let m = http_get(metrics, "/metrics").unwrap_or_default();
+    let drift = m
+        .lines()
+        .find(|l| l.starts_with("qoslet_cgroup_drift_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    if s.root.mounts.trees.contains_key(&Tree::V1(Controller::Cpu)) {
+        assert_eq!(
+            kubepods_shares, "1024",
+            "qoslet wrote the kubelet's cpu.shares"
+        );
+        assert!(drift > 0.0, "drift not counted: {m}");
+    }
     let ready = http_get(metrics, "/readyz").unwrap_or_default();
     assert!(ready.contains("api: ready: watches: "), "{ready}");
     wait_for("the lease", || {

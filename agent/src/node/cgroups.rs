@@ -75,7 +75,7 @@ impl NodeCgroups {
                     warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.")
                 }
                 WriteResult::Drift => {
-                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode: not written).")
+                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).")
                 }
                 _ => {}
             }
@@ -83,6 +83,12 @@ impl NodeCgroups {
         for e in &result.errors {
             warn!(error = %e, "Cgroup reconcile error.");
         }
+        let drift = result
+            .writes
+            .iter()
+            .filter(|w| w.result == WriteResult::Drift)
+            .count();
+        report.state.metrics.cgroup_drift.inc_by(drift as u64);
     }
 
     /// The pass's desired state becomes current: its oom_score_adj targets, and the pod and

@@ -241,6 +241,9 @@ pub struct Metrics {
     pub node_signal_available: Family<SignalLabels, Gauge>,
     pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
     pub node_condition: Family<ConditionLabels, Gauge>,
+    /// Cgroup files found differing from the plan and left alone (observe mode, or the
+    /// kubelet's files in cluster mode), counted at each reconcile that read them.
+    pub cgroup_drift: Counter,
 }
 
 impl Default for Metrics {
@@ -366,6 +369,12 @@ impl Metrics {
             "1 while a node condition (MemoryPressure, PIDPressure) is in force, else 0",
             node_condition.clone(),
         );
+        let cgroup_drift = Counter::default();
+        reg.add(
+            "qoslet_cgroup_drift",
+            "Cgroup files found differing from the plan and left alone (observe mode, or the kubelet's files in cluster mode), counted at each reconcile that read them",
+            cgroup_drift.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -387,6 +396,7 @@ impl Metrics {
             node_signal_available,
             node_eviction_threshold,
             node_condition,
+            cgroup_drift,
         }
     }
 
