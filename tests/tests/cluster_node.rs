@@ -316,6 +316,14 @@ async fn setup(driver: Driver, runtime: Runtime, limit_mib: u64, hard_mib: u64) 
     }
 }
 
+/// Lets the hog allocate and waits for it to die; the signal that killed it.
+async fn release_and_wait(mut hog: Hog) -> Option<i32> {
+    hog.release();
+    tokio::task::spawn_blocking(move || hog.wait_signal(WAIT))
+        .await
+        .unwrap()
+}
+
 fn sleeper() -> Child {
     Command::new("sleep")
         .arg("600")
@@ -341,7 +349,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         &s.root,
         &web_pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
     );
-    let mut hog = Hog::spawn(320);
+    let hog = Hog::spawn(320);
     join(&hog_dirs, hog.pid());
     let mut web = sleeper();
     join(&web_dirs, web.id());
@@ -389,14 +397,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     // The API server goes away; the hog allocates past the hard threshold.
     s.fake.go_down(Outage::Refuse).await;
     let before = s.fake.requests().len();
-    hog.release();
-    let signal = tokio::task::spawn_blocking(move || {
-        let sig = hog.wait_signal(WAIT);
-        drop(hog);
-        sig
-    })
-    .await
-    .unwrap();
+    let signal = release_and_wait(hog).await;
     assert_eq!(
         signal,
         Some(libc::SIGKILL),
@@ -548,7 +549,7 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
         &s.root,
         &m2.container_cgroup(Driver::Systemd, Runtime::CriO),
     );
-    let mut hog = Hog::spawn(320);
+    let hog = Hog::spawn(320);
     join(&d1, hog.pid());
     let mut quiet = sleeper();
     join(&d2, quiet.id());
@@ -559,14 +560,7 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
         (m.contains("pod=\"m1\"") && m.contains("pod=\"m2\"")).then_some(())
     })
     .await;
-    hog.release();
-    let signal = tokio::task::spawn_blocking(move || {
-        let sig = hog.wait_signal(WAIT);
-        drop(hog);
-        sig
-    })
-    .await
-    .unwrap();
+    let signal = release_and_wait(hog).await;
     assert_eq!(signal, Some(libc::SIGKILL));
     // The quiet member goes with the unit, though it holds no memory.
     let deadline = Instant::now() + WAIT;
