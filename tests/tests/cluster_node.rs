@@ -207,8 +207,28 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// The cluster node in this process; aborting the task stops it (as a crash would).
-fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> tokio::task::JoinHandle<()> {
+/// The cluster node in this process, on its own tokio runtime: [`Qoslet::crash`] drops every
+/// task of it at once (watchers, the write queue's delivery, the HTTP server), as a killed
+/// process would leave only what is on disk.
+struct Qoslet(Option<tokio::runtime::Runtime>);
+
+impl Qoslet {
+    fn crash(mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Qoslet {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> Qoslet {
     let opts = ClusterOptions {
         kubelet_config: KubeletConfigFrom::File(kubelet.into()),
         config: Some(config.into()),
@@ -221,7 +241,12 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> tokio::task
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    tokio::spawn(async move {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for qoslet");
+    rt.spawn(async move {
         let capacity = |_: &CapacityOverride, limit: Option<i64>| {
             Ok(Capacity {
                 cpu_millis: 2000,
@@ -236,7 +261,8 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> tokio::task
                 std::error::Error::source(&e)
             );
         }
-    })
+    });
+    Qoslet(Some(rt))
 }
 
 fn count(log: &[RequestRecord], method: &str, path: &str, code: u16) -> usize {
@@ -415,8 +441,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
 
     // qoslet restarts while the API server is still down; its writes wait on disk.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    qoslet.abort();
-    let _ = qoslet.await;
+    qoslet.crash();
     let pending = fs::read_dir(s.work.path.join("state/api-writes"))
         .unwrap()
         .count();
@@ -515,7 +540,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         .unwrap()
         .count();
     assert_eq!(left, 0, "delivered writes are removed");
-    qoslet.abort();
+    qoslet.crash();
     let _ = web.kill();
     let _ = web.wait();
 }
@@ -584,5 +609,5 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
             .any(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/ns/pods/m3/status"),
         "the other node's member is evicted through the API only"
     );
-    qoslet.abort();
+    qoslet.crash();
 }
