@@ -182,6 +182,61 @@ pub struct QosletConfiguration {
     /// the API version qoslet speaks. In cluster mode the node's `kubeletVersion` decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// Cluster mode: what qoslet writes beside the kubelet (nothing by default: it compares
+    /// the kubelet's cgroups and reports drift). Ignored by the standalone node, which writes all.
+    #[serde(default)]
+    pub enforce: Vec<EnforceArea>,
+    /// Cluster mode: a gang with `disruptionMode: all` is evicted on this node only (`node`) or
+    /// with its members on other nodes too, through the Eviction API (`unit`).
+    #[serde(default)]
+    pub gang_eviction: GangEviction,
+    /// Cluster mode: the namespace of the per-node Lease `qoslet-NODE` (the heartbeat).
+    #[serde(default = "default_lease_namespace")]
+    pub lease_namespace: String,
+}
+
+/// An area qoslet writes in cluster mode (QosletConfiguration `enforce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum EnforceArea {
+    /// memory.min / memory.low / memory.high of kubepods, the QoS tiers, pods and containers.
+    #[serde(rename = "memoryQoS")]
+    MemoryQos,
+    /// oom_score_adj of the processes in container cgroups.
+    #[serde(rename = "oomScoreAdj")]
+    OomScoreAdj,
+    /// cpuset.cpus from reservedSystemCPUs.
+    #[serde(rename = "reservedCPUs")]
+    ReservedCpus,
+    /// cpu.weight (cpu.shares) of the burstable and besteffort QoS cgroups.
+    #[serde(rename = "qosTierWeights")]
+    QosTierWeights,
+}
+
+impl EnforceArea {
+    pub fn area(self) -> crate::cgroup::desired::Area {
+        use crate::cgroup::desired::Area;
+        match self {
+            Self::MemoryQos => Area::MemoryQos,
+            Self::OomScoreAdj => Area::OomScoreAdj,
+            Self::ReservedCpus => Area::ReservedCpus,
+            Self::QosTierWeights => Area::QosTierWeights,
+        }
+    }
+}
+
+/// How far a `disruptionMode: all` gang is evicted in cluster mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GangEviction {
+    /// The unit's pods on this node.
+    Node,
+    /// The whole unit: members on other nodes through the Eviction API.
+    #[default]
+    Unit,
+}
+
+fn default_lease_namespace() -> String {
+    "kube-node-lease".into()
 }
 
 fn yes() -> bool {
@@ -241,6 +296,9 @@ impl Default for QosletConfiguration {
             node_root_cgroup: None,
             reserved_cpus_conflict: ReservedCpusConflict::Reject,
             kubernetes_version: None,
+            enforce: Vec::new(),
+            gang_eviction: GangEviction::Unit,
+            lease_namespace: default_lease_namespace(),
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod beneath;
 pub mod cgroup;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod eviction;
 pub mod node;

@@ -91,6 +91,7 @@ fn reconcile(
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
+        owner: qoslet::cgroup::desired::Owner::Qoslet,
     };
     let desired = desired_state(&plan, &naming, ids);
     Reconciler::new(root.open(), mode).reconcile(&desired)
@@ -621,6 +622,7 @@ fn the_change_feed_reads_only_what_changed_and_still_repairs_drift() {
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
         create_containers: true,
+        owner: qoslet::cgroup::desired::Owner::Qoslet,
     };
     let desired = desired_state(&plan, &naming, &ids());
     let mut reconciler = Reconciler::new(root.open(), Mode::Enforce);

@@ -2,7 +2,7 @@
 //! node root with the settings each one should hold. Pure; a pod whose names fail validation is
 //! left out with an error, the others are unaffected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
@@ -26,6 +26,62 @@ pub struct Naming {
     /// Create container cgroups that do not exist (the standalone runtime); in cluster mode the
     /// runtime creates them and a missing one is simply not started yet.
     pub create_containers: bool,
+    /// Who made the cgroups and writes them besides qoslet.
+    pub owner: Owner,
+}
+
+/// Who owns the node's cgroup tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Owner {
+    /// qoslet (standalone): it creates and writes everything.
+    #[default]
+    Qoslet,
+    /// The kubelet and the container runtime (cluster mode): they create every cgroup and
+    /// write most files. qoslet creates nothing and only compares (drift), except the areas
+    /// listed, which it writes.
+    Kubelet(BTreeSet<Area>),
+}
+
+/// What qoslet may write beside the kubelet (QosletConfiguration `enforce`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Area {
+    /// memory.min, memory.low, memory.high (cgroup v2).
+    MemoryQos,
+    /// oom_score_adj of the processes in container cgroups.
+    OomScoreAdj,
+    /// cpuset.cpus (and v1 cpuset.mems) for reservedSystemCPUs.
+    ReservedCpus,
+    /// cpu.weight / cpu.shares of the QoS tier cgroups.
+    QosTierWeights,
+}
+
+impl Area {
+    /// The cgroup files of the area on a cgroup of `role`.
+    fn files(self, role: Role) -> &'static [&'static str] {
+        match (self, role) {
+            (Area::MemoryQos, _) => &["memory.min", "memory.low", "memory.high"],
+            (Area::ReservedCpus, _) => &["cpuset.cpus", "cpuset.mems"],
+            (Area::QosTierWeights, Role::QosTier) => &["cpu.weight", "cpu.shares"],
+            _ => &[],
+        }
+    }
+}
+
+/// Which of a cgroup's files qoslet writes; it compares the others and reports their drift.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Writes {
+    #[default]
+    All,
+    Only(BTreeSet<&'static str>),
+}
+
+impl Writes {
+    pub fn allows(&self, file: &str) -> bool {
+        match self {
+            Writes::All => true,
+            Writes::Only(files) => files.contains(file),
+        }
+    }
 }
 
 /// What a cgroup is to qoslet.
@@ -73,6 +129,7 @@ pub struct DesiredCgroup {
     pub oom_score_adj: Option<i32>,
     /// Create the directory when it is missing (never for reserved cgroups).
     pub create: bool,
+    pub writes: Writes,
 }
 
 /// A pod left out of the desired state.
@@ -137,6 +194,7 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
                 settings,
                 oom_score_adj: None,
                 create: role != Role::Reserved,
+                writes: Writes::All,
             }),
             Err(source) => out.refused_node.push(NodeCgroupRefused {
                 what,
@@ -156,11 +214,30 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
             }),
         }
     }
+    if let Owner::Kubelet(areas) = &naming.owner {
+        for c in &mut out.cgroups {
+            kubelet_owned(c, areas);
+        }
+    }
     // Depth-first pre-order: parents before children and each subtree contiguous, so the
     // reconciler opens every cgroup relative to its parent's directory, held open meanwhile.
     out.cgroups
         .sort_by(|a, b| a.path.components().cmp(b.path.components()));
     out
+}
+
+/// Under the kubelet: nothing is created, and only the enforced areas' files are written.
+fn kubelet_owned(c: &mut DesiredCgroup, areas: &BTreeSet<Area>) {
+    c.create = false;
+    c.writes = Writes::Only(
+        areas
+            .iter()
+            .flat_map(|a| a.files(c.role).iter().copied())
+            .collect(),
+    );
+    if !areas.contains(&Area::OomScoreAdj) {
+        c.oom_score_adj = None;
+    }
 }
 
 fn inherit_cpus(s: &mut Settings, kubepods_cpus: &Option<CpuSet>) {
@@ -220,6 +297,7 @@ fn pod_cgroups(
         settings,
         oom_score_adj: None,
         create: true,
+        writes: Writes::All,
     }];
     for c in &pod.containers {
         if !is_dns_label(&c.name) {
@@ -266,6 +344,7 @@ fn container_cgroup(
         settings,
         oom_score_adj: Some(c.oom_score_adj),
         create: true,
+        writes: Writes::All,
     }
 }
 

@@ -472,12 +472,12 @@ impl Reconciler {
     ) {
         let path = self.fs.display_path(tree, &c.path);
         let result = match (self.mode, dir) {
-            (Mode::Enforce, Some(d)) => match d.write(file, new) {
+            (Mode::Enforce, Some(d)) if c.writes.allows(file) => match d.write(file, new) {
                 Ok(()) => WriteResult::Written,
                 Err(e) => self.failed(&path, file, new, e, report),
             },
             _ => {
-                info!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode: not written).");
+                info!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written).");
                 WriteResult::Drift
             }
         };
@@ -519,8 +519,8 @@ impl Reconciler {
     ) -> WriteReport {
         let path = self.fs.display_path(w.tree, &c.path);
         let new = w.new.render();
-        let result = if self.mode == Mode::Observe {
-            info!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode: not written).");
+        let result = if self.mode == Mode::Observe || !c.writes.allows(w.file) {
+            info!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written).");
             WriteResult::Drift
         } else {
             match self.fs.write(w.tree, &c.path, w.file, &new) {

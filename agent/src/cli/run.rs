@@ -1,11 +1,12 @@
 //! `qoslet run`: the daemon. `--standalone DIR` runs the standalone node (pods from manifests,
-//! run as processes in real cgroups; see `crate::standalone`). The cluster mode (`--kube`) needs
-//! an API server and is not built yet.
+//! run as processes in real cgroups; see `crate::standalone`); `--kube` the node agent of a
+//! Kubernetes cluster beside the kubelet (see `crate::cluster`).
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use super::{EXIT_CONFIG, plan::machine_capacity};
 use crate::{
+    cluster::{self, ClusterOptions, KubeletConfigFrom},
     config::CapacityOverride,
     standalone::{self, StandaloneOptions},
 };
@@ -13,8 +14,12 @@ use crate::{
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
-    #[arg(long, value_name = "FILE")]
-    pub kubelet_config: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = "kubelet_configz")]
+    pub kubelet_config: Option<PathBuf>,
+    /// Cluster mode: read the kubelet's running configuration from its /configz, through the
+    /// API server (`/api/v1/nodes/NAME/proxy/configz`).
+    #[arg(long, requires = "kube", conflicts_with = "kubelet_config")]
+    pub kubelet_configz: bool,
     /// qoslet's own QosletConfiguration.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -29,6 +34,13 @@ pub struct RunArgs {
     /// Cluster mode: pods come from the Kubernetes API.
     #[arg(long)]
     pub kube: bool,
+    /// Cluster mode: this node's name (the DaemonSet sets NODE_NAME from spec.nodeName).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME", requires = "kube")]
+    pub node_name: Option<String>,
+    /// Cluster mode: the kubeconfig to use; without it KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account.
+    #[arg(long, value_name = "FILE", requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
     /// Compute and report everything, write nothing, evict nobody.
     #[arg(long)]
     pub observe: bool,
@@ -41,12 +53,6 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> ExitCode {
-    let Some(dir) = args.standalone.clone() else {
-        eprintln!(
-            "qoslet run --kube is not built yet (it needs the cluster source); use --standalone DIR."
-        );
-        return ExitCode::from(EXIT_CONFIG);
-    };
     raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -59,14 +65,6 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts = StandaloneOptions {
-        kubelet_config: args.kubelet_config,
-        config: args.config,
-        dir,
-        observe: args.observe,
-        log_dir: args.log_dir,
-        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
-    };
     let capacity = |over: &CapacityOverride, root_limit: Option<i64>| {
         let mut c = machine_capacity(over)?;
         // A node root with its own memory limit is the node (unless capacity.memory says).
@@ -75,14 +73,47 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
         Ok(c)
     };
+    let shutdown_grace = Duration::from_secs(args.shutdown_grace_seconds);
+    if args.kube {
+        let kubelet_config = match args.kubelet_config {
+            Some(f) => KubeletConfigFrom::File(f),
+            None => KubeletConfigFrom::Configz,
+        };
+        let opts = ClusterOptions {
+            kubelet_config,
+            config: args.config,
+            node_name: args.node_name.unwrap_or_default(),
+            kubeconfig: args.kubeconfig,
+            observe: args.observe,
+            shutdown_grace,
+        };
+        return match runtime.block_on(cluster::run(opts, capacity)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e, e.exit_code()),
+        };
+    }
+    let (Some(dir), Some(kubelet_config)) = (args.standalone, args.kubelet_config) else {
+        eprintln!("qoslet run --standalone needs --kubelet-config FILE.");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let opts = StandaloneOptions {
+        kubelet_config,
+        config: args.config,
+        dir,
+        observe: args.observe,
+        log_dir: args.log_dir,
+        shutdown_grace,
+    };
     match runtime.block_on(standalone::run(opts, capacity)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // One line naming the cause: the error and its sources.
-            eprintln!("qoslet: {}", crate::error_chain(&e));
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => fail(&e, e.exit_code()),
     }
+}
+
+/// One line naming the cause (the error and its sources), and the exit status.
+fn fail(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
+    eprintln!("qoslet: {}", crate::error_chain(e));
+    ExitCode::from(code)
 }
 
 /// Raises the soft limit on open files to the hard limit (as Go programs do at start): the

@@ -200,6 +200,28 @@ fn qoslet_configuration_defaults_and_strictness() {
     assert_eq!(q.housekeeping_interval, Duration::from_millis(250));
     assert_eq!(q.reserved_cpus_conflict, ReservedCpusConflict::Openshift);
     assert_eq!(q.ebpf.sensors.get("oom_victim"), Some(&false));
+    assert!(
+        parsed.enforce.is_empty(),
+        "cluster mode writes nothing the kubelet writes"
+    );
+    assert_eq!(parsed.gang_eviction, GangEviction::Unit);
+    assert_eq!(parsed.lease_namespace, "kube-node-lease");
+    let c = QosletConfiguration::parse(
+        Path::new("q.yaml"),
+        "enforce: [memoryQoS, oomScoreAdj, reservedCPUs, qosTierWeights]\ngangEviction: node\nleaseNamespace: qoslet\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.enforce,
+        [
+            EnforceArea::MemoryQos,
+            EnforceArea::OomScoreAdj,
+            EnforceArea::ReservedCpus,
+            EnforceArea::QosTierWeights
+        ]
+    );
+    assert_eq!(c.gang_eviction, GangEviction::Node);
+    assert!(QosletConfiguration::parse(Path::new("q.yaml"), "enforce: [memory]\n").is_err());
     let err = QosletConfiguration::parse(Path::new("q.yaml"), "metricAddress: x\n").unwrap_err();
     assert!(
         err.to_string().contains("unknown field `metricAddress`"),

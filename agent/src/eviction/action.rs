@@ -130,26 +130,44 @@ pub trait EvictionAction: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CgroupKill;
 
-/// The pod's processes. With a cgroup v2 directory, its `cgroup.procs` (read through a held
-/// descriptor, `held.rs`) lists every one of them, and the v1 directories are read only as far
-/// as descriptors allow: a v1 `cgroup.procs` cannot be held open, since a re-read through one
-/// open file may return the kernel's cached pid list of up to a second before
-/// (`cgroup_pidlist_start`).
+/// The pod's processes: its cgroups' and their descendants' (under the kubelet every process sits
+/// in a container cgroup below the pod's, and `cgroup.procs` lists a cgroup's own members only).
+/// The cgroup v2 directory's errors count; the v1 directories are read as far as they can be: a
+/// v1 `cgroup.procs` cannot be held open, since a re-read through one open file may return the
+/// kernel's cached pid list of up to a second before (`cgroup_pidlist_start`).
 fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     let mut all = Vec::new();
     if let Some(u) = &cgroups.unified {
-        all.extend(read_procs(u)?);
+        procs_below(u, &mut all)?;
         for d in cgroups.procs.iter().filter(|d| *d != u) {
-            all.extend(read_procs(d).unwrap_or_default());
+            let _ = procs_below(d, &mut all);
         }
     } else {
         for d in &cgroups.procs {
-            all.extend(read_procs(d)?);
+            procs_below(d, &mut all)?;
         }
     }
     all.sort_unstable();
     all.dedup();
     Ok(all)
+}
+
+fn procs_below(dir: &std::path::Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    out.extend(read_procs(dir)?);
+    // A child removed meanwhile is simply gone.
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            match procs_below(&e.path(), out) {
+                Ok(()) => {}
+                Err(_) if !e.path().exists() => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Signals each pid; one that exited meanwhile is not an error.

@@ -297,7 +297,7 @@ impl<A: EvictionAction> Manager<A> {
         let forests = self.forests_with_evictions(&inventory);
         let Some(choice) = choose(&samples, &forests, resource, need, self.cfg.order) else {
             self.with_stats(|s| s.nothing_to_evict += 1);
-            tracing::warn!(signal = %threshold.signal, observed = o.available, "A threshold is met but no pod can be evicted.");
+            tracing::warn!(signal = %threshold.signal, observed = o.available, candidates = samples.len(), managed = inventory.pods.len(), "A threshold is met but no pod can be evicted.");
             return Ok(None);
         };
         let amount = threshold_amount(&threshold, o.capacity, false);

@@ -74,7 +74,7 @@ impl NodeCgroups {
                     warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.")
                 }
                 WriteResult::Drift => {
-                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode: not written).")
+                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).")
                 }
                 _ => {}
             }
@@ -82,6 +82,12 @@ impl NodeCgroups {
         for e in &result.errors {
             warn!(error = %e, "Cgroup reconcile error.");
         }
+        let drift = result
+            .writes
+            .iter()
+            .filter(|w| w.result == WriteResult::Drift)
+            .count();
+        report.state.metrics.cgroup_drift.inc_by(drift as u64);
     }
 
     /// The pass's desired state becomes current: its oom_score_adj targets, and the pod and
@@ -89,7 +95,11 @@ impl NodeCgroups {
     pub(super) fn set_desired(&mut self, desired: DesiredState) {
         let wanted: BTreeSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
         for c in &self.desired.cgroups {
-            if matches!(c.role, Role::Pod | Role::Container) && !wanted.contains(&c.path) {
+            // Only what qoslet created: the kubelet removes its own cgroups.
+            if c.create
+                && matches!(c.role, Role::Pod | Role::Container)
+                && !wanted.contains(&c.path)
+            {
                 self.stale.insert(c.path.clone());
             }
         }

@@ -94,6 +94,9 @@ pub struct RunConfig {
     pub shutdown_grace: Duration,
     /// Where the state file lives; `None` keeps no state (observe mode).
     pub state_dir: Option<PathBuf>,
+    /// Called once the agent's state exists, before the first pass: a mode's own tasks (cluster
+    /// mode: the API watch readiness, node conditions and the lease) read and report through it.
+    pub on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
 }
 
 /// Runs the node until SIGINT, SIGTERM or SIGHUP; then drains and stops.
@@ -145,6 +148,9 @@ where
     });
     for s in ["sensors", "reconciler", "eviction"] {
         state.readiness.register(s);
+    }
+    if let Some(f) = cfg.on_start {
+        f(state.clone());
     }
     let (local, serve) = server::bind(cfg.addr, state.clone())
         .await

@@ -243,6 +243,7 @@ fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<Agent
             runtime: ContainerRuntime::Standalone,
             node_root: CgroupPath::root(),
             create_containers: true,
+            owner: crate::cgroup::desired::Owner::Qoslet,
         },
         fs,
         mode: Mode::Enforce,

@@ -249,6 +249,9 @@ pub struct Metrics {
     /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
     /// exported from the start at 0, so an alert on its increase has a baseline.
     pub reconcile_errors: Counter,
+    /// Cgroup files found differing from the plan and left alone (observe mode, or the
+    /// kubelet's files in cluster mode), counted at each reconcile that read them.
+    pub cgroup_drift: Counter,
 }
 
 impl Default for Metrics {
@@ -380,6 +383,12 @@ impl Metrics {
             "Errors of cgroup reconcile passes (a write or read that failed)",
             reconcile_errors.clone(),
         );
+        let cgroup_drift = Counter::default();
+        reg.add(
+            "qoslet_cgroup_drift",
+            "Cgroup files found differing from the plan and left alone (observe mode, or the kubelet's files in cluster mode), counted at each reconcile that read them",
+            cgroup_drift.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -402,6 +411,7 @@ impl Metrics {
             node_eviction_threshold,
             node_condition,
             reconcile_errors,
+            cgroup_drift,
         }
     }
 

@@ -146,12 +146,32 @@ pub fn load_dir(
     Ok((next, diff))
 }
 
+/// Who runs the pods a source yields, which decides one check at the door: qoslet's own runtime
+/// needs every container's `command` (it has no images); under the kubelet the image's
+/// entrypoint is the kubelet's business. Every other check is the same for both sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runner {
+    Qoslet,
+    Kubelet,
+}
+
 /// The pure part of [`load_dir`]: decoding, immutability, validation and the diff.
 pub fn build(
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,
+    problems: BTreeSet<String>,
+) -> (PodSet, Diff) {
+    build_for(loaded, previous, opts, problems, Runner::Qoslet)
+}
+
+/// [`build`] for pods run by `runner`.
+pub fn build_for(
+    loaded: Loaded,
+    previous: &PodSet,
+    opts: &ValidationOptions,
     mut problems: BTreeSet<String>,
+    runner: Runner,
 ) -> (PodSet, Diff) {
     let mut broken_files = BTreeSet::new();
     for m in loaded.malformed {
@@ -161,7 +181,7 @@ pub fn build(
     // Decode; a Pod also has to be readable by the policy and runnable by the runtime.
     let mut decoded: Vec<(Object, Option<core::Pod>)> = Vec::new();
     for raw in &loaded.objects {
-        match decode(raw) {
+        match decode(raw, runner) {
             Ok(x) => decoded.push(x),
             Err(line) => {
                 problems.insert(line);
@@ -238,7 +258,7 @@ pub fn build(
     (next, diff)
 }
 
-fn decode(raw: &RawObject) -> Result<(Object, Option<core::Pod>), String> {
+fn decode(raw: &RawObject, runner: Runner) -> Result<(Object, Option<core::Pod>), String> {
     let origin = Origin {
         file: raw.file.clone(),
         index: raw.index,
@@ -266,8 +286,10 @@ fn decode(raw: &RawObject) -> Result<(Object, Option<core::Pod>), String> {
         .decode()
         .map_err(|e| line(Rule::Schema, e.message.clone()))?;
     PodSpecView::from_pod(&pod).map_err(|e| line(Rule::Schema, e.to_string()))?;
-    PodRuntimeSpec::from_pod(&pod)
-        .map_err(|e| line(Rule::Schema, format!("{}: {}", e.field, e.message)))?;
+    if runner == Runner::Qoslet {
+        PodRuntimeSpec::from_pod(&pod)
+            .map_err(|e| line(Rule::Schema, format!("{}: {}", e.field, e.message)))?;
+    }
     Ok((object, Some(pod)))
 }
 

@@ -169,6 +169,7 @@ async fn run_node(
         runtime: ContainerRuntime::Standalone,
         node_root: node_root.clone(),
         create_containers: true,
+        owner: crate::cgroup::desired::Owner::Qoslet,
     };
     let validation = ValidationOptions {
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
@@ -192,6 +193,7 @@ async fn run_node(
         addr,
         shutdown_grace: opts.shutdown_grace,
         state_dir,
+        on_start: None,
     };
     tracing::info!(dir = %opts.dir.display(), "Standalone node: pods from the manifest directory.");
     node::run(cfg, manifests, runtime, CgroupKill).await?;

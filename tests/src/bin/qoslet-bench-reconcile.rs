@@ -92,6 +92,7 @@ fn main() -> ExitCode {
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::root(),
         create_containers: true,
+        owner: qoslet::cgroup::desired::Owner::Qoslet,
     };
     let desired = desired_state(&plan, &naming, &ids);
     let planning = t.elapsed();

@@ -56,6 +56,7 @@ fn naming(driver: CgroupDriver, runtime: ContainerRuntime, node_root: &str) -> N
         runtime,
         node_root: CgroupPath::parse(node_root).unwrap(),
         create_containers: true,
+        owner: crate::cgroup::desired::Owner::Qoslet,
     }
 }
 
@@ -213,4 +214,36 @@ fn components_and_uids_are_checked() {
             .to_string(),
         "/kubepods"
     );
+}
+
+#[test]
+fn under_the_kubelet_nothing_is_created_and_only_enforced_areas_are_written() {
+    let s = settings(CgroupDriver::Systemd, "/");
+    let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
+    let mut n = naming(CgroupDriver::Systemd, ContainerRuntime::CriO, "/");
+    n.create_containers = false;
+    n.owner = Owner::Kubelet([Area::MemoryQos, Area::QosTierWeights].into());
+    let d = desired_state(&plan, &n, &ids(ID));
+    assert!(d.cgroups.iter().all(|c| !c.create), "{d:#?}");
+    let by_role = |r: Role| d.cgroups.iter().find(|c| c.role == r).unwrap();
+    let tier = by_role(Role::QosTier);
+    assert!(tier.writes.allows("cpu.weight") && tier.writes.allows("memory.min"));
+    let pod = by_role(Role::Pod);
+    assert!(pod.writes.allows("memory.min") && !pod.writes.allows("cpu.weight"));
+    assert!(!pod.writes.allows("memory.max") && !pod.writes.allows("cgroup.subtree_control"));
+    let ctr = by_role(Role::Container);
+    assert_eq!(
+        ctr.path.components().last().unwrap(),
+        &format!("crio-{ID}.scope")
+    );
+    assert_eq!(ctr.oom_score_adj, None, "oomScoreAdj not enforced");
+    n.owner = Owner::Kubelet([Area::OomScoreAdj].into());
+    let d = desired_state(&plan, &n, &ids(ID));
+    let ctr = d
+        .cgroups
+        .iter()
+        .find(|c| c.role == Role::Container)
+        .unwrap();
+    assert_eq!(ctr.oom_score_adj, Some(875));
+    assert!(!ctr.writes.allows("memory.min"));
 }

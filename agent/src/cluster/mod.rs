@@ -1,0 +1,357 @@
+//! Cluster mode (`qoslet run --kube`): qoslet as the node agent of a Kubernetes cluster, beside
+//! the kubelet.
+//!
+//! [`source`] watches the node's pods and their workload objects through the API server;
+//! [`executor`] finds the cgroups the kubelet and the container runtime made (qoslet starts
+//! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] kills
+//! locally first and then tells the API server through [`queue`], which survives the API
+//! server's absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events and
+//! lease. [`run`] wires them into the mode-independent [`crate::node`].
+
+pub mod action;
+pub mod executor;
+pub mod queue;
+pub mod report;
+pub mod source;
+pub mod writes;
+
+#[cfg(test)]
+mod mock;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::{Client, config::KubeConfigOptions};
+use thiserror::Error;
+
+pub use action::ApiEviction;
+pub use executor::KubeletExecutor;
+pub use source::{ApiSource, SourceClosed, WatchState, WatchStates};
+
+use crate::{
+    cgroup::{
+        CgroupPath, ContainerRuntime, Mode, Mounts, Naming, desired::Owner, layout::LayoutError,
+    },
+    config::{
+        CapacityOverride, ConfigError, KUBELET_API_VERSION, KubeletConfig, QosletConfiguration,
+        node_settings,
+    },
+    node::{self, NodeError, PodSource, RunConfig},
+    policy::settings::Capacity,
+    source::{Diff, PodSet},
+    workload::ValidationOptions,
+};
+
+/// sysexits.h: a configuration error.
+pub const EX_CONFIG: u8 = 64;
+/// sysexits.h: a service is unavailable (the API server, at start).
+pub const EX_UNAVAILABLE: u8 = 69;
+
+/// Where the kubelet's configuration comes from.
+#[derive(Debug, Clone)]
+pub enum KubeletConfigFrom {
+    /// A file (the kubelet's own, mounted read-only).
+    File(PathBuf),
+    /// The kubelet's `/configz` through the API server's node proxy.
+    Configz,
+}
+
+/// How the cluster node was asked to run.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub kubelet_config: KubeletConfigFrom,
+    pub config: Option<PathBuf>,
+    pub node_name: String,
+    /// A kubeconfig; without it, `KUBECONFIG`, `~/.kube/config` or the in-cluster service
+    /// account (kube's inference).
+    pub kubeconfig: Option<PathBuf>,
+    pub observe: bool,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{file}: QosletConfiguration: {field}: {message}")]
+    Setting {
+        file: String,
+        field: &'static str,
+        message: String,
+    },
+    #[error("no node name: pass --node-name or set NODE_NAME")]
+    NodeName,
+    #[error("cannot build the API client")]
+    Client(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot read the kubelet's configuration from /api/v1/nodes/{node}/proxy/configz")]
+    Configz {
+        node: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("the API watchers stopped before the first list")]
+    Source(#[from] SourceClosed),
+    #[error("cannot detect the cgroup layout")]
+    Layout(#[source] LayoutError),
+    #[error("cannot open the API write queue")]
+    Queue(#[from] queue::QueueError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+impl ClusterError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) | Self::Setting { .. } | Self::NodeName | Self::Client(_) => EX_CONFIG,
+            Self::Configz { .. } | Self::Source(_) => EX_UNAVAILABLE,
+            Self::Layout(_) => 72,
+            Self::Queue(_) => 71,
+            Self::Node(e) => e.exit_code(),
+        }
+    }
+}
+
+impl PodSource for ApiSource {
+    type Error = SourceClosed;
+
+    fn pods(&self) -> &PodSet {
+        ApiSource::pods(self)
+    }
+
+    fn changed(&mut self) -> impl Future<Output = Result<Diff, SourceClosed>> + Send {
+        ApiSource::changed(self)
+    }
+}
+
+/// The API client: `kubeconfig` when given, else kube's inference.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
+    let boxed = |e: kube::Error| ClusterError::Client(Box::new(e));
+    let config = match kubeconfig {
+        Some(f) => {
+            let kc = kube::config::Kubeconfig::read_from(f)
+                .map_err(|e| ClusterError::Client(Box::new(e)))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| ClusterError::Client(Box::new(e)))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ClusterError::Client(Box::new(e)))?,
+    };
+    // The write queue retries with its own backoff, and a hard threshold must see a PDB's 429
+    // at once to fall back to a delete: no retry inside the client.
+    let mut config = config;
+    config.default_retry = false;
+    Client::try_from(config).map_err(boxed)
+}
+
+/// The kubelet's configuration from `/configz` (`{"kubeletconfig": {...}}`, without apiVersion
+/// and kind).
+pub async fn configz(client: &Client, node: &str) -> Result<KubeletConfig, ClusterError> {
+    let err = |source: Box<dyn std::error::Error + Send + Sync>| ClusterError::Configz {
+        node: node.into(),
+        source,
+    };
+    let req = http::Request::get(format!("/api/v1/nodes/{node}/proxy/configz"))
+        .body(Vec::new())
+        .map_err(|e| err(Box::new(e)))?;
+    let text = client
+        .request_text(req)
+        .await
+        .map_err(|e| err(Box::new(e)))?;
+    parse_configz(&text).map_err(|e| err(e.into()))
+}
+
+pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut kc = v
+        .get("kubeletconfig")
+        .cloned()
+        .ok_or("no kubeletconfig in the /configz response")?;
+    if let Some(m) = kc.as_object_mut() {
+        m.entry("apiVersion").or_insert(KUBELET_API_VERSION.into());
+        m.entry("kind").or_insert("KubeletConfiguration".into());
+    }
+    let text = serde_json::to_string(&kc).map_err(|e| e.to_string())?;
+    KubeletConfig::parse(Path::new("/configz"), &text).map_err(|e| e.to_string())
+}
+
+/// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
+pub async fn run(
+    opts: ClusterOptions,
+    capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
+) -> Result<(), ClusterError> {
+    if opts.node_name.is_empty() {
+        return Err(ClusterError::NodeName);
+    }
+    let qc = match &opts.config {
+        Some(f) => QosletConfiguration::load(f)?,
+        None => QosletConfiguration::default(),
+    };
+    let config_file = opts
+        .config
+        .as_ref()
+        .map_or_else(|| "(defaults)".to_owned(), |f| f.display().to_string());
+    let setting = |field: &'static str, message: String| ClusterError::Setting {
+        file: config_file.clone(),
+        field,
+        message,
+    };
+    let mode = if opts.observe || qc.mode == crate::config::Mode::Observe {
+        Mode::Observe
+    } else {
+        Mode::Enforce
+    };
+    let addr: SocketAddr = qc
+        .metrics_address
+        .parse()
+        .map_err(|e: std::net::AddrParseError| setting("metricsAddress", e.to_string()))?;
+    let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
+        .map_err(|e| setting("nodeRootCgroup", e.to_string()))?;
+    let client = client(opts.kubeconfig.as_deref()).await?;
+    let (kc_file, kc) = match &opts.kubelet_config {
+        KubeletConfigFrom::File(f) => (f.clone(), KubeletConfig::load(f)?),
+        KubeletConfigFrom::Configz => (
+            PathBuf::from(format!("/api/v1/nodes/{}/proxy/configz", opts.node_name)),
+            configz(&client, &opts.node_name).await?,
+        ),
+    };
+    let mounts = Mounts::detect().map_err(ClusterError::Layout)?;
+    let root_limit = crate::cgroup::fs::CgroupFs::open(mounts.clone(), node_root.clone())
+        .ok()
+        .and_then(|fs| crate::cgroup::node_root_memory_limit(&fs).ok().flatten());
+    let capacity = capacity(&qc.capacity, root_limit).map_err(|e| setting("capacity", e))?;
+    let mut settings = node_settings(&kc_file, &kc, &qc, capacity)?;
+    if qc.node_root_cgroup.is_some() {
+        // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
+        // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
+        settings.cgroup_root = "/".into();
+    }
+    let validation = ValidationOptions {
+        pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
+    };
+
+    let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
+    tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
+    source.wait_synced().await?;
+    let node_obj = source.node();
+    let runtime = node_obj
+        .as_deref()
+        .and_then(executor::runtime_of_node)
+        .unwrap_or_else(|| {
+            tracing::warn!("The Node reports no containerd or CRI-O runtime; assuming containerd.");
+            ContainerRuntime::Containerd
+        });
+    let node_uid = node_obj
+        .and_then(|n| n.metadata.uid.clone())
+        .unwrap_or_else(|| opts.node_name.clone());
+    let areas = qc.enforce.iter().map(|a| a.area()).collect();
+    let naming = Naming {
+        driver: settings.cgroup_driver,
+        runtime,
+        node_root: node_root.clone(),
+        create_containers: false,
+        owner: Owner::Kubelet(areas),
+    };
+
+    let enforce = mode == Mode::Enforce;
+    let queue = Arc::new(queue::WriteQueue::open(&qc.state_dir.join("api-writes"))?);
+    let delivery = enforce.then(|| {
+        let c = client.clone();
+        tokio::spawn(queue.clone().run(move |w| {
+            let c = c.clone();
+            async move { writes::deliver(&c, &w).await }
+        }))
+    });
+    let reporter = report::Reporter {
+        client: client.clone(),
+        node: opts.node_name.clone(),
+        node_uid,
+        lease_namespace: qc.lease_namespace.clone(),
+        queue: queue.clone(),
+        watches: source.watch_states(),
+        write: enforce,
+    };
+    let (reporter_tx, reporter_rx) = tokio::sync::oneshot::channel();
+    let on_start: Box<dyn FnOnce(Arc<crate::server::AgentState>) + Send> = Box::new(move |state| {
+        let _ = reporter_tx.send(tokio::spawn(reporter.run(state)));
+    });
+    let action = ApiEviction::new(
+        queue.clone(),
+        &opts.node_name,
+        qc.gang_eviction,
+        Some(source.gangs()),
+    );
+    let executor = Arc::new(KubeletExecutor::new(runtime));
+    let state_dir = enforce.then(|| qc.state_dir.clone());
+    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, "Cluster node: pods from the API server, cgroups from the kubelet.");
+    let cfg = RunConfig {
+        settings,
+        qc,
+        mode,
+        mounts,
+        node_root,
+        naming,
+        validation,
+        addr,
+        shutdown_grace: opts.shutdown_grace,
+        state_dir,
+        on_start: Some(on_start),
+    };
+    let result = node::run(cfg, source, executor, action).await;
+    if let Ok(t) = reporter_rx.await {
+        t.abort();
+    }
+    // Writes not delivered by now stay on disk for the next start.
+    if let Some(t) = delivery {
+        let pending = queue.pending().len();
+        if pending > 0 {
+            tracing::info!(pending, "API writes left for the next start.");
+        }
+        t.abort();
+    }
+    result?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configz_reads_the_kubelets_running_configuration() {
+        let kc = parse_configz(
+            r#"{"kubeletconfig": {"cgroupDriver": "systemd", "evictionHard": {"memory.available": "200Mi"}, "enableServer": true}}"#,
+        )
+        .unwrap();
+        assert_eq!(kc.cgroup_driver.as_deref(), Some("systemd"));
+        assert_eq!(
+            kc.eviction_hard
+                .unwrap()
+                .get("memory.available")
+                .map(String::as_str),
+            Some("200Mi")
+        );
+        assert!(parse_configz(r#"{"other": {}}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn configz_goes_through_the_node_proxy() {
+        let (client, api) = mock::client(|_| {
+            Some((
+                200,
+                serde_json::json!({"kubeletconfig": {"cgroupDriver": "cgroupfs"}}),
+            ))
+        });
+        let kc = configz(&client, "node-a").await.unwrap();
+        assert_eq!(kc.cgroup_driver.as_deref(), Some("cgroupfs"));
+        assert_eq!(
+            api.requests()[0].path(),
+            "/api/v1/nodes/node-a/proxy/configz"
+        );
+    }
+}

@@ -1,0 +1,157 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::cluster::writes::PodRef;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "qoslet-queue-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&p);
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn evict(name: &str) -> ApiWrite {
+    ApiWrite::Evict {
+        pod: PodRef {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: "u".into(),
+        },
+        grace_secs: 0,
+        hard: true,
+    }
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs the queue with `send` until `n` writes were delivered.
+async fn deliver_n<F, Fut>(q: &Arc<WriteQueue>, n: u64, send: F)
+where
+    F: Fn(ApiWrite) -> Fut + Send + 'static,
+    Fut: Future<Output = Delivery> + Send + 'static,
+{
+    let task = tokio::spawn(q.clone().run(send));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.delivered() < n {
+        assert!(Instant::now() < deadline, "pending: {:?}", q.pending());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_write_is_persisted_retried_and_removed_once_delivered() {
+    let dir = TempDir::new();
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("evict-a", "pod-a", evict("a")).unwrap();
+    assert_eq!(files(&dir.0), ["evict-a.json"]);
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let a = attempts.clone();
+    deliver_n(&q, 1, move |_| {
+        let n = a.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < 2 {
+                Delivery::Retry("down".into())
+            } else {
+                Delivery::Done
+            }
+        }
+    })
+    .await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    assert!(files(&dir.0).is_empty(), "{:?}", files(&dir.0));
+    assert!(q.pending().is_empty());
+}
+
+#[tokio::test]
+async fn pending_writes_survive_a_restart_in_their_order() {
+    let dir = TempDir::new();
+    {
+        let q = WriteQueue::open(&dir.0).unwrap();
+        q.push("w-b", "pod-b", evict("b")).unwrap();
+        q.push("w-a", "pod-a", evict("a")).unwrap();
+        // A write interrupted before its rename is not a write.
+        fs::write(dir.0.join(".tmp-w-c.json"), "{").unwrap();
+    }
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    let ids: Vec<String> = q.pending().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["w-b", "w-a"], "push order, not name order");
+    assert_eq!(files(&dir.0), ["w-a.json", "w-b.json"]);
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let s = sent.clone();
+    deliver_n(&q, 2, move |w| {
+        s.lock().unwrap().push(w);
+        async { Delivery::Done }
+    })
+    .await;
+    assert_eq!(*sent.lock().unwrap(), [evict("b"), evict("a")]);
+    // Pushed after the restart: a later sequence number than every loaded one.
+    q.push("w-d", "pod-d", evict("d")).unwrap();
+    drop(q);
+    let q = WriteQueue::open(&dir.0).unwrap();
+    assert_eq!(q.pending().len(), 1);
+}
+
+#[tokio::test]
+async fn writes_of_one_object_keep_their_order_and_others_do_not_wait() {
+    let dir = TempDir::new();
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("a-1", "pod-a", evict("a1")).unwrap();
+    q.push("a-2", "pod-a", evict("a2")).unwrap();
+    q.push("b-1", "pod-b", evict("b1")).unwrap();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let s = sent.clone();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let r = refused.clone();
+    deliver_n(&q, 3, move |w| {
+        let ApiWrite::Evict { pod, .. } = &w else {
+            unreachable!()
+        };
+        let name = pod.name.clone();
+        // a1 is refused twice (a PDB's 429), then accepted.
+        let refuse = name == "a1" && r.fetch_add(1, Ordering::SeqCst) < 2;
+        if !refuse {
+            s.lock().unwrap().push(name);
+        }
+        async move {
+            if refuse {
+                Delivery::Retry("429".into())
+            } else {
+                Delivery::Done
+            }
+        }
+    })
+    .await;
+    assert_eq!(*sent.lock().unwrap(), ["b1", "a1", "a2"]);
+}
+
+#[tokio::test]
+async fn pushing_an_id_again_replaces_the_pending_write() {
+    let dir = TempDir::new();
+    let q = WriteQueue::open(&dir.0).unwrap();
+    q.push("cond", "node", evict("old")).unwrap();
+    q.push("cond", "node", evict("new")).unwrap();
+    assert_eq!(q.pending(), [("cond".to_owned(), evict("new"))]);
+    assert!(q.push("../escape", "k", evict("x")).is_err());
+}

@@ -1,0 +1,421 @@
+//! The API source: the node's pods and the workload objects they reference, from the API server.
+//!
+//! One kube-runtime watcher per kind feeds a reflector store (kube-runtime handles relists,
+//! `410 Gone`, bookmarks and restarts with its default backoff): Pods with
+//! `fieldSelector=spec.nodeName=NAME`, the Node itself (`metadata.name=NAME`), and Workloads,
+//! PodGroups (`scheduling.k8s.io/v1beta1`) and CompositePodGroups (`v1alpha3`) as dynamic objects,
+//! so they are decoded by the same workload decoder as manifests. Each change rebuilds the
+//! [`PodSet`] through the manifest source's own door ([`build_for`]): every value from the API
+//! is validated exactly as a file's, and the [`Diff`] is computed the same way.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Debug,
+    hash::Hash,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, Resource,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    runtime::{
+        WatchStreamExt as _,
+        reflector::{self, Store, store::Writer},
+        watcher::{self, Event},
+    },
+};
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::{
+    lock,
+    source::{
+        PodSet,
+        manifest::{Loaded, RawObject},
+        watch::{Diff, Runner, build_for},
+    },
+    workload::ValidationOptions,
+};
+
+/// Where problem lines say an object came from.
+pub const ORIGIN: &str = "api";
+
+/// The API source stopped: every watcher task ended.
+#[derive(Debug, Error)]
+#[error("the API watchers stopped")]
+pub struct SourceClosed;
+
+/// What one watch is doing, for `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchState {
+    /// Listing (first list, or a relist after `410 Gone` or a restart).
+    Listing,
+    /// Listed and watching.
+    Synced,
+    /// The last request failed; kube-runtime retries with backoff.
+    Failing(String),
+}
+
+/// The state of every watch, by name (`pods`, `node`, `workloads`, ...).
+#[derive(Debug, Clone, Default)]
+pub struct WatchStates(Arc<Mutex<BTreeMap<&'static str, WatchState>>>);
+
+impl WatchStates {
+    pub fn get(&self) -> BTreeMap<&'static str, WatchState> {
+        lock(&self.0).clone()
+    }
+
+    /// Sets a state; true when it changed.
+    fn set(&self, name: &'static str, state: WatchState) -> bool {
+        lock(&self.0).insert(name, state.clone()) != Some(state)
+    }
+
+    /// All watches listed at least once and none failing now.
+    pub fn synced(&self) -> bool {
+        lock(&self.0).values().all(|s| *s == WatchState::Synced)
+    }
+
+    /// One line for `/readyz`: `pods synced, node listing, ...`.
+    pub fn summary(&self) -> String {
+        lock(&self.0)
+            .iter()
+            .map(|(n, s)| match s {
+                WatchState::Listing => format!("{n} listing"),
+                WatchState::Synced => format!("{n} synced"),
+                WatchState::Failing(e) => format!("{n} failing ({e})"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The workload kinds and where the API serves them.
+pub fn workload_resources() -> [ApiResource; 3] {
+    let ar = |version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("scheduling.k8s.io", version, kind),
+            plural,
+        )
+    };
+    [
+        ar("v1beta1", "Workload", "workloads"),
+        ar("v1beta1", "PodGroup", "podgroups"),
+        ar("v1alpha3", "CompositePodGroup", "compositepodgroups"),
+    ]
+}
+
+/// The field selector of the node's pods.
+pub fn pods_selector(node: &str) -> String {
+    format!("spec.nodeName={node}")
+}
+
+/// The field selector of the Node object.
+pub fn node_selector(node: &str) -> String {
+    format!("metadata.name={node}")
+}
+
+/// The node's pods and workload objects from the API server.
+pub struct ApiSource {
+    node_name: String,
+    opts: ValidationOptions,
+    state: PodSet,
+    pods: Store<Pod>,
+    node: Store<Node>,
+    workloads: Vec<(ApiResource, Store<DynamicObject>)>,
+    changes: watch::Receiver<u64>,
+    states: WatchStates,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for ApiSource {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl ApiSource {
+    /// Starts the watchers. Needs a tokio runtime; call [`ApiSource::wait_synced`] for the
+    /// first complete list.
+    pub fn start(client: Client, node_name: &str, opts: ValidationOptions) -> Self {
+        let (tx, changes) = watch::channel(0u64);
+        let states = WatchStates::default();
+        let mut tasks = Vec::new();
+        let (pods, t) = spawn_watch(
+            "pods",
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&pods_selector(node_name)),
+            (),
+            tx.clone(),
+            states.clone(),
+        );
+        tasks.push(t);
+        let (node, t) = spawn_watch(
+            "node",
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().fields(&node_selector(node_name)),
+            (),
+            tx.clone(),
+            states.clone(),
+        );
+        tasks.push(t);
+        let names: [&'static str; 3] = ["workloads", "podgroups", "compositepodgroups"];
+        let mut workloads = Vec::new();
+        for (ar, name) in workload_resources().into_iter().zip(names) {
+            let (store, t) = spawn_watch(
+                name,
+                Api::<DynamicObject>::all_with(client.clone(), &ar),
+                watcher::Config::default(),
+                ar.clone(),
+                tx.clone(),
+                states.clone(),
+            );
+            tasks.push(t);
+            workloads.push((ar, store));
+        }
+        Self {
+            node_name: node_name.into(),
+            opts,
+            state: PodSet::default(),
+            pods,
+            node,
+            workloads,
+            changes,
+            states,
+            tasks,
+        }
+    }
+
+    /// Waits for the first complete list of the node's pods and the Node, then builds the first
+    /// state. Workload kinds a cluster does not serve never list; they do not hold the start.
+    pub async fn wait_synced(&mut self) -> Result<Diff, SourceClosed> {
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| SourceClosed)?;
+        self.node
+            .wait_until_ready()
+            .await
+            .map_err(|_| SourceClosed)?;
+        Ok(self.rebuild())
+    }
+
+    pub fn pods(&self) -> &PodSet {
+        &self.state
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The Node object, once listed.
+    pub fn node(&self) -> Option<Arc<Node>> {
+        self.node.state().into_iter().next()
+    }
+
+    pub fn watch_states(&self) -> WatchStates {
+        self.states.clone()
+    }
+
+    /// Readers of the pod and workload stores: the eviction action finds a unit's groups there.
+    pub fn gangs(&self) -> super::action::Gangs {
+        super::action::Gangs {
+            pods: self.pods.clone(),
+            workloads: self.workloads.clone(),
+        }
+    }
+
+    /// Resolves when a watch delivered a change; returns the diff (possibly empty when nothing
+    /// qoslet reads changed). Cancel-safe: the change counter is only marked seen once read.
+    pub async fn changed(&mut self) -> Result<Diff, SourceClosed> {
+        self.changes.changed().await.map_err(|_| SourceClosed)?;
+        Ok(self.rebuild())
+    }
+
+    fn rebuild(&mut self) -> Diff {
+        self.changes.borrow_and_update();
+        let pods = self.pods.state();
+        let workloads: Vec<(ApiResource, Vec<Arc<DynamicObject>>)> = self
+            .workloads
+            .iter()
+            .map(|(ar, s)| (ar.clone(), s.state()))
+            .collect();
+        let loaded = loaded(&pods, &workloads);
+        let (next, diff) = build_for(
+            loaded,
+            &self.state,
+            &self.opts,
+            BTreeSet::new(),
+            Runner::Kubelet,
+        );
+        for line in &diff.new_problems {
+            tracing::warn!(problem = %line, "API object skipped.");
+        }
+        self.state = next;
+        diff
+    }
+}
+
+/// Runs one watcher into a reflector store, bumping `tx` on every change the store took.
+fn spawn_watch<K>(
+    name: &'static str,
+    api: Api<K>,
+    cfg: watcher::Config,
+    dyntype: K::DynamicType,
+    tx: watch::Sender<u64>,
+    states: WatchStates,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    let writer = Writer::new(dyntype);
+    let reader = writer.as_reader();
+    states.set(name, WatchState::Listing);
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(reflector::reflector(
+            writer,
+            watcher::watcher(api, cfg).default_backoff()
+        ));
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(Event::Init) => {
+                    states.set(name, WatchState::Listing);
+                }
+                Ok(Event::InitApply(_)) => {}
+                Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
+                    if states.set(name, WatchState::Synced) {
+                        tracing::info!(watch = name, "API watch synced.");
+                    }
+                    tx.send_modify(|n| *n += 1);
+                }
+                Err(e) => {
+                    if states.set(name, WatchState::Failing(e.to_string())) {
+                        tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
+                    }
+                }
+            }
+        }
+    });
+    (reader, task)
+}
+
+/// The objects of the stores as the manifest door reads them: the node's pods that still run
+/// (Succeeded and Failed pods hold no cgroups), and the workload objects they reference with
+/// their ancestors.
+pub fn loaded(pods: &[Arc<Pod>], workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)]) -> Loaded {
+    let mut out = Loaded::default();
+    let mut wanted: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for p in pods {
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let Ok(value) = serde_json::to_value(&**p) else {
+            continue;
+        };
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        if let Some(g) = value
+            .pointer("/spec/schedulingGroup/podGroupName")
+            .and_then(|v| v.as_str())
+        {
+            wanted.insert((ns.clone(), "PodGroup".into(), g.into()));
+        }
+        push(&mut out, "v1", "Pod", value);
+    }
+    // Objects by (namespace, kind, name), then the closure of the references from the pods up.
+    let mut all: BTreeMap<(String, String, String), (String, serde_json::Value)> = BTreeMap::new();
+    for (ar, objs) in workloads {
+        for o in objs {
+            let ns = o.metadata.namespace.clone().unwrap_or_default();
+            let name = o.metadata.name.clone().unwrap_or_default();
+            if let Ok(v) = serde_json::to_value(&**o) {
+                all.insert((ns, ar.kind.clone(), name), (ar.api_version.clone(), v));
+            }
+        }
+    }
+    let mut queue: Vec<(String, String, String)> = wanted.iter().cloned().collect();
+    let mut taken = BTreeSet::new();
+    while let Some(key) = queue.pop() {
+        if !taken.insert(key.clone()) {
+            continue;
+        }
+        let Some((api_version, v)) = all.get(&key) else {
+            continue;
+        };
+        let ns = &key.0;
+        if let Some(parent) = v
+            .pointer("/spec/parentCompositePodGroupName")
+            .and_then(|p| p.as_str())
+        {
+            queue.push((ns.clone(), "CompositePodGroup".into(), parent.into()));
+        }
+        if let Some(w) = v
+            .pointer("/spec/workloadRef/workloadName")
+            .and_then(|p| p.as_str())
+        {
+            queue.push((ns.clone(), "Workload".into(), w.into()));
+        }
+        push(&mut out, api_version, &key.1, v.clone());
+    }
+    out
+}
+
+/// `pods` and every workload object given, unfiltered (a unit's whole hierarchy).
+pub fn loaded_all(
+    pods: &[Arc<Pod>],
+    workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
+) -> Loaded {
+    let mut out = Loaded::default();
+    for p in pods {
+        if let Ok(v) = serde_json::to_value(&**p) {
+            push(&mut out, "v1", "Pod", v);
+        }
+    }
+    for (ar, objs) in workloads {
+        for o in objs {
+            if let Ok(v) = serde_json::to_value(&**o) {
+                push(&mut out, &ar.api_version, &ar.kind, v);
+            }
+        }
+    }
+    out
+}
+
+fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::Value) {
+    // List items carry no apiVersion and kind: the watch knows them.
+    if let Some(m) = value.as_object_mut() {
+        m.insert("apiVersion".into(), api_version.into());
+        m.insert("kind".into(), kind.into());
+    }
+    let str_at = |p: &str| {
+        value
+            .pointer(p)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let namespace = str_at("/metadata/namespace");
+    let name = str_at("/metadata/name");
+    let Ok(value) = serde_yaml_ng::to_value(&value) else {
+        return;
+    };
+    let index = out.objects.len();
+    out.objects.push(RawObject {
+        file: PathBuf::from(ORIGIN),
+        index,
+        api_version: api_version.into(),
+        kind: kind.into(),
+        namespace,
+        name,
+        value,
+    });
+}
+
+#[cfg(test)]
+mod tests;

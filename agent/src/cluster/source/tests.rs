@@ -1,0 +1,219 @@
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::cluster::mock::{self, Recorded, events, list, status};
+
+fn pod(name: &str, uid: &str, phase: &str, group: Option<&str>) -> Value {
+    let mut spec = json!({"nodeName": "node-a", "containers": [{"name": "c", "image": "busybox"}]});
+    if let Some(g) = group {
+        spec["schedulingGroup"] = json!({"podGroupName": g});
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"},
+        "spec": spec,
+        "status": {"phase": phase},
+    })
+}
+
+fn pod_group(name: &str) -> Value {
+    json!({
+        "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+    })
+}
+
+const UID_A: &str = "00000000-0000-0000-0000-00000000000a";
+const UID_B: &str = "00000000-0000-0000-0000-00000000000b";
+
+fn is_watch(r: &Recorded) -> bool {
+    r.query("watch").as_deref() == Some("true")
+}
+
+fn names(p: &PodSet) -> Vec<String> {
+    p.pods.keys().map(|k| k.name.clone()).collect()
+}
+
+#[tokio::test]
+async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
+    let (client, api) = mock::client(|r| {
+        if is_watch(r) {
+            return None;
+        }
+        Some(match r.path() {
+            "/api/v1/pods" => (
+                200,
+                list(
+                    "Pod",
+                    "5",
+                    vec![
+                        pod("a", UID_A, "Running", Some("g")),
+                        pod("done", UID_B, "Succeeded", None),
+                    ],
+                ),
+            ),
+            "/api/v1/nodes" => (
+                200,
+                list(
+                    "Node",
+                    "5",
+                    vec![json!({"metadata": {"name": "node-a", "uid": "n1"}})],
+                ),
+            ),
+            "/apis/scheduling.k8s.io/v1beta1/podgroups" => (
+                200,
+                list(
+                    "PodGroup",
+                    "5",
+                    vec![pod_group("g"), pod_group("unrelated")],
+                ),
+            ),
+            p if p.starts_with("/apis/scheduling.k8s.io/") => (200, list("X", "5", vec![])),
+            _ => (404, status(404, "NotFound", "no")),
+        })
+    });
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let first = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    let reqs = api.requests();
+    let pods_list = reqs.iter().find(|r| r.path() == "/api/v1/pods").unwrap();
+    assert_eq!(pods_list.method, "GET");
+    assert_eq!(
+        pods_list.query("fieldSelector").as_deref(),
+        Some("spec.nodeName=node-a")
+    );
+    let node_list = reqs.iter().find(|r| r.path() == "/api/v1/nodes").unwrap();
+    assert_eq!(
+        node_list.query("fieldSelector").as_deref(),
+        Some("metadata.name=node-a")
+    );
+    assert_eq!(src.node().unwrap().metadata.uid.as_deref(), Some("n1"));
+    // The Succeeded pod holds no cgroups; the running one is there with its uid.
+    assert_eq!(names(src.pods()), ["a"]);
+    assert_eq!(src.pods().pods.keys().next().unwrap().uid, UID_A);
+    assert_eq!(first.pods_added.len(), 1);
+    // The PodGroup the pod references arrives (now or with the next change); the other does not.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while src.pods().objects.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "PodGroup never arrived"
+        );
+        tokio::time::timeout(Duration::from_secs(5), src.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let objects: Vec<&String> = src.pods().objects.keys().map(|k| &k.2).collect();
+    assert_eq!(objects, ["g"]);
+    // The pod watch resumes from the list's resourceVersion with bookmarks.
+    api.wait_for("the pod watch", |l| {
+        l.iter().any(|r| r.path() == "/api/v1/pods" && is_watch(r))
+    })
+    .await;
+    let w = api
+        .requests()
+        .into_iter()
+        .find(|r| r.path() == "/api/v1/pods" && is_watch(r))
+        .unwrap();
+    assert_eq!(w.query("resourceVersion").as_deref(), Some("5"));
+    assert_eq!(w.query("allowWatchBookmarks").as_deref(), Some("true"));
+    assert_eq!(
+        w.query("fieldSelector").as_deref(),
+        Some("spec.nodeName=node-a")
+    );
+}
+
+#[tokio::test]
+async fn a_410_gone_relists_and_the_diff_shows_it() {
+    let mut pod_lists = 0;
+    let mut pod_watches = 0;
+    let (client, api) = mock::client(move |r| match (r.path(), is_watch(r)) {
+        ("/api/v1/pods", false) => {
+            pod_lists += 1;
+            let items = if pod_lists == 1 {
+                vec![pod("a", UID_A, "Running", None)]
+            } else {
+                vec![pod("b", UID_B, "Running", None)]
+            };
+            Some((200, list("Pod", &format!("{}", pod_lists * 10), items)))
+        }
+        ("/api/v1/pods", true) => {
+            pod_watches += 1;
+            // The first watch is too old: the API server answers with an ERROR event 410.
+            (pod_watches == 1).then(|| {
+                (
+                    200,
+                    events(&[("ERROR", status(410, "Expired", "too old resource version"))]),
+                )
+            })
+        }
+        (_, true) => None,
+        ("/api/v1/nodes", false) => Some((200, list("Node", "1", vec![]))),
+        _ => Some((200, list("X", "1", vec![]))),
+    });
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(src.pods()), ["a"]);
+    let mut added = Vec::new();
+    let mut removed = Vec::new();
+    while names(src.pods()) != ["b"] {
+        let d = tokio::time::timeout(Duration::from_secs(10), src.changed())
+            .await
+            .expect("no relist after 410")
+            .unwrap();
+        added.extend(d.pods_added.into_iter().map(|k| k.name));
+        removed.extend(d.pods_removed.into_iter().map(|k| k.name));
+    }
+    assert_eq!(added, ["b"]);
+    assert_eq!(removed, ["a"]);
+    let lists = api
+        .requests()
+        .iter()
+        .filter(|r| r.path() == "/api/v1/pods" && !is_watch(r))
+        .count();
+    assert_eq!(lists, 2, "one list, one relist after 410");
+    assert!(src.watch_states().summary().contains("pods synced"));
+}
+
+#[tokio::test]
+async fn an_invalid_pod_is_reported_and_skipped() {
+    let mut bad = pod("bad", "not-a-uid", "Running", None);
+    bad["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "lots"}});
+    let (client, _api) = mock::client(move |r| {
+        if is_watch(r) {
+            return None;
+        }
+        Some(match r.path() {
+            "/api/v1/pods" => (
+                200,
+                list(
+                    "Pod",
+                    "1",
+                    vec![pod("a", UID_A, "Running", None), bad.clone()],
+                ),
+            ),
+            _ => (200, list("X", "1", vec![])),
+        })
+    });
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(src.pods()), ["a"]);
+    assert_eq!(d.new_problems.len(), 1, "{:?}", d.new_problems);
+    assert!(
+        d.new_problems[0].starts_with("api: Pod/ns/bad: schema:"),
+        "{:?}",
+        d.new_problems
+    );
+}
