@@ -9,7 +9,7 @@ use super::{
     cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
     eviction::Threshold,
     memory_qos::memory_high,
-    oom::container_oom_score_adj,
+    oom::PodOomScores,
     pod::{ContainerKind, PodSpecView},
     qos::{QosClass, pod_qos},
     settings::{MemoryReservationPolicy, NodeSettings, Reservation},
@@ -81,6 +81,8 @@ pub struct PodPlan {
     pub memory_low_bytes: Option<i64>,
     /// The kubelet writes no pod-level memory.high; kept for the stable schema.
     pub memory_high_bytes: Option<i64>,
+    /// `podPidsLimit` of the KubeletConfiguration, when it limits (> 0).
+    pub pids_max: Option<i64>,
     pub containers: Vec<ContainerPlan>,
 }
 
@@ -136,8 +138,9 @@ fn plan_node_cgroups(
     for p in pods {
         let r = p.requests();
         let i = pod_qos(p) as usize;
-        sums[i].0 += r.cpu_millis();
-        sums[i].1 += r.memory_bytes();
+        // Saturating: requests are each within i64 (admission checks), their sum may not be.
+        sums[i].0 = sums[i].0.saturating_add(r.cpu_millis());
+        sums[i].1 = sums[i].1.saturating_add(r.memory_bytes());
     }
     let [(_, g_mem), (b_cpu, b_mem), _] = sums;
 
@@ -178,13 +181,15 @@ fn plan_node_cgroups(
     };
     // QOSReserved (qos_container_manager_linux.go setMemoryReserve), over capacity - reserved.
     if let Some(pct) = s.qos_reserved_memory_pct {
-        let burstable_limit = na.absolute.memory_bytes - g_mem * pct / 100;
-        let besteffort_limit = burstable_limit - b_mem * pct / 100;
+        let reserve = |mem: i64| i128::from(mem) * i128::from(pct) / 100;
+        let burstable_limit = i128::from(na.absolute.memory_bytes) - reserve(g_mem);
+        let besteffort_limit = burstable_limit - reserve(b_mem);
+        let clamp = |v: i128| v.clamp(0, i64::MAX.into()) as i64;
         if besteffort_limit < 0 {
             warnings.push(format!("QOSReserved leaves besteffort a negative memory limit ({besteffort_limit}); written as 0"));
         }
-        burstable.memory_limit_bytes = Some(burstable_limit.max(0));
-        besteffort.memory_limit_bytes = Some(besteffort_limit.max(0));
+        burstable.memory_limit_bytes = Some(clamp(burstable_limit));
+        besteffort.memory_limit_bytes = Some(clamp(besteffort_limit));
     }
     // Memory QoS (setMemoryQoS): protect what the classes requested.
     if let Some(mq) = s.memory_qos {
@@ -192,7 +197,7 @@ fn plan_node_cgroups(
         match mq.policy {
             MemoryReservationPolicy::None => {
                 burstable.memory_min_bytes = positive(b_mem);
-                kubepods.memory_min_bytes = positive(b_mem + g_mem);
+                kubepods.memory_min_bytes = positive(b_mem.saturating_add(g_mem));
             }
             MemoryReservationPolicy::TieredReservation => {
                 burstable.memory_low_bytes = positive(b_mem);
@@ -323,6 +328,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         .chain([pod_component.as_str()])
         .collect();
     let per_qos = s.cgroups_per_qos;
+    let scores = PodOomScores::new(pod, na.capacity.memory_bytes);
     let containers = pod
         .containers
         .iter()
@@ -347,7 +353,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
             ContainerPlan {
                 name: c.name.clone(),
                 kind: c.kind,
-                oom_score_adj: container_oom_score_adj(pod, c, na.capacity.memory_bytes),
+                oom_score_adj: scores.container(c),
                 cpu_shares: cshares,
                 cpu_weight: s.container_weight_formula.weight(cshares),
                 cpu_quota_us: cpu_limited.then_some(cquota),
@@ -374,6 +380,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         memory_min_bytes: min.filter(|_| per_qos),
         memory_low_bytes: low.filter(|_| per_qos),
         memory_high_bytes: None,
+        pids_max: s.pod_pids_limit.filter(|_| per_qos),
         containers,
     }
 }

@@ -109,6 +109,9 @@ pub struct NodeSettings {
     pub eviction_pressure_transition_secs: u64,
     /// `evictionMaxPodGracePeriod`, seconds; 0 or less means the pod's own grace period.
     pub eviction_max_pod_grace_secs: i64,
+    /// `podPidsLimit`: `pids.max` of every pod cgroup; `None` (the kubelet's -1, or 0) is no
+    /// limit, as pkg/kubelet/cm/pod_container_manager_linux.go writes it only when > 0.
+    pub pod_pids_limit: Option<i64>,
 }
 
 impl NodeSettings {
@@ -140,6 +143,7 @@ impl NodeSettings {
             pod_level_resources: true,
             eviction_pressure_transition_secs: 300,
             eviction_max_pod_grace_secs: 0,
+            pod_pids_limit: None,
         }
     }
 }
