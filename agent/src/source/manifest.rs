@@ -12,6 +12,8 @@ use std::{
 use serde::Deserialize as _;
 use thiserror::Error;
 
+use super::file::read_bounded;
+
 /// A manifest could not be read at all (exit status 2 in the CLI).
 #[derive(Debug, Error)]
 #[error("{path}: cannot read")]
@@ -81,12 +83,13 @@ impl fmt::Display for ObjectId<'_> {
 }
 
 /// Loads every YAML/JSON document under `paths`. Directories are read non-recursively, in file
-/// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped.
-pub fn load_paths(paths: &[PathBuf]) -> Result<Loaded, UnreadableError> {
+/// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped. Each file must be
+/// a regular file of at most `max_bytes` (see [`super::file`]).
+pub fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, UnreadableError> {
     let mut loaded = Loaded::default();
     for path in paths {
         for file in expand(path)? {
-            let text = fs::read_to_string(&file).map_err(|source| UnreadableError {
+            let text = read_bounded(&file, max_bytes).map_err(|source| UnreadableError {
                 path: file.clone(),
                 source,
             })?;

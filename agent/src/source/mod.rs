@@ -1,6 +1,8 @@
 //! Where pods and workload objects come from: a manifest directory (standalone) or, later, the
-//! Kubernetes API.
+//! Kubernetes API. Every object passes [`admit`] before anything else sees it.
 
+pub mod admit;
+pub mod file;
 pub mod manifest;
 pub mod watch;
 
