@@ -13,7 +13,10 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize};
 use thiserror::Error;
 
-use crate::source::file::{DEFAULT_MAX_BYTES, read_bounded};
+use crate::source::{
+    file::{DEFAULT_MAX_BYTES, read_bounded},
+    nesting::check_nesting,
+};
 
 use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
@@ -278,6 +281,7 @@ impl KubeletConfig {
             field: field.into(),
             message,
         };
+        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
         let mut kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
         if kc.kind.as_deref() != Some("KubeletConfiguration") {
             return Err(invalid(
@@ -362,6 +366,7 @@ impl QosletConfiguration {
             field: field.into(),
             message,
         };
+        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
         let qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
         if qc.kind != "QosletConfiguration" {
             return Err(invalid(

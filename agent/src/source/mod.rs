@@ -4,6 +4,7 @@
 pub mod admit;
 pub mod file;
 pub mod manifest;
+pub mod nesting;
 pub mod watch;
 
 pub use watch::{ManifestPod, PodSet};
