@@ -12,7 +12,7 @@
 use std::mem::MaybeUninit;
 
 use thiserror::Error;
-use unsafe_libyaml as sys;
+use unsafe_libyaml as unsafe_sys;
 
 /// Deeper than serde_yaml_ng accepts (128), so this pass refuses nothing it would load.
 pub const MAX_DEPTH: usize = 256;
@@ -28,51 +28,51 @@ pub struct TooDeep {
 /// [`MAX_DEPTH`].
 pub fn check_nesting(text: &str) -> Result<(), TooDeep> {
     // The parser stays in this box, at one address, from initialisation to deletion.
-    let mut parser = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+    let mut parser = Box::new(MaybeUninit::<unsafe_sys::yaml_parser_t>::uninit());
     let parser = parser.as_mut_ptr();
     // SAFETY: `parser` points to writable memory for a yaml_parser_t; initialisation fills it.
-    if unsafe { sys::yaml_parser_initialize(parser) }.fail {
+    if unsafe { unsafe_sys::yaml_parser_initialize(parser) }.fail {
         // Out of memory: serde_yaml_ng would panic on the same call; let it report.
         return Ok(());
     }
     // SAFETY: the parser is initialised; `text` outlives it (deleted before returning) and is
     // only read through the pointer and length given.
     unsafe {
-        sys::yaml_parser_set_encoding(parser, sys::YAML_UTF8_ENCODING);
-        sys::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
+        unsafe_sys::yaml_parser_set_encoding(parser, unsafe_sys::YAML_UTF8_ENCODING);
+        unsafe_sys::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
     }
     let mut depth = 0usize;
     let mut result = Ok(());
     loop {
-        let mut event = MaybeUninit::<sys::yaml_event_t>::uninit();
+        let mut event = MaybeUninit::<unsafe_sys::yaml_event_t>::uninit();
         // SAFETY: the parser is initialised and `event` is writable; on success the event is
         // initialised, read once for its type and mark, and deleted.
         let (kind, line) = unsafe {
-            if sys::yaml_parser_parse(parser, event.as_mut_ptr()).fail {
+            if unsafe_sys::yaml_parser_parse(parser, event.as_mut_ptr()).fail {
                 break;
             }
             let e = event.as_mut_ptr();
             let r = ((*e).type_, (*e).start_mark.line);
-            sys::yaml_event_delete(e);
+            unsafe_sys::yaml_event_delete(e);
             r
         };
         match kind {
-            sys::YAML_SEQUENCE_START_EVENT | sys::YAML_MAPPING_START_EVENT => {
+            unsafe_sys::YAML_SEQUENCE_START_EVENT | unsafe_sys::YAML_MAPPING_START_EVENT => {
                 depth += 1;
                 if depth > MAX_DEPTH {
                     result = Err(TooDeep { line: line + 1 });
                     break;
                 }
             }
-            sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => {
+            unsafe_sys::YAML_SEQUENCE_END_EVENT | unsafe_sys::YAML_MAPPING_END_EVENT => {
                 depth = depth.saturating_sub(1);
             }
-            sys::YAML_STREAM_END_EVENT => break,
+            unsafe_sys::YAML_STREAM_END_EVENT => break,
             _ => {}
         }
     }
     // SAFETY: initialised above and not used afterwards.
-    unsafe { sys::yaml_parser_delete(parser) };
+    unsafe { unsafe_sys::yaml_parser_delete(parser) };
     result
 }
 
