@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use super::{EXIT_CONFIG, plan::machine_capacity};
 use crate::{
-    config::CapacityOverride,
+    config::{CapacityOverride, KubeletConfig},
     standalone::{self, StandaloneOptions},
 };
 
@@ -58,6 +58,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Said once at start; a file that does not load is reported by the node itself.
+    if let Ok(kc) = KubeletConfig::load(&args.kubelet_config)
+        && let Some(note) = kc.ignored_note()
+    {
+        tracing::warn!(file = %args.kubelet_config.display(), fields = kc.ignored.len(), "{note}.");
+    }
     let opts = StandaloneOptions {
         kubelet_config: args.kubelet_config,
         config: args.config,
