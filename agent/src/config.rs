@@ -359,6 +359,44 @@ impl QosletConfiguration {
         Self::parse(file, &read(file)?)
     }
 
+    /// The values `run` and `plan` read from the file beyond its schema (for `qoslet validate`):
+    /// the metrics address, the node root cgroup and the capacity quantities.
+    pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
+        let invalid = |field: &str, value: &str, message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "QosletConfiguration",
+            field: field.into(),
+            message: format!("{value:?}: {message}"),
+        };
+        self.metrics_address
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| invalid("metricsAddress", &self.metrics_address, e.to_string()))?;
+        if let Some(root) = &self.node_root_cgroup {
+            crate::cgroup::CgroupPath::parse(root)
+                .map_err(|e| invalid("nodeRootCgroup", root, e.to_string()))?;
+        }
+        for (field, v) in [
+            ("capacity.cpu", &self.capacity.cpu),
+            ("capacity.memory", &self.capacity.memory),
+        ] {
+            if let Some(v) = v {
+                let q: Quantity =
+                    v.parse()
+                        .map_err(|e: crate::policy::quantity::QuantityError| {
+                            invalid(field, v, e.to_string())
+                        })?;
+                if q.signum() < 0 {
+                    return Err(invalid(
+                        field,
+                        v,
+                        "must be greater than or equal to 0".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
             file: file.into(),

@@ -225,6 +225,28 @@ fn validate_refuses_every_kubelet_configuration_plan_refuses() {
 }
 
 #[test]
+fn validate_checks_the_qoslet_configuration_values_run_reads() {
+    let d = TempDir::new("qoslet-config");
+    let head = "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\n";
+    for body in [
+        "metricsAddress: localhost-ish\n",
+        "nodeRootCgroup: /a/../b\n",
+        "capacity: {memory: -1Gi}\n",
+        "capacity: {cpu: lots}\n",
+    ] {
+        let f = d.file("q.yaml", &format!("{head}{body}"));
+        let v = qoslet(&["validate", &f]);
+        assert_eq!(v.status.code(), Some(1), "validate passed {body}");
+    }
+    let f = d.file(
+        "q.yaml",
+        &format!("{head}nodeRootCgroup: /qoslet-demo\nmaxManifestBytes: 1024\n"),
+    );
+    let v = qoslet(&["validate", &f]);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+}
+
+#[test]
 fn ignored_kubelet_fields_are_named_once() {
     let d = TempDir::new("ignored");
     let kc = d.file(

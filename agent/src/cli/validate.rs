@@ -174,7 +174,7 @@ fn validate_config_object(obj: &RawObject) -> Vec<Problem> {
             }
             kc.check(&obj.file)
         }),
-        _ => QosletConfiguration::parse(&obj.file, &text).map(|_| ()),
+        _ => QosletConfiguration::parse(&obj.file, &text).and_then(|qc| qc.check(&obj.file)),
     };
     match result {
         Ok(()) => Vec::new(),
