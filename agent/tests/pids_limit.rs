@@ -5,51 +5,16 @@ use std::{
     fs,
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    thread,
-    time::{Duration, Instant},
+    process::{Command, Stdio},
+    time::Duration,
 };
 
 const LIMIT: usize = 16;
 const FORKS: usize = 40;
 
-struct WorkDir(PathBuf);
+mod common;
 
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Stops the daemon (SIGINT), which stops the pod and removes the cgroups it created.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) of the child this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(200));
-    }
-}
+use common::{Daemon, WorkDir, wait_until};
 
 #[test]
 fn a_pod_forking_past_pod_pids_limit_gets_eagain_at_the_limit() {
@@ -114,7 +79,7 @@ fn a_pod_forking_past_pod_pids_limit_gets_eagain_at_the_limit() {
         .stderr(fs::File::create(work.join("qoslet.log")).unwrap())
         .spawn()
         .expect("starting qoslet");
-    let _daemon = Daemon(child);
+    let _daemon = Daemon { child };
 
     // The pod's cgroup, as the plan names it (BestEffort, cgroupfs).
     let plan = Command::new(env!("CARGO_BIN_EXE_qoslet"))

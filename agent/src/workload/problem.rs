@@ -96,6 +96,19 @@ impl Rule {
         Rule::RequestWithinLimit,
     ];
 
+    /// The rules source/admit.rs checks on each object before the forest sees it (with
+    /// `name-dns-subdomain`, which the forest checks too).
+    pub const ADMISSION: [Rule; 8] = [
+        Rule::NamespaceDnsLabel,
+        Rule::ContainerNameDnsLabel,
+        Rule::ContainerNameUnique,
+        Rule::UidFormat,
+        Rule::UidUnique,
+        Rule::QuantityNonNegative,
+        Rule::QuantityRange,
+        Rule::RequestWithinLimit,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Rule::NameDnsSubdomain => "name-dns-subdomain",

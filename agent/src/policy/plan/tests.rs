@@ -211,6 +211,21 @@ fn pod_level_resources_gate_off_ignores_spec_resources() {
     );
 }
 
+/// A pod in `default` with these containers and a UID derived from its name.
+fn view(name: &str, containers: Vec<crate::policy::pod::ContainerView>) -> PodSpecView {
+    PodSpecView {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: crate::policy::pod::derived_uid("default", name),
+        containers,
+        pod_resources: None,
+        priority: None,
+        priority_class_name: None,
+        static_or_mirror: false,
+        status_qos_class: None,
+    }
+}
+
 /// A pod of `n` Burstable app containers (1m cpu, 1Mi memory requested, 2Mi limit), one sidecar
 /// and one init container, as `qoslet plan` saw it when it was quadratic in the containers.
 fn wide_pod(n: usize) -> PodSpecView {
@@ -246,17 +261,7 @@ fn wide_pod(n: usize) -> PodSpecView {
         kind: ContainerKind::App,
         resources: r(1),
     }));
-    PodSpecView {
-        namespace: "default".into(),
-        name: "wide".into(),
-        uid: "6f1e3c1a-0b7a-4c1e-9a51-2f8d3c4b5a60".into(),
-        containers,
-        pod_resources: None,
-        priority: None,
-        priority_class_name: None,
-        static_or_mirror: false,
-        status_qos_class: None,
-    }
+    view("wide", containers)
 }
 
 #[test]
@@ -329,17 +334,7 @@ mod props {
     }
 
     fn pod_of(containers: Vec<ContainerView>, i: usize) -> PodSpecView {
-        PodSpecView {
-            namespace: "default".into(),
-            name: format!("p{i}"),
-            uid: crate::policy::pod::derived_uid("default", &format!("p{i}")),
-            containers,
-            pod_resources: None,
-            priority: None,
-            priority_class_name: None,
-            static_or_mirror: false,
-            status_qos_class: None,
-        }
+        view(&format!("p{i}"), containers)
     }
 
     fn pods() -> impl Strategy<Value = Vec<PodSpecView>> {
