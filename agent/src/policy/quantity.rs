@@ -309,7 +309,12 @@ impl FromStr for Quantity {
             format,
         };
         q.normalize();
-        if q.scale.abs() > MAX_SCALE || q.scale > 0 && pow10(q.scale).is_none() {
+        // At most 36 significant digits after the binary suffix too, so the canonical string
+        // (which spells the value in decimal) parses back (fuzz: `1001000000013333333010...0Ei`).
+        if q.mantissa.unsigned_abs() >= 10u128.pow(36)
+            || q.scale.abs() > MAX_SCALE
+            || q.scale > 0 && pow10(q.scale).is_none()
+        {
             return Err(err_range());
         }
         Ok(q)

@@ -111,6 +111,14 @@ fn fuzz_regressions() {
     let canonical = first.canonical();
     assert_eq!(canonical, "13666666666666666666666666666666666800e3");
     assert_eq!(q(&canonical), first);
+    // A binary suffix that takes the mantissa past 36 digits is out of range, as more digits
+    // are: its decimal canonical form would not parse.
+    assert_eq!(
+        "01001000000013333333010000000000000000000Ei".parse::<Quantity>(),
+        Err(QuantityError::OutOfRange {
+            text: "01001000000013333333010000000000000000000Ei".into()
+        })
+    );
     // A sum whose mantissa cannot grow to a multiple-of-3 exponent prints without panicking
     // (a reservation summed into allocatable's error message did).
     let big = q("999999999999999999999999999999999999")
