@@ -5,13 +5,18 @@
 
 use std::{
     collections::BTreeMap,
-    fmt, fs,
+    fmt,
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use serde::{Deserialize, Deserializer, Serialize};
 use thiserror::Error;
+
+use crate::source::{
+    file::{DEFAULT_MAX_BYTES, read_bounded},
+    nesting::check_nesting,
+};
 
 use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
@@ -85,7 +90,41 @@ pub struct KubeletConfig {
     #[serde(rename = "singleProcessOOMKill")]
     pub single_process_oom_kill: Option<bool>,
     pub feature_gates: Option<BTreeMap<String, bool>>,
+    pub pod_pids_limit: Option<i64>,
+    /// Top-level fields of the file that qoslet does not implement, in file order; they are
+    /// ignored (reported once by `run`, as a note by `plan` and `validate`).
+    #[serde(skip)]
+    pub ignored: Vec<String>,
 }
+
+/// The KubeletConfiguration fields [`KubeletConfig`] reads, as spelled in the file.
+pub const KUBELET_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "systemReserved",
+    "kubeReserved",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionMinimumReclaim",
+    "evictionPressureTransitionPeriod",
+    "mergeDefaultEvictionSettings",
+    "evictionMaxPodGracePeriod",
+    "enforceNodeAllocatable",
+    "systemReservedCgroup",
+    "kubeReservedCgroup",
+    "reservedSystemCPUs",
+    "cgroupDriver",
+    "cgroupRoot",
+    "cgroupsPerQOS",
+    "cpuCFSQuota",
+    "cpuCFSQuotaPeriod",
+    "memoryThrottlingFactor",
+    "memoryReservationPolicy",
+    "qosReserved",
+    "featureGates",
+    "podPidsLimit",
+];
 
 /// `enforce` writes cgroups and evicts; `observe` computes and reports only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -150,6 +189,10 @@ pub struct QosletConfiguration {
     /// Evict whole gangs (or spare surplus members) instead of breaking them.
     #[serde(default = "yes")]
     pub gang_aware_eviction: bool,
+    /// The largest manifest file the standalone source reads, in bytes (default 4 MiB); larger
+    /// files are refused with a problem line.
+    #[serde(default = "default_max_manifest_bytes")]
+    pub max_manifest_bytes: u64,
     /// Go duration, e.g. `1s`.
     #[serde(
         default = "default_housekeeping",
@@ -254,6 +297,9 @@ fn default_metrics_address() -> String {
 fn default_container_weight_formula() -> WeightFormula {
     WeightFormula::RuncQuadratic
 }
+fn default_max_manifest_bytes() -> u64 {
+    DEFAULT_MAX_BYTES
+}
 fn default_housekeeping() -> Duration {
     Duration::from_secs(1)
 }
@@ -289,6 +335,7 @@ impl Default for QosletConfiguration {
             weight_formula: WeightFormula::KubeletLinear,
             container_weight_formula: default_container_weight_formula(),
             gang_aware_eviction: true,
+            max_manifest_bytes: DEFAULT_MAX_BYTES,
             housekeeping_interval: default_housekeeping(),
             stats_interval: default_stats_interval(),
             state_dir: default_state_dir(),
@@ -303,8 +350,10 @@ impl Default for QosletConfiguration {
     }
 }
 
+/// Configuration files are read with the default cap: they are read before the
+/// QosletConfiguration that could change it.
 fn read(file: &Path) -> Result<String, ConfigError> {
-    fs::read_to_string(file).map_err(|source| ConfigError::Unreadable {
+    read_bounded(file, DEFAULT_MAX_BYTES).map_err(|source| ConfigError::Unreadable {
         file: file.into(),
         source,
     })
@@ -323,7 +372,8 @@ impl KubeletConfig {
             field: field.into(),
             message,
         };
-        let kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
+        let mut kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
         if kc.kind.as_deref() != Some("KubeletConfiguration") {
             return Err(invalid(
                 "kind",
@@ -342,7 +392,50 @@ impl KubeletConfig {
                 ),
             ));
         }
+        // The same text decoded as a map has every key; the struct above read the known ones.
+        if let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(text) {
+            kc.ignored = m
+                .keys()
+                .filter_map(|k| k.as_str())
+                .filter(|k| !KUBELET_FIELDS.contains(k))
+                .map(str::to_owned)
+                .collect();
+        }
         Ok(kc)
+    }
+
+    /// The note `plan` and `validate` print and `run` logs, when fields are ignored.
+    pub fn ignored_note(&self) -> Option<String> {
+        (!self.ignored.is_empty()).then(|| {
+            format!(
+                "KubeletConfiguration fields qoslet does not implement are ignored: {}",
+                self.ignored.join(", ")
+            )
+        })
+    }
+
+    /// Every check [`node_settings`] makes that does not depend on the node's capacity, for
+    /// `qoslet validate`, with the QosletConfiguration defaults.
+    pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
+        let capacity = Capacity {
+            cpu_millis: i64::MAX,
+            memory_bytes: i64::MAX,
+            pids: i64::MAX,
+            cpus: CpuSet::first(8192),
+        };
+        let s = node_settings(file, self, &QosletConfiguration::default(), capacity)?;
+        match crate::policy::allocatable::node_allocatable(&s) {
+            Err(e @ crate::policy::allocatable::AllocatableError::ReservedCpusWithCgroup) => {
+                Err(ConfigError::Invalid {
+                    file: file.into(),
+                    kind: "KubeletConfiguration",
+                    field: "reservedSystemCPUs".into(),
+                    message: e.to_string(),
+                })
+            }
+            // Reservations above capacity depend on the node, which validate does not know.
+            _ => Ok(()),
+        }
     }
 
     pub fn gate(&self, name: &str) -> Option<bool> {
@@ -357,6 +450,44 @@ impl QosletConfiguration {
         Self::parse(file, &read(file)?)
     }
 
+    /// The values `run` and `plan` read from the file beyond its schema (for `qoslet validate`):
+    /// the metrics address, the node root cgroup and the capacity quantities.
+    pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
+        let invalid = |field: &str, value: &str, message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "QosletConfiguration",
+            field: field.into(),
+            message: format!("{value:?}: {message}"),
+        };
+        self.metrics_address
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| invalid("metricsAddress", &self.metrics_address, e.to_string()))?;
+        if let Some(root) = &self.node_root_cgroup {
+            crate::cgroup::CgroupPath::parse(root)
+                .map_err(|e| invalid("nodeRootCgroup", root, e.to_string()))?;
+        }
+        for (field, v) in [
+            ("capacity.cpu", &self.capacity.cpu),
+            ("capacity.memory", &self.capacity.memory),
+        ] {
+            if let Some(v) = v {
+                let q: Quantity =
+                    v.parse()
+                        .map_err(|e: crate::policy::quantity::QuantityError| {
+                            invalid(field, v, e.to_string())
+                        })?;
+                if q.signum() < 0 {
+                    return Err(invalid(
+                        field,
+                        v,
+                        "must be greater than or equal to 0".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
             file: file.into(),
@@ -364,6 +495,7 @@ impl QosletConfiguration {
             field: field.into(),
             message,
         };
+        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
         let qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
         if qc.kind != "QosletConfiguration" {
             return Err(invalid(
@@ -668,6 +800,7 @@ fn settings_inner(
     s.oom_score_adj_tie_break = kc.gate("KubeletOOMScoreAdjTieBreak").unwrap_or(false);
     s.single_process_oom_kill = kc.single_process_oom_kill.unwrap_or(false);
     s.eviction_max_pod_grace_secs = kc.eviction_max_pod_grace_period.unwrap_or(0).into();
+    s.pod_pids_limit = kc.pod_pids_limit.filter(|l| *l > 0);
     s.pod_level_resources = kc.gate("PodLevelResources").unwrap_or(true);
     // A node root cgroup is where the "node" lives: kubepods and the rest go beneath it.
     if let Some(root) = qc.node_root_cgroup.as_ref().filter(|r| !r.is_empty()) {

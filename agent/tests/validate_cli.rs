@@ -113,7 +113,7 @@ fn broken_copy_prints_one_sorted_line_per_problem() {
             "{d}/02-serving-depth2.yaml: Pod/team-a/decode-0: scheduler-name-consistent: schedulerName \"volcano\" differs from the hierarchy's \"default-scheduler\""
         ),
         format!(
-            "{d}/99-extra.yaml: Frobnicator/team-a/f: kind-known: example.com/v1 Frobnicator is not a kind qoslet validates"
+            "{d}/99-extra.yaml: Frobnicator/team-a/f: kind-known: example.com/v1 Frobnicator is not a kind qoslet reads"
         ),
         format!(
             "{d}/99-extra.yaml: Workload/team-a/old: api-version: apiVersion scheduling.k8s.io/v1alpha1 is not served for Workload; expected scheduling.k8s.io/v1beta1"

@@ -11,12 +11,14 @@
 //! - `validate-deploy`: deploy/ against the Kubernetes and prometheus-operator schemas, the
 //!   alert rules through promtool.
 //! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
+//! - `fuzz`: the cargo-fuzz targets of `fuzz/` (not part of `test`).
 
 mod apt;
 mod bench;
 mod cargo;
 mod container;
 mod deploy;
+mod fuzz;
 mod image;
 mod toolchain;
 mod vm;
@@ -51,6 +53,14 @@ enum Cmd {
     },
     /// Run the integration tests on Debian kernels with pure cgroup v2 under QEMU.
     VmTest(vm::VmTestArgs),
+    /// Run the cargo-fuzz targets of fuzz/ (nightly, libFuzzer), each for --time seconds.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        time: u64,
+        /// Only these targets (quantity, manifest_plan, kubelet_config, qoslet_config, workload).
+        targets: Vec<String>,
+    },
     /// Measure speed and memory targets; writes target/bench/report.md.
     Bench {
         /// Only the benches whose name ends with one of these (e.g. `reconcile`).
@@ -96,6 +106,27 @@ fn run(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Test(args) => test(&args),
+        Cmd::Fuzz { time, targets } => {
+            let outcomes = fuzz::run(time, &targets)?;
+            println!("\nxtask fuzz: {time} s per target");
+            for o in &outcomes {
+                let runs = o.runs.map_or_else(|| "?".to_owned(), |r| r.to_string());
+                println!(
+                    "  {:<16} {:>12} runs in {:>5.0} s (build included), {} new crash input(s)",
+                    o.target,
+                    runs,
+                    o.seconds,
+                    o.crashes.len()
+                );
+                for c in &o.crashes {
+                    println!("    {}", c.display());
+                }
+            }
+            if outcomes.iter().any(|o| !o.crashes.is_empty()) {
+                bail!("fuzzing found crashes: make each a unit test of the agent, then fix it");
+            }
+            Ok(())
+        }
         Cmd::Run { args } => run_example(&args),
         Cmd::Bench { only } => {
             let tc = toolchain::ensure()?;

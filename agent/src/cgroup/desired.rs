@@ -286,6 +286,7 @@ fn pod_cgroups(
         memory_min: pod.memory_min_bytes,
         memory_low: pod.memory_low_bytes,
         memory_high: pod.memory_high_bytes,
+        pids_max: pod.pids_max,
         ..Settings::default()
     };
     inherit_cpus(&mut settings, kubepods_cpus);

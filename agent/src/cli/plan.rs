@@ -18,7 +18,11 @@ use crate::{
         settings::{Capacity, CgroupDriver},
     },
     server::Summary,
-    source::manifest::{RawObject, load_paths},
+    source::{
+        admit::{Admitted, admit, unique_uids},
+        manifest::{RawObject, load_paths},
+    },
+    workload::Problem,
 };
 
 /// Kinds other commands read; `plan` skips them without complaint.
@@ -58,6 +62,10 @@ pub struct PlanArgs {
     /// for each rank.
     #[arg(long, value_name = "URL")]
     pub usage_from: Option<String>,
+    /// The largest manifest file read, in bytes [default: the QosletConfiguration's
+    /// maxManifestBytes, else 4194304 (4 MiB)]. FIFOs and devices are refused.
+    #[arg(long, value_name = "BYTES")]
+    pub max_manifest_bytes: Option<u64>,
     /// Files or directories of Pod manifests (multi-document YAML allowed).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
@@ -126,6 +134,9 @@ fn plan(args: &PlanArgs) -> Result<String, Failure> {
 /// The desired state for the arguments' node and pods (shared with `qoslet run`).
 pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     let kc = KubeletConfig::load(&args.kubelet_config)?;
+    if let Some(note) = kc.ignored_note() {
+        eprintln!("note: {}: {note}", args.kubelet_config.display());
+    }
     let qc = match &args.config {
         Some(f) => QosletConfiguration::load(f)?,
         None => QosletConfiguration::default(),
@@ -150,22 +161,32 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
             Driver::Systemd => CgroupDriver::Systemd,
         };
     }
-    let loaded = load_paths(&args.paths).map_err(|e| Failure {
+    let max_bytes = args.max_manifest_bytes.unwrap_or(qc.max_manifest_bytes);
+    let loaded = load_paths(&args.paths, max_bytes).map_err(|e| Failure {
         status: 2,
         lines: vec![format!("{e}: {}", e.source)],
     })?;
     let mut lines: Vec<String> = loaded.malformed.iter().map(ToString::to_string).collect();
-    let mut pods = Vec::new();
+    let mut admitted = Vec::new();
     for o in &loaded.objects {
         match pod_view(o) {
-            Ok(Some(p)) => pods.push(p),
+            Ok(Some(a)) => admitted.push(a),
             Ok(None) => {}
-            Err(line) => lines.push(line),
+            Err(more) => lines.extend(more),
         }
     }
+    lines.extend(
+        unique_uids(&mut admitted, &BTreeMap::new())
+            .iter()
+            .map(plan_line),
+    );
     if !lines.is_empty() {
         return Err(Failure { status: 1, lines });
     }
+    let pods: Vec<PodSpecView> = admitted
+        .into_iter()
+        .filter_map(|a| a.pod.map(|p| p.view))
+        .collect();
     let usage = match &args.usage_from {
         Some(url) => Some(pod_usage(url).map_err(|m| Failure {
             status: 1,
@@ -206,27 +227,39 @@ fn pod_usage(url: &str) -> Result<BTreeMap<String, i64>, String> {
         .collect())
 }
 
-/// A Pod as a view, `None` for kinds plan skips, or the error line.
-fn pod_view(o: &RawObject) -> Result<Option<PodSpecView>, String> {
+/// An admitted Pod, `None` for kinds plan skips, or the error lines. Pods pass the same
+/// admission as in `validate` and `run` (crate::source::admit).
+fn pod_view(o: &RawObject) -> Result<Option<Admitted>, Vec<String>> {
     let file = o.file.display();
     if SKIPPED_KINDS.contains(&o.kind.as_str()) {
         return Ok(None);
     }
     if o.kind != "Pod" || o.api_version != "v1" {
-        return Err(format!(
+        return Err(vec![format!(
             "{file}: {}: kind: unknown kind {:?} ({}): qoslet plan reads v1 Pods",
             o.display_id(),
             o.kind,
             o.api_version
-        ));
+        )]);
     }
-    let pod: Pod = o.decode().map_err(|e| match locate(&o.value) {
-        Some((field, message)) => format!("{file}: {}: {field}: {message}", o.display_id()),
-        None => format!("{file}: {}", e.message),
-    })?;
-    PodSpecView::from_pod(&pod)
-        .map(Some)
-        .map_err(|e| format!("{file}: {}: {e}", o.display_id()))
+    admit(o).map(Some).map_err(|problems| {
+        // A document that is not a Pod at all: say which field, as serde does not.
+        if let Err(e) = o.decode::<Pod>() {
+            return vec![match locate(&o.value) {
+                Some((field, message)) => {
+                    format!("{file}: {}: {field}: {message}", o.display_id())
+                }
+                None => format!("{file}: {}", e.message),
+            }];
+        }
+        problems.iter().map(plan_line).collect()
+    })
+}
+
+/// An admission problem as plan prints it, `file: Kind/namespace/name: field: message` (the
+/// rule's message starts with its field).
+fn plan_line(p: &Problem) -> String {
+    format!("{}: {}: {}", p.origin.file.display(), p.id, p.message)
 }
 
 /// The innermost part of a Pod document that fails to decode, as `(field, message)`: serde's
@@ -443,7 +476,7 @@ fn table(plan: &Plan) -> String {
         );
         let _ = writeln!(
             out,
-            "  cgroup {}  shares={} weight={} quota={} period={} memory.max={} memory.min={} memory.low={} memory.high={}",
+            "  cgroup {}  shares={} weight={} quota={} period={} memory.max={} memory.min={} memory.low={} memory.high={} pids.max={}",
             opt(p.cgroup.clone()),
             opt(p.cpu_shares),
             opt(p.cpu_weight),
@@ -453,6 +486,7 @@ fn table(plan: &Plan) -> String {
             opt(p.memory_min_bytes),
             opt(p.memory_low_bytes),
             opt(p.memory_high_bytes),
+            opt(p.pids_max),
         );
         let _ = writeln!(
             out,

@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use super::{EXIT_CONFIG, plan::machine_capacity};
 use crate::{
     cluster::{self, ClusterOptions, KubeletConfigFrom},
-    config::CapacityOverride,
+    config::{CapacityOverride, KubeletConfig},
     standalone::{self, StandaloneOptions},
 };
 
@@ -65,6 +65,13 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Said once at start; a file that does not load is reported by the node itself.
+    if let Some(file) = &args.kubelet_config
+        && let Ok(kc) = KubeletConfig::load(file)
+        && let Some(note) = kc.ignored_note()
+    {
+        tracing::warn!(file = %file.display(), fields = kc.ignored.len(), "{note}.");
+    }
     let capacity = |over: &CapacityOverride, root_limit: Option<i64>| {
         let mut c = machine_capacity(over)?;
         // A node root with its own memory limit is the node (unless capacity.memory says).

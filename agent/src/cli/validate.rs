@@ -3,13 +3,17 @@
 //! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
 //! input or a malformed flag.
 
-use crate::config::{ConfigError, KubeletConfig, QosletConfiguration};
-use std::{path::PathBuf, process::ExitCode};
+use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
 
 use crate::{
-    source::manifest::{Loaded, RawObject, load_paths},
+    config::{ConfigError, KubeletConfig, QosletConfiguration},
+    source::{
+        admit::{Admitted, admit, unique_uids},
+        file::DEFAULT_MAX_BYTES,
+        manifest::{Loaded, RawObject, load_paths},
+    },
     workload::{
-        DecodeError, Forest, Object, ValidationOptions, apply_updates, dangling, decode,
+        Forest, Object, ValidationOptions, apply_updates, dangling,
         problem::{Problem, Rule},
         types::Origin,
         validate as validate_forest,
@@ -25,6 +29,9 @@ pub struct ValidateArgs {
     /// Feature gates, e.g. `PodGroupPreemptionPolicy=true` (until the config parser provides them).
     #[arg(long, value_name = "GATES", value_delimiter = ',')]
     pub feature_gates: Vec<String>,
+    /// The largest file read, in bytes. FIFOs and devices are refused.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
+    pub max_manifest_bytes: u64,
     /// Files or directories of YAML (multi-document allowed).
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
@@ -39,7 +46,7 @@ pub fn run(args: ValidateArgs) -> ExitCode {
         }
     };
     let load = |paths: &[PathBuf]| {
-        load_paths(paths).map_err(|e| {
+        load_paths(paths, args.max_manifest_bytes).map_err(|e| {
             let cause = e.source.to_string();
             eprintln!("qoslet validate: {e}: {cause}");
             ExitCode::from(2)
@@ -102,15 +109,16 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
                 m.message,
             ));
         }
-        let mut objects = Vec::new();
+        let mut admitted = Vec::new();
         for raw in &loaded.objects {
             match classify(raw) {
-                Ok(Some(o)) => objects.push(o),
+                Ok(Some(a)) => admitted.push(a),
                 Ok(None) => {}
                 Err(p) => problems.extend(p),
             }
         }
-        objects
+        problems.extend(unique_uids(&mut admitted, &BTreeMap::new()));
+        admitted.into_iter().map(|a| a.object).collect()
     };
     let new = decode_all(current, &mut problems);
     let objects = match previous {
@@ -131,8 +139,9 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
     problems.iter().map(Problem::to_string).collect()
 }
 
-/// A workload-module object, nothing (a valid configuration file), or its problems.
-fn classify(raw: &RawObject) -> Result<Option<Object>, Vec<Problem>> {
+/// An admitted object (what `plan` and `run` accept), nothing (a valid configuration file), or
+/// its problems.
+fn classify(raw: &RawObject) -> Result<Option<Admitted>, Vec<Problem>> {
     if matches!(
         raw.kind.as_str(),
         "KubeletConfiguration" | "QosletConfiguration"
@@ -140,19 +149,7 @@ fn classify(raw: &RawObject) -> Result<Option<Object>, Vec<Problem>> {
         let p = validate_config_object(raw);
         return if p.is_empty() { Ok(None) } else { Err(p) };
     }
-    let problem = |rule, message: String| vec![raw_problem(raw, rule, message)];
-    match decode(raw) {
-        Ok(o) => Ok(Some(o)),
-        Err(DecodeError::NotOurs) => Err(problem(
-            Rule::KindKnown,
-            format!(
-                "{} {} is not a kind qoslet validates",
-                raw.api_version, raw.kind
-            ),
-        )),
-        Err(e @ DecodeError::ApiVersion { .. }) => Err(problem(Rule::ApiVersion, e.to_string())),
-        Err(DecodeError::Schema { message, .. }) => Err(problem(Rule::Schema, message)),
-    }
+    admit(raw).map(Some)
 }
 
 fn raw_problem(raw: &RawObject, rule: Rule, message: String) -> Problem {
@@ -171,8 +168,13 @@ fn validate_config_object(obj: &RawObject) -> Vec<Problem> {
         Err(e) => return vec![raw_problem(obj, Rule::Schema, e.to_string())],
     };
     let result = match obj.kind.as_str() {
-        "KubeletConfiguration" => KubeletConfig::parse(&obj.file, &text).map(|_| ()),
-        _ => QosletConfiguration::parse(&obj.file, &text).map(|_| ()),
+        "KubeletConfiguration" => KubeletConfig::parse(&obj.file, &text).and_then(|kc| {
+            if let Some(note) = kc.ignored_note() {
+                eprintln!("note: {}: {note}", obj.file.display());
+            }
+            kc.check(&obj.file)
+        }),
+        _ => QosletConfiguration::parse(&obj.file, &text).and_then(|qc| qc.check(&obj.file)),
     };
     match result {
         Ok(()) => Vec::new(),

@@ -16,13 +16,14 @@ pub const BESTEFFORT_OOM_SCORE_ADJ: i32 = 1000;
 const TIE_BREAK_FLOOR: i128 = 64 << 20;
 
 /// The score for `container` of `pod` on a node with `memory_capacity` bytes, feature gate
-/// `KubeletOOMScoreAdjTieBreak` off.
+/// `KubeletOOMScoreAdjTieBreak` off. For every container of a pod, use [`PodOomScores`]: this
+/// computes the pod's part again on each call.
 pub fn container_oom_score_adj(
     pod: &PodSpecView,
     container: &ContainerView,
     memory_capacity: i64,
 ) -> i32 {
-    container_oom_score_adj_with(pod, container, memory_capacity, false)
+    PodOomScores::new(pod, memory_capacity, false).container(container)
 }
 
 /// policy.go `containerOOMScoreAdjust`, with `tie_break` the `KubeletOOMScoreAdjTieBreak` gate
@@ -36,54 +37,97 @@ pub fn container_oom_score_adj_with(
     memory_capacity: i64,
     tie_break: bool,
 ) -> i32 {
-    if pod.is_node_critical() {
-        return GUARANTEED_OOM_SCORE_ADJ;
-    }
-    match pod_qos(pod) {
-        QosClass::Guaranteed => return GUARANTEED_OOM_SCORE_ADJ,
-        QosClass::BestEffort => return BESTEFFORT_OOM_SCORE_ADJ,
-        QosClass::Burstable => {}
-    }
-    let capacity = i128::from(memory_capacity.max(1));
-    let share = pod_level_share(pod);
-    let linear = |request: i128| 1000 - (1000 * request) / capacity;
-    let tie_broken = |c: &ContainerView| {
-        let request = i128::from(c.resources.requests.memory_bytes()) + share;
-        tie_break_adjust(linear(request), request, enforced_limit(pod, c), capacity)
-    };
-    let request = i128::from(container.resources.requests.memory_bytes()) + share;
-    let mut adj = if tie_break {
-        tie_broken(container)
-    } else {
-        linear(request)
-    };
-    if container.kind == ContainerKind::Sidecar {
-        // A sidecar is never killed before the app it serves.
-        let regular = pod
-            .containers
-            .iter()
-            .filter(|c| c.kind == ContainerKind::App);
-        let cap = if tie_break {
-            regular.map(tie_broken).max()
+    PodOomScores::new(pod, memory_capacity, tie_break).container(container)
+}
+
+/// The pod-wide part of the score (class, criticality, pod-level share and limit, the sidecar
+/// cap), computed once per pod so scoring all of a pod's containers is linear in them.
+#[derive(Debug, Clone, Copy)]
+pub struct PodOomScores {
+    fixed: Option<i32>,
+    capacity: i128,
+    share: i128,
+    /// The pod-level memory limit, a container's enforced limit when it has none of its own.
+    pod_limit: i128,
+    tie_break: bool,
+    /// A sidecar's score is at most this (the regular containers' score it must not undercut).
+    sidecar_cap: Option<i128>,
+}
+
+impl PodOomScores {
+    pub fn new(pod: &PodSpecView, memory_capacity: i64, tie_break: bool) -> Self {
+        let fixed = if pod.is_node_critical() {
+            Some(GUARANTEED_OOM_SCORE_ADJ)
         } else {
-            regular
-                .map(|c| c.resources.requests.memory_bytes())
-                .min()
-                .map(|min| linear(i128::from(min) + share))
+            match pod_qos(pod) {
+                QosClass::Guaranteed => Some(GUARANTEED_OOM_SCORE_ADJ),
+                QosClass::BestEffort => Some(BESTEFFORT_OOM_SCORE_ADJ),
+                QosClass::Burstable => None,
+            }
         };
-        if let Some(cap) = cap {
+        let burstable = fixed.is_none();
+        let mut scores = Self {
+            fixed,
+            capacity: i128::from(memory_capacity.max(1)),
+            share: if burstable { pod_level_share(pod) } else { 0 },
+            pod_limit: i128::from(pod.pod_resources.map_or(0, |r| r.limits.memory_bytes())),
+            tie_break,
+            sidecar_cap: None,
+        };
+        if burstable {
+            let regular = pod
+                .containers
+                .iter()
+                .filter(|c| c.kind == ContainerKind::App);
+            scores.sidecar_cap = if tie_break {
+                regular.map(|c| scores.raw(c)).max()
+            } else {
+                regular
+                    .map(|c| c.resources.requests.memory_bytes())
+                    .min()
+                    .map(|min| scores.linear(i128::from(min) + scores.share))
+            };
+        }
+        scores
+    }
+
+    fn linear(&self, request: i128) -> i128 {
+        1000 - (1000 * request) / self.capacity
+    }
+
+    /// The score before the sidecar cap and the clamp.
+    fn raw(&self, c: &ContainerView) -> i128 {
+        let request = i128::from(c.resources.requests.memory_bytes()) + self.share;
+        if !self.tie_break {
+            return self.linear(request);
+        }
+        let own = i128::from(c.resources.limits.memory_bytes());
+        let limit = if own > 0 { own } else { self.pod_limit };
+        tie_break_adjust(self.linear(request), request, limit, self.capacity)
+    }
+
+    /// The score of one container of the pod.
+    pub fn container(&self, container: &ContainerView) -> i32 {
+        if let Some(fixed) = self.fixed {
+            return fixed;
+        }
+        let mut adj = self.raw(container);
+        if container.kind == ContainerKind::Sidecar
+            && let Some(cap) = self.sidecar_cap
+        {
+            // A sidecar is never killed before the app it serves.
             adj = adj.min(cap);
         }
+        // A Guaranteed pod using all memory scores about 3: keep Burstable above it, and below
+        // BestEffort. The clamp also keeps a pod-level share larger than capacity in range.
+        if adj < i128::from(1000 + GUARANTEED_OOM_SCORE_ADJ) {
+            return 1000 + GUARANTEED_OOM_SCORE_ADJ;
+        }
+        if adj >= i128::from(BESTEFFORT_OOM_SCORE_ADJ) {
+            return BESTEFFORT_OOM_SCORE_ADJ - 1;
+        }
+        adj as i32
     }
-    // A Guaranteed pod using all memory scores about 3: keep Burstable above it, and below
-    // BestEffort.
-    if adj < i128::from(1000 + GUARANTEED_OOM_SCORE_ADJ) {
-        return 1000 + GUARANTEED_OOM_SCORE_ADJ;
-    }
-    if adj == i128::from(BESTEFFORT_OOM_SCORE_ADJ) {
-        return BESTEFFORT_OOM_SCORE_ADJ - 1;
-    }
-    adj as i32
 }
 
 /// policy.go `tieBreakOOMScoreAdjust`.
@@ -103,19 +147,6 @@ fn log2_floor(x: i128) -> i128 {
     } else {
         i128::from(127 - x.leading_zeros())
     }
-}
-
-/// The memory limit the container's cgroup gets: its own, else the pod-level limit
-/// (policy.go `enforcedMemoryLimit`; TestGetContainerOOMScoreAdjustTieBreak's pod-level rows
-/// show the pod-level limit counting), 0 when unlimited. DRA claims are not modelled.
-fn enforced_limit(pod: &PodSpecView, c: &ContainerView) -> i128 {
-    let own = c.resources.limits.memory_bytes();
-    let limit = if own > 0 {
-        own
-    } else {
-        pod.pod_resources.map_or(0, |r| r.limits.memory_bytes())
-    };
-    i128::from(limit)
 }
 
 /// With pod-level requests, the memory they add beyond the containers' own, split evenly over

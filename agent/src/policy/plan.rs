@@ -11,7 +11,7 @@ use super::{
     cpu::{MIN_SHARES, milli_cpu_to_quota, milli_cpu_to_shares},
     eviction::{EvictionRank, Threshold},
     memory_qos::memory_high,
-    oom::container_oom_score_adj_with,
+    oom::PodOomScores,
     pod::{ContainerKind, PodSpecView},
     qos::{QosClass, pod_qos},
     settings::{MemoryQos, MemoryReservationPolicy, NodeSettings, Reservation},
@@ -97,6 +97,8 @@ pub struct PodPlan {
     /// other page size of the host (cgroup_manager_linux.go "for each page size omitted, limit
     /// to 0").
     pub hugetlb_limits: BTreeMap<String, i64>,
+    /// `podPidsLimit` of the KubeletConfiguration, when it limits (> 0).
+    pub pids_max: Option<i64>,
     pub containers: Vec<ContainerPlan>,
 }
 
@@ -156,8 +158,9 @@ fn plan_node_cgroups(
     for p in pods {
         let r = p.requests();
         let i = pod_qos(p) as usize;
-        sums[i].0 += r.cpu_millis();
-        sums[i].1 += r.memory_bytes();
+        // Saturating: requests are each within i64 (admission checks), their sum may not be.
+        sums[i].0 = sums[i].0.saturating_add(r.cpu_millis());
+        sums[i].1 = sums[i].1.saturating_add(r.memory_bytes());
     }
     let [(_, g_mem), (b_cpu, b_mem), _] = sums;
 
@@ -207,13 +210,15 @@ fn plan_node_cgroups(
     besteffort.hugetlb_limits = unbounded;
     // QOSReserved (qos_container_manager_linux.go setMemoryReserve), over capacity - reserved.
     if let Some(pct) = s.qos_reserved_memory_pct {
-        let burstable_limit = na.absolute.memory_bytes - g_mem * pct / 100;
-        let besteffort_limit = burstable_limit - b_mem * pct / 100;
+        let reserve = |mem: i64| i128::from(mem) * i128::from(pct) / 100;
+        let burstable_limit = i128::from(na.absolute.memory_bytes) - reserve(g_mem);
+        let besteffort_limit = burstable_limit - reserve(b_mem);
+        let clamp = |v: i128| v.clamp(0, i64::MAX.into()) as i64;
         if besteffort_limit < 0 {
             warnings.push(format!("QOSReserved leaves besteffort a negative memory limit ({besteffort_limit}); written as 0"));
         }
-        burstable.memory_limit_bytes = Some(burstable_limit.max(0));
-        besteffort.memory_limit_bytes = Some(besteffort_limit.max(0));
+        burstable.memory_limit_bytes = Some(clamp(burstable_limit));
+        besteffort.memory_limit_bytes = Some(clamp(besteffort_limit));
     }
     // Memory QoS (qos_container_manager_linux.go setMemoryQoS): protect what the classes
     // requested. A child's protection is bounded by its ancestors', so the kubepods root covers
@@ -224,7 +229,7 @@ fn plan_node_cgroups(
             // 1.34, 1.35: memory.min, written only when above 0.
             TierProtection::Legacy => {
                 burstable.memory_min_bytes = positive(b_mem);
-                kubepods.memory_min_bytes = positive(b_mem + g_mem);
+                kubepods.memory_min_bytes = positive(b_mem.saturating_add(g_mem));
             }
             // 1.36+ `None`: no protection, and an explicit 0 so a stale value left by an earlier
             // plan or another writer is cleared (TestQoSContainerCgroupWithMemoryReservationPolicyNone).
@@ -237,7 +242,7 @@ fn plan_node_cgroups(
             // requested; kubepods memory.low = Burstable under the root
             // (TestQOSCgroupsWithSystemPartition).
             TierProtection::Tiered => {
-                kubepods.memory_min_bytes = Some(g_mem + b_mem);
+                kubepods.memory_min_bytes = Some(g_mem.saturating_add(b_mem));
                 kubepods.memory_low_bytes = Some(b_mem);
                 burstable.memory_low_bytes = Some(b_mem);
             }
@@ -373,6 +378,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         .chain([pod_component.as_str()])
         .collect();
     let per_qos = s.cgroups_per_qos;
+    let scores = PodOomScores::new(pod, na.capacity.memory_bytes, s.oom_score_adj_tie_break);
     let containers = pod
         .containers
         .iter()
@@ -396,12 +402,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
             ContainerPlan {
                 name: c.name.clone(),
                 kind: c.kind,
-                oom_score_adj: container_oom_score_adj_with(
-                    pod,
-                    c,
-                    na.capacity.memory_bytes,
-                    s.oom_score_adj_tie_break,
-                ),
+                oom_score_adj: scores.container(c),
                 cpu_shares: cshares,
                 cpu_weight: s.container_weight_formula.weight(cshares),
                 cpu_quota_us: cpu_limited.then_some(cquota),
@@ -434,6 +435,7 @@ fn plan_pod(s: &NodeSettings, na: &NodeAllocatable, pod: &PodSpecView) -> PodPla
         } else {
             BTreeMap::new()
         },
+        pids_max: s.pod_pids_limit.filter(|_| per_qos),
         containers,
     }
 }

@@ -156,12 +156,19 @@ impl Quantity {
             (Format::DecimalExponent, _) => false,
             _ => true,
         };
-        // Exponent to a multiple of 3, mantissa grown to match (upstream AsCanonicalBytes).
+        // Exponent to a multiple of 3, mantissa grown to match (upstream AsCanonicalBytes). A sum
+        // can hold a mantissa that would overflow when grown: it prints with its own exponent.
         let (mut m, mut e) = (self.mantissa, self.scale);
-        match e.rem_euclid(3) {
-            1 => (m, e) = (m * 10, e - 1),
-            2 => (m, e) = (m * 100, e - 2),
-            _ => {}
+        let grow = match e.rem_euclid(3) {
+            1 => Some(10),
+            2 => Some(100),
+            _ => None,
+        };
+        if let Some(g) = grow {
+            match m.checked_mul(g) {
+                Some(grown) => (m, e) = (grown, e - e.rem_euclid(3)),
+                None => return format!("{m}e{e}"),
+            }
         }
         let suffix = decimal_si.then(|| decimal_suffix(e)).flatten();
         match (suffix, e) {
@@ -263,15 +270,20 @@ impl FromStr for Quantity {
         }
         let digits = format!("{int_digits}{frac_digits}");
         let digits = digits.trim_start_matches('0');
-        if digits.len() > 36 {
+        // Trailing zeros go to the exponent before the length check: the canonical string pads
+        // the mantissa with up to two zeros to reach a multiple of 3 (fuzz target `quantity`
+        // found `136666666666666666666666666666666668E+5`, whose canonical form did not parse).
+        let significant = digits.trim_end_matches('0');
+        let zeros = (digits.len() - significant.len()) as i32;
+        if significant.len() > 36 {
             return Err(err_range());
         }
-        let mut mantissa: i128 = if digits.is_empty() {
+        let mut mantissa: i128 = if significant.is_empty() {
             0
         } else {
-            digits.parse().map_err(|_| err_range())?
+            significant.parse().map_err(|_| err_range())?
         };
-        let mut scale = -(frac_digits.len() as i32);
+        let mut scale = zeros - (frac_digits.len() as i32);
         let (format, exp10, pow1024) =
             parse_suffix(rest).ok_or_else(|| QuantityError::UnknownSuffix {
                 text: text.into(),
@@ -297,7 +309,12 @@ impl FromStr for Quantity {
             format,
         };
         q.normalize();
-        if q.scale.abs() > MAX_SCALE || q.scale > 0 && pow10(q.scale).is_none() {
+        // At most 36 significant digits after the binary suffix too, so the canonical string
+        // (which spells the value in decimal) parses back (fuzz: `1001000000013333333010...0Ei`).
+        if q.mantissa.unsigned_abs() >= 10u128.pow(36)
+            || q.scale.abs() > MAX_SCALE
+            || q.scale > 0 && pow10(q.scale).is_none()
+        {
             return Err(err_range());
         }
         Ok(q)

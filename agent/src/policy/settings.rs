@@ -121,6 +121,9 @@ pub struct NodeSettings {
     /// `singleProcessOOMKill` (default false on cgroup v2): when false the runtime sets
     /// memory.oom.group=1 on container cgroups, so an OOM kill takes the whole container.
     pub single_process_oom_kill: bool,
+    /// `podPidsLimit`: `pids.max` of every pod cgroup; `None` (the kubelet's -1, or 0) is no
+    /// limit, as pkg/kubelet/cm/pod_container_manager_linux.go writes it only when > 0.
+    pub pod_pids_limit: Option<i64>,
 }
 
 impl NodeSettings {
@@ -156,6 +159,7 @@ impl NodeSettings {
             oom_score_adj_tie_break: false,
             single_process_oom_kill: false,
             hugepage_sizes: Vec::new(),
+            pod_pids_limit: None,
         }
     }
 }

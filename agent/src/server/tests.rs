@@ -32,7 +32,8 @@ fn example_plan() -> Plan {
         cpus: "0-3".parse::<CpuSet>().expect("cpuset"),
     };
     let settings = node_settings(&kc_path, &kc, &qc, capacity).expect("settings");
-    let loaded = load_paths(&[root.join("pods")]).expect("example pods");
+    let loaded = load_paths(&[root.join("pods")], crate::source::file::DEFAULT_MAX_BYTES)
+        .expect("example pods");
     let pods: Vec<PodSpecView> = loaded
         .objects
         .iter()

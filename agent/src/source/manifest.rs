@@ -3,6 +3,12 @@
 //! Each document becomes a [`RawObject`] that remembers where it came from, so every later error
 //! can name the file, the object and the field. Typed decoding is the job of the module that owns
 //! the kind (policy for Pods and KubeletConfiguration, workload for the scheduling kinds).
+//!
+//! Hostile YAML is bounded: alias expansion by serde_yaml_ng's repetition limit (a "billion
+//! laughs" document is refused in about 0.1 s), nesting by [`super::nesting`] before serde_yaml_ng
+//! loads the document (its own recursion limit, 128, applies only after libyaml has scanned the
+//! whole document, in time quadratic in the depth), file sizes by [`super::file`]. The tests at
+//! the end of this file pin the first two.
 
 use std::{
     fmt, fs,
@@ -11,6 +17,8 @@ use std::{
 
 use serde::Deserialize as _;
 use thiserror::Error;
+
+use super::{file::read_bounded, nesting::check_nesting};
 
 /// A manifest could not be read at all (exit status 2 in the CLI).
 #[derive(Debug, Error)]
@@ -81,12 +89,13 @@ impl fmt::Display for ObjectId<'_> {
 }
 
 /// Loads every YAML/JSON document under `paths`. Directories are read non-recursively, in file
-/// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped.
-pub fn load_paths(paths: &[PathBuf]) -> Result<Loaded, UnreadableError> {
+/// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped. Each file must be
+/// a regular file of at most `max_bytes` (see [`super::file`]).
+pub fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, UnreadableError> {
     let mut loaded = Loaded::default();
     for path in paths {
         for file in expand(path)? {
-            let text = fs::read_to_string(&file).map_err(|source| UnreadableError {
+            let text = read_bounded(&file, max_bytes).map_err(|source| UnreadableError {
                 path: file.clone(),
                 source,
             })?;
@@ -130,6 +139,14 @@ pub fn is_manifest_file(path: &Path) -> bool {
 
 /// Splits `text` into documents and appends them to `loaded`. Empty documents are skipped.
 pub fn parse_documents(file: &Path, text: &str, loaded: &mut Loaded) {
+    if let Err(e) = check_nesting(text) {
+        loaded.malformed.push(MalformedError {
+            file: file.to_path_buf(),
+            index: 0,
+            message: format!("invalid YAML: {e}"),
+        });
+        return;
+    }
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let malformed = |message: String| MalformedError {
             file: file.to_path_buf(),
@@ -211,6 +228,56 @@ mod tests {
         assert_eq!(
             loaded.malformed[0].to_string(),
             "x.yaml: document 0: kind: missing"
+        );
+    }
+}
+
+#[cfg(test)]
+mod alias_tests {
+    use super::*;
+
+    /// A "billion laughs" document: nine levels of nine aliases, 9^9 strings once expanded.
+    fn laughs() -> String {
+        let mut s =
+            String::from("apiVersion: v1\nkind: Pod\nmetadata: {name: lol}\nl0: &l0 [lol]\n");
+        for i in 1..=9 {
+            let prev = format!("*l{}", i - 1);
+            s.push_str(&format!("l{i}: &l{i} [{}]\n", vec![prev; 9].join(", ")));
+        }
+        s
+    }
+
+    #[test]
+    fn alias_expansion_is_bounded() {
+        let mut loaded = Loaded::default();
+        parse_documents(Path::new("lol.yaml"), &laughs(), &mut loaded);
+        assert!(loaded.objects.is_empty());
+        assert_eq!(loaded.malformed.len(), 1);
+        assert!(
+            loaded.malformed[0]
+                .message
+                .contains("repetition limit exceeded"),
+            "{}",
+            loaded.malformed[0]
+        );
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let deep = format!(
+            "kind: Pod\napiVersion: v1\nx: {}{}\n",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let mut loaded = Loaded::default();
+        parse_documents(Path::new("deep.yaml"), &deep, &mut loaded);
+        assert_eq!(loaded.malformed.len(), 1);
+        assert!(
+            loaded.malformed[0]
+                .message
+                .contains("recursion limit exceeded"),
+            "{}",
+            loaded.malformed[0]
         );
     }
 }

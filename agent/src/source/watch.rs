@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs, io,
+    io,
     os::fd::{AsFd as _, AsRawFd, RawFd},
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -17,15 +17,17 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use thiserror::Error;
 use tokio::io::{Interest, unix::AsyncFd};
 
-use super::manifest::{Loaded, RawObject, expand, is_manifest_file, parse_documents};
+use super::{
+    admit::{Admitted, admit, unique_uids},
+    file::{DEFAULT_MAX_BYTES, read_bounded},
+    manifest::{Loaded, RawObject, expand, is_manifest_file, parse_documents},
+};
 use crate::{
     policy::pod::PodKey,
-    policy::pod::PodSpecView,
     runtime::spec::PodRuntimeSpec,
     workload::{
-        self, DecodeError, Forest, Kind, Object, ValidationOptions, apply_updates,
+        self, Forest, Kind, Object, ValidationOptions, apply_updates,
         problem::{Problem, Rule},
-        types::Origin,
     },
 };
 
@@ -116,11 +118,13 @@ pub enum WatchError {
     },
 }
 
-/// Loads `dir` over `previous`: the new state and what changed.
+/// Loads `dir` over `previous`: the new state and what changed. Files above `max_bytes`, FIFOs
+/// and devices are problems (`source/file.rs`).
 pub fn load_dir(
     dir: &Path,
     previous: &PodSet,
     opts: &ValidationOptions,
+    max_bytes: u64,
 ) -> Result<(PodSet, Diff), WatchError> {
     let files = expand(dir).map_err(|e| WatchError::Read {
         dir: dir.to_path_buf(),
@@ -132,7 +136,7 @@ pub fn load_dir(
     for file in files {
         // A file may vanish or be half-written between the listing and the read: report it,
         // the next event reloads it.
-        match fs::read_to_string(&file) {
+        match read_bounded(&file, max_bytes) {
             Ok(text) => parse_documents(&file, &text, &mut loaded),
             Err(e) => {
                 problems.insert(format!("{}: cannot read: {e}", file.display()));
@@ -178,17 +182,31 @@ pub fn build_for(
         problems.insert(m.to_string());
         broken_files.insert(m.file);
     }
-    // Decode; a Pod also has to be readable by the policy and runnable by the runtime.
-    let mut decoded: Vec<(Object, Option<core::Pod>)> = Vec::new();
+    // Admission (source/admit.rs), then a Pod has to be runnable by the runtime; one pod per UID.
+    let mut admitted = Vec::new();
     for raw in &loaded.objects {
         match decode(raw, runner) {
-            Ok(x) => decoded.push(x),
-            Err(line) => {
-                problems.insert(line);
+            Ok(a) => admitted.push(a),
+            Err(lines) => {
+                problems.extend(lines);
                 broken_files.insert(raw.file.clone());
             }
         }
     }
+    let holders = previous
+        .pods
+        .keys()
+        .map(|k| (k.uid.clone(), (k.namespace.clone(), k.name.clone())))
+        .collect();
+    problems.extend(
+        unique_uids(&mut admitted, &holders)
+            .iter()
+            .map(ToString::to_string),
+    );
+    let decoded: Vec<(Object, Option<core::Pod>)> = admitted
+        .into_iter()
+        .map(|a| (a.object, a.pod.map(|p| p.pod)))
+        .collect();
     // Immutability: only objects still present can be updated; the rest are removals.
     let new_keys: BTreeSet<ObjectKey> = decoded.iter().map(|(o, _)| object_key(o)).collect();
     let old: Vec<Object> = previous
@@ -258,39 +276,22 @@ pub fn build_for(
     (next, diff)
 }
 
-fn decode(raw: &RawObject, runner: Runner) -> Result<(Object, Option<core::Pod>), String> {
-    let origin = Origin {
-        file: raw.file.clone(),
-        index: raw.index,
-    };
-    let line = |rule: Rule, message: String| {
-        Problem::new(&origin, raw.display_id().to_string(), rule, message).to_string()
-    };
-    let object = match workload::decode(raw) {
-        Ok(o) => o,
-        Err(DecodeError::NotOurs) => {
-            return Err(line(
-                Rule::KindKnown,
-                format!("{} {} is not a kind qoslet runs", raw.api_version, raw.kind),
-            ));
-        }
-        Err(e @ DecodeError::ApiVersion { .. }) => {
-            return Err(line(Rule::ApiVersion, e.to_string()));
-        }
-        Err(DecodeError::Schema { message, .. }) => return Err(line(Rule::Schema, message)),
-    };
-    if !matches!(object, Object::Pod(_)) {
-        return Ok((object, None));
+/// Admission, and for a Pod that qoslet's own runtime runs, a spec that runtime can run.
+fn decode(raw: &RawObject, runner: Runner) -> Result<Admitted, Vec<String>> {
+    let lines = |ps: Vec<Problem>| ps.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let a = admit(raw).map_err(lines)?;
+    if runner == Runner::Qoslet
+        && let Some(p) = &a.pod
+    {
+        PodRuntimeSpec::from_pod(&p.pod).map_err(|e| {
+            lines(vec![Problem::on(
+                &a.object,
+                Rule::Schema,
+                format!("{}: {}", e.field, e.message),
+            )])
+        })?;
     }
-    let pod: core::Pod = raw
-        .decode()
-        .map_err(|e| line(Rule::Schema, e.message.clone()))?;
-    PodSpecView::from_pod(&pod).map_err(|e| line(Rule::Schema, e.to_string()))?;
-    if runner == Runner::Qoslet {
-        PodRuntimeSpec::from_pod(&pod)
-            .map_err(|e| line(Rule::Schema, format!("{}: {}", e.field, e.message)))?;
-    }
-    Ok((object, Some(pod)))
+    Ok(a)
 }
 
 fn object_key(o: &Object) -> ObjectKey {
@@ -410,6 +411,7 @@ pub struct ManifestWatch {
     parse_grace: Duration,
     /// Files that stopped parsing, since when.
     broken_since: BTreeMap<PathBuf, Instant>,
+    max_bytes: u64,
 }
 
 impl ManifestWatch {
@@ -453,7 +455,14 @@ impl ManifestWatch {
             pending: None,
             parse_grace: PARSE_GRACE,
             broken_since: BTreeMap::new(),
+            max_bytes: DEFAULT_MAX_BYTES,
         })
+    }
+
+    /// The largest manifest file read (QosletConfiguration `maxManifestBytes`; default 4 MiB).
+    pub fn with_max_manifest_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Overrides [`PARSE_GRACE`] (tests).
@@ -470,7 +479,7 @@ impl ManifestWatch {
     /// Reloads the directory now; the diff is against the last load. Objects of a file that no
     /// longer parses are kept for the parse grace period.
     pub fn reload(&mut self) -> Result<Diff, WatchError> {
-        let (mut next, _) = load_dir(&self.dir, &self.state, &self.opts)?;
+        let (mut next, _) = load_dir(&self.dir, &self.state, &self.opts, self.max_bytes)?;
         self.keep_broken(&mut next, Instant::now());
         let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
@@ -687,6 +696,79 @@ mod tests {
         );
         let (_, d2) = load(&files, &s1);
         assert!(d2.is_empty(), "reported again: {d2:?}");
+    }
+
+    #[test]
+    fn pods_refused_at_the_door_are_not_in_the_set() {
+        let uid = "6f1e3c1a-0b7a-4c1e-9a51-2f8d3c4b5a60";
+        let with = |meta: &str, container: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{{meta}}}\nspec:\n  containers: [{container}]\n"
+            )
+        };
+        let c = "{name: c, command: [sleep]}";
+        let files = [
+            ("a.yaml", with("name: Bad_Name", c)),
+            ("b.yaml", with("name: b, uid: not-a-uuid", c)),
+            ("c.yaml", with("name: c", "{name: C_1, command: [sleep]}")),
+            ("d.yaml", with("name: d", &format!("{c}, {c}"))),
+            (
+                "e.yaml",
+                with(
+                    "name: e",
+                    "{name: c, command: [sleep], resources: {limits: {cpu: \"-2\"}}}",
+                ),
+            ),
+            ("f.yaml", with(&format!("name: f, uid: {uid}"), c)),
+            ("g.yaml", with(&format!("name: g, uid: {uid}"), c)),
+        ];
+        let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let (s1, d1) = load(&files, &PodSet::default());
+        assert_eq!(names(&d1.pods_added), ["f"], "{:?}", d1.new_problems);
+        let rules: Vec<&str> = d1
+            .new_problems
+            .iter()
+            .map(|l| l.split(": ").nth(2).unwrap_or_default())
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                "name-dns-subdomain",
+                "uid-format",
+                "container-name-dns-label",
+                "container-name-unique",
+                "quantity-non-negative",
+                "uid-unique",
+            ]
+        );
+        // Reported once: the same files again change nothing.
+        let (_, d2) = load(&files, &s1);
+        assert!(d2.is_empty(), "{d2:?}");
+    }
+
+    #[test]
+    fn the_running_pod_keeps_its_uid_when_an_earlier_file_claims_it() {
+        let uid = "6f1e3c1a-0b7a-4c1e-9a51-2f8d3c4b5a60";
+        let p = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, uid: {uid}}}\nspec:\n  containers: [{{name: c, command: [sleep]}}]\n"
+            )
+        };
+        let (s1, _) = load(&[("z.yaml", &p("running"))], &PodSet::default());
+        let (s2, d2) = load(
+            &[("a.yaml", &p("newcomer")), ("z.yaml", &p("running"))],
+            &s1,
+        );
+        assert!(
+            d2.pods_added.is_empty() && d2.pods_removed.is_empty(),
+            "{d2:?}"
+        );
+        assert_eq!(d2.new_problems.len(), 1, "{:?}", d2.new_problems);
+        assert!(d2.new_problems[0].starts_with("a.yaml: Pod/newcomer: uid-unique"));
+        assert_eq!(
+            s2.pods.keys().next().map(|k| k.name.as_str()),
+            Some("running")
+        );
     }
 
     #[test]

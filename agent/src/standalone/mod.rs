@@ -175,7 +175,8 @@ async fn run_node(
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
     };
     let mut manifests = ManifestWatch::new(&opts.dir, Duration::from_millis(200), validation)
-        .map_err(StandaloneError::Manifests)?;
+        .map_err(StandaloneError::Manifests)?
+        .with_max_manifest_bytes(qc.max_manifest_bytes);
     manifests.reload().map_err(StandaloneError::Manifests)?;
     let runtime = Arc::new(Runtime::new(RuntimeConfig {
         log_dir: opts.log_dir.clone(),

@@ -1,5 +1,6 @@
 //! Rule names and problems: the vocabulary of `qoslet validate` output. The names are a stable
-//! interface (tests and users match on them); the rules themselves are listed in `validate.rs`.
+//! interface (tests and users match on them); the rules themselves are listed in `validate.rs`,
+//! and the admission rules every object passes before anything runs in `source/admit.rs`.
 
 use std::fmt;
 
@@ -40,11 +41,19 @@ pub enum Rule {
     KindKnown,
     ApiVersion,
     Schema,
+    NamespaceDnsLabel,
+    ContainerNameDnsLabel,
+    ContainerNameUnique,
+    UidFormat,
+    UidUnique,
+    QuantityNonNegative,
+    QuantityRange,
+    RequestWithinLimit,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 32] = [
+    pub const ALL: [Rule; 40] = [
         Rule::NameDnsSubdomain,
         Rule::NameDnsLabel,
         Rule::NameUnique,
@@ -77,6 +86,27 @@ impl Rule {
         Rule::KindKnown,
         Rule::ApiVersion,
         Rule::Schema,
+        Rule::NamespaceDnsLabel,
+        Rule::ContainerNameDnsLabel,
+        Rule::ContainerNameUnique,
+        Rule::UidFormat,
+        Rule::UidUnique,
+        Rule::QuantityNonNegative,
+        Rule::QuantityRange,
+        Rule::RequestWithinLimit,
+    ];
+
+    /// The rules source/admit.rs checks on each object before the forest sees it (with
+    /// `name-dns-subdomain`, which the forest checks too).
+    pub const ADMISSION: [Rule; 8] = [
+        Rule::NamespaceDnsLabel,
+        Rule::ContainerNameDnsLabel,
+        Rule::ContainerNameUnique,
+        Rule::UidFormat,
+        Rule::UidUnique,
+        Rule::QuantityNonNegative,
+        Rule::QuantityRange,
+        Rule::RequestWithinLimit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +143,14 @@ impl Rule {
             Rule::KindKnown => "kind-known",
             Rule::ApiVersion => "api-version",
             Rule::Schema => "schema",
+            Rule::NamespaceDnsLabel => "namespace-dns-label",
+            Rule::ContainerNameDnsLabel => "container-name-dns-label",
+            Rule::ContainerNameUnique => "container-name-unique",
+            Rule::UidFormat => "uid-format",
+            Rule::UidUnique => "uid-unique",
+            Rule::QuantityNonNegative => "quantity-non-negative",
+            Rule::QuantityRange => "quantity-range",
+            Rule::RequestWithinLimit => "request-within-limit",
         }
     }
 }

@@ -186,7 +186,12 @@ async fn a_410_gone_relists_and_the_diff_shows_it() {
 
 #[tokio::test]
 async fn an_invalid_pod_is_reported_and_skipped() {
-    let mut bad = pod("bad", "not-a-uid", "Running", None);
+    let mut bad = pod(
+        "bad",
+        "aaaaaaaa-0000-4000-8000-0000000000bd",
+        "Running",
+        None,
+    );
     bad["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "lots"}});
     let (client, _api) = mock::client(move |r| {
         if is_watch(r) {

@@ -515,3 +515,206 @@ fn hugetlb_limits_reproduce_test_huge_page_limits() {
     assert_eq!(hugepage_unit(1 << 30), "1GB");
     assert_eq!(hugepage_unit(64 << 10), "64KB");
 }
+
+/// A pod in `default` with these containers and a UID derived from its name.
+fn view(name: &str, containers: Vec<crate::policy::pod::ContainerView>) -> PodSpecView {
+    PodSpecView {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: crate::policy::pod::derived_uid("default", name),
+        containers,
+        pod_resources: None,
+        priority: None,
+        priority_class_name: None,
+        static_or_mirror: false,
+        status_qos_class: None,
+        overhead: Default::default(),
+        hugepages: Default::default(),
+    }
+}
+
+/// A pod of `n` Burstable app containers (1m cpu, 1Mi memory requested, 2Mi limit), one sidecar
+/// and one init container, as `qoslet plan` saw it when it was quadratic in the containers.
+fn wide_pod(n: usize) -> PodSpecView {
+    use crate::policy::{
+        pod::*,
+        quantity::{Format, Quantity},
+    };
+    let mi = |m: i64| Some(Quantity::from_int(m << 20, Format::BinarySI));
+    let r = |req: i64| Resources {
+        requests: Amounts {
+            cpu: Some(Quantity::from_milli(1)),
+            memory: mi(req),
+        },
+        limits: Amounts {
+            cpu: None,
+            memory: mi(2),
+        },
+    };
+    let mut containers = vec![
+        ContainerView {
+            name: "init".into(),
+            kind: ContainerKind::Init,
+            resources: r(1),
+        },
+        ContainerView {
+            name: "side".into(),
+            kind: ContainerKind::Sidecar,
+            resources: r(2),
+        },
+    ];
+    containers.extend((0..n).map(|i| ContainerView {
+        name: format!("c{i}"),
+        kind: ContainerKind::App,
+        resources: r(1),
+    }));
+    view("wide", containers)
+}
+
+#[test]
+fn ten_thousand_containers_are_planned_linearly() {
+    // Was 180 s through `qoslet plan` (debug build): every container recomputed the pod's class
+    // and sums. The result is asserted, not the time (README: speed belongs in the bench).
+    let n = 10_000;
+    let plan = plan_node(&settings(), &[wide_pod(n)]).unwrap();
+    let p = &plan.pods[0];
+    assert_eq!(p.containers.len(), n + 2);
+    assert_eq!(p.qos_class, QosClass::Burstable);
+    // Requests: 10,000 apps + the sidecar; memory 10,002 Mi, cpu 10,001m.
+    assert_eq!(p.cpu_shares, Some(milli_cpu_to_shares(10_001)));
+    assert_eq!(p.memory_limit_bytes, Some((2 * (n as i64) + 2) << 20));
+    // Memory requests are tiny beside 32Gi: 1000 - 0, which Burstable turns into 999 (below
+    // BestEffort's 1000); the sidecar is capped at the smallest app's score.
+    assert!(
+        p.containers.iter().all(|c| c.oom_score_adj == 999),
+        "{:?}",
+        p.containers
+            .iter()
+            .map(|c| c.oom_score_adj)
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+}
+
+mod props {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::policy::{
+        pod::{Amounts, ContainerKind, ContainerView, Resources},
+        quantity::{Format, Quantity},
+    };
+
+    /// Any amount, including negatives and the i64 extremes: the policy must not panic on
+    /// values admission would refuse.
+    fn amount() -> impl Strategy<Value = Option<i64>> {
+        prop_oneof![
+            Just(None),
+            any::<i64>().prop_map(Some),
+            (0i64..64_000_000_000).prop_map(Some),
+            prop_oneof![Just(i64::MAX), Just(i64::MIN), Just(0)].prop_map(Some),
+        ]
+    }
+
+    fn container() -> impl Strategy<Value = ContainerView> {
+        (amount(), amount(), amount(), amount(), 0u8..3).prop_map(|(cr, cl, mr, ml, k)| {
+            let cpu = |v: Option<i64>| v.map(Quantity::from_milli);
+            let mem = |v: Option<i64>| v.map(|b| Quantity::from_int(b, Format::BinarySI));
+            ContainerView {
+                name: "c".into(),
+                kind: [
+                    ContainerKind::Init,
+                    ContainerKind::Sidecar,
+                    ContainerKind::App,
+                ][usize::from(k)],
+                resources: Resources {
+                    requests: Amounts {
+                        cpu: cpu(cr).or(cpu(cl)),
+                        memory: mem(mr).or(mem(ml)),
+                    },
+                    limits: Amounts {
+                        cpu: cpu(cl),
+                        memory: mem(ml),
+                    },
+                },
+            }
+        })
+    }
+
+    fn pod_of(containers: Vec<ContainerView>, i: usize) -> PodSpecView {
+        view(&format!("p{i}"), containers)
+    }
+
+    fn pods() -> impl Strategy<Value = Vec<PodSpecView>> {
+        prop::collection::vec(prop::collection::vec(container(), 0..5), 0..6).prop_map(|ps| {
+            ps.into_iter()
+                .enumerate()
+                .map(|(i, c)| pod_of(c, i))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn plans_never_panic_and_stay_in_range(
+            pods in pods(),
+            cap_mem in any::<i64>(),
+            cap_cpu in any::<i64>(),
+            reserved in amount(),
+            qos_reserved in prop::option::of(0i64..=100),
+        ) {
+            let mut s = settings();
+            s.capacity.memory_bytes = cap_mem;
+            s.capacity.cpu_millis = cap_cpu;
+            s.system_reserved.memory = reserved.map(|b| Quantity::from_int(b, Format::BinarySI));
+            s.qos_reserved_memory_pct = qos_reserved;
+            s.memory_qos = Some(MemoryQos { throttling_factor_ppm: Some(900_000), policy: Default::default() });
+            let Ok(plan) = plan_node(&s, &pods) else { return Ok(()) };
+            let n = &plan.node;
+            // Allocatable is never negative, whatever the capacity and reservations.
+            for v in [n.allocatable.cpu_millis, n.allocatable.memory_bytes, n.allocatable.pids] {
+                prop_assert!(v >= 0, "{n:?}");
+            }
+            for c in [&n.kubepods, &n.burstable, &n.besteffort] {
+                if let Some(m) = c.memory_limit_bytes { prop_assert!(m >= 0); }
+                if let Some(sh) = c.cpu_shares { prop_assert!((2..=262_144).contains(&sh)); }
+                if let Some(w) = c.cpu_weight { prop_assert!((1..=10_000).contains(&w)); }
+            }
+            // Every pod gets exactly one class, and its cgroup sits in that class's tier.
+            prop_assert_eq!(plan.pods.len(), pods.len());
+            for (pp, pv) in plan.pods.iter().zip(&pods) {
+                prop_assert_eq!(pp.qos_class, pod_qos(pv));
+                let cg = pp.cgroup.clone().unwrap_or_default();
+                let in_tier = |t: &str| cg.contains(&format!("/{t}/"));
+                match pp.qos_class {
+                    QosClass::Guaranteed => prop_assert!(!in_tier("burstable") && !in_tier("besteffort"), "{}", cg),
+                    QosClass::Burstable => prop_assert!(in_tier("burstable"), "{}", cg),
+                    QosClass::BestEffort => prop_assert!(in_tier("besteffort"), "{}", cg),
+                }
+                for c in &pp.containers {
+                    prop_assert!((-997..=1000).contains(&c.oom_score_adj), "{}", c.oom_score_adj);
+                    prop_assert!((2..=262_144).contains(&c.cpu_shares));
+                    if let Some(q) = c.cpu_quota_us { prop_assert!(q >= 1000); }
+                }
+            }
+        }
+
+        #[test]
+        fn burstable_shares_grow_with_requests(a in 0i64..i64::MAX, b in 0i64..i64::MAX) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let shares = |m: i64| {
+                let c = ContainerView {
+                    name: "c".into(),
+                    kind: ContainerKind::App,
+                    resources: Resources {
+                        requests: Amounts { cpu: Some(Quantity::from_milli(m)), memory: None },
+                        limits: Amounts::default(),
+                    },
+                };
+                // Two pods, so the tier's sum is exercised too.
+                let p = [pod_of(vec![c.clone()], 0), pod_of(vec![c], 1)];
+                plan_node(&settings(), &p).unwrap().node.burstable.cpu_shares.unwrap()
+            };
+            prop_assert!(shares(lo) <= shares(hi));
+        }
+    }
+}

@@ -103,6 +103,30 @@ fn addition_keeps_the_first_non_zero_format() {
     );
 }
 
+/// Regressions found by `cargo xtask fuzz` (target `quantity`).
+#[test]
+fn fuzz_regressions() {
+    // 36 significant digits whose canonical form pads two zeros: it parses back.
+    let first = q("136666666666666666666666666666666668E+5");
+    let canonical = first.canonical();
+    assert_eq!(canonical, "13666666666666666666666666666666666800e3");
+    assert_eq!(q(&canonical), first);
+    // A binary suffix that takes the mantissa past 36 digits is out of range, as more digits
+    // are: its decimal canonical form would not parse.
+    assert_eq!(
+        "01001000000013333333010000000000000000000Ei".parse::<Quantity>(),
+        Err(QuantityError::OutOfRange {
+            text: "01001000000013333333010000000000000000000Ei".into()
+        })
+    );
+    // A sum whose mantissa cannot grow to a multiple-of-3 exponent prints without panicking
+    // (a reservation summed into allocatable's error message did).
+    let big = q("999999999999999999999999999999999999")
+        .checked_add(&q("0.01"))
+        .unwrap();
+    assert_eq!(big.canonical(), "99999999999999999999999999999999999901e-2");
+}
+
 fn suffix() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
         "", "n", "u", "m", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti", "e3", "e-2", "E6",

@@ -1,7 +1,7 @@
 //! The watch on a real directory: removal and re-creation, cancel-safety of `changed()`, the
 //! parse grace period.
 
-use std::time::Duration;
+use std::{fs, time::Duration};
 
 use super::*;
 

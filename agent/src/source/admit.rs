@@ -1,0 +1,316 @@
+//! Admission: the checks every object passes at the door, before the plan, the cgroups, the
+//! runtime or the logs see it. `qoslet validate`, `qoslet plan` and the manifest watch of
+//! `qoslet run` all call [`admit`] and [`unique_uids`], so what `validate` passes the others
+//! accept. An object that fails is reported (one problem line per broken rule) and nothing of it
+//! runs.
+//!
+//! Rules (names in `workload/problem.rs`), as the API server validates the objects
+//! (pkg/apis/core/validation/validation.go, apimachinery pkg/util/validation):
+//! - `name-dns-subdomain`: `metadata.name` is a DNS-1123 subdomain (<= 253), every kind.
+//! - `namespace-dns-label`: `metadata.namespace`, when set, is a DNS-1123 label (<= 63).
+//! - `container-name-dns-label`: every init, app and ephemeral container name is a DNS label.
+//! - `container-name-unique`: container names are unique across initContainers, containers and
+//!   ephemeralContainers.
+//! - `uid-format`: `metadata.uid`, when set, is an 8-4-4-4-12 hexadecimal UUID: the pod cgroup is
+//!   named after it (`cgroup/name.rs`), and nothing else may reach a cgroup path.
+//! - `uid-unique`: one pod per UID on the node (the pod cgroup is `pod<uid>`); see
+//!   [`unique_uids`] for which pod keeps it.
+//! - `quantity-non-negative`: every request and limit is >= 0 (`ValidateResourceQuantityValue`).
+//! - `quantity-range`: cpu fits 64-bit millicores, every other resource 64-bit units. The API
+//!   server's quantities are arbitrary-precision; the kubelet computes cgroup values in int64
+//!   and such a value cannot be written to any cgroup file.
+//! - `request-within-limit`: a request is at most its limit (`validateResourceRequirements`).
+//! - `schema`: the object decodes, and its quantities parse.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1 as core;
+
+use super::manifest::RawObject;
+use crate::{
+    cgroup::name::validate_uid,
+    policy::{pod::PodSpecView, quantity::Quantity},
+    workload::{
+        self, DecodeError, Object,
+        problem::{Problem, Rule},
+        validate::{is_dns_label, is_dns_subdomain},
+    },
+};
+
+/// An object that passed admission.
+#[derive(Debug, Clone)]
+pub struct Admitted {
+    pub object: Object,
+    /// For Pods: the API object and the policy's view of it.
+    pub pod: Option<AdmittedPod>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdmittedPod {
+    pub pod: core::Pod,
+    pub view: PodSpecView,
+}
+
+/// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
+/// reported, not only the first.
+pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
+    let raw_problem = |rule, message: String| {
+        let origin = workload::types::Origin {
+            file: raw.file.clone(),
+            index: raw.index,
+        };
+        vec![Problem::new(
+            &origin,
+            raw.display_id().to_string(),
+            rule,
+            message,
+        )]
+    };
+    let object = match workload::decode(raw) {
+        Ok(o) => o,
+        Err(DecodeError::NotOurs) => {
+            return Err(raw_problem(
+                Rule::KindKnown,
+                format!(
+                    "{} {} is not a kind qoslet reads",
+                    raw.api_version, raw.kind
+                ),
+            ));
+        }
+        Err(e @ DecodeError::ApiVersion { .. }) => {
+            return Err(raw_problem(Rule::ApiVersion, e.to_string()));
+        }
+        Err(DecodeError::Schema { message, .. }) => return Err(raw_problem(Rule::Schema, message)),
+    };
+    let mut problems = Vec::new();
+    let mut push = |rule, message: String| problems.push(Problem::on(&object, rule, message));
+    let meta = object.meta();
+    if !is_dns_subdomain(&meta.name) {
+        push(
+            Rule::NameDnsSubdomain,
+            format!("metadata.name: {:?} is not a DNS subdomain", meta.name),
+        );
+    }
+    if !meta.namespace.is_empty() && !is_dns_label(&meta.namespace) {
+        push(
+            Rule::NamespaceDnsLabel,
+            format!(
+                "metadata.namespace: {:?} is not a DNS label",
+                meta.namespace
+            ),
+        );
+    }
+    if !matches!(object, Object::Pod(_)) {
+        return if problems.is_empty() {
+            Ok(Admitted { object, pod: None })
+        } else {
+            Err(problems)
+        };
+    }
+    let pod: core::Pod = match raw.decode() {
+        Ok(p) => p,
+        Err(e) => return Err(raw_problem(Rule::Schema, e.message)),
+    };
+    pod_rules(&pod, &mut push);
+    let view = PodSpecView::from_pod(&pod);
+    match view {
+        Ok(view) if problems.is_empty() => Ok(Admitted {
+            object,
+            pod: Some(AdmittedPod { pod, view }),
+        }),
+        Ok(_) => Err(problems),
+        Err(e) => {
+            // pod_rules already reported an unparseable quantity; this is a backstop.
+            if problems.is_empty() {
+                problems.push(Problem::on(&object, Rule::Schema, e.to_string()));
+            }
+            Err(problems)
+        }
+    }
+}
+
+/// The rules of a Pod's own fields.
+fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String)) {
+    if let Some(uid) = &pod.metadata.uid
+        && validate_uid(uid).is_err()
+    {
+        push(
+            Rule::UidFormat,
+            format!(
+                "metadata.uid: {uid:?} is not a UUID (8-4-4-4-12 hexadecimal digits), which the pod cgroup's name needs"
+            ),
+        );
+    }
+    let Some(spec) = &pod.spec else { return };
+    let init = spec.init_containers.iter().flatten();
+    let names = init
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), &c.name, Some(c)))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.containers[{i}]"), &c.name, Some(c))),
+        )
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.ephemeralContainers[{i}]"), &c.name, None)),
+        );
+    let mut seen: BTreeMap<&str, String> = BTreeMap::new();
+    for (field, name, container) in names {
+        if !is_dns_label(name) {
+            push(
+                Rule::ContainerNameDnsLabel,
+                format!("{field}.name: {name:?} is not a DNS label"),
+            );
+        }
+        if let Some(first) = seen.get(name.as_str()) {
+            push(
+                Rule::ContainerNameUnique,
+                format!("{field}.name: {name:?} is already the name of {first}"),
+            );
+        } else {
+            seen.insert(name, field.clone());
+        }
+        if let Some(r) = container.and_then(|c| c.resources.as_ref()) {
+            resource_rules(r, &format!("{field}.resources"), push);
+        }
+    }
+    if let Some(r) = &spec.resources {
+        resource_rules(r, "spec.resources", push);
+    }
+}
+
+/// `validateResourceRequirements` for cpu, memory and every other resource named.
+fn resource_rules(
+    r: &core::ResourceRequirements,
+    field: &str,
+    push: &mut impl FnMut(Rule, String),
+) {
+    let mut parsed = [BTreeMap::new(), BTreeMap::new()];
+    for (i, (kind, list)) in [("limits", &r.limits), ("requests", &r.requests)]
+        .into_iter()
+        .enumerate()
+    {
+        for (name, q) in list.iter().flatten() {
+            match q.0.parse::<Quantity>() {
+                Ok(v) => {
+                    parsed[i].insert(name.as_str(), v);
+                }
+                Err(e) => push(Rule::Schema, format!("{field}.{kind}.{name}: {e}")),
+            }
+        }
+    }
+    let [limits, requests] = parsed;
+    for (kind, list) in [("limits", &limits), ("requests", &requests)] {
+        for (name, q) in list {
+            let path = format!("{field}.{kind}.{name}");
+            if q.signum() < 0 {
+                push(
+                    Rule::QuantityNonNegative,
+                    format!(
+                        "{path}: {:?}: must be greater than or equal to 0",
+                        q.canonical()
+                    ),
+                );
+            } else if let Some(max) = out_of_range(name, q) {
+                push(
+                    Rule::QuantityRange,
+                    format!(
+                        "{path}: {:?}: must be less than or equal to {max}",
+                        q.canonical()
+                    ),
+                );
+            }
+        }
+    }
+    for (name, req) in &requests {
+        if let Some(lim) = limits.get(name)
+            && req > lim
+        {
+            push(
+                Rule::RequestWithinLimit,
+                format!(
+                    "{field}.requests.{name}: {:?}: must be less than or equal to {name} limit of {}",
+                    req.canonical(),
+                    lim.canonical()
+                ),
+            );
+        }
+    }
+}
+
+/// The largest value qoslet computes with, when `q` is above it: cpu in millicores, the rest in
+/// units, each an i64.
+fn out_of_range(resource: &str, q: &Quantity) -> Option<String> {
+    let max = if resource == "cpu" {
+        Quantity::from_milli(i64::MAX)
+    } else {
+        Quantity::from_int(i64::MAX, q.format())
+    };
+    (*q > max).then(|| {
+        if resource == "cpu" {
+            format!("{}m", i64::MAX)
+        } else {
+            i64::MAX.to_string()
+        }
+    })
+}
+
+/// Keeps one pod per UID in `admitted` and returns a `uid-unique` problem for each pod refused.
+/// The pod that keeps a UID is, deterministically: the one `holders` names (the pod already
+/// running with it, by namespace and name), else the first in `admitted`'s order (file name
+/// order, then document order). Pods with the same namespace and name are left alone: the
+/// `name-unique` rule reports those.
+pub fn unique_uids(
+    admitted: &mut Vec<Admitted>,
+    holders: &BTreeMap<String, (String, String)>,
+) -> Vec<Problem> {
+    let ident = |a: &Admitted| {
+        a.pod.as_ref().map(|p| {
+            (
+                p.view.uid.clone(),
+                (p.view.namespace.clone(), p.view.name.clone()),
+            )
+        })
+    };
+    // Who keeps each contested UID: the holder when it is still present, else the first.
+    let mut keeper: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let present: BTreeSet<(String, (String, String))> = admitted.iter().filter_map(ident).collect();
+    for (uid, who) in admitted.iter().filter_map(ident) {
+        let held = holders
+            .get(&uid)
+            .filter(|h| present.contains(&(uid.clone(), (*h).clone())));
+        keeper
+            .entry(uid)
+            .or_insert_with(|| held.cloned().unwrap_or(who));
+    }
+    let mut problems = Vec::new();
+    admitted.retain(|a| {
+        let Some((uid, who)) = ident(a) else {
+            return true;
+        };
+        let Some(k) = keeper.get(&uid) else {
+            return true;
+        };
+        if *k == who {
+            return true;
+        }
+        problems.push(Problem::on(
+            &a.object,
+            Rule::UidUnique,
+            format!(
+                "metadata.uid: {uid:?} is already Pod/{}/{}'s: a UID names one pod cgroup",
+                k.0, k.1
+            ),
+        ));
+        false
+    });
+    problems
+}
+
+#[cfg(test)]
+mod tests;
