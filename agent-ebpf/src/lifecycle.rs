@@ -12,6 +12,7 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     CGROUP_PATH_LEN, CgroupEvent, EventHeader, EventKind, LifecycleTracepointLayout,
     OomScoreAdjEvent, ProcessEvent, TASK_COMM_LEN,
@@ -23,7 +24,8 @@ use qoslet_common::{
 };
 
 use crate::{
-    maps::{EVENTS, EVENTS_LOST, WATCHED_CGROUPS, emit, watched},
+    diag,
+    maps::{EVENTS, WATCHED_CGROUPS, emit, lost, watched},
     memcg::MEMCG_COUNTERS,
     reclaim::RECLAIM_STATS,
     sched::CPU_STATS,
@@ -95,7 +97,7 @@ fn try_score(ctx: &TracePointContext) -> Result<(), i32> {
             comm: ctx.read_at::<[u8; TASK_COMM_LEN]>(l.score_comm as usize)?,
         }
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }
 
@@ -108,14 +110,17 @@ fn try_fork(ctx: &TracePointContext) -> Result<(), i32> {
     if !watched(cgroup_id) {
         return Ok(());
     }
-    emit(ProcessEvent {
-        header: header(EventKind::Process),
-        pid: unsafe { ctx.read_at::<i32>(l.fork_child_pid as usize)? } as u32,
-        parent_pid: unsafe { ctx.read_at::<i32>(l.fork_parent_pid as usize)? } as u32,
-        cgroup_id,
-        op: PROCESS_FORK,
-        _pad: 0,
-    });
+    emit(
+        ctx,
+        ProcessEvent {
+            header: header(EventKind::Process),
+            pid: unsafe { ctx.read_at::<i32>(l.fork_child_pid as usize)? } as u32,
+            parent_pid: unsafe { ctx.read_at::<i32>(l.fork_parent_pid as usize)? } as u32,
+            cgroup_id,
+            op: PROCESS_FORK,
+            _pad: 0,
+        },
+    );
     Ok(())
 }
 
@@ -128,14 +133,17 @@ fn try_exec(ctx: &TracePointContext) -> Result<(), i32> {
     if !watched(cgroup_id) {
         return Ok(());
     }
-    emit(ProcessEvent {
-        header: header(EventKind::Process),
-        pid: unsafe { ctx.read_at::<i32>(l.exec_pid as usize)? } as u32,
-        parent_pid: 0,
-        cgroup_id,
-        op: PROCESS_EXEC,
-        _pad: 0,
-    });
+    emit(
+        ctx,
+        ProcessEvent {
+            header: header(EventKind::Process),
+            pid: unsafe { ctx.read_at::<i32>(l.exec_pid as usize)? } as u32,
+            parent_pid: 0,
+            cgroup_id,
+            op: PROCESS_EXEC,
+            _pad: 0,
+        },
+    );
     Ok(())
 }
 
@@ -149,10 +157,7 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
         forget(id);
     }
     let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
-        if let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-            unsafe { *lost += 1 };
-        }
+        lost(ctx);
         return Ok(());
     };
     // Filled in place: the record is too large for the 512-byte BPF stack with a copy.
@@ -160,7 +165,18 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
     let result = unsafe { fill_cgroup_event(ctx, &l, e, id, op) };
     match result {
         Ok(()) => entry.submit(0),
-        Err(_) => entry.discard(0),
+        Err(e) => {
+            entry.discard(0);
+            if diag::on() {
+                warn!(
+                    ctx,
+                    "Could not read a cgroup_{} record of cgroup {} (error {}); it was dropped.",
+                    if op == CGROUP_RMDIR { "rmdir" } else { "mkdir" },
+                    id,
+                    e
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -1,10 +1,14 @@
 //! Maps shared by all programs.
 
 use aya_ebpf::{
+    EbpfContext,
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
+use aya_log_ebpf::warn;
 use qoslet_common::EVENT_RING_BYTES;
+
+use crate::diag;
 
 /// Entries of the per-cgroup maps: far above the cgroups of one node.
 pub const MAX_CGROUPS: u32 = 16384;
@@ -19,18 +23,33 @@ pub static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Sends `value` to userspace, counting it as lost when the ring is full.
 #[inline(always)]
-pub fn emit<T: 'static>(value: T) {
+pub fn emit<C: EbpfContext, T: 'static>(ctx: &C, value: T) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
             entry.submit(0);
         }
-        None => {
-            if let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
-                // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-                unsafe { *lost += 1 };
-            }
-        }
+        None => lost(ctx),
+    }
+}
+
+/// Counts a record `EVENTS` had no room for. With diagnostics on, says so when this CPU's count
+/// reaches a power of two: a full ring under load logs a handful of lines, not one per record.
+#[inline(always)]
+pub fn lost<C: EbpfContext>(ctx: &C) {
+    let Some(lost) = EVENTS_LOST.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let n = unsafe {
+        *lost += 1;
+        *lost
+    };
+    if diag::on() && n & (n - 1) == 0 {
+        warn!(
+            ctx,
+            "The EVENTS ring buffer is full: {} records lost on this CPU since load.", n
+        );
     }
 }
 

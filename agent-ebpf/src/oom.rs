@@ -2,7 +2,7 @@
 //! `oom/mark_victim` tracepoint is the fallback for kernels where the BTF program cannot load.
 
 use aya_ebpf::{
-    Global,
+    EbpfContext, Global,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
         bpf_probe_read_kernel,
@@ -10,6 +10,7 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     EventHeader, EventKind, OomBtfLayout, OomTracepointLayout, OomVictimEvent,
     event::{
@@ -18,7 +19,7 @@ use qoslet_common::{
     },
 };
 
-use crate::maps::emit;
+use crate::{diag, maps::emit};
 
 #[unsafe(no_mangle)]
 static OOM_BTF_LAYOUT: Global<OomBtfLayout> = Global::new(OomBtfLayout::UNSET);
@@ -28,14 +29,30 @@ static OOM_TP_LAYOUT: Global<OomTracepointLayout> = Global::new(OomTracepointLay
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
-    let _ = try_oom_mark_victim_btf(&ctx);
+    if let Err(e) = try_oom_mark_victim_btf(&ctx) {
+        dropped(&ctx, e);
+    }
     0
 }
 
 #[tracepoint]
 pub fn oom_mark_victim_tp(ctx: TracePointContext) -> u32 {
-    let _ = try_oom_mark_victim_tp(&ctx);
+    if let Err(e) = try_oom_mark_victim_tp(&ctx) {
+        dropped(&ctx, e);
+    }
     0
+}
+
+/// An OOM victim the program could not read: the agent learns of the kill only from
+/// memory.events, without the victim.
+#[inline(always)]
+fn dropped<C: EbpfContext>(ctx: &C, error: i32) {
+    if diag::on() {
+        warn!(
+            ctx,
+            "Could not read an OOM victim (error {}); its record was dropped.", error
+        );
+    }
 }
 
 /// Reads a `T` at `base + offset` in kernel memory.
@@ -101,7 +118,7 @@ fn try_oom_mark_victim_btf(ctx: &BtfTracePointContext) -> Result<(), i32> {
         flags,
         boot_ns: unsafe { bpf_ktime_get_boot_ns() },
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }
 
@@ -140,6 +157,6 @@ fn try_oom_mark_victim_tp(ctx: &TracePointContext) -> Result<(), i32> {
         flags,
         boot_ns: unsafe { bpf_ktime_get_boot_ns() },
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }

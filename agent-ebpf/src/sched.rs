@@ -31,6 +31,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     SchedBtfLayout,
     sched::{
@@ -39,7 +40,10 @@ use qoslet_common::{
     },
 };
 
-use crate::maps::{MAX_CGROUPS, add};
+use crate::{
+    diag,
+    maps::{MAX_CGROUPS, add},
+};
 
 #[unsafe(no_mangle)]
 static SCHED_LAYOUT: Global<SchedBtfLayout> = Global::new(SchedBtfLayout::UNSET);
@@ -75,7 +79,7 @@ static CPU_SLOT_STATS: PerCpuArray<CpuStats> = PerCpuArray::with_max_entries(CPU
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // (bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
-    try_switch(ctx.arg(1), ctx.arg(2));
+    try_switch(&ctx, ctx.arg(1), ctx.arg(2));
     0
 }
 
@@ -100,7 +104,11 @@ fn css_set_of(l: &SchedBtfLayout, task: *const u8) -> *const u8 {
 
 /// The stats of the css_set's default-hierarchy cgroup when that cgroup is watched.
 #[inline(always)]
-fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut CpuStats> {
+fn watched_stats(
+    ctx: &BtfTracePointContext,
+    l: &SchedBtfLayout,
+    css_set: *const u8,
+) -> Option<&'static mut CpuStats> {
     let cgroup_id: u64 = unsafe {
         let cgroup: *const u8 = load(css_set, l.css_set_dfl_cgrp);
         let kn: *const u8 = load(cgroup, l.cgroup_kn);
@@ -121,7 +129,18 @@ fn watched_stats(l: &SchedBtfLayout, css_set: *const u8) -> Option<&'static mut 
     }
     let s = CPU_STATS.get_ptr_mut(&cgroup_id)?;
     // SAFETY: a live map value, this CPU's copy.
-    Some(unsafe { &mut *s })
+    let s = unsafe { &mut *s };
+    // The slot table was full when the agent watched this cgroup. Said once per CPU, while this
+    // CPU's copy has recorded nothing yet.
+    if diag::on() && s.runq_count == 0 && s.oncpu_ns == 0 {
+        warn!(
+            ctx,
+            "Watched cgroup {} has no CPU slot (all {} taken); its CPU statistics are kept in the CPU_STATS hash, at a hash lookup per switch.",
+            cgroup_id,
+            CPU_SLOTS
+        );
+    }
+    Some(s)
 }
 
 /// `rq->clock` of this CPU, reached through the current task's CFS run queue
@@ -136,7 +155,7 @@ fn rq_clock(l: &SchedBtfLayout, current: *const u8) -> u64 {
     }
 }
 
-fn try_switch(prev: *const u8, next: *const u8) {
+fn try_switch(ctx: &BtfTracePointContext, prev: *const u8, next: *const u8) {
     let l = SCHED_LAYOUT.load();
     if l.valid == 0 {
         return;
@@ -160,7 +179,7 @@ fn try_switch(prev: *const u8, next: *const u8) {
     let mut prev_stats = if prev_set.is_null() {
         None
     } else {
-        watched_stats(&l, prev_set)
+        watched_stats(ctx, &l, prev_set)
     };
     if let Some(s) = prev_stats.as_deref_mut() {
         let (arrived, runtime, picked_at): (u64, u64, u64) = unsafe {
@@ -183,7 +202,7 @@ fn try_switch(prev: *const u8, next: *const u8) {
     let next_stats = if next_set == prev_set {
         prev_stats
     } else {
-        watched_stats(&l, next_set)
+        watched_stats(ctx, &l, next_set)
     };
     if let Some(s) = next_stats {
         // 0 when the task was not queued through `enqueue_task` (never the case for a task

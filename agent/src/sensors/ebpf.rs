@@ -14,6 +14,7 @@ use super::{
     SensorError,
     btf::KernelBtf,
     event::{DecodeError, SensorEvent, decode},
+    kernel_log::{self, KernelLogReader},
     privilege,
     slots::SlotTable,
     tracefs,
@@ -60,11 +61,17 @@ pub struct AttachedProgram {
 pub struct EbpfOptions {
     /// Try the BTF-typed tracepoint first (exact victim cgroup); false forces the classic one.
     pub prefer_btf: bool,
+    /// Load the programs with their diagnostics on (see `kernel_log`); read them with
+    /// [`EbpfSensors::kernel_log_reader`].
+    pub diagnostics: bool,
 }
 
 impl Default for EbpfOptions {
     fn default() -> Self {
-        Self { prefer_btf: true }
+        Self {
+            prefer_btf: true,
+            diagnostics: false,
+        }
     }
 }
 
@@ -132,6 +139,11 @@ impl EbpfSensors {
         drop(kernel_btf);
 
         let aya_btf = aya::Btf::from_sys_fs().ok();
+        let log_level = if options.diagnostics {
+            kernel_log::LEVEL_ON
+        } else {
+            kernel_log::LEVEL_OFF
+        };
         let mut ebpf = EbpfLoader::new()
             .btf(aya_btf.as_ref())
             .override_global("OOM_BTF_LAYOUT", &oom_btf_layout, true)
@@ -139,6 +151,7 @@ impl EbpfSensors {
             .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
             .override_global("SCHED_LAYOUT", &sched_layout, true)
             .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
+            .override_global(aya_log::LEVEL, &log_level, true)
             .load(OBJECT)
             .map_err(SensorError::Load)?;
 
@@ -239,6 +252,12 @@ impl EbpfSensors {
         let fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| SensorError::Intake(e.into()))?;
         Ok(EventReader { fd })
+    }
+
+    /// Takes the diagnostics ring buffer for a reader task (useful only when loaded with
+    /// [`EbpfOptions::diagnostics`]). Call once, inside a tokio runtime.
+    pub fn kernel_log_reader(&mut self) -> Result<KernelLogReader, SensorError> {
+        KernelLogReader::new(&mut self.ebpf)
     }
 
     /// Records the kernel could not put in the ring buffer because it was full.

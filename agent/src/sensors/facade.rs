@@ -16,13 +16,14 @@ use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use crate::lock;
+use crate::{config::EbpfConfig, lock};
 
 use super::{
     EbpfSensors, SensorError,
     cpu_usage::{CpuUsage, read_cgroup_cpu},
     ebpf::{EbpfOptions, error_chain},
     event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
+    kernel_log,
     kmaps::ProgramCost,
     memory_events::MemoryEventsWatch,
     owners::CgroupOwners,
@@ -36,6 +37,9 @@ pub struct SensorsConfig {
     /// `ebpf.enabled` of the configuration; false runs the fallbacks only.
     pub ebpf: bool,
     pub prefer_btf: bool,
+    /// `ebpf.kernelDiagnostics`: the programs log their rare paths into the agent's log (target
+    /// `qoslet::kernel`).
+    pub kernel_diagnostics: bool,
     /// Period of the memory.events poller and of the score check without a kernel hook.
     pub poll_interval: Duration,
     /// PSI trigger: stall per window.
@@ -43,11 +47,23 @@ pub struct SensorsConfig {
     pub psi_window: Duration,
 }
 
+impl SensorsConfig {
+    /// The `ebpf` section of the QosletConfiguration, with the default timings.
+    pub fn from_config(ebpf: &EbpfConfig) -> Self {
+        Self {
+            ebpf: ebpf.enabled,
+            kernel_diagnostics: ebpf.kernel_diagnostics,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for SensorsConfig {
     fn default() -> Self {
         Self {
             ebpf: true,
             prefer_btf: true,
+            kernel_diagnostics: false,
             poll_interval: Duration::from_millis(100),
             psi_stall: Duration::from_millis(150),
             psi_window: Duration::from_secs(1),
@@ -155,6 +171,7 @@ impl Sensors {
         let (ebpf, why_not) = if config.ebpf {
             match EbpfSensors::load(EbpfOptions {
                 prefer_btf: config.prefer_btf,
+                diagnostics: config.kernel_diagnostics,
             }) {
                 Ok(s) => (Some(s), None),
                 Err(e) => (None, Some(error_chain(&e))),
@@ -201,6 +218,16 @@ impl Sensors {
                 None
             }
         });
+        let kernel_log = ebpf
+            .as_mut()
+            .filter(|_| config.kernel_diagnostics)
+            .and_then(|s| match s.kernel_log_reader() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(reason = %error_chain(&e), "Kernel diagnostics unavailable.");
+                    None
+                }
+            });
         let shared = Arc::new(Shared {
             ebpf: Mutex::new(ebpf),
             watch: Mutex::new(WatchState::default()),
@@ -217,6 +244,13 @@ impl Sensors {
         let mut tasks = Vec::new();
         if let Some(reader) = reader {
             tasks.push(tokio::spawn(intake(shared.clone(), reader)));
+        }
+        if let Some(kernel_log) = kernel_log {
+            info!(
+                log_target = kernel_log::TARGET,
+                "Kernel diagnostics on; the programs log their rare paths."
+            );
+            tasks.push(tokio::spawn(kernel_log.run()));
         }
         tasks.push(tokio::spawn(poller(shared.clone())));
         if Path::new(SYSTEM_MEMORY_PRESSURE).exists() {
