@@ -98,6 +98,17 @@ async fn overflow_cgroup_logs(diagnostics: bool) -> Option<(Vec<String>, u32)> {
         .with_ebpf(|e| e.program_size("sched_switch"))
         .flatten()
         .expect("sched_switch's size");
+    if !diagnostics {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u32;
+        assert_eq!(
+            sensors
+                .with_ebpf(|e| e.ring_bytes(kernel_log::RING))
+                .flatten(),
+            Some(page),
+            "off, aya-log's ring buffer is one page"
+        );
+    }
     // Off, the agent runs no reader: start one, so that a record written anyway is seen.
     let _off_reader = (!diagnostics).then(|| {
         let reader = sensors

@@ -144,16 +144,20 @@ impl EbpfSensors {
         } else {
             kernel_log::LEVEL_OFF
         };
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(aya_btf.as_ref())
             .override_global("OOM_BTF_LAYOUT", &oom_btf_layout, true)
             .override_global("OOM_TP_LAYOUT", &oom_tp_layout, true)
             .override_global("MEMCG_EVENT_LAYOUT", &memcg_event_layout, true)
             .override_global("SCHED_LAYOUT", &sched_layout, true)
             .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
-            .override_global(aya_log::LEVEL, &log_level, true)
-            .load(OBJECT)
-            .map_err(SensorError::Load)?;
+            .override_global(aya_log::LEVEL, &log_level, true);
+        if !options.diagnostics {
+            // Nothing writes aya-log's 128 KiB ring then: one page, the smallest a ring can be.
+            loader.map_max_entries(kernel_log::RING, page_size());
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(SensorError::Load)?;
 
         let mut attached = Vec::new();
         // OOM victims: the BTF program reads the victim itself; the classic tracepoint only knows
@@ -409,6 +413,12 @@ fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
         oom_score_adj: at("oom_score_adj"),
         _pad: 0,
     }
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(n).unwrap_or(4096)
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.

@@ -11,6 +11,9 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use super::SensorError;
 
+/// aya-log-ebpf's ring buffer (its name is private to aya-log).
+pub const RING: &str = "AYA_LOGS";
+
 /// The `tracing` target of every kernel diagnostic.
 pub const TARGET: &str = "qoslet::kernel";
 

@@ -262,6 +262,15 @@ impl EbpfSensors {
         costs
     }
 
+    /// The size in bytes of a ring buffer map as the kernel made it; `None` for another kind of
+    /// map or once a reader has taken it.
+    pub fn ring_bytes(&self, name: &str) -> Option<u32> {
+        match self.ebpf.map(name)? {
+            Map::RingBuf(data) => data.info().ok().map(|i| i.max_entries()),
+            _ => None,
+        }
+    }
+
     /// The size in bytes of an attached program as the kernel runs it: (bytecode after the
     /// verifier, JIT-compiled code). The verifier removes branches it proves dead, such as the
     /// logging of a program loaded with diagnostics off.
