@@ -6,6 +6,7 @@
 use aya_ebpf::{
     Global, helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     CgroupEvent, EventHeader, EventKind, LifecycleTracepointLayout, OomScoreAdjEvent, ProcessEvent,
     TASK_COMM_LEN,
@@ -17,6 +18,7 @@ use qoslet_common::{
 };
 
 use crate::{
+    diag,
     kernel::{boot_ns, current_cgroup_id, record, record_str},
     maps::{EVENTS, WATCHED_CGROUPS, count_lost, emit, watched},
     memcg::MEMCG_COUNTERS,
@@ -89,7 +91,7 @@ fn try_score(ctx: &TracePointContext) -> Result<(), i32> {
         _pad: 0,
         comm: record::<[u8; TASK_COMM_LEN]>(ctx, l.score_comm)?,
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }
 
@@ -102,14 +104,17 @@ fn try_fork(ctx: &TracePointContext) -> Result<(), i32> {
     if !watched(cgroup_id) {
         return Ok(());
     }
-    emit(ProcessEvent {
-        header: header(EventKind::Process),
-        pid: record::<i32>(ctx, l.fork_child_pid)? as u32,
-        parent_pid: record::<i32>(ctx, l.fork_parent_pid)? as u32,
-        cgroup_id,
-        op: PROCESS_FORK,
-        _pad: 0,
-    });
+    emit(
+        ctx,
+        ProcessEvent {
+            header: header(EventKind::Process),
+            pid: record::<i32>(ctx, l.fork_child_pid)? as u32,
+            parent_pid: record::<i32>(ctx, l.fork_parent_pid)? as u32,
+            cgroup_id,
+            op: PROCESS_FORK,
+            _pad: 0,
+        },
+    );
     Ok(())
 }
 
@@ -122,14 +127,17 @@ fn try_exec(ctx: &TracePointContext) -> Result<(), i32> {
     if !watched(cgroup_id) {
         return Ok(());
     }
-    emit(ProcessEvent {
-        header: header(EventKind::Process),
-        pid: record::<i32>(ctx, l.exec_pid)? as u32,
-        parent_pid: 0,
-        cgroup_id,
-        op: PROCESS_EXEC,
-        _pad: 0,
-    });
+    emit(
+        ctx,
+        ProcessEvent {
+            header: header(EventKind::Process),
+            pid: record::<i32>(ctx, l.exec_pid)? as u32,
+            parent_pid: 0,
+            cgroup_id,
+            op: PROCESS_EXEC,
+            _pad: 0,
+        },
+    );
     Ok(())
 }
 
@@ -143,7 +151,7 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
         forget(id);
     }
     let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
-        count_lost();
+        count_lost(ctx);
         return Ok(());
     };
     // Filled in place: the record is too large for the 512-byte BPF stack with a copy.
@@ -160,7 +168,18 @@ fn try_cgroup(ctx: &TracePointContext, op: u32) -> Result<(), i32> {
     };
     match result {
         Ok(()) => entry.submit(0),
-        Err(_) => entry.discard(0),
+        Err(e) => {
+            entry.discard(0);
+            if diag::on() {
+                warn!(
+                    ctx,
+                    "Could not read a cgroup_{} record of cgroup {} (error {}); it was dropped.",
+                    if op == CGROUP_RMDIR { "rmdir" } else { "mkdir" },
+                    id,
+                    e
+                );
+            }
+        }
     }
     Ok(())
 }

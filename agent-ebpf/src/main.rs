@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod diag;
 mod kernel;
 mod lifecycle;
 mod maps;

@@ -1,10 +1,14 @@
 //! Maps shared by all programs.
 
 use aya_ebpf::{
+    EbpfContext,
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
+use aya_log_ebpf::warn;
 use qoslet_common::EVENT_RING_BYTES;
+
+use crate::diag;
 
 /// Entries of the per-cgroup maps: far above the cgroups of one node.
 pub const MAX_CGROUPS: u32 = 16384;
@@ -19,24 +23,36 @@ pub static EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Sends `value` to userspace, counting it as lost when the ring is full.
 #[inline(always)]
-pub fn emit<T: 'static>(value: T) {
+pub fn emit<C: EbpfContext, T: 'static>(ctx: &C, value: T) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(value);
             entry.submit(0);
         }
-        None => count_lost(),
+        None => count_lost(ctx),
     }
 }
 
-/// Counts one record that did not fit in `EVENTS`.
+/// Counts one record that did not fit in `EVENTS`. With diagnostics on, says so when this CPU's
+/// count reaches a power of two: a full ring under load logs a handful of lines, not one per
+/// record.
 #[inline(always)]
-pub fn count_lost() {
-    if let Some(lost) = EVENTS_LOST.get_ptr_mut(0) {
-        // SAFETY: this CPU's slot of a per-CPU array, live for the program's lifetime; a
-        // program runs to its end on one CPU and does not nest in itself, so no other writer
-        // touches the slot during the increment.
-        unsafe { *lost += 1 };
+pub fn count_lost<C: EbpfContext>(ctx: &C) {
+    let Some(lost) = EVENTS_LOST.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, live for the program's lifetime; a program
+    // runs to its end on one CPU and does not nest in itself, so no other writer touches the
+    // slot during the increment.
+    let n = unsafe {
+        *lost += 1;
+        *lost
+    };
+    if diag::on() && n & (n - 1) == 0 {
+        warn!(
+            ctx,
+            "The EVENTS ring buffer is full: {} records lost on this CPU since load.", n
+        );
     }
 }
 

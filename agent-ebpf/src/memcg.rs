@@ -13,6 +13,7 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::FEntryContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     EventHeader, EventKind, MemcgEvent, MemcgEventLayout,
     event::{
@@ -23,6 +24,7 @@ use qoslet_common::{
 };
 
 use crate::{
+    diag,
     kernel::{boot_ns, memcg::MemCgroup},
     maps::emit,
 };
@@ -64,14 +66,14 @@ fn try_memcg_memory_event(ctx: &FEntryContext) -> Result<(), i32> {
         return Ok(());
     };
     let memcg_id = MemCgroup::new(memcg, &layout).cgroup_id()?;
-    count_and_emit(memcg_id, item, 1);
+    count_and_emit(ctx, memcg_id, item, 1);
     Ok(())
 }
 
 /// Adds `n` to the cgroup's counter and emits a record unless a frequent item was already
 /// reported in the last `MEMCG_EMIT_INTERVAL_NS`.
 #[inline(always)]
-fn count_and_emit(memcg_id: u64, item: u32, n: u64) {
+fn count_and_emit(ctx: &FEntryContext, memcg_id: u64, item: u32, n: u64) {
     let key = MemcgCounterKey {
         memcg_id,
         item,
@@ -101,19 +103,31 @@ fn count_and_emit(memcg_id: u64, item: u32, n: u64) {
                 emitted: n,
                 last_emit_boot_ns: now,
             };
-            let _ = MEMCG_COUNTERS.insert(&key, &c, 0);
+            if let Err(e) = MEMCG_COUNTERS.insert(&key, &c, 0)
+                && diag::on()
+            {
+                warn!(
+                    ctx,
+                    "Could not count a memcg event of cgroup {} in MEMCG_COUNTERS (error {}).",
+                    memcg_id,
+                    e
+                );
+            }
             (n, 0)
         }
     };
-    emit(MemcgEvent {
-        header: EventHeader {
-            kind: EventKind::Memcg as u32,
-            flags,
-            boot_ns: now,
+    emit(
+        ctx,
+        MemcgEvent {
+            header: EventHeader {
+                kind: EventKind::Memcg as u32,
+                flags,
+                boot_ns: now,
+            },
+            memcg_id,
+            item,
+            pid: bpf_get_current_pid_tgid() as u32,
+            count,
         },
-        memcg_id,
-        item,
-        pid: bpf_get_current_pid_tgid() as u32,
-        count,
-    });
+    );
 }

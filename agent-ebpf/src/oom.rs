@@ -2,11 +2,12 @@
 //! `oom/mark_victim` tracepoint is the fallback for kernels where the BTF program cannot load.
 
 use aya_ebpf::{
-    Global,
+    EbpfContext, Global,
     helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     EventHeader, EventKind, OomBtfLayout, OomTracepointLayout, OomVictimEvent,
     event::{
@@ -16,6 +17,7 @@ use qoslet_common::{
 };
 
 use crate::{
+    diag,
     kernel::{boot_ns, current_cgroup_id, oom::Task, record},
     maps::emit,
 };
@@ -30,14 +32,30 @@ static OOM_TP_LAYOUT: Global<OomTracepointLayout> = Global::new(OomTracepointLay
 
 #[btf_tracepoint(function = "mark_victim")]
 pub fn oom_mark_victim_btf(ctx: BtfTracePointContext) -> i32 {
-    let _ = try_oom_mark_victim_btf(&ctx);
+    if let Err(e) = try_oom_mark_victim_btf(&ctx) {
+        dropped(&ctx, e);
+    }
     0
 }
 
 #[tracepoint]
 pub fn oom_mark_victim_tp(ctx: TracePointContext) -> u32 {
-    let _ = try_oom_mark_victim_tp(&ctx);
+    if let Err(e) = try_oom_mark_victim_tp(&ctx) {
+        dropped(&ctx, e);
+    }
     0
+}
+
+/// An OOM victim the program could not read: the agent learns of the kill only from
+/// memory.events, without the victim.
+#[inline(always)]
+fn dropped<C: EbpfContext>(ctx: &C, error: i32) {
+    if diag::on() {
+        warn!(
+            ctx,
+            "Could not read an OOM victim (error {}); its record was dropped.", error
+        );
+    }
 }
 
 fn try_oom_mark_victim_btf(ctx: &BtfTracePointContext) -> Result<(), i32> {
@@ -76,7 +94,7 @@ fn try_oom_mark_victim_btf(ctx: &BtfTracePointContext) -> Result<(), i32> {
         flags,
         boot_ns: boot_ns(),
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }
 
@@ -113,6 +131,6 @@ fn try_oom_mark_victim_tp(ctx: &TracePointContext) -> Result<(), i32> {
         flags,
         boot_ns: boot_ns(),
     };
-    emit(event);
+    emit(ctx, event);
     Ok(())
 }

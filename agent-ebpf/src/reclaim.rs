@@ -8,9 +8,11 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
     programs::TracePointContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::sched::{RECLAIM_DIRECT, RECLAIM_MEMCG, ReclaimStart, ReclaimStats};
 
 use crate::{
+    diag,
     kernel::{current_cgroup_id, monotonic_ns},
     maps::{MAX_CGROUPS, add, watched},
 };
@@ -30,8 +32,8 @@ pub fn memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint]
-pub fn memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
-    end();
+pub fn memcg_reclaim_end(ctx: TracePointContext) -> u32 {
+    end(&ctx);
     0
 }
 
@@ -42,8 +44,8 @@ pub fn direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint]
-pub fn direct_reclaim_end(_ctx: TracePointContext) -> u32 {
-    end();
+pub fn direct_reclaim_end(ctx: TracePointContext) -> u32 {
+    end(&ctx);
     0
 }
 
@@ -63,7 +65,7 @@ fn begin(kind: u32) {
 }
 
 #[inline(always)]
-fn end() {
+fn end(ctx: &TracePointContext) {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: `get` is unsafe because the value may change or be deleted while referenced; it
     // is copied out at once, before this program removes the entry (the key is this thread's
@@ -79,7 +81,17 @@ fn end() {
             if !watched(start.cgroup_id) {
                 return;
             }
-            let _ = RECLAIM_STATS.insert(&start.cgroup_id, &ReclaimStats::default(), 1);
+            if let Err(e) = RECLAIM_STATS.insert(&start.cgroup_id, &ReclaimStats::default(), 1)
+                && diag::on()
+            {
+                warn!(
+                    ctx,
+                    "Could not add cgroup {} to RECLAIM_STATS (error {}, {} entries at most); its reclaim stall is not counted.",
+                    start.cgroup_id,
+                    e,
+                    MAX_CGROUPS
+                );
+            }
             match RECLAIM_STATS.get_ptr_mut(&start.cgroup_id) {
                 Some(s) => s,
                 None => return,

@@ -31,6 +31,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray, PerCpuHashMap},
     programs::BtfTracePointContext,
 };
+use aya_log_ebpf::warn;
 use qoslet_common::{
     SchedBtfLayout,
     sched::{
@@ -40,6 +41,7 @@ use qoslet_common::{
 };
 
 use crate::{
+    diag,
     kernel::sched::{CssSet, Task},
     maps::{MAX_CGROUPS, add},
 };
@@ -79,13 +81,13 @@ static CPU_SLOT_STATS: PerCpuArray<CpuStats> = PerCpuArray::with_max_entries(CPU
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> i32 {
     // (bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
-    try_switch(ctx.arg(1), ctx.arg(2));
+    try_switch(&ctx, ctx.arg(1), ctx.arg(2));
     0
 }
 
 /// The stats of the css_set's default-hierarchy cgroup when that cgroup is watched.
 #[inline(always)]
-fn watched_stats(css_set: CssSet) -> Option<&'static mut CpuStats> {
+fn watched_stats(ctx: &BtfTracePointContext, css_set: CssSet) -> Option<&'static mut CpuStats> {
     let cgroup_id = css_set.cgroup_id();
     let (word, bit) = watch_filter_slot(cgroup_id);
     if WATCH_FILTER.get(word).is_none_or(|w| w & bit == 0) {
@@ -105,10 +107,21 @@ fn watched_stats(css_set: CssSet) -> Option<&'static mut CpuStats> {
     // SAFETY: a live value of a per-CPU hash map, this CPU's copy (see above); the agent or
     // `cgroup_rmdir` may delete the entry, but the kernel frees it only after this program
     // returns (RCU).
-    Some(unsafe { &mut *s })
+    let s = unsafe { &mut *s };
+    // The slot table was full when the agent watched this cgroup. Said once per CPU, while this
+    // CPU's copy has recorded nothing yet.
+    if diag::on() && s.runq_count == 0 && s.oncpu_ns == 0 {
+        warn!(
+            ctx,
+            "Watched cgroup {} has no CPU slot (all {} taken); its CPU statistics are kept in the CPU_STATS hash, at a hash lookup per switch.",
+            cgroup_id,
+            CPU_SLOTS
+        );
+    }
+    Some(s)
 }
 
-fn try_switch(prev: *const u8, next: *const u8) {
+fn try_switch(ctx: &BtfTracePointContext, prev: *const u8, next: *const u8) {
     let l = SCHED_LAYOUT.load();
     if l.valid == 0 {
         return;
@@ -137,7 +150,7 @@ fn try_switch(prev: *const u8, next: *const u8) {
     let mut prev_stats = if prev_set.is_none() {
         None
     } else {
-        watched_stats(prev_set)
+        watched_stats(ctx, prev_set)
     };
     if let Some(s) = prev_stats.as_deref_mut() {
         let arrived = prev.sched_info_last_arrival();
@@ -156,7 +169,7 @@ fn try_switch(prev: *const u8, next: *const u8) {
     let next_stats = if next_set.same(prev_set) {
         prev_stats
     } else {
-        watched_stats(next_set)
+        watched_stats(ctx, next_set)
     };
     if let Some(s) = next_stats {
         // 0 when the task was not queued through `enqueue_task` (never the case for a task

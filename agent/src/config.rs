@@ -145,6 +145,11 @@ pub struct EbpfConfig {
     /// `sensors::table::SENSORS`; another name is an error.
     #[serde(default)]
     pub sensors: BTreeMap<String, bool>,
+    /// The kernel programs log their rare paths (a ring buffer full, a map full, a watched
+    /// cgroup without a CPU slot, a record they could not read) into qoslet's log, target
+    /// `qoslet::kernel`. Off by default; off, the verifier removes the logging from the programs.
+    #[serde(default)]
+    pub kernel_diagnostics: bool,
 }
 
 impl Default for EbpfConfig {
@@ -152,6 +157,7 @@ impl Default for EbpfConfig {
         Self {
             enabled: true,
             sensors: BTreeMap::new(),
+            kernel_diagnostics: false,
         }
     }
 }

@@ -168,7 +168,10 @@ async fn oom_kill_in_a_memory_cgroup_reports_the_victim_pid_and_cgroup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_classic_tracepoint_fallback_reports_the_same_oom() {
-    let options = EbpfOptions { prefer_btf: false };
+    let options = EbpfOptions {
+        prefer_btf: false,
+        ..EbpfOptions::default()
+    };
     let Some((victim, _, cgroups, pid)) = oom_one(options).await else {
         return;
     };

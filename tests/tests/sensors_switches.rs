@@ -18,6 +18,7 @@ fn switched_off(names: &[&str]) -> SensorsConfig {
     let settings = EbpfConfig {
         enabled: true,
         sensors: names.iter().map(|n| (n.to_string(), false)).collect(),
+        ..EbpfConfig::default()
     };
     SensorSwitches::new(&settings.sensors).expect("known sensor names");
     SensorsConfig::from(&settings)

@@ -1,7 +1,7 @@
 //! `cargo xtask`: builds, tests and runs qoslet, installing what it needs first.
 //!
 //! - `build-ebpf`: the eBPF toolchain (rust-src, bpf-linker), then the agent with its programs.
-//! - `test`: unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
+//! - `test`: the unused-dependency check (cargo-machete), unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
 //!   matrix under QEMU (`--no-vm` skips it). The README's test command.
 //! - `run`: the README's main command: the agent on the embedded example node.
 //! - `vm-test`: the kernel matrix alone.
@@ -20,6 +20,7 @@ mod container;
 mod deploy;
 mod fuzz;
 mod image;
+mod machete;
 mod toolchain;
 mod vm;
 
@@ -166,6 +167,7 @@ fn run(cmd: Cmd) -> Result<()> {
 }
 
 fn test(args: &TestArgs) -> Result<()> {
+    machete::check()?;
     let tc = toolchain::ensure()?;
     let mut lines = Vec::new();
     let mut total = cargo::TestCounts::default();

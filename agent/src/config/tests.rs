@@ -190,10 +190,11 @@ fn qoslet_configuration_defaults_and_strictness() {
         WeightFormula::RuncQuadratic
     );
     assert!(parsed.gang_aware_eviction && parsed.ebpf.enabled);
+    assert!(!parsed.ebpf.kernel_diagnostics);
     assert_eq!(parsed.housekeeping_interval, Duration::from_secs(1));
     let q = QosletConfiguration::parse(
         Path::new("q.yaml"),
-        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom_victim: false}}\ncapacity: {memory: 8Gi}\n",
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom_victim: false}, kernelDiagnostics: true}\ncapacity: {memory: 8Gi}\n",
     )
     .unwrap();
     assert_eq!(q.mode, Mode::Observe);
@@ -222,6 +223,9 @@ fn qoslet_configuration_defaults_and_strictness() {
     );
     assert_eq!(c.gang_eviction, GangEviction::Node);
     assert!(QosletConfiguration::parse(Path::new("q.yaml"), "enforce: [memory]\n").is_err());
+    assert!(q.ebpf.kernel_diagnostics);
+    let sensors = crate::sensors::SensorsConfig::from(&q.ebpf);
+    assert!(sensors.ebpf && sensors.kernel_diagnostics);
     let err = QosletConfiguration::parse(Path::new("q.yaml"), "metricAddress: x\n").unwrap_err();
     assert!(
         err.to_string().contains("unknown field `metricAddress`"),

@@ -14,6 +14,7 @@ use super::{
     SensorError,
     btf::{BtfError, KernelBtf},
     event::{DecodeError, SensorEvent, decode},
+    kernel_log::{self, KernelLogReader},
     privilege,
     slots::SlotTable,
     table::{
@@ -31,11 +32,17 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/qo
 pub struct EbpfOptions {
     /// Try the BTF-typed tracepoint first (exact victim cgroup); false forces the classic one.
     pub prefer_btf: bool,
+    /// Load the programs with their diagnostics on (see `kernel_log`); read them with
+    /// [`EbpfSensors::kernel_log_reader`].
+    pub diagnostics: bool,
 }
 
 impl Default for EbpfOptions {
     fn default() -> Self {
-        Self { prefer_btf: true }
+        Self {
+            prefer_btf: true,
+            diagnostics: false,
+        }
     }
 }
 
@@ -97,7 +104,13 @@ impl EbpfSensors {
         drop(kernel_btf);
 
         let aya_btf = aya::Btf::from_sys_fs().ok();
-        let mut ebpf = EbpfLoader::new()
+        let log_level = if options.diagnostics {
+            kernel_log::LEVEL_ON
+        } else {
+            kernel_log::LEVEL_OFF
+        };
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(aya_btf.as_ref())
             .override_global(
                 "OOM_BTF_LAYOUT",
@@ -118,8 +131,12 @@ impl EbpfSensors {
                 true,
             )
             .override_global("LIFECYCLE_LAYOUT", &lifecycle_layout, true)
-            .load(OBJECT)
-            .map_err(SensorError::Load)?;
+            .override_global(aya_log::LEVEL, &log_level, true);
+        if !options.diagnostics {
+            // Nothing writes aya-log's 128 KiB ring then: one page, the smallest a ring can be.
+            loader.map_max_entries(kernel_log::RING, page_size());
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(SensorError::Load)?;
 
         let unmet = |r: Requirement| -> Option<String> {
             match r {
@@ -194,6 +211,12 @@ impl EbpfSensors {
         let fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| SensorError::Intake(e.into()))?;
         Ok(EventReader { fd })
+    }
+
+    /// Takes the diagnostics ring buffer for a reader task (useful only when loaded with
+    /// [`EbpfOptions::diagnostics`]). Call once, inside a tokio runtime.
+    pub fn kernel_log_reader(&mut self) -> Result<KernelLogReader, SensorError> {
+        KernelLogReader::new(&mut self.ebpf)
     }
 
     /// Records the kernel could not put in the ring buffer because it was full.
@@ -363,6 +386,12 @@ fn oom_tracepoint_layout(root: &str) -> OomTracepointLayout {
         oom_score_adj: at("oom_score_adj"),
         _pad: 0,
     }
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(n).unwrap_or(4096)
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; later ones ignore it.

@@ -23,6 +23,7 @@ use super::{
     cpu_usage::{CpuUsage, read_cgroup_cpu},
     ebpf::{EbpfOptions, error_chain},
     event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
+    kernel_log,
     kmaps::ProgramCost,
     memory_events::MemoryEventsWatch,
     owners::CgroupOwners,
@@ -39,6 +40,9 @@ pub struct SensorsConfig {
     /// `ebpf.sensors` of the configuration: sensors switched off run their fallback.
     pub switches: SensorSwitches,
     pub prefer_btf: bool,
+    /// `ebpf.kernelDiagnostics`: the programs log their rare paths into the agent's log (target
+    /// `qoslet::kernel`).
+    pub kernel_diagnostics: bool,
     /// Period of the memory.events poller and of the score check without a kernel hook.
     pub poll_interval: Duration,
     /// PSI trigger: stall per window.
@@ -52,6 +56,7 @@ impl Default for SensorsConfig {
             ebpf: true,
             switches: SensorSwitches::default(),
             prefer_btf: true,
+            kernel_diagnostics: false,
             poll_interval: Duration::from_millis(100),
             psi_stall: Duration::from_millis(150),
             psi_window: Duration::from_secs(1),
@@ -66,6 +71,7 @@ impl From<&EbpfConfig> for SensorsConfig {
         Self {
             ebpf: ebpf.enabled,
             switches: SensorSwitches::from_checked(&ebpf.sensors),
+            kernel_diagnostics: ebpf.kernel_diagnostics,
             ..Self::default()
         }
     }
@@ -176,6 +182,7 @@ impl Sensors {
             match EbpfSensors::load_switched(
                 EbpfOptions {
                     prefer_btf: config.prefer_btf,
+                    diagnostics: config.kernel_diagnostics,
                 },
                 &config.switches,
             ) {
@@ -226,6 +233,16 @@ impl Sensors {
                 None
             }
         });
+        let kernel_log = ebpf
+            .as_mut()
+            .filter(|_| config.kernel_diagnostics)
+            .and_then(|s| match s.kernel_log_reader() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    warn!(reason = %error_chain(&e), "Kernel diagnostics unavailable.");
+                    None
+                }
+            });
         let shared = Arc::new(Shared {
             ebpf: Mutex::new(ebpf),
             watch: Mutex::new(WatchState::default()),
@@ -242,6 +259,13 @@ impl Sensors {
         let mut tasks = Vec::new();
         if let Some(reader) = reader {
             tasks.push(tokio::spawn(intake(shared.clone(), reader)));
+        }
+        if let Some(kernel_log) = kernel_log {
+            info!(
+                log_target = kernel_log::TARGET,
+                "Kernel diagnostics on; the programs log their rare paths."
+            );
+            tasks.push(tokio::spawn(kernel_log.run()));
         }
         tasks.push(tokio::spawn(poller(shared.clone())));
         if Path::new(SYSTEM_MEMORY_PRESSURE).exists() {

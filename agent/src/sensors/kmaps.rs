@@ -261,6 +261,26 @@ impl EbpfSensors {
         costs.sort_by(|a, b| a.program.cmp(&b.program));
         costs
     }
+
+    /// The size in bytes of a ring buffer map as the kernel made it; `None` for another kind of
+    /// map or once a reader has taken it.
+    pub fn ring_bytes(&self, name: &str) -> Option<u32> {
+        match self.ebpf.map(name)? {
+            Map::RingBuf(data) => data.info().ok().map(|i| i.max_entries()),
+            _ => None,
+        }
+    }
+
+    /// The size in bytes of an attached program as the kernel runs it: (bytecode after the
+    /// verifier, JIT-compiled code). The verifier removes branches it proves dead, such as the
+    /// logging of a program loaded with diagnostics off.
+    pub fn program_size(&self, program: &str) -> Option<(u32, u32)> {
+        if !self.is_attached(program) {
+            return None;
+        }
+        let info = self.ebpf.program(program)?.info().ok()?;
+        Some((info.size_translated().unwrap_or(0), info.size_jitted()))
+    }
 }
 
 /// A deletion of an entry that is not there succeeds: the `cgroup_rmdir` program may have

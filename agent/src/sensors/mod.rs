@@ -6,6 +6,7 @@ pub mod cpu_usage;
 pub mod ebpf;
 pub mod event;
 pub mod facade;
+pub mod kernel_log;
 pub mod kmaps;
 pub mod memory_events;
 pub mod owners;
@@ -59,6 +60,8 @@ pub enum SensorError {
     },
     #[error(transparent)]
     Essential(table::EssentialMissing),
+    #[error("the kernel diagnostics ring buffer could not be opened")]
+    KernelLog(#[source] aya_log::Error),
     #[error("registering the ring buffer with the runtime failed")]
     Intake(#[source] std::io::Error),
     #[error("the CPU files of cgroup {cgroup_id} could not be read")]

@@ -278,9 +278,11 @@ fn the_configuration_switches_reach_the_sensors_config() {
             ("cpu_runqueue".to_string(), false),
             ("oom_score_adj".to_string(), true),
         ]),
+        kernel_diagnostics: true,
     };
     let config = crate::sensors::SensorsConfig::from(&ebpf);
     assert!(config.ebpf);
+    assert!(config.kernel_diagnostics);
     assert!(!config.switches.is_on("cpu_runqueue"));
     assert!(config.switches.is_on("oom_score_adj"));
     assert!(config.switches.is_on("oom_victim"));

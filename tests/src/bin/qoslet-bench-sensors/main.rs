@@ -12,6 +12,10 @@
 //!
 //! An empty program on the same hook (`floor.rs`) gives what the kernel itself spends per program
 //! run on this machine.
+//!
+//! All of the above runs with the kernel diagnostics off (the default). Then the programs are
+//! loaded again with them on and two of the runs repeated: the size of `sched_switch` as the
+//! kernel runs it, both ways, shows whether the verifier removed the logging.
 
 mod floor;
 
@@ -180,9 +184,45 @@ async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) ->
     }
 }
 
-async fn bench() {
-    let (sensors, mut rx) = Sensors::start(SensorsConfig::default());
+/// The sensors, with or without kernel diagnostics, watching `cgroups`.
+fn start_sensors(kernel_diagnostics: bool, cgroups: &[Cgroup]) -> Sensors {
+    let (sensors, mut rx) = Sensors::start(SensorsConfig {
+        kernel_diagnostics,
+        ..SensorsConfig::default()
+    });
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    for cg in cgroups {
+        watch(&sensors, &cg.0);
+    }
+    sensors
+}
+
+fn watch(sensors: &Sensors, dir: &std::path::Path) {
+    let id = fs::metadata(dir).expect("stat").ino();
+    sensors.watch(WatchedCgroup {
+        id,
+        v2_dir: Some(dir.to_owned()),
+        memory_dir: dir.join("memory.events").exists().then(|| dir.to_owned()),
+        cpu_dir: None,
+    });
+}
+
+/// `sched_switch`'s bytecode and JIT sizes, as text.
+fn sched_switch_size(sensors: &Sensors) -> String {
+    sensors
+        .with_ebpf(|e| e.program_size("sched_switch"))
+        .flatten()
+        .map_or("-".to_owned(), |(x, j)| format!("{x} / {j}"))
+}
+
+fn sched_switch_ns(p: &Phase) -> String {
+    p.cost("sched_switch")
+        .and_then(ProgramCost::mean_ns)
+        .map_or("-".to_owned(), |m| format!("{m:.0}"))
+}
+
+async fn bench() {
+    let sensors = start_sensors(false, &[]);
     let root = if PathBuf::from("/sys/fs/cgroup/cgroup.controllers").exists() {
         "/sys/fs/cgroup"
     } else {
@@ -194,13 +234,7 @@ async fn bench() {
     for i in 0..WATCHED {
         let dir = top.0.join(format!("pod{i}"));
         fs::create_dir(&dir).expect("creating a bench cgroup");
-        let id = fs::metadata(&dir).expect("stat").ino();
-        sensors.watch(WatchedCgroup {
-            id,
-            v2_dir: Some(dir.clone()),
-            memory_dir: dir.join("memory.events").exists().then(|| dir.clone()),
-            cpu_dir: None,
-        });
+        watch(&sensors, &dir);
         cgroups.push(Cgroup(dir));
     }
     let busy = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -289,7 +323,37 @@ async fn bench() {
             p.percent_of_core(c.run_time_ns)
         );
     }
+    let size_off = sched_switch_size(&sensors);
     drop(empty_program);
+    drop(sensors);
+
+    let sensors = start_sensors(true, &cgroups);
+    let size_on = sched_switch_size(&sensors);
+    let watched_on = phase(&sensors, &[&cgroups[0]], None).await;
+    let busy_unwatched_on = phase(&sensors, &unwatched.iter().collect::<Vec<_>>(), None).await;
+    println!();
+    println!(
+        "Kernel diagnostics (`ebpf.kernelDiagnostics`): `sched_switch` as the kernel runs it \
+         (bytecode after the verifier / JIT-compiled bytes) and its cost, off (the runs above) \
+         and on (loaded again, two runs repeated; none of these cgroups lacks a CPU slot, so \
+         nothing is logged):"
+    );
+    println!();
+    println!(
+        "| kernel diagnostics | sched_switch bytes (bytecode / JIT) | ns/run, 1 stressor in a watched cgroup | ns/run, {busy} stressors in unwatched cgroups |"
+    );
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| off (default) | {size_off} | {} | {} |",
+        sched_switch_ns(&watched),
+        sched_switch_ns(&busy_unwatched)
+    );
+    println!(
+        "| on | {size_on} | {} | {} |",
+        sched_switch_ns(&watched_on),
+        sched_switch_ns(&busy_unwatched_on)
+    );
+    drop(sensors);
     drop(unwatched);
     drop(cgroups);
 }
