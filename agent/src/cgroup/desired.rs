@@ -42,6 +42,9 @@ pub enum Role {
 /// Settings of one cgroup; `None` is not managed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settings {
+    /// `cpu.idle` (5.15+, v2 and the v1 cpu controller): the cgroup's tasks run as SCHED_IDLE
+    /// against its siblings. Set only by the CPU-pressure controller, on the BestEffort tier.
+    pub cpu_idle: Option<bool>,
     pub cpu_shares: Option<u64>,
     pub cpu_weight: Option<u64>,
     /// `None` unlimited when `cpu_period_us` is set.

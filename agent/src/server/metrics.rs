@@ -87,6 +87,19 @@ pub struct ThresholdLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QosLabels {
+    pub qos_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// `engage` or `release`.
+    pub direction: String,
+    /// The level stepped to.
+    pub level: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
     pub condition: String,
 }
@@ -241,6 +254,10 @@ pub struct Metrics {
     pub node_signal_available: Family<SignalLabels, Gauge>,
     pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
     pub node_condition: Family<ConditionLabels, Gauge>,
+    pub qos_runqueue_latency_p99: Family<QosLabels, Gauge<f64, AtomicU64>>,
+    pub cpu_pressure_level: Gauge,
+    pub cpu_pressure_steps: Family<StepLabels, Counter>,
+    pub besteffort_cpu_granted: Gauge,
 }
 
 impl Default for Metrics {
@@ -366,6 +383,31 @@ impl Metrics {
             "1 while a node condition (MemoryPressure, PIDPressure) is in force, else 0",
             node_condition.clone(),
         );
+        let qos_runqueue_latency_p99 = Family::default();
+        reg.add_with_unit(
+            "qoslet_qos_runqueue_latency_p99",
+            "Run-queue latency p99 of the pods the CPU-pressure controller protects, per QoS class, over the last housekeeping window (interpolated in the kernel's log2 buckets)",
+            Unit::Seconds,
+            qos_runqueue_latency_p99.clone(),
+        );
+        let cpu_pressure_level = Gauge::default();
+        reg.add(
+            "qoslet_cpu_pressure_level",
+            "How constrained the BestEffort tier is: 0 none, 1 cpu.idle, 2 a CPU cap, 3 the cap at its floor",
+            cpu_pressure_level.clone(),
+        );
+        let cpu_pressure_steps = Family::default();
+        reg.add(
+            "qoslet_cpu_pressure_steps",
+            "Level changes of the CPU-pressure controller (direction engage or release, the level reached)",
+            cpu_pressure_steps.clone(),
+        );
+        let besteffort_cpu_granted = Gauge::default();
+        reg.add(
+            "qoslet_besteffort_cpu_granted_millicores",
+            "The CPU the BestEffort tier may use under the CPU-pressure controller (the node's CPU when uncapped)",
+            besteffort_cpu_granted.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -387,6 +429,10 @@ impl Metrics {
             node_signal_available,
             node_eviction_threshold,
             node_condition,
+            qos_runqueue_latency_p99,
+            cpu_pressure_level,
+            cpu_pressure_steps,
+            besteffort_cpu_granted,
         }
     }
 
