@@ -289,13 +289,17 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
     baseline.sort_by(f64::total_cmp);
     let base = baseline[baseline.len() / 2];
     eprintln!("baseline p99 without hogs: {baseline:?} ms (median {base:.2})");
-    assert_eq!(level(addr), Some(0), "{}", node.log());
     if base > TARGET_MS * 0.7 {
         eprintln!(
             "skipped: the machine alone keeps the Guaranteed pod's p99 at {base:.1} ms, near the {TARGET_MS} ms target"
         );
         return;
     }
+    // A noisy window of the machine's own may have engaged the controller already: the hogs'
+    // effect is measured from level 0.
+    wait_until("level 0 before the hogs", Duration::from_secs(90), || {
+        (level(addr)? == 0).then_some(())
+    });
     let tier = node.tier();
     let kubelet_shares = (read(&tier, "cpu.shares"), read(&tier, "cpu.weight"));
     let idle_file = tier.join("cpu.idle").exists();
@@ -337,26 +341,27 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
         },
     );
     // With the lever on, the Guaranteed pod's p99 falls under the target while the hogs run:
-    // the median of five windows spent at level 1 or more (one window alone is noisy here).
-    let mut under = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while under.len() < 5 {
+    // two windows in a row at level 1 or more (one window alone can be a lucky one).
+    let mut seen = Vec::new();
+    let mut in_a_row = 0;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while in_a_row < 2 {
         assert!(
             Instant::now() < deadline,
-            "too few windows with the lever on: {under:?}"
+            "the Guaranteed p99 did not stay under the {TARGET_MS} ms target with the lever on: {seen:?} (ms, level)"
         );
         next_window();
-        if let (Some(p), Some(1..)) = (guaranteed_p99_ms(addr), level(addr)) {
-            under.push(p);
-        }
+        let (Some(p), Some(l)) = (guaranteed_p99_ms(addr), level(addr)) else {
+            continue;
+        };
+        seen.push((p, l));
+        in_a_row = if l >= 1 && p <= TARGET_MS {
+            in_a_row + 1
+        } else {
+            0
+        };
     }
-    let mut sorted = under.clone();
-    sorted.sort_by(f64::total_cmp);
-    eprintln!("p99 with the lever: {under:?} ms");
-    assert!(
-        sorted[2] <= TARGET_MS,
-        "the Guaranteed p99 stayed over the {TARGET_MS} ms target with the lever on: {under:?} ms"
-    );
+    eprintln!("p99 with the lever: {seen:?} (ms, level)");
 
     for i in 0..HOGS {
         fs::remove_file(node.pod_file(&format!("hog{i}"))).unwrap();
