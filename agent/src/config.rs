@@ -20,6 +20,7 @@ use crate::source::{
 
 use crate::policy::{
     cpu::{QUOTA_PERIOD_US, WeightFormula},
+    cpu_pressure::CpuPressureConfig,
     cpuset::CpuSet,
     duration::{parse_duration, parse_duration_nanos},
     eviction::{EvictionInput, parse_thresholds},
@@ -242,6 +243,9 @@ pub struct QosletConfiguration {
     /// Cluster mode: the namespace of the per-node Lease `qoslet-NODE` (the heartbeat).
     #[serde(default = "default_lease_namespace")]
     pub lease_namespace: String,
+    /// The CPU-pressure controller (protects latency-sensitive pods from BestEffort CPU).
+    #[serde(default)]
+    pub cpu_pressure: CpuPressureConfiguration,
 }
 
 /// An area qoslet writes in cluster mode (QosletConfiguration `enforce`).
@@ -259,6 +263,10 @@ pub enum EnforceArea {
     /// cpu.weight (cpu.shares) of the burstable and besteffort QoS cgroups.
     #[serde(rename = "qosTierWeights")]
     QosTierWeights,
+    /// The CPU-pressure controller's levers on the BestEffort tier (cpu.idle, the CPU cap);
+    /// with it the controller runs unless `cpuPressure.enabled` says otherwise.
+    #[serde(rename = "cpuPressure")]
+    CpuPressure,
 }
 
 impl EnforceArea {
@@ -269,6 +277,84 @@ impl EnforceArea {
             Self::OomScoreAdj => Area::OomScoreAdj,
             Self::ReservedCpus => Area::ReservedCpus,
             Self::QosTierWeights => Area::QosTierWeights,
+            Self::CpuPressure => Area::CpuPressure,
+        }
+    }
+}
+
+/// `cpuPressure`: when the run-queue latency p99 of Guaranteed (and optionally Burstable) pods
+/// passes a target, the BestEffort tier is constrained (`cpu.idle`, then a CPU cap, then the cap
+/// at a floor) and released step by step once calm (agent/src/policy/cpu_pressure.rs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CpuPressureConfiguration {
+    /// Unset: on where qoslet runs the pods and owns the BestEffort tier (standalone), off where
+    /// the tier is the kubelet's (cluster), so writing it there is opt-in.
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Go duration; the protected pods' run-queue latency p99 over a housekeeping window above
+    /// which the tier is constrained.
+    #[serde(
+        default = "default_latency_target",
+        deserialize_with = "de_duration",
+        serialize_with = "ser_duration"
+    )]
+    pub latency_target: Duration,
+    /// Protect Burstable pods too (Guaranteed pods always are).
+    #[serde(default)]
+    pub protect_burstable: bool,
+    /// The node's CPU PSI `some` percentage of a window above which the tier is constrained;
+    /// unset: PSI is not a trigger (it counts BestEffort's own waiting too).
+    #[serde(default)]
+    pub psi_some_target_percent: Option<f64>,
+    /// Calm windows in a row before one level is released.
+    #[serde(default = "default_calm_windows")]
+    pub calm_windows: u32,
+    /// The most calm windows a release needs after pressure came back soon after a release.
+    #[serde(default = "default_max_calm_windows")]
+    pub max_calm_windows: u32,
+    /// The cap at level 2, percent of the node's CPU.
+    #[serde(default = "default_cap_percent")]
+    pub cap_percent: u32,
+    /// The cap at level 3, percent of the node's CPU: BestEffort never gets less.
+    #[serde(default = "default_floor_percent")]
+    pub floor_percent: u32,
+    /// Windows with fewer protected wake-ups than this do not count as pressure.
+    #[serde(default = "default_min_wakeups")]
+    pub min_wakeups: u64,
+}
+
+fn default_latency_target() -> Duration {
+    CpuPressureConfig::default().latency_target
+}
+fn default_calm_windows() -> u32 {
+    CpuPressureConfig::default().calm_windows
+}
+fn default_max_calm_windows() -> u32 {
+    CpuPressureConfig::default().max_calm_windows
+}
+fn default_cap_percent() -> u32 {
+    CpuPressureConfig::default().cap_percent
+}
+fn default_floor_percent() -> u32 {
+    CpuPressureConfig::default().floor_percent
+}
+fn default_min_wakeups() -> u64 {
+    CpuPressureConfig::default().min_wakeups
+}
+
+impl Default for CpuPressureConfiguration {
+    fn default() -> Self {
+        Self {
+            enabled: None,
+            latency_target: default_latency_target(),
+            protect_burstable: false,
+            psi_some_target_percent: None,
+            calm_windows: default_calm_windows(),
+            max_calm_windows: default_max_calm_windows(),
+            cap_percent: default_cap_percent(),
+            floor_percent: default_floor_percent(),
+            min_wakeups: default_min_wakeups(),
         }
     }
 }
@@ -286,6 +372,42 @@ pub enum GangEviction {
 
 fn default_lease_namespace() -> String {
     "kube-node-lease".into()
+}
+
+impl CpuPressureConfiguration {
+    /// The controller's configuration; the first invalid field (camelCase) and why.
+    pub fn policy(&self) -> Result<CpuPressureConfig, (&'static str, String)> {
+        if self.latency_target.is_zero() {
+            return Err(("latencyTarget", "must be more than 0".into()));
+        }
+        if let Some(p) = self.psi_some_target_percent
+            && !(p > 0.0 && p <= 100.0)
+        {
+            return Err(("psiSomeTargetPercent", format!("{p} is not in (0, 100]")));
+        }
+        if self.calm_windows == 0 {
+            return Err(("calmWindows", "must be at least 1".into()));
+        }
+        if self.max_calm_windows < self.calm_windows {
+            return Err(("maxCalmWindows", "must be at least calmWindows".into()));
+        }
+        if !(1..=100).contains(&self.floor_percent) {
+            return Err(("floorPercent", "must be in 1..=100".into()));
+        }
+        if !(self.floor_percent..=100).contains(&self.cap_percent) {
+            return Err(("capPercent", "must be in floorPercent..=100".into()));
+        }
+        Ok(CpuPressureConfig {
+            latency_target: self.latency_target,
+            protect_burstable: self.protect_burstable,
+            psi_some_target: self.psi_some_target_percent.map(|p| p / 100.0),
+            calm_windows: self.calm_windows,
+            max_calm_windows: self.max_calm_windows,
+            cap_percent: self.cap_percent,
+            floor_percent: self.floor_percent,
+            min_wakeups: self.min_wakeups,
+        })
+    }
 }
 
 fn yes() -> bool {
@@ -352,6 +474,7 @@ impl Default for QosletConfiguration {
             enforce: Vec::new(),
             gang_eviction: GangEviction::Unit,
             lease_namespace: default_lease_namespace(),
+            cpu_pressure: CpuPressureConfiguration::default(),
         }
     }
 }
@@ -522,6 +645,9 @@ impl QosletConfiguration {
         }
         SensorSwitches::new(&qc.ebpf.sensors)
             .map_err(|e| invalid("ebpf.sensors", e.to_string()))?;
+        if let Err((field, message)) = qc.cpu_pressure.policy() {
+            return Err(invalid(&format!("cpuPressure.{field}"), message));
+        }
         Ok(qc)
     }
 

@@ -53,6 +53,9 @@ pub enum Area {
     ReservedCpus,
     /// cpu.weight / cpu.shares of the QoS tier cgroups.
     QosTierWeights,
+    /// The CPU-pressure controller's levers on the QoS tiers (the BestEffort tier's cpu.idle and
+    /// CPU cap).
+    CpuPressure,
 }
 
 impl Area {
@@ -62,6 +65,12 @@ impl Area {
             (Area::MemoryQos, _) => &["memory.min", "memory.low", "memory.high"],
             (Area::ReservedCpus, _) => &["cpuset.cpus", "cpuset.mems"],
             (Area::QosTierWeights, Role::QosTier) => &["cpu.weight", "cpu.shares"],
+            (Area::CpuPressure, Role::QosTier) => &[
+                "cpu.idle",
+                "cpu.max",
+                "cpu.cfs_quota_us",
+                "cpu.cfs_period_us",
+            ],
             _ => &[],
         }
     }
@@ -98,6 +107,9 @@ pub enum Role {
 /// Settings of one cgroup; `None` is not managed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settings {
+    /// `cpu.idle` (5.15+, v2 and the v1 cpu controller): the cgroup's tasks run as SCHED_IDLE
+    /// against its siblings. Set only by the CPU-pressure controller, on the BestEffort tier.
+    pub cpu_idle: Option<bool>,
     pub cpu_shares: Option<u64>,
     pub cpu_weight: Option<u64>,
     /// `None` unlimited when `cpu_period_us` is set.

@@ -27,6 +27,11 @@ pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static 
     match tree {
         Tree::Unified => {}
         Tree::V1(Controller::Cpu) => {
+            // Before the weight: leaving idle resets the kernel's weight to the default, which
+            // the weight's write (planned from the value read before) then corrects.
+            if let Some(idle) = s.cpu_idle {
+                out.push(("cpu.idle", Value::Plain(idle.into())));
+            }
             if let Some(v) = s.cpu_shares {
                 out.push(("cpu.shares", Value::Plain(v as i64)));
             }
@@ -57,6 +62,9 @@ pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static 
             }
         }
         Tree::V2 => {
+            if let Some(idle) = s.cpu_idle {
+                out.push(("cpu.idle", Value::Plain(idle.into())));
+            }
             if let Some(v) = s.cpu_weight {
                 out.push(("cpu.weight", Value::Plain(v as i64)));
             }

@@ -276,3 +276,54 @@ fn eviction_periods_gates_and_node_root() {
     let s = node_settings(Path::new("kc.yaml"), &kubelet(""), &qc, capacity()).unwrap();
     assert_eq!(s.cgroup_root, "/qoslet-node");
 }
+
+#[test]
+fn cpu_pressure_configuration_defaults_and_validation() {
+    let parsed = QosletConfiguration::parse(Path::new("q.yaml"), "{}").unwrap();
+    assert_eq!(parsed.cpu_pressure.enabled, None);
+    assert_eq!(
+        parsed.cpu_pressure.policy().unwrap(),
+        crate::policy::cpu_pressure::CpuPressureConfig::default()
+    );
+    let q = QosletConfiguration::parse(
+        Path::new("q.yaml"),
+        "cpuPressure: {enabled: true, latencyTarget: 20ms, protectBurstable: true, psiSomeTargetPercent: 40, calmWindows: 3, maxCalmWindows: 3, capPercent: 30, floorPercent: 30}\n",
+    )
+    .unwrap();
+    let p = q.cpu_pressure.policy().unwrap();
+    assert_eq!(q.cpu_pressure.enabled, Some(true));
+    assert_eq!(p.latency_target, Duration::from_millis(20));
+    assert!(p.protect_burstable);
+    assert_eq!(p.psi_some_target, Some(0.4));
+    assert_eq!(
+        (p.calm_windows, p.cap_percent, p.floor_percent),
+        (3, 30, 30)
+    );
+    for (text, field) in [
+        (
+            "cpuPressure: {latencyTarget: 0}\n",
+            "cpuPressure.latencyTarget",
+        ),
+        (
+            "cpuPressure: {psiSomeTargetPercent: 0}\n",
+            "cpuPressure.psiSomeTargetPercent",
+        ),
+        ("cpuPressure: {calmWindows: 0}\n", "cpuPressure.calmWindows"),
+        (
+            "cpuPressure: {calmWindows: 9, maxCalmWindows: 8}\n",
+            "cpuPressure.maxCalmWindows",
+        ),
+        (
+            "cpuPressure: {floorPercent: 0}\n",
+            "cpuPressure.floorPercent",
+        ),
+        ("cpuPressure: {capPercent: 5}\n", "cpuPressure.capPercent"),
+    ] {
+        let err = QosletConfiguration::parse(Path::new("q.yaml"), text).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("q.yaml: QosletConfiguration: {field}: ")),
+            "{text}: {err}"
+        );
+    }
+}

@@ -23,15 +23,17 @@ use crate::{
 
 impl Node {
     /// One housekeeping tick; true when a pass should run now (a managed cgroup was changed or
-    /// removed by someone else).
+    /// removed by someone else, or the CPU-pressure controller changed its level).
     pub fn housekeeping(&mut self, sensors: &impl SensorControl) -> bool {
         self.cgroups.remove_stale();
         self.record_ebpf_costs(sensors);
+        let cpu_pressure_changed = self.cpu_pressure_tick(sensors);
         if self.next_stats.is_none_or(|t| Instant::now() >= t) {
             self.next_stats = Some(Instant::now() + self.stats_interval);
             self.sample_stats(sensors);
         }
-        self.cgroups.changed_since_pass()
+        // Both are asked: the change feed's events are consumed either way.
+        self.cgroups.changed_since_pass() | cpu_pressure_changed
     }
 
     fn record_ebpf_costs(&mut self, sensors: &impl SensorControl) {

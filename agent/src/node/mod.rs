@@ -10,6 +10,7 @@
 //! crash); the eviction manager runs on its own task and talks to the node through channels.
 
 mod cgroups;
+mod cpu_pressure;
 mod eviction_action;
 mod housekeeping;
 mod pass;
@@ -44,13 +45,17 @@ pub use sensing::SensorControl;
 use crate::{
     cgroup::{CgroupFs, Mode, Naming},
     eviction::Inventory,
-    policy::{eviction::Threshold, plan::Plan, pod::PodKey, settings::NodeSettings},
+    policy::{
+        cpu_pressure::CpuPressureConfig, eviction::Threshold, plan::Plan, pod::PodKey,
+        settings::NodeSettings,
+    },
     server::{AgentState, metrics::MemcgEventLabels},
     workload::ValidationOptions,
 };
 
 use self::{
-    cgroups::NodeCgroups, pass::PodEntry, report::Report, state::StateFile, summary::CgroupSummary,
+    cgroups::NodeCgroups, cpu_pressure::CpuPressure, pass::PodEntry, report::Report,
+    state::StateFile, summary::CgroupSummary,
 };
 
 /// The pods on the node after the last pass, and the ids the kernel knows their cgroups by.
@@ -84,6 +89,8 @@ pub struct NodeParts {
     pub persisted: StateFile,
     /// Per-pod statistics and the oom_score_adj safety scan run this often.
     pub stats_interval: Duration,
+    /// The CPU-pressure controller's configuration; `None` leaves the BestEffort tier alone.
+    pub cpu_pressure: Option<CpuPressureConfig>,
 }
 
 pub struct Node {
@@ -102,6 +109,7 @@ pub struct Node {
     stats_interval: Duration,
     next_stats: Option<Instant>,
     ebpf_seen: EbpfSeen,
+    cpu_pressure: Option<CpuPressure>,
 }
 
 impl Node {
@@ -121,6 +129,9 @@ impl Node {
                     .map(|t| (t.clone(), "soft")),
             )
             .collect();
+        let cpu_pressure = parts
+            .cpu_pressure
+            .map(|cfg| CpuPressure::new(cfg, &parts.fs));
         let node = Self {
             validation: parts.validation,
             cgroups: NodeCgroups::new(parts.fs, parts.mode, parts.naming),
@@ -134,6 +145,7 @@ impl Node {
             stats_interval: parts.stats_interval,
             next_stats: None,
             ebpf_seen: EbpfSeen::default(),
+            cpu_pressure,
             settings: parts.settings,
         };
         (node, inventory_rx)

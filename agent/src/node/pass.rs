@@ -24,6 +24,7 @@ use crate::{
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
+        qos::QosClass,
     },
     sensors::{CgroupOwner, WatchedCgroup},
     server::{metrics::MemcgEventLabels, summary::PodReference},
@@ -34,6 +35,7 @@ use crate::{
 /// What one pod is on this node, after a pass.
 pub(super) struct PodEntry {
     pub(super) view: PodSpecView,
+    pub(super) qos: QosClass,
     pub(super) memory: Option<MemoryCgroup>,
     /// cgroup v2 ids of the pod's container cgroups (unified tree on hybrid hosts): the CPU
     /// sensor keys by the task's own cgroup.
@@ -131,7 +133,8 @@ impl Node {
                 return None;
             }
         };
-        let desired = desired_state(&plan, &self.cgroups.naming, &executor.container_ids(pods));
+        let mut desired = desired_state(&plan, &self.cgroups.naming, &executor.container_ids(pods));
+        self.constrain_besteffort(&plan, &mut desired);
         let refused: Vec<String> = desired
             .refused_pods
             .iter()
@@ -411,6 +414,7 @@ impl Node {
             key.clone(),
             PodEntry {
                 view: view.clone(),
+                qos: p.qos_class,
                 memory,
                 container_ids,
                 runq_p99,

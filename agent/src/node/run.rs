@@ -172,6 +172,35 @@ where
         stop_leftovers(&fs, &mut persisted).await;
     }
 
+    // The BestEffort tier is qoslet's where it runs the pods itself; the kubelet's otherwise,
+    // so there writing it is opt-in (the `cpuPressure` area of `enforce`).
+    let owns_tier = executor.creates_container_cgroups()
+        || cfg
+            .qc
+            .enforce
+            .contains(&crate::config::EnforceArea::CpuPressure);
+    let cpu_pressure = match cfg.qc.cpu_pressure.policy() {
+        Ok(p) => cfg
+            .qc
+            .cpu_pressure
+            .enabled
+            .unwrap_or(owns_tier)
+            .then_some(p),
+        Err((field, message)) => {
+            warn!(
+                field,
+                message, "The CPU-pressure controller is off: its configuration is invalid."
+            );
+            None
+        }
+    };
+    if let Some(p) = &cpu_pressure {
+        info!(
+            latency_target_ms = p.latency_target.as_millis() as u64,
+            protect_burstable = p.protect_burstable,
+            "The CPU-pressure controller protects latency-sensitive pods from BestEffort CPU."
+        );
+    }
     let (mut node, inventory_rx) = Node::new(NodeParts {
         settings: cfg.settings.clone(),
         naming: cfg.naming,
@@ -182,6 +211,7 @@ where
         summary,
         persisted,
         stats_interval: cfg.qc.stats_interval,
+        cpu_pressure,
     });
 
     let state_file = node.state_file();

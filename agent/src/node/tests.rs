@@ -165,6 +165,8 @@ impl PodExecutor for FakeExecutor {
 #[derive(Default)]
 struct FakeSensors {
     watched: Mutex<BTreeSet<u64>>,
+    /// The cumulative run-queue histogram every watched container reports (eBPF).
+    runq: Mutex<Option<crate::policy::cpu_pressure::Histogram>>,
 }
 
 impl SensorControl for FakeSensors {
@@ -176,7 +178,18 @@ impl SensorControl for FakeSensors {
     }
     fn set_owner(&self, _: u64, _: CgroupOwner) {}
     fn cpu_stats(&self, _: u64) -> Option<CpuUsage> {
-        None
+        let hist = (*self.runq.lock().unwrap())?;
+        Some(CpuUsage {
+            source: crate::sensors::CpuSource::Ebpf,
+            usage_ns: 0,
+            runq: Some(crate::sensors::cpu_usage::RunQueueWaits {
+                count: hist.iter().sum(),
+                total_ns: 0,
+                hist,
+            }),
+            throttled: None,
+            pressure_some_us: None,
+        })
     }
     fn program_costs(&self) -> Vec<ProgramCost> {
         Vec::new()
@@ -217,6 +230,13 @@ impl Drop for Tree0 {
 }
 
 fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
+    build_node_with(tree, None)
+}
+
+fn build_node_with(
+    tree: &Tree0,
+    cpu_pressure: Option<crate::policy::cpu_pressure::CpuPressureConfig>,
+) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     let mounts = Mounts {
         kind: LayoutKind::Unified,
         trees: BTreeMap::from([(Tree::V2, tree.0.clone())]),
@@ -252,6 +272,7 @@ fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<Agent
         summary: CgroupSummary::new(Default::default()),
         persisted: StateFile::load(Some(&tree.state_dir()), &CgroupPath::root()),
         stats_interval: Duration::from_secs(10),
+        cpu_pressure,
     });
     (node, inventory, state)
 }
@@ -592,5 +613,172 @@ async fn a_hundred_evictions_are_all_counted() {
     assert_eq!(
         metric(&state, "qoslet_eviction_decision_latency_seconds_count"),
         PODS as f64
+    );
+}
+
+/// One housekeeping window in which every protected container waited 100 more times in
+/// `bucket`; whether the node asks for a pass.
+fn window(
+    node: &mut Node,
+    sensors: &FakeSensors,
+    hist: &mut crate::policy::cpu_pressure::Histogram,
+    bucket: usize,
+) -> bool {
+    hist[bucket] += 100;
+    *sensors.runq.lock().unwrap() = Some(*hist);
+    node.housekeeping(sensors)
+}
+
+/// A Guaranteed pod's run-queue latency over the target raises the controller one level per
+/// housekeeping tick; each level reaches the BestEffort tier's files through a pass; calm
+/// windows release it level by level back to the kubelet's values.
+#[tokio::test]
+async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
+    use crate::policy::cpu_pressure::{CpuPressureConfig, Level};
+    let tree = Tree0::new("cpu-pressure");
+    let cfg = CpuPressureConfig {
+        calm_windows: 2,
+        min_wakeups: 1,
+        ..CpuPressureConfig::default()
+    };
+    let (mut node, _, state) = build_node_with(&tree, Some(cfg));
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
+    let pods = pod_set(
+        &(pod_yaml("be", UID_A, None) + guaranteed),
+        &PodSet::default(),
+    );
+    node.pass(&pods, &exec, &[], &sensors);
+    let tier = tree.0.join("kubepods/besteffort");
+    assert!(tier.is_dir());
+    // The files a kernel with cpu.idle has, at their defaults. The fake tree is plain files:
+    // `expect` checks what was written and truncates it as a kernel would hold it.
+    for (f, v) in [
+        ("cpu.idle", "0"),
+        ("cpu.max", "max 100000"),
+        ("cpu.weight", "1"),
+    ] {
+        std::fs::write(tier.join(f), v).unwrap();
+    }
+    let expect = |file: &str, want: &str| {
+        let got = std::fs::read_to_string(tier.join(file)).unwrap();
+        assert!(got.starts_with(want), "{file}: {got:?}, want {want:?}");
+        std::fs::write(tier.join(file), want).unwrap();
+    };
+    let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
+    *sensors.runq.lock().unwrap() = Some(hist);
+    // The first window sets the baseline: no pressure yet. (It asks for a pass anyway: the
+    // change feed saw the files written above.)
+    node.housekeeping(&sensors);
+    node.pass(&pods, &exec, &[], &sensors);
+    assert_eq!(node.cpu_pressure_level(), Some(Level::None));
+
+    // 100 waits in [16, 32) ms: over the 5 ms target.
+    for want in [Level::Idle, Level::Cap, Level::Floor] {
+        assert!(
+            window(&mut node, &sensors, &mut hist, 14),
+            "every level change asks for a pass"
+        );
+        assert_eq!(node.cpu_pressure_level(), Some(want));
+        node.pass(&pods, &exec, &[], &sensors);
+        match want {
+            Level::Idle => {
+                expect("cpu.idle", "1");
+                expect("cpu.max", "max 100000");
+            }
+            // 50% and 10% of 4000m over a 100 ms period.
+            Level::Cap => expect("cpu.max", "200000 100000"),
+            _ => expect("cpu.max", "40000 100000"),
+        }
+    }
+    // At the floor: nothing more to do.
+    window(&mut node, &sensors, &mut hist, 14);
+    assert_eq!(node.cpu_pressure_level(), Some(Level::Floor));
+    assert_eq!(metric(&state, "qoslet_cpu_pressure_level"), 3.0);
+    assert_eq!(
+        metric(&state, "qoslet_besteffort_cpu_granted_millicores"),
+        400.0
+    );
+    assert!(
+        metric(
+            &state,
+            "qoslet_qos_runqueue_latency_p99_seconds{qos_class=\"Guaranteed\"}"
+        ) > 0.016
+    );
+    assert_eq!(
+        metric(
+            &state,
+            "qoslet_cpu_pressure_steps_total{direction=\"engage\""
+        ),
+        3.0
+    );
+
+    // Calm: waits in [4, 8) µs. Two calm windows per released level.
+    let mut levels = Vec::new();
+    for _ in 0..7 {
+        let before = node.cpu_pressure_level();
+        let pass = window(&mut node, &sensors, &mut hist, 2);
+        let now = node.cpu_pressure_level();
+        assert!(pass || now == before, "a release asks for a pass");
+        if pass {
+            node.pass(&pods, &exec, &[], &sensors);
+        }
+        levels.push(now.unwrap());
+    }
+    assert_eq!(
+        levels,
+        [
+            Level::Floor,
+            Level::Cap,
+            Level::Cap,
+            Level::Idle,
+            Level::Idle,
+            Level::None,
+            Level::None
+        ]
+    );
+    expect("cpu.idle", "0");
+    expect("cpu.max", "max 100000");
+    assert_eq!(metric(&state, "qoslet_cpu_pressure_level"), 0.0);
+    assert_eq!(
+        metric(&state, "qoslet_besteffort_cpu_granted_millicores"),
+        4000.0
+    );
+    let events = status_events(&state);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("cpu pressure: engage"))
+            .count(),
+        3,
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("cpu pressure: release"))
+            .count(),
+        3,
+        "{events:?}"
+    );
+}
+
+/// Without the controller the BestEffort tier's cpu.idle and cpu.max are not qoslet's.
+#[tokio::test]
+async fn without_the_controller_the_besteffort_tier_keeps_its_cpu_files() {
+    let tree = Tree0::new("cpu-pressure-off");
+    let (mut node, _, _) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let pods = pod_set(&pod_yaml("be", UID_A, None), &PodSet::default());
+    node.pass(&pods, &exec, &[], &sensors);
+    let tier = tree.0.join("kubepods/besteffort");
+    for (f, v) in [("cpu.idle", "1"), ("cpu.max", "5000 100000")] {
+        std::fs::write(tier.join(f), v).unwrap();
+    }
+    node.pass(&pods, &exec, &[], &sensors);
+    assert_eq!(std::fs::read_to_string(tier.join("cpu.idle")).unwrap(), "1");
+    assert_eq!(
+        std::fs::read_to_string(tier.join("cpu.max")).unwrap(),
+        "5000 100000"
     );
 }

@@ -6,6 +6,7 @@
 pub mod allocatable;
 pub mod cgroup_name;
 pub mod cpu;
+pub mod cpu_pressure;
 pub mod cpuset;
 pub mod duration;
 pub mod eviction;

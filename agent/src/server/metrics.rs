@@ -99,6 +99,19 @@ pub struct ThresholdLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QosLabels {
+    pub qos_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// `engage` or `release`.
+    pub direction: String,
+    /// The level stepped to.
+    pub level: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
     /// `MemoryPressure`, `PIDPressure`.
     pub condition: String,
@@ -252,6 +265,10 @@ pub struct Metrics {
     /// Cgroup files found differing from the plan and left alone (observe mode, or the
     /// kubelet's files in cluster mode), counted at each reconcile that read them.
     pub cgroup_drift: Counter,
+    pub qos_runqueue_latency_p99: Family<QosLabels, Gauge<f64, AtomicU64>>,
+    pub cpu_pressure_level: Gauge,
+    pub cpu_pressure_steps: Family<StepLabels, Counter>,
+    pub besteffort_cpu_granted: Gauge,
 }
 
 impl Default for Metrics {
@@ -389,6 +406,31 @@ impl Metrics {
             "Cgroup files found differing from the plan and left alone (observe mode, or the kubelet's files in cluster mode), counted at each reconcile that read them",
             cgroup_drift.clone(),
         );
+        let qos_runqueue_latency_p99 = Family::default();
+        reg.add_with_unit(
+            "qoslet_qos_runqueue_latency_p99",
+            "Run-queue latency p99 of the pods the CPU-pressure controller protects, per QoS class, over the last housekeeping window (interpolated in the kernel's log2 buckets)",
+            Unit::Seconds,
+            qos_runqueue_latency_p99.clone(),
+        );
+        let cpu_pressure_level = Gauge::default();
+        reg.add(
+            "qoslet_cpu_pressure_level",
+            "How constrained the BestEffort tier is: 0 none, 1 cpu.idle, 2 a CPU cap, 3 the cap at its floor",
+            cpu_pressure_level.clone(),
+        );
+        let cpu_pressure_steps = Family::default();
+        reg.add(
+            "qoslet_cpu_pressure_steps",
+            "Level changes of the CPU-pressure controller (direction engage or release, the level reached)",
+            cpu_pressure_steps.clone(),
+        );
+        let besteffort_cpu_granted = Gauge::default();
+        reg.add(
+            "qoslet_besteffort_cpu_granted_millicores",
+            "The CPU the BestEffort tier may use under the CPU-pressure controller (the node's CPU when uncapped)",
+            besteffort_cpu_granted.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -412,6 +454,10 @@ impl Metrics {
             node_condition,
             reconcile_errors,
             cgroup_drift,
+            qos_runqueue_latency_p99,
+            cpu_pressure_level,
+            cpu_pressure_steps,
+            besteffort_cpu_granted,
         }
     }
 

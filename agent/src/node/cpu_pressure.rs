@@ -1,0 +1,295 @@
+//! The CPU-pressure controller in the node: each housekeeping tick it reads the run-queue
+//! histograms of the protected pods' containers only (Guaranteed, plus Burstable when
+//! configured: one map lookup per container), turns their growth since the last tick into a
+//! window p99, and steps the controller (agent/src/policy/cpu_pressure.rs). A level change runs
+//! a pass, whose plan gets the level's lever on the BestEffort tier: the reconciler is the only
+//! writer, and in observe mode it reports the drift instead of writing.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use qoslet_common::sched::RUNQ_HIST_BUCKETS;
+use tracing::info;
+
+use super::{Node, sensing::SensorControl};
+use crate::{
+    cgroup::{
+        CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller as V1Controller,
+    },
+    policy::{
+        cpu::QUOTA_PERIOD_US,
+        cpu_pressure::{
+            Controller, CpuPressureConfig, Histogram, Level, Lever, Step, Window, granted_millis,
+            histogram_delta, parse_psi_some_total, psi_share, quantile,
+        },
+        plan::Plan,
+        qos::QosClass,
+    },
+    server::metrics::{QosLabels, StepLabels},
+};
+
+/// The controller and what it remembers between windows.
+pub(super) struct CpuPressure {
+    controller: Controller,
+    /// Each protected container's cumulative histogram at the last tick.
+    last_hist: BTreeMap<u64, Histogram>,
+    /// Where the node's CPU PSI is read (only with a PSI target).
+    psi_file: Option<PathBuf>,
+    psi_last: Option<(u64, Instant)>,
+    /// Whether the BestEffort tier has `cpu.idle`; `None` until its directory exists.
+    idle_supported: Option<bool>,
+    /// A pass is due on the next tick: leaving `cpu.idle` makes the kernel reset the tier's
+    /// weight after the pass read it, so the next pass puts the kubelet's weight back.
+    settle: bool,
+}
+
+impl CpuPressure {
+    pub(super) fn new(cfg: CpuPressureConfig, fs: &CgroupFs) -> Self {
+        let psi_file = cfg.psi_some_target.map(|_| {
+            // The node root's own PSI where the unified tree has it; the machine's otherwise.
+            fs.trees()
+                .find(|t| matches!(t, Tree::V2 | Tree::Unified))
+                .map(|t| fs.display_path(t, &CgroupPath::root()).join("cpu.pressure"))
+                .filter(|f| f.exists())
+                .unwrap_or_else(|| PathBuf::from("/proc/pressure/cpu"))
+        });
+        Self {
+            controller: Controller::new(cfg),
+            last_hist: BTreeMap::new(),
+            psi_file,
+            psi_last: None,
+            idle_supported: None,
+            settle: false,
+        }
+    }
+
+    fn lever(&self, cpu_millis: i64) -> Lever {
+        self.controller.lever(
+            cpu_millis,
+            QUOTA_PERIOD_US,
+            self.idle_supported.unwrap_or(false),
+        )
+    }
+
+    fn psi_window(&mut self) -> Option<f64> {
+        let file = self.psi_file.as_ref()?;
+        let total = parse_psi_some_total(&std::fs::read_to_string(file).ok()?)?;
+        let now = Instant::now();
+        let last = self.psi_last.replace((total, now));
+        let (before, at) = last?;
+        psi_share(before, total, now.duration_since(at))
+    }
+}
+
+/// The tree holding the cpu controller's files (v2, or the v1 cpu hierarchy on hybrid hosts).
+fn cpu_tree(fs: &CgroupFs) -> Option<Tree> {
+    fs.trees()
+        .find(|t| matches!(t, Tree::V2 | Tree::V1(V1Controller::Cpu)))
+}
+
+/// The BestEffort tier's path, when the plan has one.
+fn besteffort_path(plan: &Plan, node_root: &CgroupPath) -> Option<CgroupPath> {
+    let name = plan.node.besteffort.cgroup.as_ref()?;
+    CgroupPath::under_root(name, node_root).ok()
+}
+
+impl Node {
+    /// One window of the controller; true when its level changed (a pass applies it) or a pass
+    /// is due to settle the last change.
+    pub(super) fn cpu_pressure_tick(&mut self, sensors: &impl SensorControl) -> bool {
+        let Some(cp) = self.cpu_pressure.as_mut() else {
+            return false;
+        };
+        let settle = std::mem::take(&mut cp.settle);
+        if cp.idle_supported.is_none()
+            && let Some(plan) = &self.plan
+            && let Some(path) = besteffort_path(plan, &self.cgroups.naming.node_root)
+            && let Some(tree) = cpu_tree(self.cgroups.fs())
+        {
+            let dir = self.cgroups.fs().display_path(tree, &path);
+            if dir.is_dir() {
+                cp.idle_supported = Some(dir.join("cpu.idle").exists());
+            }
+        }
+        let cfg = cp.controller.config().clone();
+        let mut by_class: BTreeMap<QosClass, Histogram> = BTreeMap::new();
+        let mut seen = BTreeMap::new();
+        for entry in self.tracked.pods.values() {
+            let protected = match entry.qos {
+                QosClass::Guaranteed => true,
+                QosClass::Burstable => cfg.protect_burstable,
+                QosClass::BestEffort => false,
+            };
+            if !protected {
+                continue;
+            }
+            let class = by_class.entry(entry.qos).or_insert([0; RUNQ_HIST_BUCKETS]);
+            for id in &entry.container_ids {
+                let Some(w) = sensors.cpu_stats(*id).and_then(|u| u.runq) else {
+                    continue;
+                };
+                // A container seen for the first time only sets its baseline.
+                if let Some(before) = cp.last_hist.get(id) {
+                    for (c, d) in class.iter_mut().zip(histogram_delta(before, &w.hist)) {
+                        *c += d;
+                    }
+                }
+                seen.insert(*id, w.hist);
+            }
+        }
+        cp.last_hist = seen;
+        let metrics = &self.report.state.metrics;
+        let mut all: Histogram = [0; RUNQ_HIST_BUCKETS];
+        for (class, hist) in &by_class {
+            for (a, n) in all.iter_mut().zip(hist) {
+                *a += n;
+            }
+            let p99 = quantile(hist, 0.99, cfg.min_wakeups);
+            metrics
+                .qos_runqueue_latency_p99
+                .get_or_create(&QosLabels {
+                    qos_class: class.as_str().into(),
+                })
+                .set(p99.map_or(0.0, |d| d.as_secs_f64()));
+        }
+        let window = Window {
+            latency_p99: quantile(&all, 0.99, cfg.min_wakeups),
+            psi_some: cp.psi_window(),
+        };
+        let idle_supported = cp.idle_supported.unwrap_or(false);
+        let step = cp.controller.observe(&window, idle_supported);
+        let cpu_millis = self
+            .plan
+            .as_ref()
+            .map_or(self.settings.capacity.cpu_millis, |p| {
+                p.node.capacity.cpu_millis
+            });
+        let lever = cp.lever(cpu_millis);
+        let level = cp.controller.level();
+        if matches!(step, Some(Step::Release { .. })) {
+            cp.settle = true;
+        }
+        metrics.cpu_pressure_level.set(level.as_u8().into());
+        metrics
+            .besteffort_cpu_granted
+            .set(granted_millis(&lever, cpu_millis));
+        if let Some(step) = step {
+            self.report_step(step, &window, &cfg, &lever, cpu_millis);
+        }
+        step.is_some() || settle
+    }
+
+    fn report_step(
+        &self,
+        step: Step,
+        window: &Window,
+        cfg: &CpuPressureConfig,
+        lever: &Lever,
+        cpu_millis: i64,
+    ) {
+        let (direction, from, to) = match step {
+            Step::Engage { from, to } => ("engage", from, to),
+            Step::Release { from, to } => ("release", from, to),
+        };
+        self.report
+            .state
+            .metrics
+            .cpu_pressure_steps
+            .get_or_create(&StepLabels {
+                direction: direction.into(),
+                level: to.as_str().into(),
+            })
+            .inc();
+        let would = if self.cgroups.enforce() { "" } else { "would " };
+        let what = describe(to, lever, cpu_millis);
+        let p99 = fmt_ms(window.latency_p99);
+        let target = fmt_ms(Some(cfg.latency_target));
+        let psi = window
+            .psi_some
+            .map_or_else(|| "-".into(), |s| format!("{:.0}%", s * 100.0));
+        match step {
+            Step::Engage { .. } => info!(
+                from = from.as_str(),
+                to = to.as_str(),
+                p99,
+                target,
+                psi,
+                observe = !would.is_empty(),
+                "CPU pressure on protected pods: constraining the BestEffort tier."
+            ),
+            Step::Release { .. } => info!(
+                from = from.as_str(),
+                to = to.as_str(),
+                p99,
+                target,
+                observe = !would.is_empty(),
+                "CPU pressure gone: releasing the BestEffort tier one level."
+            ),
+        }
+        self.report.event(
+            "",
+            format!(
+                "cpu pressure: {would}{direction} BestEffort tier, level {} -> {} ({what}); protected p99 {p99}, target {target}, psi {psi}",
+                from.as_u8(),
+                to.as_u8(),
+            ),
+        );
+    }
+
+    /// Puts the controller's lever on the BestEffort tier's desired settings.
+    pub(super) fn constrain_besteffort(&self, plan: &Plan, desired: &mut DesiredState) {
+        let Some(cp) = &self.cpu_pressure else {
+            return;
+        };
+        let Some(path) = besteffort_path(plan, &self.cgroups.naming.node_root) else {
+            return;
+        };
+        let lever = cp.lever(plan.node.capacity.cpu_millis);
+        let Some(tier) = desired
+            .cgroups
+            .iter_mut()
+            .find(|c| c.role == Role::QosTier && c.path == path)
+        else {
+            return;
+        };
+        let s = &mut tier.settings;
+        s.cpu_idle = lever.idle;
+        if lever.idle == Some(true) {
+            // The kernel refuses a weight on an idle group (EINVAL) and reads back its own
+            // idle weight; the kubelet's (already the minimum) returns with the release.
+            s.cpu_shares = None;
+            s.cpu_weight = None;
+        }
+        s.cpu_period_us = Some(lever.period_us);
+        s.cpu_quota_us = lever.quota_us;
+    }
+
+    /// The controller's level (tests).
+    #[cfg(test)]
+    pub(super) fn cpu_pressure_level(&self) -> Option<Level> {
+        self.cpu_pressure.as_ref().map(|c| c.controller.level())
+    }
+}
+
+fn describe(level: Level, lever: &Lever, cpu_millis: i64) -> String {
+    match level {
+        Level::None => "kubelet weights only".into(),
+        Level::Idle => "cpu.idle".into(),
+        Level::Cap | Level::Floor => format!(
+            "{}cap {}m of {cpu_millis}m",
+            if lever.idle == Some(true) {
+                "cpu.idle and "
+            } else {
+                ""
+            },
+            granted_millis(lever, cpu_millis)
+        ),
+    }
+}
+
+fn fmt_ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".into(), |d| format!("{:.2}ms", d.as_secs_f64() * 1e3))
+}

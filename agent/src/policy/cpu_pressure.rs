@@ -1,0 +1,329 @@
+//! The CPU-pressure controller: when latency-sensitive pods wait too long on the run queue, the
+//! BestEffort tier is constrained one level per window, and released one level per run of calm
+//! windows. Pure: the node feeds it one [`Window`] per housekeeping tick and applies the
+//! [`Lever`] of its level to the BestEffort tier's desired settings (the reconciler writes it).
+//!
+//! Why latency and not usage: CPU weights share bandwidth, they do not bound wake-up latency; a
+//! Guaranteed pod beside BestEffort hogs waits behind them even with the kubelet's weights.
+//! qoslet sees that wait directly (the `sched_switch` sensor's log2 histograms), so it acts on
+//! the symptom instead of on node CPU usage as koordlet's BestEffort suppression does.
+//!
+//! Levels, cumulative (each keeps the ones below it):
+//! 1. `cpu.idle = 1` on the tier (SCHED_IDLE for the whole tier, 5.15+; skipped where the kernel
+//!    has no `cpu.idle`);
+//! 2. a bandwidth cap at `cap_percent` of the node's CPU;
+//! 3. the cap at `floor_percent`, so BestEffort never starves completely.
+//!
+//! The tier's weight is not a lever: the kubelet already gives BestEffort the minimum (2 shares,
+//! weight 1), there is nothing lower to write.
+//!
+//! Hysteresis: pressure steps up at once (one level per window), calm steps down only after
+//! `calm_windows` calm windows in a row, one level at a time. When pressure comes back soon after
+//! a release (within the calm run that allowed it), the calm run needed doubles, up to
+//! `max_calm_windows`, so a steady BestEffort load does not make the tier flap every few seconds.
+
+use std::time::Duration;
+
+use qoslet_common::sched::RUNQ_HIST_BUCKETS;
+
+use super::cpu::MIN_QUOTA_PERIOD_US;
+
+/// A log2 run-queue latency histogram (bucket `i`: `[2^i, 2^(i+1))` µs).
+pub type Histogram = [u64; RUNQ_HIST_BUCKETS];
+
+/// The controller's configuration (QosletConfiguration `cpuPressure`), validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuPressureConfig {
+    /// Run-queue latency p99 of the protected pods above which the window is under pressure.
+    pub latency_target: Duration,
+    /// Burstable pods are protected too (Guaranteed always are).
+    pub protect_burstable: bool,
+    /// The node's CPU PSI `some` share of the window (0..1) above which the window is under
+    /// pressure; `None` ignores PSI. Off by default: the node's PSI counts the BestEffort
+    /// tier's own waiting, which no lever removes, so it would hold the tier constrained for as
+    /// long as BestEffort is busy even when the protected pods no longer wait.
+    pub psi_some_target: Option<f64>,
+    /// Calm windows in a row before one level is released.
+    pub calm_windows: u32,
+    /// The most calm windows a release can require after back-off.
+    pub max_calm_windows: u32,
+    /// Level 2's cap, percent of the node's CPU.
+    pub cap_percent: u32,
+    /// Level 3's cap (the floor), percent of the node's CPU.
+    pub floor_percent: u32,
+    /// Fewer protected wake-ups than this in a window: its p99 says nothing, the window is calm
+    /// as far as latency goes.
+    pub min_wakeups: u64,
+}
+
+impl Default for CpuPressureConfig {
+    fn default() -> Self {
+        Self {
+            latency_target: Duration::from_millis(5),
+            protect_burstable: false,
+            psi_some_target: None,
+            calm_windows: 5,
+            max_calm_windows: 60,
+            cap_percent: 50,
+            floor_percent: 10,
+            min_wakeups: 20,
+        }
+    }
+}
+
+/// How constrained the BestEffort tier is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Level {
+    #[default]
+    None = 0,
+    Idle = 1,
+    Cap = 2,
+    Floor = 3,
+}
+
+impl Level {
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::None => "none",
+            Level::Idle => "idle",
+            Level::Cap => "cap",
+            Level::Floor => "floor",
+        }
+    }
+
+    /// One level up; `Idle` is skipped where the kernel has no `cpu.idle`.
+    fn up(self, idle_supported: bool) -> Self {
+        match self {
+            Level::None if idle_supported => Level::Idle,
+            Level::None | Level::Idle => Level::Cap,
+            Level::Cap | Level::Floor => Level::Floor,
+        }
+    }
+
+    fn down(self, idle_supported: bool) -> Self {
+        match self {
+            Level::Floor => Level::Cap,
+            Level::Cap if idle_supported => Level::Idle,
+            Level::Cap | Level::Idle | Level::None => Level::None,
+        }
+    }
+}
+
+/// What one window measured.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Window {
+    /// The protected pods' run-queue latency p99 over the window; `None`: too few wake-ups.
+    pub latency_p99: Option<Duration>,
+    /// The node's CPU PSI `some` share of the window (0..1); `None`: not read.
+    pub psi_some: Option<f64>,
+}
+
+/// A level change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Engage { from: Level, to: Level },
+    Release { from: Level, to: Level },
+}
+
+/// What the tier's settings are at a level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lever {
+    /// `cpu.idle`; `None`: the kernel has none, leave it alone.
+    pub idle: Option<bool>,
+    /// The CFS quota in µs per `period_us`; `None`: unlimited (`max` / `-1`).
+    pub quota_us: Option<i64>,
+    pub period_us: u64,
+}
+
+/// The state machine.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    cfg: CpuPressureConfig,
+    level: Level,
+    /// Calm windows in a row so far.
+    calm: u32,
+    /// Calm windows in a row needed for the next release.
+    required: u32,
+    /// Windows since the last release while no engagement followed; `None`: none yet.
+    since_release: Option<u32>,
+}
+
+impl Controller {
+    pub fn new(cfg: CpuPressureConfig) -> Self {
+        let required = cfg.calm_windows.max(1);
+        Self {
+            cfg,
+            level: Level::None,
+            calm: 0,
+            required,
+            since_release: None,
+        }
+    }
+
+    pub fn config(&self) -> &CpuPressureConfig {
+        &self.cfg
+    }
+
+    pub fn level(&self) -> Level {
+        self.level
+    }
+
+    /// Calm windows needed for the next release (after back-off).
+    pub fn required_calm(&self) -> u32 {
+        self.required
+    }
+
+    /// Whether `w` is under pressure.
+    pub fn pressured(&self, w: &Window) -> bool {
+        let latency = w.latency_p99.is_some_and(|p| p > self.cfg.latency_target);
+        let psi = matches!((w.psi_some, self.cfg.psi_some_target), (Some(s), Some(t)) if s > t);
+        latency || psi
+    }
+
+    /// One window; the level change it caused, if any.
+    pub fn observe(&mut self, w: &Window, idle_supported: bool) -> Option<Step> {
+        let base = self.cfg.calm_windows.max(1);
+        let max = self.cfg.max_calm_windows.max(base);
+        if self.pressured(w) {
+            self.calm = 0;
+            // Pressure back within the calm run that allowed the last release: back off.
+            if let Some(n) = self.since_release.take()
+                && n < self.required
+            {
+                self.required = self.required.saturating_mul(2).min(max);
+            }
+            let from = self.level;
+            self.level = from.up(idle_supported);
+            return (self.level != from).then_some(Step::Engage {
+                from,
+                to: self.level,
+            });
+        }
+        if let Some(n) = &mut self.since_release {
+            *n += 1;
+            if *n >= self.required {
+                // A release that held: the next one needs only the base run again.
+                self.since_release = None;
+                self.required = base;
+            }
+        }
+        if self.level == Level::None {
+            self.calm = 0;
+            return None;
+        }
+        self.calm += 1;
+        if self.calm < self.required {
+            return None;
+        }
+        self.calm = 0;
+        let from = self.level;
+        self.level = from.down(idle_supported);
+        self.since_release = Some(0);
+        Some(Step::Release {
+            from,
+            to: self.level,
+        })
+    }
+
+    /// The tier's settings at the current level on a node with `cpu_millis` of CPU for pods.
+    pub fn lever(&self, cpu_millis: i64, period_us: u64, idle_supported: bool) -> Lever {
+        lever(&self.cfg, self.level, cpu_millis, period_us, idle_supported)
+    }
+}
+
+/// The tier's settings at `level`.
+pub fn lever(
+    cfg: &CpuPressureConfig,
+    level: Level,
+    cpu_millis: i64,
+    period_us: u64,
+    idle_supported: bool,
+) -> Lever {
+    let quota = |percent: u32| {
+        let q = i128::from(cpu_millis.max(0)) * i128::from(period_us) * i128::from(percent)
+            / (1000 * 100);
+        // The kernel's smallest quota is 1 ms.
+        (q as i64).max(MIN_QUOTA_PERIOD_US)
+    };
+    Lever {
+        idle: idle_supported.then_some(level >= Level::Idle),
+        quota_us: match level {
+            Level::None | Level::Idle => None,
+            Level::Cap => Some(quota(cfg.cap_percent.max(cfg.floor_percent))),
+            Level::Floor => Some(quota(cfg.floor_percent)),
+        },
+        period_us,
+    }
+}
+
+/// The CPU the tier may use under `lever`, in millicores (`cpu_millis` when uncapped).
+pub fn granted_millis(lever: &Lever, cpu_millis: i64) -> i64 {
+    match lever.quota_us {
+        None => cpu_millis,
+        Some(q) if lever.period_us > 0 => {
+            (i128::from(q) * 1000 / i128::from(lever.period_us)).min(i128::from(cpu_millis)) as i64
+        }
+        Some(_) => 0,
+    }
+}
+
+/// The bucket-by-bucket growth of a cumulative histogram since `before` (a counter that went
+/// back, a cgroup made again, counts as its new value).
+pub fn histogram_delta(before: &Histogram, now: &Histogram) -> Histogram {
+    let mut out = [0; RUNQ_HIST_BUCKETS];
+    for (o, (b, n)) in out.iter_mut().zip(before.iter().zip(now)) {
+        *o = if n >= b { n - b } else { *n };
+    }
+    out
+}
+
+/// The `q` quantile of a window's histogram, interpolated linearly inside its log2 bucket;
+/// `None` with fewer than `min_count` samples. The bucket's upper bound alone would be off by
+/// up to 2x (a 5 ms target would read 8.2 ms for any p99 from 4.1 ms on).
+pub fn quantile(hist: &Histogram, q: f64, min_count: u64) -> Option<Duration> {
+    let total: u64 = hist.iter().sum();
+    if total == 0 || total < min_count {
+        return None;
+    }
+    let rank = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0);
+    let mut seen = 0.0;
+    for (i, &n) in hist.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let n = n as f64;
+        if seen + n >= rank {
+            let lower = if i == 0 { 0.0 } else { (1u64 << i) as f64 };
+            let upper = (1u64 << (i + 1)) as f64;
+            let us = lower + (upper - lower) * (rank - seen) / n;
+            return Some(Duration::from_nanos((us * 1000.0) as u64));
+        }
+        seen += n;
+    }
+    None
+}
+
+/// The PSI `some` share of a window from two readings of `total` (µs) `elapsed` apart.
+pub fn psi_share(before_us: u64, now_us: u64, elapsed: Duration) -> Option<f64> {
+    let elapsed_us = elapsed.as_micros();
+    if elapsed_us == 0 || now_us < before_us {
+        return None;
+    }
+    Some(((now_us - before_us) as f64 / elapsed_us as f64).min(1.0))
+}
+
+/// The `some` line's `total=` of a `cpu.pressure` / `/proc/pressure/cpu` text.
+pub fn parse_psi_some_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests;

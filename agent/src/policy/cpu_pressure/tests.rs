@@ -1,0 +1,311 @@
+use std::time::Duration;
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn hot() -> Window {
+    Window {
+        latency_p99: Some(20 * MS),
+        psi_some: None,
+    }
+}
+
+fn calm() -> Window {
+    Window {
+        latency_p99: Some(MS),
+        psi_some: None,
+    }
+}
+
+fn cfg(calm_windows: u32) -> CpuPressureConfig {
+    CpuPressureConfig {
+        calm_windows,
+        max_calm_windows: 8,
+        ..CpuPressureConfig::default()
+    }
+}
+
+fn run(c: &mut Controller, windows: &[Window], idle: bool) -> Vec<Level> {
+    windows
+        .iter()
+        .map(|w| {
+            c.observe(w, idle);
+            c.level()
+        })
+        .collect()
+}
+
+#[test]
+fn pressure_steps_up_one_level_per_window_and_stops_at_the_floor() {
+    let mut c = Controller::new(cfg(3));
+    let levels = run(&mut c, &[hot(); 5], true);
+    assert_eq!(
+        levels,
+        [
+            Level::Idle,
+            Level::Cap,
+            Level::Floor,
+            Level::Floor,
+            Level::Floor
+        ]
+    );
+}
+
+#[test]
+fn without_cpu_idle_the_first_step_is_the_cap() {
+    let mut c = Controller::new(cfg(1));
+    assert_eq!(
+        c.observe(&hot(), false),
+        Some(Step::Engage {
+            from: Level::None,
+            to: Level::Cap
+        })
+    );
+    assert_eq!(
+        c.observe(&calm(), false),
+        Some(Step::Release {
+            from: Level::Cap,
+            to: Level::None
+        })
+    );
+}
+
+#[test]
+fn the_floor_does_not_engage_again() {
+    let mut c = Controller::new(cfg(3));
+    run(&mut c, &[hot(); 3], true);
+    assert_eq!(c.observe(&hot(), true), None);
+}
+
+#[test]
+fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
+    let mut c = Controller::new(cfg(3));
+    run(&mut c, &[hot(); 3], true);
+    // Two calm, one hot (stays at the floor), then three calm: one release.
+    let levels = run(
+        &mut c,
+        &[calm(), calm(), hot(), calm(), calm(), calm()],
+        true,
+    );
+    assert_eq!(
+        levels,
+        [
+            Level::Floor,
+            Level::Floor,
+            Level::Floor,
+            Level::Floor,
+            Level::Floor,
+            Level::Cap
+        ]
+    );
+    // The release held for a whole calm run: the next needs the base run again.
+    let levels = run(&mut c, &[calm(); 6], true);
+    assert_eq!(
+        levels,
+        [
+            Level::Cap,
+            Level::Cap,
+            Level::Idle,
+            Level::Idle,
+            Level::Idle,
+            Level::None
+        ]
+    );
+    assert_eq!(c.observe(&calm(), true), None);
+    assert_eq!(c.level(), Level::None);
+}
+
+#[test]
+fn pressure_soon_after_a_release_doubles_the_calm_run_up_to_the_maximum() {
+    let mut c = Controller::new(cfg(2));
+    assert_eq!(c.required_calm(), 2);
+    c.observe(&hot(), true);
+    run(&mut c, &[calm(), calm()], true);
+    assert_eq!(c.level(), Level::None);
+    c.observe(&hot(), true);
+    assert_eq!(c.required_calm(), 4);
+    run(&mut c, &[calm(); 4], true);
+    assert_eq!(c.level(), Level::None);
+    c.observe(&hot(), true);
+    assert_eq!(c.required_calm(), 8);
+    run(&mut c, &[calm(); 8], true);
+    c.observe(&hot(), true);
+    assert_eq!(c.required_calm(), 8, "capped at max_calm_windows");
+    // Held for a full run after the release: back to the base.
+    run(&mut c, &[calm(); 8], true);
+    assert_eq!(c.level(), Level::None);
+    run(&mut c, &[calm(); 8], true);
+    assert_eq!(c.required_calm(), 2);
+}
+
+#[test]
+fn late_pressure_after_a_release_does_not_back_off() {
+    let mut c = Controller::new(cfg(2));
+    c.observe(&hot(), true);
+    run(&mut c, &[calm(), calm()], true);
+    run(&mut c, &[calm(), calm()], true);
+    c.observe(&hot(), true);
+    assert_eq!(c.required_calm(), 2);
+}
+
+#[test]
+fn windows_without_enough_wakeups_are_calm_and_never_engage() {
+    let mut c = Controller::new(cfg(1));
+    assert_eq!(c.observe(&Window::default(), true), None);
+    c.observe(&hot(), true);
+    assert_eq!(
+        c.observe(&Window::default(), true),
+        Some(Step::Release {
+            from: Level::Idle,
+            to: Level::None
+        })
+    );
+}
+
+#[test]
+fn the_target_itself_is_calm() {
+    let c = Controller::new(cfg(1));
+    let at = Window {
+        latency_p99: Some(5 * MS),
+        psi_some: None,
+    };
+    assert!(!c.pressured(&at));
+    assert!(c.pressured(&Window {
+        latency_p99: Some(5 * MS + Duration::from_micros(1)),
+        psi_some: None
+    }));
+}
+
+#[test]
+fn psi_counts_only_with_a_target() {
+    let busy = Window {
+        latency_p99: None,
+        psi_some: Some(0.9),
+    };
+    assert!(!Controller::new(cfg(1)).pressured(&busy));
+    let c = Controller::new(CpuPressureConfig {
+        psi_some_target: Some(0.5),
+        ..cfg(1)
+    });
+    assert!(c.pressured(&busy));
+    assert!(!c.pressured(&Window {
+        latency_p99: None,
+        psi_some: Some(0.5)
+    }));
+}
+
+#[test]
+fn levers_are_cumulative_with_a_floor() {
+    let cfg = CpuPressureConfig::default();
+    let at = |level| lever(&cfg, level, 2000, 100_000, true);
+    assert_eq!(
+        at(Level::None),
+        Lever {
+            idle: Some(false),
+            quota_us: None,
+            period_us: 100_000
+        }
+    );
+    assert_eq!(at(Level::Idle).idle, Some(true));
+    assert_eq!(at(Level::Idle).quota_us, None);
+    // 50% of 2 CPUs over 100 ms is 100 ms; 10% is 20 ms.
+    assert_eq!(at(Level::Cap).quota_us, Some(100_000));
+    assert_eq!(at(Level::Cap).idle, Some(true));
+    assert_eq!(at(Level::Floor).quota_us, Some(20_000));
+    assert_eq!(lever(&cfg, Level::Cap, 2000, 100_000, false).idle, None);
+}
+
+#[test]
+fn the_cap_never_goes_below_the_kernel_minimum_or_the_floor() {
+    let tiny = CpuPressureConfig {
+        cap_percent: 1,
+        floor_percent: 5,
+        ..CpuPressureConfig::default()
+    };
+    assert_eq!(
+        lever(&tiny, Level::Cap, 100, 100_000, true).quota_us,
+        Some(1000)
+    );
+    assert_eq!(
+        lever(&tiny, Level::Floor, 10, 100_000, true).quota_us,
+        Some(1000)
+    );
+    assert_eq!(
+        lever(&tiny, Level::Cap, 4000, 100_000, true).quota_us,
+        lever(&tiny, Level::Floor, 4000, 100_000, true).quota_us
+    );
+}
+
+#[test]
+fn granted_cpu_follows_the_cap() {
+    let cfg = CpuPressureConfig::default();
+    let g = |level| granted_millis(&lever(&cfg, level, 2000, 100_000, true), 2000);
+    assert_eq!(
+        [
+            g(Level::None),
+            g(Level::Idle),
+            g(Level::Cap),
+            g(Level::Floor)
+        ],
+        [2000, 2000, 1000, 200]
+    );
+}
+
+#[test]
+fn deltas_subtract_bucket_by_bucket_and_survive_a_reset() {
+    let mut before = [0; RUNQ_HIST_BUCKETS];
+    let mut now = [0; RUNQ_HIST_BUCKETS];
+    before[3] = 10;
+    now[3] = 15;
+    now[4] = 2;
+    before[5] = 7;
+    now[5] = 1;
+    let d = histogram_delta(&before, &now);
+    assert_eq!((d[3], d[4], d[5]), (5, 2, 1));
+    assert_eq!(d.iter().sum::<u64>(), 8);
+}
+
+#[test]
+fn quantile_interpolates_inside_the_bucket() {
+    let mut h = [0; RUNQ_HIST_BUCKETS];
+    // 99 waits in [8, 16) µs, 1 in [4096, 8192) µs.
+    h[3] = 99;
+    h[12] = 1;
+    assert_eq!(quantile(&h, 0.99, 1), Some(Duration::from_micros(16)));
+    let p100 = quantile(&h, 1.0, 1).unwrap();
+    assert_eq!(p100, Duration::from_micros(8192));
+    h[12] = 10;
+    // rank ceil(0.99*109)=108: the 9th of 10 in [4096, 8192) µs.
+    let p99 = quantile(&h, 0.99, 1).unwrap();
+    assert!(
+        p99.abs_diff(Duration::from_nanos(7_782_400)) < Duration::from_nanos(10),
+        "{p99:?}"
+    );
+}
+
+#[test]
+fn quantile_needs_enough_samples() {
+    let mut h = [0; RUNQ_HIST_BUCKETS];
+    assert_eq!(quantile(&h, 0.99, 1), None);
+    h[0] = 19;
+    assert_eq!(quantile(&h, 0.99, 20), None);
+    h[0] = 20;
+    assert!(quantile(&h, 0.99, 20).unwrap() <= Duration::from_micros(2));
+}
+
+#[test]
+fn psi_share_of_a_window() {
+    assert_eq!(psi_share(1_000, 501_000, Duration::from_secs(1)), Some(0.5));
+    assert_eq!(psi_share(0, 3_000_000, Duration::from_secs(1)), Some(1.0));
+    assert_eq!(psi_share(5, 4, Duration::from_secs(1)), None);
+    assert_eq!(psi_share(0, 4, Duration::ZERO), None);
+}
+
+#[test]
+fn psi_some_total_is_parsed() {
+    let text = "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=42\n";
+    assert_eq!(parse_psi_some_total(text), Some(123_456));
+    assert_eq!(parse_psi_some_total("full total=1\n"), None);
+    assert_eq!(parse_psi_some_total("some avg10=x total=z\n"), None);
+}
