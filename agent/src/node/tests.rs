@@ -27,9 +27,8 @@ use crate::{
     sensors::{CgroupOwner, CpuUsage, WatchedCgroup, kmaps::ProgramCost},
     server::{AgentState, Metrics, Readiness, StatusStore},
     source::{
-        Diff, PodSet,
+        Diff, PodSet, build,
         manifest::{Loaded, parse_documents},
-        watch::build,
     },
 };
 
@@ -79,7 +78,7 @@ impl PodSource for FakeSource {
 
     async fn changed(&mut self) -> Result<Diff, NoMore> {
         let next = self.next.pop_front().ok_or(NoMore)?;
-        let diff = crate::source::watch::diff(&self.now, &next);
+        let diff = crate::source::diff(&self.now, &next);
         self.now = next;
         Ok(diff)
     }

@@ -7,4 +7,4 @@ pub mod manifest;
 pub mod nesting;
 pub mod watch;
 
-pub use watch::{Diff, ManifestPod, PodSet};
+pub use watch::{Diff, ManifestPod, PodSet, build, diff};
