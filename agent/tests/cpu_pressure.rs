@@ -21,8 +21,7 @@
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -32,51 +31,11 @@ use std::{
 const TARGET_MS: f64 = 5.0;
 const HOGS: usize = 4;
 
+mod common;
+use common::{free_port, get, root_or_skip, wait_until};
+
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
-}
-
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipped: needs root (real cgroups)");
-    }
-    root
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.get(9..12)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// A test node: its work directory, node root name and port; removed however the test ends.
@@ -251,7 +210,7 @@ fn quota(tier: &Path) -> Option<i64> {
 #[test]
 #[ignore = "timing-dependent: needs the hogs to push the Guaranteed p99 past the target"]
 fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_after() {
-    if !require_root() {
+    if !root_or_skip() {
         return;
     }
     if Command::new("bash").arg("-c").arg("true").status().is_err() {

@@ -4,8 +4,7 @@
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -16,51 +15,11 @@ use std::{
 
 use serde_json::Value;
 
+mod common;
+use common::{free_port, get, root_or_skip, wait_until};
+
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/standalone")
-}
-
-fn require_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipped: needs root (real cgroups)");
-    }
-    root
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.get(9..12)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn phase(addr: SocketAddr, name: &str) -> Option<String> {
@@ -234,7 +193,7 @@ impl Drop for Daemon {
 
 #[test]
 fn a_second_instance_on_the_same_node_root_exits_with_a_clear_line() {
-    if !require_root() {
+    if !root_or_skip() {
         return;
     }
     let node = TestNode::new("second");
@@ -263,7 +222,7 @@ fn a_second_instance_on_the_same_node_root_exits_with_a_clear_line() {
 
 #[test]
 fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
-    if !require_root() {
+    if !root_or_skip() {
         return;
     }
     let node = TestNode::new("hup");
@@ -308,7 +267,7 @@ fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
 
 #[test]
 fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod() {
-    if !require_root() {
+    if !root_or_skip() {
         return;
     }
     let node = TestNode::new("crash");
@@ -384,7 +343,7 @@ fn cgroup_dirs(node_root: &str, rel: &str) -> Vec<PathBuf> {
 
 #[test]
 fn a_cgroup_removed_behind_qoslets_back_is_made_again() {
-    if !require_root() {
+    if !root_or_skip() {
         return;
     }
     let node = TestNode::new("remade");
