@@ -213,9 +213,16 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 struct Qoslet(Option<tokio::runtime::Runtime>);
 
 impl Qoslet {
+    /// Drops every task at once and returns once they are gone, as a killed process leaves
+    /// nothing holding its files: the node lock's descriptor is closed before the restart
+    /// takes it (`shutdown_background` returned before the workers had dropped their tasks,
+    /// and the restarted node found the lock still held). A plain thread does the waiting,
+    /// since a runtime cannot be shut down with a timeout from async context.
     fn crash(mut self) {
         if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
+            std::thread::spawn(move || rt.shutdown_timeout(Duration::from_secs(10)))
+                .join()
+                .expect("the runtime shuts down");
         }
     }
 }
