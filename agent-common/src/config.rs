@@ -210,10 +210,14 @@ impl LifecycleTracepointLayout {
 
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::SchedBtfLayout {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::LifecycleTracepointLayout {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::MemcgEventLayout {}
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomTracepointLayout {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomBtfLayout {}
 }

@@ -215,12 +215,18 @@ pub struct CgroupEvent {
 
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomScoreAdjEvent {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::ProcessEvent {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::CgroupEvent {}
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomVictimEvent {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::MemcgEvent {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::MemcgCounterKey {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::MemcgCounter {}
 }

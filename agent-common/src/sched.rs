@@ -115,7 +115,10 @@ pub struct ReclaimStart {
 mod user {
     // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
     unsafe impl aya::Pod for super::CpuStats {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::SlotIndexEntry {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::ReclaimStats {}
+    // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::ReclaimStart {}
 }

@@ -41,7 +41,7 @@ pub fn openat2(
             dir,
             cpath.as_ptr(),
             &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
+            size_of::<libc::open_how>(),
         )
     };
     if fd < 0 {

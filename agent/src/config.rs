@@ -914,7 +914,7 @@ fn settings_inner(
             None => version.default_throttling_factor_ppm(),
         };
         let policy = match kc.memory_reservation_policy.as_deref() {
-            None | Some("None") | Some("") => MemoryReservationPolicy::None,
+            None | Some("None" | "") => MemoryReservationPolicy::None,
             Some("TieredReservation") => MemoryReservationPolicy::TieredReservation,
             Some(other) => {
                 return Err(field_err(

@@ -21,7 +21,7 @@ pub mod workload;
 /// Locks a mutex even if a holder panicked: qoslet's mutexes guard plain data (maps, lists,
 /// counters) that stays usable, and a node agent must keep running.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// An error and its causes on one line (`what: why: errno text`), each cause once, with what to

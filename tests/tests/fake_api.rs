@@ -250,7 +250,7 @@ async fn watcher_with_field_selector_sees_adds_updates_and_deletes() {
     assert_eq!(lists[0].code, 200);
     let watches: Vec<_> = requests_to(&fake, "GET", "/api/v1/pods")
         .into_iter()
-        .filter(|r| r.is_watch())
+        .filter(RequestRecord::is_watch)
         .collect();
     assert_eq!(
         watches[0].param("allowWatchBookmarks").as_deref(),

@@ -105,7 +105,7 @@ spec:
     let init = &s.containers[0];
     match &init.state {
         ContainerState::Terminated(t) => {
-            assert_eq!((t.exit_code, t.reason.as_str()), (0, "Completed"))
+            assert_eq!((t.exit_code, t.reason.as_str()), (0, "Completed"));
         }
         other => panic!("init container not terminated: {other:?}"),
     }

@@ -112,7 +112,7 @@ async fn overflow_cgroup_logs(diagnostics: bool) -> Option<(Vec<String>, u32)> {
     // Off, the agent runs no reader: start one, so that a record written anyway is seen.
     let _off_reader = (!diagnostics).then(|| {
         let reader = sensors
-            .with_ebpf(|e| e.kernel_log_reader())
+            .with_ebpf(qoslet::sensors::EbpfSensors::kernel_log_reader)
             .expect("eBPF loaded")
             .expect("AYA_LOGS opened");
         tokio::spawn(reader.run())
@@ -169,7 +169,7 @@ async fn kernel_diagnostics_reach_the_log_only_when_switched_on() {
         "sched_switch is {size_off} bytes off, {size_on} on"
     );
     assert!(!on.is_empty(), "no kernel diagnostic logged for the cgroup");
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     for line in &on {
         assert!(
             line.contains(" WARN ") && line.contains(kernel_log::TARGET),

@@ -21,7 +21,7 @@ pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
     let release = target_dir().join("release");
     let mut benches: Vec<PathBuf> = fs::read_dir(&release)
         .with_context(|| format!("reading {}", release.display()))?
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .map(|e| e.path())
         .filter(|p| {
             p.file_name()
@@ -46,7 +46,7 @@ pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
         fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
             .trim(),
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         Command::new("date")
             .arg("-u")
             .output()

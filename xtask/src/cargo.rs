@@ -2,7 +2,7 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
@@ -14,6 +14,13 @@ pub fn workspace_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
+}
+
+/// Where cargo puts its output: `CARGO_TARGET_DIR`, else `target/` of the workspace.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 fn command(tc: &Toolchain, args: &[&str]) -> Command {

@@ -230,7 +230,7 @@ pub fn podman() -> Command {
 }
 
 fn containers_conf() -> Result<PathBuf> {
-    let path = deploy::target_dir().join("image/containers.conf");
+    let path = crate::cargo::target_dir().join("image/containers.conf");
     fs::create_dir_all(path.parent().context("no parent")?)?;
     fs::write(
         &path,

@@ -17,7 +17,11 @@ use serde_json::Value;
 
 pub use render::{documents, render};
 
-use crate::{apt, cargo::workspace_root, toolchain::cache_dir};
+use crate::{
+    apt,
+    cargo::{target_dir, workspace_root},
+    toolchain::cache_dir,
+};
 
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 const KUBERNETES_VERSION: &str = "1.37.0";
@@ -242,10 +246,4 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }

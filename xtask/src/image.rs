@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{apt, cargo, deploy::target_dir, toolchain::Toolchain, vm};
+use crate::{apt, cargo, cargo::target_dir, toolchain::Toolchain, vm};
 
 /// The image's name in local storage and in the DaemonSet (`localhost/` is where podman and
 /// buildah put an image without a registry).

@@ -1,9 +1,10 @@
 //! `cargo xtask`: builds, tests and runs qoslet, installing what it needs first.
 //!
 //! - `build-ebpf`: the eBPF toolchain (rust-src, bpf-linker), then the agent with its programs.
-//! - `test`: the unused-dependency check (cargo-machete), unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
+//! - `test`: the unused-dependency check (cargo-machete), formatting and clippy, unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
 //!   matrix under QEMU (`--no-vm` skips it). The README's test command.
 //! - `run`: the README's main command: the agent on the embedded example node.
+//! - `lint`: formatting and clippy alone.
 //! - `vm-test`: the kernel matrix alone.
 //! - `bench`: the speed and memory measurements (`tests/src/bin/qoslet-bench-*`).
 //! - `image`: the OCI image (static agent, deploy/Containerfile) in local storage and an
@@ -20,6 +21,7 @@ mod container;
 mod deploy;
 mod fuzz;
 mod image;
+mod lint;
 mod machete;
 mod toolchain;
 mod vm;
@@ -52,6 +54,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// `cargo fmt --check` and clippy with warnings as errors (the first step of `test`).
+    Lint,
     /// Run the integration tests on Debian kernels with pure cgroup v2 under QEMU.
     VmTest(vm::VmTestArgs),
     /// Run the cargo-fuzz targets of fuzz/ (nightly, libFuzzer), each for --time seconds.
@@ -107,6 +111,7 @@ fn run(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Test(args) => test(&args),
+        Cmd::Lint => lint::check(&toolchain::ensure()?),
         Cmd::Fuzz { time, targets } => {
             let outcomes = fuzz::run(time, &targets)?;
             println!("\nxtask fuzz: {time} s per target");
@@ -169,6 +174,7 @@ fn run(cmd: Cmd) -> Result<()> {
 fn test(args: &TestArgs) -> Result<()> {
     machete::check()?;
     let tc = toolchain::ensure()?;
+    lint::check(&tc)?;
     let mut lines = Vec::new();
     let mut total = cargo::TestCounts::default();
 
@@ -243,7 +249,7 @@ fn deploy_checks(tc: &toolchain::Toolchain) -> (Vec<String>, cargo::TestCounts) 
         ok: true,
         ..Default::default()
     };
-    let mut step = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>| {
+    let mut step = |name: &str, f: &mut dyn FnMut() -> Result<()>| {
         let t = Instant::now();
         let r = f();
         let took = secs(t.elapsed());
@@ -270,7 +276,7 @@ fn deploy_checks(tc: &toolchain::Toolchain) -> (Vec<String>, cargo::TestCounts) 
         container::run()
     });
     step("Prometheus test (dashboard queries, alerts)", &mut || {
-        crate::apt::ensure("prometheus-test", deploy::PROMETHEUS_PACKAGES)?;
+        apt::ensure("prometheus-test", deploy::PROMETHEUS_PACKAGES)?;
         let r = cargo::test(
             tc,
             &[

@@ -160,7 +160,7 @@ fn ensure_bpf_linker(cache: &Path) -> Result<PathBuf> {
 fn link_nightly_llvm(llvm_lib: &Path) -> Result<()> {
     let sysroot_lib = nightly_sysroot()?.join("lib");
     let real = fs::read_dir(&sysroot_lib)?
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .map(|e| e.path())
         .find(|p| {
             p.file_name()

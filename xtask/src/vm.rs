@@ -104,7 +104,7 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
 }
 
 /// `qoslet-tests` targets that run on the host only.
-const HOST_ONLY: &[&str] = &["fake_api", "qoslet-fake-api", "cluster_node"];
+const HOST_ONLY: &[&str] = &["fake_api", "qoslet-fake-api"];
 
 /// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
 pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {

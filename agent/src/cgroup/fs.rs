@@ -82,7 +82,6 @@ impl CgroupDir {
     /// result comes back too (the caller needs it anyway); otherwise, or when the probe is
     /// missing, one `fstatat`. fstatat cannot refuse symlinks on the way as openat2 does, which
     /// is harmless: cgroupfs holds no symlinks and nothing is opened through that check.
-    #[allow(clippy::type_complexity)]
     pub fn descendant(
         &self,
         relative: &str,
@@ -103,6 +102,7 @@ impl CgroupDir {
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: stat is plain data the kernel fills; the path is a valid C string.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor, a NUL-terminated path and a valid out pointer.
         let rc = unsafe {
             libc::fstatat(
                 self.fd.as_raw_fd(),
@@ -247,7 +247,7 @@ impl CgroupFs {
     fn root(&self, tree: Tree) -> io::Result<libc::c_int> {
         self.roots
             .get(&tree)
-            .map(|fd| fd.as_raw_fd())
+            .map(std::os::fd::AsRawFd::as_raw_fd)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
     }
 

@@ -459,7 +459,10 @@ impl Reconciler {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the write's context, passed through from two callers"
+    )]
     fn write_direct(
         &self,
         c: &DesiredCgroup,

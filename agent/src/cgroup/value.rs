@@ -157,7 +157,7 @@ fn union(a: &CpuSet, b: &CpuSet) -> CpuSet {
     let text: Vec<String> = [a, b]
         .iter()
         .filter(|s| !s.is_empty())
-        .map(|s| s.to_string())
+        .map(ToString::to_string)
         .collect();
     parse_list(&text.join(",")).unwrap_or_default()
 }

@@ -283,7 +283,7 @@ fn cpu_pressure_configuration_defaults_and_validation() {
     assert_eq!(parsed.cpu_pressure.enabled, None);
     assert_eq!(
         parsed.cpu_pressure.policy().unwrap(),
-        crate::policy::cpu_pressure::CpuPressureConfig::default()
+        CpuPressureConfig::default()
     );
     let q = QosletConfiguration::parse(
         Path::new("q.yaml"),

@@ -71,10 +71,10 @@ impl NodeCgroups {
         for w in &result.writes {
             match &w.result {
                 WriteResult::Failed { .. } => {
-                    warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.")
+                    warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.");
                 }
                 WriteResult::Drift => {
-                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).")
+                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).");
                 }
                 _ => {}
             }

@@ -194,7 +194,7 @@ impl Node {
     }
 
     /// Persists what must survive a crash; a failure is logged, the node goes on.
-    pub(super) fn save_state(&mut self) {
+    pub(super) fn save_state(&self) {
         let mut state = crate::lock(&self.persisted);
         state.set_created_cgroups(&self.cgroups.created());
         if let Err(e) = state.save(true) {

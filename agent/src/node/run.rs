@@ -409,7 +409,7 @@ async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
         match CgroupKill.evict(&req).await {
             Ok(_) => stopped += 1,
             Err(e) => {
-                warn!(cgroup = %p, error = %e, "Could not stop a process left by an earlier run.")
+                warn!(cgroup = %p, error = %e, "Could not stop a process left by an earlier run.");
             }
         }
     }

@@ -205,7 +205,7 @@ impl StateFile {
     }
 
     pub fn set_created_cgroups(&mut self, cgroups: &BTreeSet<CgroupPath>) {
-        self.now.cgroups = cgroups.iter().map(|p| p.relative()).collect();
+        self.now.cgroups = cgroups.iter().map(CgroupPath::relative).collect();
     }
 
     /// Writes the state when it changed since the last save. `durable` waits for the disk

@@ -260,7 +260,7 @@ fn boot_time() -> Option<SystemTime> {
 
 fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-    k8s_openapi::jiff::Timestamp::from_second(secs as i64)
+    jiff::Timestamp::from_second(secs as i64)
         .map(|t| t.to_string())
         .unwrap_or_default()
 }

@@ -234,7 +234,7 @@ fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<Agent
 
 fn build_node_with(
     tree: &Tree0,
-    cpu_pressure: Option<crate::policy::cpu_pressure::CpuPressureConfig>,
+    cpu_pressure: Option<CpuPressureConfig>,
 ) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     let mounts = Mounts {
         kind: LayoutKind::Unified,
@@ -560,7 +560,7 @@ async fn a_hundred_evictions_are_all_counted() {
             std::fs::write(self.0.join("memory.current"), (node - held).to_string()).unwrap();
             std::fs::write(dir.join("memory.current"), "0").unwrap();
             Ok(Outcome {
-                first_signal_at: Some(std::time::Instant::now()),
+                first_signal_at: Some(Instant::now()),
                 signalled: 1,
                 status: EvictedStatus::new(req.message.clone()),
             })

@@ -2,6 +2,7 @@
 //! no clock. Every formula cites the upstream kubernetes/kubernetes file it comes from.
 //!
 //! Entry point: [`plan::plan_node`] over [`settings::NodeSettings`] and [`pod::PodSpecView`]s.
+#![forbid(unsafe_code)]
 
 pub mod allocatable;
 pub mod cgroup_name;

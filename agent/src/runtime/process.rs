@@ -80,7 +80,7 @@ pub fn spawn(spec: &ContainerSpec, log: File, log_path: &Path) -> Result<Child, 
         // which are stopped gracefully instead.
         .process_group(0)
         .kill_on_drop(false);
-    let fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let fds: Vec<RawFd> = procs.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
     // SAFETY: the closure runs between fork and exec; it only calls write(2) on descriptors
     // opened above (kept open by `procs` until spawn returns) and allocates nothing.
     unsafe {
@@ -154,10 +154,6 @@ fn fstatfs(fd: &OwnedFd) -> io::Result<i64> {
         return Err(io::Error::last_os_error());
     }
     // `f_type` is i64 on glibc x86_64 and u64 on musl; the magic numbers fit either.
-    #[allow(
-        clippy::unnecessary_cast,
-        reason = "a no-op cast on glibc, a needed one on musl: expect would fail on one of them"
-    )]
     Ok(st.f_type as i64)
 }
 

@@ -559,7 +559,7 @@ impl Shared {
             } => {
                 // The kernel program deleted the hash entries; the filter bit and the slot are
                 // the agent's to free.
-                self.unwatch_cgroup(*id)
+                self.unwatch_cgroup(*id);
             }
             _ => {}
         }

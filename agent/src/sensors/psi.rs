@@ -76,7 +76,8 @@ pub struct TriggerGone;
 
 /// Whether an error from [`PsiTrigger::fired`] means the cgroup is gone.
 pub fn is_gone(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<TriggerGone>())
+    e.get_ref()
+        .is_some_and(<dyn std::error::Error + Send + Sync + 'static>::is::<TriggerGone>)
 }
 
 /// The fd's current poll events, without waiting.

@@ -146,7 +146,10 @@ struct KernelHistogramData {
 impl KernelHistogram {
     /// Replaces the snapshot (the kernel's counters are cumulative already).
     pub fn set(&self, count: u64, sum_ns: u64, buckets: &[u64]) {
-        let mut d = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut d = self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         d.count = count;
         d.sum_ns = sum_ns;
         d.buckets = buckets.to_vec();
@@ -154,7 +157,10 @@ impl KernelHistogram {
 
     /// The upper bound (seconds) of the bucket holding the `q` quantile, `None` when empty.
     pub fn quantile_upper_bound(&self, q: f64) -> Option<f64> {
-        let d = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let d = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let total: u64 = d.buckets.iter().sum();
         if total == 0 {
             return None;
@@ -181,7 +187,11 @@ impl TypedMetric for KernelHistogram {
 
 impl EncodeMetric for KernelHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let d = self.inner.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let d = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let last = d.buckets.len().saturating_sub(1);
         let buckets: Vec<(f64, u64)> = d
             .buckets

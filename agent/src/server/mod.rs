@@ -56,13 +56,7 @@ pub fn router(state: Arc<AgentState>) -> Router {
 pub async fn bind(
     addr: SocketAddr,
     state: Arc<AgentState>,
-) -> Result<
-    (
-        SocketAddr,
-        impl std::future::Future<Output = std::io::Result<()>>,
-    ),
-    BindError,
-> {
+) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), BindError> {
     bind_with(addr, state, ServeLimits::default()).await
 }
 
@@ -71,13 +65,7 @@ pub async fn bind_with(
     addr: SocketAddr,
     state: Arc<AgentState>,
     limits: ServeLimits,
-) -> Result<
-    (
-        SocketAddr,
-        impl std::future::Future<Output = std::io::Result<()>>,
-    ),
-    BindError,
-> {
+) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), BindError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| BindError { addr, source })?;

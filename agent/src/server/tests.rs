@@ -51,7 +51,7 @@ impl SummarySource for NoSummary {
     }
 }
 
-fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
     write!(
         s,

@@ -632,7 +632,7 @@ impl crate::node::PodSource for ManifestWatch {
         self.state()
     }
 
-    fn changed(&mut self) -> impl std::future::Future<Output = Result<Diff, WatchError>> + Send {
+    fn changed(&mut self) -> impl Future<Output = Result<Diff, WatchError>> + Send {
         ManifestWatch::changed(self)
     }
 }

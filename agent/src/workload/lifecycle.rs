@@ -57,7 +57,7 @@ fn dependents(f: &Forest, x: &ObjRef) -> Vec<ObjRef> {
                         .as_ref()
                         .is_some_and(|r| r.workload_name == x.name)
                 })
-                .map(|g| g.obj_ref()),
+                .map(super::types::Group::obj_ref),
         ),
         Kind::CompositePodGroup => out.extend(f.children(x)),
         Kind::PodGroup => out.extend(

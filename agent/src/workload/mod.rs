@@ -3,6 +3,7 @@
 //! [`types`] decodes manifests, [`forest::Forest`] indexes one namespace, [`validate`] checks the
 //! rules (their names are listed there) and reports [`problem::Problem`]s, [`update`] the immutable fields, [`gate`] holding and
 //! admissibility, [`lifecycle`] cascading deletion and finalisation, [`disruption`] eviction units.
+#![forbid(unsafe_code)]
 
 pub mod disruption;
 pub mod forest;

@@ -51,7 +51,7 @@ fn problems(objects: Vec<Object>, opts: &ValidationOptions) -> Vec<Problem> {
     Forest::by_namespace(objects)
         .values()
         .flat_map(|f| {
-            let mut p = validate::validate(f, opts);
+            let mut p = validate(f, opts);
             p.extend(dangling(f));
             p
         })
@@ -302,7 +302,7 @@ fn forest_lookups() {
     assert_eq!(f.depth(&a), Some(2));
     assert_eq!(f.depth(&root), Some(1));
     assert_eq!(f.pods_below(&root).len(), 3);
-    assert!(validate::validate(&f, &ValidationOptions::default()).is_empty());
+    assert!(validate(&f, &ValidationOptions::default()).is_empty());
 }
 
 #[test]
@@ -704,7 +704,7 @@ proptest! {
         let (objs, _) = objects(&t);
         let f = Forest::new("ns", objs);
         let opts = ValidationOptions { pod_group_preemption_policy: gate_on };
-        let p = validate::validate(&f, &opts);
+        let p = validate(&f, &opts);
         prop_assert!(dangling(&f).is_empty());
         prop_assert_eq!(p.is_empty(), satisfies_rules(&t, gate_on), "{:#?}", p);
     }

@@ -35,7 +35,7 @@ pub fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
     let mut reject = |rule: Rule, message: String| {
         out.push(RejectedUpdate {
             problem: Problem::on(new, rule, message),
-        })
+        });
     };
     match (old, new) {
         (Object::Group(a), Object::Group(b)) => {

@@ -181,7 +181,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let secs = secs();
-    let cpus = thread::available_parallelism().map_or(2, |n| n.get());
+    let cpus = thread::available_parallelism().map_or(2, std::num::NonZero::get);
     let tree = Tree::new();
     let idle = tree.has_idle();
     let mut rows = Vec::new();

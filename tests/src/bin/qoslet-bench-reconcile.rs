@@ -26,15 +26,6 @@ fn noop_runs() -> usize {
         .unwrap_or(5)
 }
 
-/// CPU time of this process, all threads (user + system): on a loaded shared machine, wall time measures the
-/// other tenants too; the CPU time is what the pass itself costs.
-fn process_cpu() -> Duration {
-    // SAFETY: timespec is plain data and clock_gettime only writes it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// Median wall and CPU time of repeated passes, and the slowest wall time.
 struct Passes {
     wall: Duration,
@@ -105,9 +96,9 @@ fn main() -> ExitCode {
     // The same node read in full on every pass (the agent's fallback, and its periodic pass).
     let full_reader = Reconciler::new(root.open(), Mode::Enforce);
 
-    let (t, cpu) = (Instant::now(), process_cpu());
+    let (t, cpu) = (Instant::now(), qoslet_tests::process_cpu());
     let scratch = reconciler.reconcile(&desired);
-    let (scratch_time, scratch_cpu) = (t.elapsed(), process_cpu() - cpu);
+    let (scratch_time, scratch_cpu) = (t.elapsed(), qoslet_tests::process_cpu() - cpu);
     if !scratch.errors.is_empty() {
         eprintln!(
             "reconcile errors: {:#?}",
@@ -118,19 +109,19 @@ fn main() -> ExitCode {
     let runs = noop_runs();
     let mut noop_writes = 0;
     let mut timed = |r: &Reconciler| {
-        let (t, cpu) = (Instant::now(), process_cpu());
+        let (t, cpu) = (Instant::now(), qoslet_tests::process_cpu());
         let report = r.reconcile(&desired);
         noop_writes = noop_writes.max(report.writes_issued() + report.created.len());
-        (t.elapsed(), process_cpu() - cpu)
+        (t.elapsed(), qoslet_tests::process_cpu() - cpu)
     };
     // The first pass after scratch re-reads what scratch wrote (its own writes raise events).
     let settle = timed(&reconciler);
     let full = Passes::measure(runs, || timed(&full_reader));
     let feed = Passes::measure(runs, || timed(&reconciler));
     let targets = OomTargets::new(reconciler.fs(), &desired);
-    let (t, cpu) = (Instant::now(), process_cpu());
+    let (t, cpu) = (Instant::now(), qoslet_tests::process_cpu());
     let oom = scan_oom_scores(reconciler.fs(), &targets, Mode::Enforce);
-    let (oom_time, oom_cpu) = (t.elapsed(), process_cpu() - cpu);
+    let (oom_time, oom_cpu) = (t.elapsed(), qoslet_tests::process_cpu() - cpu);
 
     println!("## cgroup reconcile, {PODS} pods ({:?} cgroups)", layout());
     println!();

@@ -112,7 +112,7 @@ fn strategic(target: &mut Value, patch: &Value) {
                 target.insert(key.clone(), strip_directives(value));
             }
             (Value::Object(_), _) => {
-                strategic(target.entry(key.clone()).or_insert(Value::Null), value)
+                strategic(target.entry(key.clone()).or_insert(Value::Null), value);
             }
             _ => {
                 target.insert(key.clone(), value.clone());

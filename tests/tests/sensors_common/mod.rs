@@ -1,7 +1,10 @@
 //! Shared by the `sensors_*` tests: one test cgroup per hierarchy the test needs, the facade
 //! started with an event collector, and a busy or score-writing child process.
 
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of these helpers"
+)]
 
 use std::{
     io::Write as _,
@@ -211,11 +214,7 @@ impl Script {
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(0, &mut set);
-            let rc = libc::sched_setaffinity(
-                self.pid() as i32,
-                std::mem::size_of::<libc::cpu_set_t>(),
-                &set,
-            );
+            let rc = libc::sched_setaffinity(self.pid() as i32, size_of::<libc::cpu_set_t>(), &set);
             assert_eq!(rc, 0, "sched_setaffinity");
         }
     }

@@ -115,7 +115,7 @@ fn newest_cached(series: &str, cache: &Path) -> Result<Option<String>> {
         return Ok(None);
     };
     let names: Vec<String> = entries
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .filter(|e| e.path().join("vmlinuz").is_file())
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();

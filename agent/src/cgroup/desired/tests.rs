@@ -56,7 +56,7 @@ fn naming(driver: CgroupDriver, runtime: ContainerRuntime, node_root: &str) -> N
         runtime,
         node_root: CgroupPath::parse(node_root).unwrap(),
         create_containers: true,
-        owner: crate::cgroup::desired::Owner::Qoslet,
+        owner: Owner::Qoslet,
     }
 }
 

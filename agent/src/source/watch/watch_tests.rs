@@ -144,7 +144,7 @@ async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
     w.reload().unwrap();
     // Half-written: invalid YAML for a while.
     fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n").unwrap();
-    let broke = std::time::Instant::now();
+    let broke = Instant::now();
     let d = next(&mut w).await.unwrap();
     assert!(d.pods_removed.is_empty(), "{d:?}");
     assert_eq!(names(&w), ["a"]);
@@ -159,7 +159,7 @@ async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
     assert!(broke.elapsed() < grace, "the test machine was too slow");
     // Broken for good: removed once the grace period is over, without another event.
     fs::write(&file, "kind: [").unwrap();
-    let broke = std::time::Instant::now();
+    let broke = Instant::now();
     let d = next(&mut w).await.unwrap();
     assert!(d.pods_removed.is_empty(), "{d:?}");
     let d = next(&mut w).await.unwrap();

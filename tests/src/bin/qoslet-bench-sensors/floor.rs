@@ -81,7 +81,7 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
-            attr as *mut T as *mut libc::c_void,
+            (attr as *mut T).cast::<libc::c_void>(),
             size_of::<T>() as libc::c_uint,
         )
     };

@@ -74,15 +74,6 @@ fn stress(duration: Duration) {
     println!("{rounds}");
 }
 
-/// The process's user+system CPU time.
-fn self_cpu() -> Duration {
-    // SAFETY: getrusage fills the struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 struct Cgroup(PathBuf);
 
 impl Drop for Cgroup {
@@ -144,7 +135,7 @@ async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) ->
     };
     let before_costs = sensors.program_costs();
     let before_floor = floor_cost();
-    let before_cpu = self_cpu();
+    let before_cpu = qoslet_tests::process_cpu();
     let start = Instant::now();
     let children: Vec<_> = cgroups
         .iter()
@@ -179,7 +170,7 @@ async fn phase(sensors: &Sensors, cgroups: &[&Cgroup], floor: Option<&Floor>) ->
         wall,
         costs: delta(&before_costs, &sensors.program_costs()),
         floor: delta(&before_floor, &floor_cost()).pop(),
-        agent_cpu: self_cpu() - before_cpu,
+        agent_cpu: qoslet_tests::process_cpu() - before_cpu,
         rounds: out,
     }
 }
@@ -237,7 +228,7 @@ async fn bench() {
         watch(&sensors, &dir);
         cgroups.push(Cgroup(dir));
     }
-    let busy = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
+    let busy = 2 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let unwatched: Vec<Cgroup> = (0..busy)
         .map(|i| {
             let dir = top.0.join(format!("unwatched{i}"));
