@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod eviction;
+pub mod inotify;
 pub mod node;
 pub mod policy;
 pub mod runtime;

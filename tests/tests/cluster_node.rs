@@ -400,22 +400,26 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     .await;
     // The kubelet's files are compared, never written: kubepods keeps the value the "kubelet"
     // (this test) left, and the difference is counted as drift.
-    let kubepods_shares = s
-        .root
-        .read(Tree::V1(Controller::Cpu), "kubepods", "cpu.shares");
+    // A new cgroup's CPU weight is the kernel's default; the plan wants kubepods' weight from
+    // the node's 2 CPUs (2048 shares), which differs.
+    let (tree, file, kernel_default) =
+        if s.root.mounts.trees.contains_key(&Tree::V1(Controller::Cpu)) {
+            (Tree::V1(Controller::Cpu), "cpu.shares", "1024")
+        } else {
+            (Tree::V2, "cpu.weight", "100")
+        };
+    let kubepods_weight = s.root.read(tree, "kubepods", file);
     let m = http_get(metrics, "/metrics").unwrap_or_default();
     let drift = m
         .lines()
         .find(|l| l.starts_with("qoslet_cgroup_drift_total "))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(0.0);
-    if s.root.mounts.trees.contains_key(&Tree::V1(Controller::Cpu)) {
-        assert_eq!(
-            kubepods_shares, "1024",
-            "qoslet wrote the kubelet's cpu.shares"
-        );
-        assert!(drift > 0.0, "drift not counted: {m}");
-    }
+    assert_eq!(
+        kubepods_weight, kernel_default,
+        "qoslet wrote the kubelet's {file}"
+    );
+    assert!(drift > 0.0, "drift not counted: {m}");
     let ready = http_get(metrics, "/readyz").unwrap_or_default();
     assert!(ready.contains("api: ready: watches: "), "{ready}");
     wait_for("the lease", || {

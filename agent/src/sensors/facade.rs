@@ -25,7 +25,7 @@ use super::{
     event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
     kernel_log,
     kmaps::ProgramCost,
-    memory_events::MemoryEventsWatch,
+    memory_events::{MemoryEventsWatch, MemoryNotifier, Notified},
     owners::CgroupOwners,
     psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
@@ -43,8 +43,12 @@ pub struct SensorsConfig {
     /// `ebpf.kernelDiagnostics`: the programs log their rare paths into the agent's log (target
     /// `qoslet::kernel`).
     pub kernel_diagnostics: bool,
-    /// Period of the memory.events poller and of the score check without a kernel hook.
+    /// Period of the score check without a kernel hook, of the memory.events reads while a v1
+    /// OOM is followed, and of every memory.events read where the kernel cannot notify.
     pub poll_interval: Duration,
+    /// Period at which every watched cgroup's memory.events is read even without a
+    /// notification (v1 `memory.failcnt` notifies nothing).
+    pub memory_events_resync: Duration,
     /// PSI trigger: stall per window.
     pub psi_stall: Duration,
     pub psi_window: Duration,
@@ -58,6 +62,8 @@ impl Default for SensorsConfig {
             prefer_btf: true,
             kernel_diagnostics: false,
             poll_interval: Duration::from_millis(100),
+            // The kubelet's statistics period.
+            memory_events_resync: Duration::from_secs(10),
             psi_stall: Duration::from_millis(150),
             psi_window: Duration::from_secs(1),
         }
@@ -137,6 +143,8 @@ pub struct SensorCounters {
 struct WatchState {
     cgroups: HashMap<u64, WatchedCgroup>,
     polled: HashMap<u64, MemoryEventsWatch>,
+    /// The polled cgroup of each inotify watch.
+    polled_by_wd: HashMap<nix::sys::inotify::WatchDescriptor, u64>,
     psi: HashMap<u64, JoinHandle<()>>,
 }
 
@@ -150,6 +158,9 @@ struct Shared {
     config: SensorsConfig,
     /// Which fallbacks the poller runs.
     poll_memory_events: bool,
+    /// Notifications of counter changes for the memory.events fallback; without them (an
+    /// inotify or eventfd the kernel refused) the counters are read every `poll_interval`.
+    memory_notifier: Option<MemoryNotifier>,
     poll_scores: bool,
     /// CPU figures come from the cgroup files, not the scheduler programs.
     cpu_from_files: bool,
@@ -252,6 +263,15 @@ impl Sensors {
             tx,
             config,
             poll_memory_events,
+            memory_notifier: poll_memory_events
+                .then(|| {
+                    MemoryNotifier::new()
+                        .inspect_err(|e| {
+                            warn!(error = %e, "No memory.events notifications; the counters are read on a timer.");
+                        })
+                        .ok()
+                })
+                .flatten(),
             poll_scores,
             cpu_from_files,
             scan_removed,
@@ -268,6 +288,9 @@ impl Sensors {
             tasks.push(tokio::spawn(kernel_log.run()));
         }
         tasks.push(tokio::spawn(poller(shared.clone())));
+        if shared.poll_memory_events {
+            tasks.push(tokio::spawn(memory_events_task(shared.clone())));
+        }
         if Path::new(SYSTEM_MEMORY_PRESSURE).exists() {
             tasks.push(tokio::spawn(psi_task(
                 shared.clone(),
@@ -453,6 +476,36 @@ pub(super) fn decide(outcomes: &[(&'static Sensor, Outcome)], psi: bool) -> Vec<
 }
 
 impl Shared {
+    /// Appends the counter deltas of the watches `read` names.
+    fn read_memory_events(&self, read: &MemoryRead, out: &mut Vec<SensorEvent>) {
+        let boot_ns = boot_ns();
+        let mut w = lock(&self.watch);
+        let WatchState {
+            polled,
+            polled_by_wd,
+            ..
+        } = &mut *w;
+        let mut poll = |m: &mut MemoryEventsWatch| {
+            if let Err(e) = m.poll(boot_ns, out) {
+                self.counters
+                    .memory_events_read_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(path = %m.dir.display(), error = %e, "Memory events unreadable (cgroup removed?).");
+            }
+        };
+        match read {
+            MemoryRead::All => polled.values_mut().for_each(poll),
+            MemoryRead::V1 => polled.values_mut().filter(|m| m.is_v1()).for_each(poll),
+            MemoryRead::Files(wds) => {
+                for wd in wds {
+                    if let Some(m) = polled_by_wd.get(wd).and_then(|id| polled.get_mut(id)) {
+                        poll(m);
+                    }
+                }
+            }
+        }
+    }
+
     fn watch_cgroup(self: &Arc<Self>, cgroup: WatchedCgroup) {
         if let Some(e) = lock(&self.ebpf).as_mut()
             && let Err(err) = e.watch_cgroup(cgroup.id)
@@ -467,8 +520,19 @@ impl Shared {
             && let Some(dir) = &cgroup.memory_dir
         {
             match MemoryEventsWatch::new(dir.clone()) {
-                Ok(m) => {
-                    w.polled.insert(cgroup.id, m);
+                Ok(mut m) => {
+                    if let Some(n) = &self.memory_notifier
+                        && let Err(e) = n.register(&mut m)
+                    {
+                        // The resync still reads it.
+                        warn!(path = %dir.display(), error = %e, "Could not ask for memory.events notifications of a cgroup.");
+                    }
+                    if let Some(wd) = m.notify_wd {
+                        w.polled_by_wd.insert(wd, cgroup.id);
+                    }
+                    if let Some(old) = w.polled.insert(cgroup.id, m) {
+                        self.unregister_memory_events(&mut w, &old);
+                    }
                 }
                 Err(e) => {
                     self.counters
@@ -520,12 +584,23 @@ impl Shared {
         self.forget(id);
     }
 
+    fn unregister_memory_events(&self, w: &mut WatchState, watch: &MemoryEventsWatch) {
+        if let Some(wd) = watch.notify_wd {
+            w.polled_by_wd.remove(&wd);
+        }
+        if let Some(n) = &self.memory_notifier {
+            n.unregister(watch);
+        }
+    }
+
     /// Drops every userspace entry of a cgroup (the kernel program drops its hash entries on
     /// rmdir).
     fn forget(&self, id: u64) {
         let mut w = lock(&self.watch);
         w.cgroups.remove(&id);
-        w.polled.remove(&id);
+        if let Some(old) = w.polled.remove(&id) {
+            self.unregister_memory_events(&mut w, &old);
+        }
         if let Some(t) = w.psi.remove(&id) {
             t.abort();
         }
@@ -612,33 +687,75 @@ async fn intake(shared: Arc<Shared>, mut reader: super::EventReader) {
     }
 }
 
-/// The polling fallbacks: memory.events deltas, expected scores of pids and removed cgroups.
+/// Which watched cgroups' memory.events to read.
+enum MemoryRead {
+    All,
+    Files(Vec<nix::sys::inotify::WatchDescriptor>),
+    V1,
+}
+
+/// How long after a v1 OOM notification the v1 cgroups are read every `poll_interval`: the
+/// kernel signals before its OOM killer runs, so the kill's count comes later.
+const V1_OOM_FOLLOW_UP: Duration = Duration::from_secs(2);
+
+/// The memory.events fallback: reads a cgroup's counters when the kernel says they changed,
+/// every cgroup's at the resync, and every `poll_interval` where there are no notifications.
+async fn memory_events_task(shared: Arc<Shared>) {
+    let notifier = shared.memory_notifier.as_ref();
+    let mut resync = tokio::time::interval(if notifier.is_some() {
+        shared.config.memory_events_resync
+    } else {
+        shared.config.poll_interval
+    });
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut follow_up = tokio::time::interval(shared.config.poll_interval);
+    let mut follow_up_until = None::<tokio::time::Instant>;
+    let mut out = Vec::new();
+    loop {
+        let following = follow_up_until.is_some_and(|t| tokio::time::Instant::now() < t);
+        let read = tokio::select! {
+            n = async { notifier.expect("guarded").next().await }, if notifier.is_some() => match n {
+                Ok(Notified::Files(wds)) => MemoryRead::Files(wds),
+                Ok(Notified::V1Oom) => {
+                    follow_up_until = Some(tokio::time::Instant::now() + V1_OOM_FOLLOW_UP);
+                    follow_up.reset();
+                    MemoryRead::V1
+                }
+                Err(e) => {
+                    warn!(error = %e, "memory.events notification failed; the resync remains.");
+                    tokio::time::sleep(shared.config.memory_events_resync).await;
+                    continue;
+                }
+            },
+            _ = resync.tick() => MemoryRead::All,
+            _ = follow_up.tick(), if following => MemoryRead::V1,
+        };
+        shared.read_memory_events(&read, &mut out);
+        for e in out.drain(..) {
+            if shared.tx.send(e).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The polling fallbacks: expected scores of pids and removed cgroups.
 async fn poller(shared: Arc<Shared>) {
-    if !shared.poll_memory_events && !shared.poll_scores && !shared.scan_removed {
+    if !shared.poll_scores && !shared.scan_removed {
         return;
     }
-    let mut tick = tokio::time::interval(shared.config.poll_interval);
+    let mut tick = tokio::time::interval(if shared.poll_scores {
+        shared.config.poll_interval
+    } else {
+        REMOVED_SCAN_PERIOD
+    });
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut out = Vec::new();
     let mut last_scan = tokio::time::Instant::now();
     loop {
         tick.tick().await;
         if shared.scan_removed && last_scan.elapsed() >= REMOVED_SCAN_PERIOD {
             last_scan = tokio::time::Instant::now();
             shared.unwatch_removed();
-        }
-        let boot_ns = boot_ns();
-        {
-            let mut w = lock(&shared.watch);
-            for m in w.polled.values_mut() {
-                if let Err(e) = m.poll(boot_ns, &mut out) {
-                    shared
-                        .counters
-                        .memory_events_read_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(path = %m.dir.display(), error = %e, "Memory events unreadable (cgroup removed?).");
-                }
-            }
         }
         if shared.poll_scores {
             let expected: Vec<(u32, i32)> = lock(&shared.scores).pids().collect();
@@ -650,10 +767,8 @@ async fn poller(shared: Arc<Shared>) {
                 }
             }
         }
-        for e in out.drain(..) {
-            if shared.tx.send(e).await.is_err() {
-                return;
-            }
+        if shared.tx.is_closed() {
+            return;
         }
     }
 }

@@ -7,7 +7,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io,
-    os::fd::{AsFd as _, AsRawFd, RawFd},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -15,7 +14,9 @@ use std::{
 use k8s_openapi::api::core::v1 as core;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use thiserror::Error;
-use tokio::io::{Interest, unix::AsyncFd};
+use tokio::io::unix::AsyncFd;
+
+use crate::inotify::InotifyFd;
 
 use super::{
     admit::{Admitted, admit, unique_uids},
@@ -360,15 +361,6 @@ pub const PARSE_GRACE: Duration = Duration::from_secs(30);
 /// long the burst lasts.
 const MAX_SETTLE: Duration = Duration::from_secs(2);
 
-/// The inotify descriptor, readable through tokio.
-struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// Events on the directory itself and on its manifest files.
 const DIR_EVENTS: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_DELETE)
@@ -439,10 +431,7 @@ impl ManifestWatch {
         let dir_wd = inotify
             .add_watch(dir, DIR_EVENTS)
             .map_err(|e| watch_err(e.into()))?;
-        // SAFETY: `InotifyFd` owns the descriptor and always returns it; it stays open until
-        // the AsyncFd is dropped.
-        let fd = unsafe { AsyncFd::register_with_interest(InotifyFd(inotify), Interest::READABLE) }
-            .map_err(|e| watch_err(e.into()))?;
+        let fd = crate::inotify::register(inotify).map_err(watch_err)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             fd,

@@ -10,8 +10,8 @@ const CA_PEM: &[u8] = include_bytes!("ca.pem");
 /// The user has no credentials: the fake does not authenticate.
 pub fn kubeconfig(url: &str, namespace: &str) -> String {
     // ByteString serialises as a quoted base64 string, the form of `certificate-authority-data`.
-    let ca = serde_json::to_string(&k8s_openapi::ByteString(CA_PEM.to_vec()))
-        .expect("bytes serialise");
+    let ca =
+        serde_json::to_string(&k8s_openapi::ByteString(CA_PEM.to_vec())).expect("bytes serialise");
     format!(
         "apiVersion: v1
 kind: Config
