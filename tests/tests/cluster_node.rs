@@ -272,6 +272,20 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> Qoslet {
     Qoslet(Some(rt))
 }
 
+/// The shipped RBAC, compiled in (the test also runs in the VM, where the tree is not).
+const SHIPPED_RBAC: &str = include_str!("../../deploy/kubernetes/rbac.yaml");
+
+/// Every request qoslet made is one the shipped ClusterRole and Role allow: the fake does not
+/// authorize, a real API server answers 403.
+fn assert_rbac_allows(fake: &FakeApi) {
+    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), SHIPPED_RBAC)
+        .expect("deploy/kubernetes/rbac.yaml parses");
+    assert!(
+        denied.is_empty(),
+        "requests deploy/kubernetes/rbac.yaml does not allow: {denied:#?}"
+    );
+}
+
 fn count(log: &[RequestRecord], method: &str, path: &str, code: u16) -> usize {
     log.iter()
         .filter(|r| r.method == method && r.path == path && r.code == code)
@@ -320,7 +334,7 @@ async fn setup(driver: Driver, runtime: Runtime, limit_mib: u64, hard_mib: u64) 
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: kube-node-lease\n",
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n",
             root.name,
             work.path.join("state").display()
         ),
@@ -557,6 +571,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         .unwrap()
         .count();
     assert_eq!(left, 0, "delivered writes are removed");
+    assert_rbac_allows(&s.fake);
     qoslet.crash();
     let _ = web.kill();
     let _ = web.wait();
@@ -626,5 +641,6 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
             .any(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/ns/pods/m3/status"),
         "the other node's member is evicted through the API only"
     );
+    assert_rbac_allows(&s.fake);
     qoslet.crash();
 }

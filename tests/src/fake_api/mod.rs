@@ -63,6 +63,7 @@ mod kubeconfig;
 mod log;
 mod ops;
 mod patch;
+pub mod rbac;
 mod resources;
 mod seed;
 mod select;
