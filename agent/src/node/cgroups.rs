@@ -3,7 +3,11 @@
 //! cgroups during the run, everything it created at shutdown). Every path goes through
 //! [`CgroupFs`], beneath the node root.
 
-use std::{collections::BTreeSet, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::Instant,
+};
 
 use tracing::{info, warn};
 
@@ -17,6 +21,9 @@ use crate::cgroup::{
 /// itself narrowing a v1 cpuset when a CPU goes offline).
 const FULL_RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// Files whose last logged drift is remembered.
+const MAX_LOGGED_DRIFT: usize = 10_000;
+
 pub(super) struct NodeCgroups {
     reconciler: Reconciler,
     pub(super) naming: crate::cgroup::Naming,
@@ -25,6 +32,9 @@ pub(super) struct NodeCgroups {
     pub(super) targets: Option<OomTargets>,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
     pub(super) stale: BTreeSet<CgroupPath>,
+    /// The drift last logged, per file: a file the kubelet keeps at another value drifts on
+    /// every pass that reads it, and is logged again only when either value changes.
+    logged_drift: BTreeMap<(PathBuf, &'static str), (Option<String>, String)>,
 }
 
 impl NodeCgroups {
@@ -40,6 +50,7 @@ impl NodeCgroups {
             desired: DesiredState::default(),
             targets: None,
             stale: BTreeSet::new(),
+            logged_drift: BTreeMap::new(),
         }
     }
 
@@ -61,7 +72,12 @@ impl NodeCgroups {
     }
 
     /// Writes (or, observing, compares) the cgroup files and logs what went wrong.
-    pub(super) fn reconcile(&self, desired: &DesiredState, report: &Report) {
+    pub(super) fn reconcile(&mut self, desired: &DesiredState, report: &Report) {
+        // Removed pods' entries are never looked up again; a bound keeps them from piling up
+        // (at worst a drift still present is logged once more).
+        if self.logged_drift.len() > MAX_LOGGED_DRIFT {
+            self.logged_drift.clear();
+        }
         let started = Instant::now();
         let result = self.reconciler.reconcile(desired);
         report
@@ -74,7 +90,16 @@ impl NodeCgroups {
                     warn!(path = %w.path.display(), file = w.file, value = %w.new, result = ?w.result, "Cgroup write failed.");
                 }
                 WriteResult::Drift => {
-                    info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).");
+                    let values = (w.old.clone(), w.new.clone());
+                    let key = (w.path.clone(), w.file);
+                    if self.logged_drift.get(&key) != Some(&values) {
+                        info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).");
+                        self.logged_drift.insert(key, values);
+                    }
+                }
+                // Written now: a later drift of this file is news again.
+                WriteResult::Written => {
+                    self.logged_drift.remove(&(w.path.clone(), w.file));
                 }
                 _ => {}
             }

@@ -229,12 +229,13 @@ impl Drop for Tree0 {
 }
 
 fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
-    build_node_with(tree, None)
+    build_node_with(tree, None, Mode::Enforce)
 }
 
 fn build_node_with(
     tree: &Tree0,
     cpu_pressure: Option<CpuPressureConfig>,
+    mode: Mode,
 ) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     let mounts = Mounts {
         kind: LayoutKind::Unified,
@@ -265,7 +266,7 @@ fn build_node_with(
             owner: crate::cgroup::desired::Owner::Qoslet,
         },
         fs,
-        mode: Mode::Enforce,
+        mode,
         validation: ValidationOptions::default(),
         state: state.clone(),
         summary: CgroupSummary::new(Default::default()),
@@ -640,7 +641,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
         min_wakeups: 1,
         ..CpuPressureConfig::default()
     };
-    let (mut node, _, state) = build_node_with(&tree, Some(cfg));
+    let (mut node, _, state) = build_node_with(&tree, Some(cfg), Mode::Enforce);
     let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
     let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
     let pods = pod_set(
@@ -779,5 +780,76 @@ async fn without_the_controller_the_besteffort_tier_keeps_its_cpu_files() {
     assert_eq!(
         std::fs::read_to_string(tier.join("cpu.max")).unwrap(),
         "5000 100000"
+    );
+}
+
+/// A tracing subscriber's output, for tests of log lines.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuffer {
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .matches(needle)
+            .count()
+    }
+}
+
+#[test]
+fn a_steady_drift_is_logged_once_and_again_when_it_changes() {
+    let tree = Tree0::new("drift");
+    // The "kubelet's" kubepods, whose CPU weight differs from the plan's (4 CPUs: 4096 shares).
+    let weight = tree.0.join("kubepods/cpu.weight");
+    std::fs::create_dir_all(weight.parent().unwrap()).unwrap();
+    std::fs::write(&weight, "100\n").unwrap();
+    let (mut node, _, state) = build_node_with(&tree, None, Mode::Observe);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let line = "file=\"cpu.weight\" current=Some(\"100\")";
+    tracing::subscriber::with_default(subscriber, || {
+        node.pass(&PodSet::default(), &exec, &[], &sensors);
+        assert_eq!(logs.count(line), 1, "the first pass logs the drift");
+        // The "kubelet" writes the same value again: read again, drifting as before.
+        std::fs::write(&weight, "100\n").unwrap();
+        node.pass(&PodSet::default(), &exec, &[], &sensors);
+        std::fs::write(&weight, "100\n").unwrap();
+        node.pass(&PodSet::default(), &exec, &[], &sensors);
+        assert_eq!(
+            logs.count(line),
+            1,
+            "an unchanged drift is not logged again"
+        );
+        std::fs::write(&weight, "200\n").unwrap();
+        node.pass(&PodSet::default(), &exec, &[], &sensors);
+        assert_eq!(
+            logs.count("file=\"cpu.weight\" current=Some(\"200\")"),
+            1,
+            "a changed drift is logged"
+        );
+    });
+    assert_eq!(
+        std::fs::read_to_string(&weight).unwrap(),
+        "200\n",
+        "observe mode wrote nothing"
+    );
+    assert!(
+        metric(&state, "qoslet_cgroup_drift_total") >= 3.0,
+        "every drift is still counted"
     );
 }
