@@ -474,12 +474,52 @@ pub fn process_cpu() -> Duration {
     tv(ru.user_time()) + tv(ru.system_time())
 }
 
+/// A free loopback port (free when asked; another process may take it before it is used).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+/// The body of `GET path` from a plain HTTP/1.1 server; `None` on any failure.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+/// utime + stime of a process, in clock ticks (USER_HZ, 100 on Linux).
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// A `/proc/PID/status` value in KiB (`key` as "VmRSS:").
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 pub fn online_cpus() -> u32 {
     thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
 pub mod eviction;
 pub mod fake_api;
+pub mod kubelet_tree;
 pub use eviction::*;
 
 /// How long a runtime test waits for a pod to reach a state.

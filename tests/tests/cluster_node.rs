@@ -10,8 +10,7 @@
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -26,175 +25,15 @@ use qoslet::{
 use qoslet_tests::{
     Hog, NodeRoot, TempDir,
     fake_api::{FakeApi, Options, Outage, RequestRecord},
+    free_port, http_get,
+    kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
     require_root,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 const NODE: &str = "node-a";
 const MIB: u64 = 1 << 20;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Driver {
-    Cgroupfs,
-    Systemd,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Runtime {
-    Containerd,
-    CriO,
-}
-
-/// A pod as the kubelet and the runtime would have made it.
-struct KPod {
-    name: &'static str,
-    /// Assigned by the API server when the pod is created.
-    uid: String,
-    qos: &'static str,
-    id: String,
-    group: Option<&'static str>,
-}
-
-impl KPod {
-    fn new(name: &'static str, uid: &'static str, qos: &'static str) -> Self {
-        let id = format!("{:0>64}", uid.replace('-', ""));
-        Self {
-            name,
-            uid: uid.into(),
-            qos,
-            id,
-            group: None,
-        }
-    }
-
-    /// The container cgroup below the node root, as the kubelet and the runtime name it.
-    fn container_cgroup(&self, driver: Driver, runtime: Runtime) -> String {
-        let tier = match self.qos {
-            "Guaranteed" => None,
-            "Burstable" => Some("burstable"),
-            _ => Some("besteffort"),
-        };
-        let pod = match driver {
-            Driver::Cgroupfs => {
-                let mut p = "kubepods".to_owned();
-                if let Some(t) = tier {
-                    p.push('/');
-                    p.push_str(t);
-                }
-                format!("{p}/pod{}", self.uid)
-            }
-            Driver::Systemd => {
-                let uid = self.uid.replace('-', "_");
-                match tier {
-                    Some(t) => {
-                        format!("kubepods.slice/kubepods-{t}.slice/kubepods-{t}-pod{uid}.slice")
-                    }
-                    None => format!("kubepods.slice/kubepods-pod{uid}.slice"),
-                }
-            }
-        };
-        let ctr = match (driver, runtime) {
-            (Driver::Systemd, Runtime::Containerd) => format!("cri-containerd-{}.scope", self.id),
-            (Driver::Systemd, Runtime::CriO) => format!("crio-{}.scope", self.id),
-            (Driver::Cgroupfs, Runtime::CriO) => format!("crio-{}", self.id),
-            (Driver::Cgroupfs, Runtime::Containerd) => self.id.clone(),
-        };
-        format!("{pod}/{ctr}")
-    }
-
-    fn object(&self, runtime: Runtime, node: &str) -> Value {
-        let scheme = match runtime {
-            Runtime::Containerd => "containerd",
-            Runtime::CriO => "cri-o",
-        };
-        let resources = match self.qos {
-            "Burstable" => json!({"requests": {"memory": "16Mi"}}),
-            _ => json!({}),
-        };
-        let mut spec = json!({"nodeName": node, "containers": [{"name": "c", "image": "busybox", "resources": resources}]});
-        if let Some(g) = self.group {
-            spec["schedulingGroup"] = json!({"podGroupName": g});
-        }
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": self.name, "namespace": "ns", "uid": self.uid},
-            "spec": spec,
-            "status": {"phase": "Running", "qosClass": self.qos, "containerStatuses": [{
-                "name": "c", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
-                "containerID": format!("{scheme}://{}", self.id),
-                "state": {"running": {"startedAt": "2026-11-30T10:00:00Z"}}}]},
-        })
-    }
-}
-
-/// Creates `rel` below the node root in every hierarchy (v1 cpusets get their parent's CPUs;
-/// on pure v2 the parents pass memory, cpu and pids down) and returns the directories.
-fn make_cgroup(root: &NodeRoot, rel: &str) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for tree in root.mounts.trees.keys().copied() {
-        let mut path = root.path(tree, "");
-        for c in rel.split('/') {
-            if tree == Tree::V2 {
-                let available = fs::read_to_string(path.join("cgroup.controllers")).unwrap();
-                let want: Vec<String> = ["cpu", "memory", "pids"]
-                    .iter()
-                    .filter(|k| available.split_whitespace().any(|a| a == **k))
-                    .map(|k| format!("+{k}"))
-                    .collect();
-                let _ = fs::write(path.join("cgroup.subtree_control"), want.join(" "));
-            }
-            path = path.join(c);
-            if !path.exists() {
-                fs::create_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                if tree == Tree::V1(Controller::Cpuset) {
-                    for f in ["cpuset.cpus", "cpuset.mems"] {
-                        let v = fs::read_to_string(path.parent().unwrap().join(f)).unwrap();
-                        fs::write(path.join(f), v.trim()).unwrap();
-                    }
-                }
-            }
-        }
-        dirs.push(path);
-    }
-    dirs
-}
-
-/// Creates the pod in the fake and takes the UID it was given.
-fn create(fake: &FakeApi, p: &mut KPod, runtime: Runtime, node: &str) {
-    let created = fake
-        .create_json(p.object(runtime, node))
-        .expect("creating the pod");
-    p.uid = created["metadata"]["uid"].as_str().unwrap().to_owned();
-}
-
-fn join(dirs: &[PathBuf], pid: u32) {
-    for d in dirs {
-        fs::write(d.join("cgroup.procs"), pid.to_string())
-            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", d.display()));
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
 
 async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;

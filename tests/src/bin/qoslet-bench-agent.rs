@@ -9,6 +9,7 @@
 //!   tracing slows the traced process). Targets: under 1 % of a core at 110 pods, under 3 % at
 //!   500; the kubelet's own stats loop runs every 10 s.
 
+use qoslet_tests::{cpu_ticks, status_kib};
 use std::{
     fs,
     net::TcpListener,
@@ -17,14 +18,6 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
-
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
 
 fn main() {
     example_memory();
@@ -52,14 +45,6 @@ struct SteadyState {
     rss_kib: u64,
     syscalls_per_s: f64,
     opens_per_s: f64,
-}
-
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// Runs qoslet with `n` idle pods until they all run, then measures.

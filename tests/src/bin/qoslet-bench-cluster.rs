@@ -1,0 +1,321 @@
+//! Cluster mode's cost, release build: `qoslet run --kube` against the fake API server
+//! (`qoslet_tests::fake_api`, an in-process stand-in that speaks the API server's wire protocol
+//! on loopback: no API server can be installed here) with 110 pods on a kubelet-shaped cgroupfs
+//! / containerd tree below a unique node root (one `sleep` each, 20 of them in gangs), and 5,000
+//! Workload-API objects (2,500 Workloads, 2,500 PodGroups) in the fake.
+//!
+//! Measured: the agent's CPU (utime + stime over 30 s, share of one core) and VmRSS at steady
+//! state; the API requests it makes per minute in that window, by verb; and the time from a pod
+//! appearing in the API (its cgroups already made, as the kubelet does before the pod runs) to
+//! qoslet exporting its per-pod metrics, which it does once a pass has found the pod's cgroups
+//! and put them under its sensors' watch.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use qoslet::cgroup::{Tree, layout::Controller};
+use qoslet_tests::{
+    NodeRoot, TempDir, cpu_ticks,
+    fake_api::{FakeApi, Options},
+    free_port, http_get,
+    kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
+    require_root, status_kib,
+};
+use serde_json::json;
+
+const NODE: &str = "bench-node";
+const PODS: usize = 110;
+const GANG_PODS: usize = 20;
+const WORKLOAD_OBJECTS: usize = 5_000;
+const NEW_POD_SAMPLES: usize = 5;
+
+fn main() {
+    require_root();
+    let rt = tokio::runtime::Runtime::new().expect("a runtime for the fake");
+    match rt.block_on(measure()) {
+        Ok(report) => print!("{report}"),
+        Err(e) => {
+            println!("## qoslet cluster mode (fake API server)\n\nfailed: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn measure() -> Result<String, String> {
+    let fake = FakeApi::start(Options::default())
+        .await
+        .map_err(|e| format!("fake API: {e}"))?;
+    let root = NodeRoot::create();
+    let limit = (8u64 << 30).to_string();
+    if root.mounts.trees.contains_key(&Tree::V2) {
+        fs::write(root.path(Tree::V2, "").join("memory.max"), &limit)
+    } else {
+        fs::write(
+            root.path(Tree::V1(Controller::Memory), "")
+                .join("memory.limit_in_bytes"),
+            &limit,
+        )
+    }
+    .map_err(|e| format!("node root memory limit: {e}"))?;
+    fake.seed([json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE},
+        "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.1.0", "machineID": "",
+            "systemUUID": "", "bootID": "", "kernelVersion": "", "osImage": "",
+            "kubeletVersion": "v1.37.0", "kubeProxyVersion": "", "operatingSystem": "linux",
+            "architecture": "amd64"}},
+    })])
+    .map_err(|e| e.to_string())?;
+    fake.seed(workload_objects()).map_err(|e| e.to_string())?;
+
+    let mut sleepers = Sleepers(Vec::new());
+    for i in 0..PODS {
+        let mut pod = KPod::new(
+            format!("idle-{i}"),
+            &format!("00000000-0000-0000-0000-{i:012}"),
+            if i % 2 == 0 {
+                "BestEffort"
+            } else {
+                "Burstable"
+            },
+        );
+        if i < GANG_PODS {
+            pod.group = Some(GANG_NAMES[i / 2]);
+        }
+        add_pod(&fake, &root, &mut pod, &mut sleepers)?;
+    }
+
+    let work = TempDir::new();
+    let kubeconfig = work.path.join("kubeconfig");
+    fake.write_kubeconfig(&kubeconfig)
+        .map_err(|e| e.to_string())?;
+    let kubelet = work.path.join("kubelet.yaml");
+    fs::write(
+        &kubelet,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let config = work.path.join("qoslet.yaml");
+    // The shipped ConfigMap's housekeeping (1 s); capacity from the node root's limit.
+    fs::write(
+        &config,
+        format!(
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 1s\nleaseNamespace: qoslet-system\ngangAwareEviction: true\n",
+            root.name,
+            work.path.join("state").display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let qoslet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/qoslet");
+    let child = Command::new(&qoslet)
+        .args(["run", "--kube", "--node-name", NODE])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--kubelet-config")
+        .arg(&kubelet)
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            fs::File::create(work.path.join("qoslet.log")).map_err(|e| e.to_string())?,
+        ))
+        .spawn()
+        .map_err(|e| format!("{}: {e}", qoslet.display()))?;
+    let agent = Agent(child);
+    let pid = agent.0.id();
+
+    let started = Instant::now();
+    wait_until(Duration::from_secs(120), || pods_exported(metrics) >= PODS).map_err(|()| {
+        format!(
+            "only {} of {PODS} pods exported after 120 s (log: {})",
+            pods_exported(metrics),
+            work.path.join("qoslet.log").display()
+        )
+    })?;
+    let all_found = started.elapsed();
+    // Start-up settles: the first statistics samples, the first full reconcile, the lease.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let window = Duration::from_secs(30);
+    let before = fake.requests().len();
+    let c0 = cpu_ticks(pid).ok_or("no /proc stat")?;
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let c1 = cpu_ticks(pid).ok_or("no /proc stat")?;
+    let elapsed = t0.elapsed();
+    let requests = fake.requests();
+    let rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+    let cpu_pct = (c1 - c0) as f64 / 100.0 / elapsed.as_secs_f64() * 100.0;
+    let per_minute = 60.0 / elapsed.as_secs_f64();
+    let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &requests[before..] {
+        let what = if r.path.contains("/leases") {
+            format!("{} lease", r.method)
+        } else {
+            format!("{} {}", r.method, r.path.rsplit('/').next().unwrap_or(""))
+        };
+        *by_verb.entry(what).or_default() += 1;
+    }
+    let steady_requests = requests.len() - before;
+
+    // New pods: cgroups and process first, then the pod in the API, then wait for its metrics.
+    let mut appear = Vec::new();
+    for i in 0..NEW_POD_SAMPLES {
+        let name = format!("new-{i}");
+        let mut pod = KPod::new(
+            name.clone(),
+            &format!("11111111-0000-0000-0000-{i:012}"),
+            "BestEffort",
+        );
+        let dirs = make_cgroup(
+            &root,
+            &pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+        );
+        let s = sleeper()?;
+        join(&dirs, s.id());
+        sleepers.0.push(s);
+        let t = Instant::now();
+        create(&fake, &mut pod, Runtime::Containerd, NODE);
+        let needle = format!("pod=\"{name}\"");
+        wait_until(Duration::from_secs(30), || {
+            http_get(metrics, "/metrics").is_some_and(|m| m.contains(&needle))
+        })
+        .map_err(|()| format!("{name} was not exported within 30 s"))?;
+        appear.push(t.elapsed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    appear.sort();
+    drop(agent);
+
+    let mut out = String::new();
+    out.push_str("## qoslet cluster mode (fake API server on loopback, release build)\n\n");
+    out.push_str(&format!(
+        "{PODS} pods ({GANG_PODS} in gangs) on a cgroupfs/containerd tree, {WORKLOAD_OBJECTS} Workload-API objects in the fake, housekeeping 1 s; every pod exported {:.1} s after start.\n\n",
+        all_found.as_secs_f64()
+    ));
+    out.push_str("| CPU (% of a core) | VmRSS | API requests/min | new pod in the API → its metrics (median, max of 5) |\n|---:|---:|---:|---:|\n");
+    out.push_str(&format!(
+        "| {cpu_pct:.2} | {:.1} MiB | {:.1} | {} ms, {} ms |\n\n",
+        rss_kib as f64 / 1024.0,
+        steady_requests as f64 * per_minute,
+        appear[appear.len() / 2].as_millis(),
+        appear[appear.len() - 1].as_millis(),
+    ));
+    out.push_str(
+        "Requests in the steady window, per minute:\n\n| request | per minute |\n|---|---:|\n",
+    );
+    for (what, n) in by_verb {
+        out.push_str(&format!("| {what} | {:.1} |\n", n as f64 * per_minute));
+    }
+    drop(sleepers);
+    drop(root);
+    Ok(out)
+}
+
+/// Ten gangs of two among the node's pods; their PodGroups are part of the 5,000 objects.
+const GANG_NAMES: [&str; 10] = [
+    "gang-0", "gang-1", "gang-2", "gang-3", "gang-4", "gang-5", "gang-6", "gang-7", "gang-8",
+    "gang-9",
+];
+
+/// Half Workloads, half PodGroups; the first ten PodGroups are the node's gangs, the rest
+/// belong to other nodes' pods, as in a large cluster.
+fn workload_objects() -> Vec<serde_json::Value> {
+    let mut objects = Vec::with_capacity(WORKLOAD_OBJECTS);
+    for i in 0..WORKLOAD_OBJECTS / 2 {
+        let workload = format!("wl-{i}");
+        let group = GANG_NAMES
+            .get(i)
+            .map_or_else(|| format!("pg-{i}"), |g| (*g).to_owned());
+        objects.push(json!({
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": workload, "namespace": "ns"},
+            "spec": {"controllerRef": {"apiGroup": "batch", "kind": "Job", "name": workload},
+                "podGroupTemplates": [{"name": "workers", "schedulingPolicy": {"gang": {"minCount": 2}}}]},
+        }));
+        objects.push(json!({
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": group, "namespace": "ns"},
+            "spec": {"workloadRef": {"workloadName": workload, "templateName": "workers"},
+                "schedulingPolicy": {"gang": {"minCount": 2}}},
+        }));
+    }
+    objects
+}
+
+fn add_pod(
+    fake: &FakeApi,
+    root: &NodeRoot,
+    pod: &mut KPod,
+    sleepers: &mut Sleepers,
+) -> Result<(), String> {
+    create(fake, pod, Runtime::Containerd, NODE);
+    let dirs = make_cgroup(
+        root,
+        &pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+    );
+    let s = sleeper()?;
+    join(&dirs, s.id());
+    sleepers.0.push(s);
+    Ok(())
+}
+
+fn sleeper() -> Result<Child, String> {
+    Command::new("sleep")
+        .arg("3600")
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("sleep: {e}"))
+}
+
+/// The pods' processes, killed however the bench ends (before the node root is removed).
+struct Sleepers(Vec<Child>);
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The agent, stopped with SIGTERM (and waited for) however the bench ends.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn pods_exported(metrics: SocketAddr) -> usize {
+    http_get(metrics, "/metrics").map_or(0, |m| {
+        m.lines()
+            .filter(|l| l.starts_with("qoslet_pod_info{"))
+            .count()
+    })
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<(), ()> {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            return Err(());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
