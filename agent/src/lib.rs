@@ -9,6 +9,8 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod eviction;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inotify;
 pub mod node;
 pub mod policy;
