@@ -320,7 +320,9 @@ mod tests {
     #[test]
     fn the_v2_root_reads_meminfo_and_vmstat_and_a_child_does_not() {
         assert_eq!(
-            meminfo_usage_of("MemTotal:       1000 kB\nMemFree:         200 kB\nMemAvailable: 500 kB\n"),
+            meminfo_usage_of(
+                "MemTotal:       1000 kB\nMemFree:         200 kB\nMemAvailable: 500 kB\n"
+            ),
             Some(800 * 1024)
         );
         assert_eq!(meminfo_usage_of("MemFree: 1 kB\n"), None);

@@ -118,9 +118,11 @@ pub fn spawn_watcher(
 ) -> Result<JoinHandle<()>, WatchError> {
     let notifier = match &cfg.node_root {
         MemoryCgroup::V1(dir) => Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?),
-        MemoryCgroup::V2(dir) if cfg.poll.is_some()
-            && dir.join("cgroup.procs").exists()
-            && !dir.join("cgroup.type").exists() => {
+        MemoryCgroup::V2(dir)
+            if cfg.poll.is_some()
+                && dir.join("cgroup.procs").exists()
+                && !dir.join("cgroup.type").exists() =>
+        {
             Notifier::None
         }
         MemoryCgroup::V2(dir) => Notifier::Events(inotify_events(&dir.join("memory.events"))?),

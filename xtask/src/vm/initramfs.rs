@@ -60,6 +60,47 @@ pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
     Ok(cpio)
 }
 
+/// Writes `<out_dir>/<name>.cpio` holding `/init` (the script `init`), busybox, and each
+/// `(from, to)` of `files` at the absolute path `to` inside (for the peers bench: the agent, the
+/// bench driver, and Debian's earlyoom with the shared libraries it links).
+pub fn build_with(
+    init: &str,
+    files: &[(PathBuf, PathBuf)],
+    out_dir: &Path,
+    name: &str,
+) -> Result<PathBuf> {
+    let stage = out_dir.join(format!("{name}.stage"));
+    let _ = fs::remove_dir_all(&stage);
+    for dir in ["bin", "dev", "proc", "sys", "tmp", "root", "run"] {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    install(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
+    fs::write(stage.join("init"), init)?;
+    fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
+    for (from, to) in files {
+        let to = stage.join(to.strip_prefix("/").unwrap_or(to));
+        fs::create_dir_all(to.parent().context("a file without a directory")?)?;
+        install(from, &to)?;
+    }
+    let cpio = out_dir.join(format!("{name}.cpio"));
+    let file = fs::File::create(&cpio)?;
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "find . -print0 | cpio --null --create --format=newc --owner=0:0 --quiet",
+        ])
+        .current_dir(&stage)
+        .stdout(file)
+        .stderr(Stdio::inherit())
+        .status()
+        .context("running cpio")?;
+    if !status.success() {
+        bail!("building {cpio:?} failed: {status}");
+    }
+    fs::remove_dir_all(&stage)?;
+    Ok(cpio)
+}
+
 /// Copies a binary in without its debug info: the initramfs unpacks into the VM's RAM, and
 /// debug builds of every test binary would not fit (symbols stay, so backtraces keep names).
 fn install(from: &Path, to: &Path) -> Result<()> {
