@@ -256,10 +256,24 @@ struct Pod {
 /// One sample of the node and the pods.
 struct Sample {
     at: Instant,
+    /// memory.available as the kubelet computes it.
     available: i64,
+    /// MemAvailable of /proc/meminfo, earlyoom's signal.
+    mem_available: i64,
     /// Per pod: memory.current, or None once its cgroup is empty or gone.
     pods: Vec<Option<i64>>,
     oom_kills: u64,
+}
+
+impl Sample {
+    /// The signal `system` compares with the threshold: earlyoom's own MemAvailable, the
+    /// kubelet's memory.available for the others (the kernel has no threshold: the node's).
+    fn signal(&self, system: System) -> i64 {
+        match system {
+            System::Earlyoom => self.mem_available,
+            _ => self.available,
+        }
+    }
 }
 
 #[derive(Default, Clone)]
@@ -276,6 +290,9 @@ struct Outcome {
     protected_alive: bool,
     victims: Vec<String>,
     crossed: bool,
+    setup: Duration,
+    observed: Duration,
+    teardown: Duration,
 }
 
 fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
@@ -316,7 +333,7 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                 let o = run_once(&mut node, sc, run_no)
                     .with_context(|| format!("{} / {} / {rep}", system.name(), sc.key))?;
                 println!(
-                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} ramp_mib_s={} protected_alive={} t={:.0}s",
+                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} ramp_mib_s={} protected_alive={} setup_s={:.1} observed_s={:.1} teardown_s={:.1} t={:.0}s",
                     system,
                     sc.key,
                     o.crossed,
@@ -328,6 +345,9 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                         .map_or("-".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e3)),
                     o.ramp.map_or("-".into(), |r| format!("{r:.0}")),
                     o.protected_alive,
+                    o.setup.as_secs_f64(),
+                    o.observed.as_secs_f64(),
+                    o.teardown.as_secs_f64(),
                     started.elapsed().as_secs_f64()
                 );
                 results.entry((ci, si)).or_default().push(o);
@@ -604,8 +624,10 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
             format!("{prefill} {cap} {}\n", per_hog_rate.unwrap_or(0.0)),
         )?;
     }
-    let samples = observe(&pods, sc, go_at);
-    let outcome = judge(&pods, sc, &samples, oom_before);
+    let setup = t.elapsed();
+    let samples = observe(&pods, sc, node.system, go_at);
+    let mut outcome = judge(&pods, sc, node.system, &samples, oom_before);
+    outcome.observed = go_at.elapsed();
     // Tear down: the pods go with their manifests; caches go so the next run starts alike.
     for pod in &pods {
         let _ = fs::remove_file(format!("{RUN}/pods/{}.yaml", pod.name));
@@ -623,16 +645,18 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
     }
     let _ = Command::new("sync").status();
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
-    thread::sleep(Duration::from_millis(500));
+    thread::sleep(Duration::from_millis(200));
+    outcome.setup = setup;
+    outcome.teardown = t.elapsed();
     Ok(outcome)
 }
 
-fn observe(pods: &[Pod], sc: &Scenario, go_at: Instant) -> Vec<Sample> {
+fn observe(pods: &[Pod], sc: &Scenario, system: System, go_at: Instant) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::with_capacity(8192);
     let mut crossing: Option<Instant> = None;
     let mut settled: Option<Instant> = None;
     let limit = if sc.churn {
-        Duration::from_secs(240)
+        Duration::from_secs(300)
     } else {
         Duration::from_secs(90)
     };
@@ -641,6 +665,7 @@ fn observe(pods: &[Pod], sc: &Scenario, go_at: Instant) -> Vec<Sample> {
         let s = Sample {
             at: now,
             available: available().unwrap_or(i64::MAX),
+            mem_available: meminfo("MemAvailable").unwrap_or(i64::MAX),
             pods: pods
                 .iter()
                 .map(|p| {
@@ -650,34 +675,26 @@ fn observe(pods: &[Pod], sc: &Scenario, go_at: Instant) -> Vec<Sample> {
                 .collect(),
             oom_kills: vmstat_oom_kills(),
         };
-        let below = s.available < (THRESHOLD_MIB * MI) as i64;
+        let below = s.signal(system) < (THRESHOLD_MIB * MI) as i64;
         if crossing.is_none() && below {
             crossing = Some(now);
         }
-        let all_hogs_done = pods
-            .iter()
-            .zip(&s.pods)
-            .filter(|(p, _)| !p.protected && p.role != "churn")
-            .all(|(_, m)| m.is_none());
+        let killed = pods.iter().enumerate().any(|(i, _)| {
+            s.pods[i].is_none() && samples.iter().any(|x: &Sample| x.pods[i].is_some())
+        });
         samples.push(s);
-        if sc.churn && Path::new(&format!("{RUN}/churn-done")).exists() {
-            break;
-        }
-        if let Some(c) = crossing {
-            // Done once the node is back above the threshold after a kill, a little later, or
-            // when the window is over.
-            if !below && samples.len() > 1 && settled.is_none() {
-                let killed = pods.iter().enumerate().any(|(i, _)| {
-                    samples.iter().any(|x| x.pods[i].is_some())
-                        && samples.last().is_some_and(|x| x.pods[i].is_none())
-                });
-                if killed {
-                    settled = Some(now);
-                }
+        if sc.churn {
+            if Path::new(&format!("{RUN}/churn-done")).exists() {
+                break;
             }
-            if settled.is_some_and(|s| now - s > Duration::from_millis(500))
-                || now - c > AFTER_CROSSING
-                || all_hogs_done
+        } else {
+            // Done a little after a kill once the node is back above the threshold, or when the
+            // window after the crossing is over.
+            if killed && !below && settled.is_none() {
+                settled = Some(now);
+            }
+            if settled.is_some_and(|t| now - t > Duration::from_millis(500))
+                || crossing.is_some_and(|c| now - c > AFTER_CROSSING)
             {
                 break;
             }
@@ -697,7 +714,13 @@ fn rank_key(pod: &Pod, usage: i64) -> (bool, i64) {
     (over > 0, over)
 }
 
-fn judge(pods: &[Pod], sc: &Scenario, samples: &[Sample], oom_before: u64) -> Outcome {
+fn judge(
+    pods: &[Pod],
+    sc: &Scenario,
+    system: System,
+    samples: &[Sample],
+    oom_before: u64,
+) -> Outcome {
     let mut o = Outcome {
         oom_kills: samples
             .last()
@@ -706,7 +729,7 @@ fn judge(pods: &[Pod], sc: &Scenario, samples: &[Sample], oom_before: u64) -> Ou
         ..Default::default()
     };
     let threshold = (THRESHOLD_MIB * MI) as i64;
-    let crossing = samples.iter().position(|s| s.available < threshold);
+    let crossing = samples.iter().position(|s| s.signal(system) < threshold);
     o.crossed = crossing.is_some();
     let hog_idx: Vec<usize> = pods
         .iter()
@@ -807,7 +830,7 @@ fn render(
         let _ = writeln!(out, "### {}\n", sc.title);
         let _ = writeln!(
             out,
-            "| system | runs | kernel OOM kills | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | ramp reached MiB/s (median) |"
+            "| system | runs | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | ramp reached MiB/s (median) |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
         let mut figures: Vec<[Option<f64>; 5]> = Vec::new();
@@ -821,6 +844,7 @@ fn render(
             let mut ramps: Vec<f64> = runs.iter().filter_map(|o| o.ramp).collect();
             ramps.sort_by(f64::total_cmp);
             let oom: u64 = runs.iter().map(|o| o.oom_kills).sum();
+            let oom_runs = runs.iter().filter(|o| o.oom_kills > 0).count();
             let wrong = runs.iter().filter(|o| o.wrong).count();
             let false_kills: u64 = runs.iter().map(|o| o.false_kills).sum();
             let alive = runs.iter().filter(|o| o.protected_alive).count();
@@ -833,7 +857,7 @@ fn render(
                 .count();
             let _ = writeln!(
                 out,
-                "| {} | {} | {oom} | {wrong} | {} | {alive}/{} | {}{} | {} | {} |",
+                "| {} | {} | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} |",
                 system.name(),
                 runs.len(),
                 if sc.churn {
@@ -882,7 +906,7 @@ fn render(
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) going below {THRESHOLD_MIB} MiB. Victim's memory back: its pod cgroup empty or below a tenth of its peak. Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: /proc/vmstat oom_kill, which counts each process a group kill takes. Victim's memory back: its pod cgroup empty or below a tenth of its peak. Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
     out
