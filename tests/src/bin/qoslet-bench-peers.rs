@@ -121,23 +121,24 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             key: "four",
             title: "four hogs (two BestEffort, two Burstable over a 64 MiB request), 40 MiB/s together",
-            // Usage minus request decides the kubelet's order: bu-a (40 % - 64 MiB) first, then
-            // be-a (30 %); the kernel and an operator's earlyoom favour BestEffort instead.
+            // Usage minus request decides the kubelet's order: bu-a (half the prefill - 64 MiB)
+            // first, then be-a (22 %); an operator's earlyoom prefers BestEffort instead, and the
+            // kernel weighs oom_score_adj (1000 for BestEffort) against size.
             hogs: vec![
                 HogSpec {
                     name: "bu-a",
                     qos: Qos::Burstable(64),
-                    prefill_share: 0.40,
+                    prefill_share: 0.50,
                 },
                 HogSpec {
                     name: "be-a",
                     qos: Qos::BestEffort,
-                    prefill_share: 0.30,
+                    prefill_share: 0.22,
                 },
                 HogSpec {
                     name: "be-b",
                     qos: Qos::BestEffort,
-                    prefill_share: 0.18,
+                    prefill_share: 0.16,
                 },
                 HogSpec {
                     name: "bu-b",
@@ -150,7 +151,7 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             key: "churn",
-            title: "page-cache churn (a BestEffort pod writes then reads once more than the VM's memory)",
+            title: "page-cache churn (a BestEffort pod writes, then reads, once a quarter more than the free memory)",
             hogs: Vec::new(),
             rate: None,
             churn: true,
@@ -243,6 +244,7 @@ fn pod_process(args: &[String]) {
 }
 
 /// One pod of a run.
+#[derive(Clone)]
 struct Pod {
     name: String,
     role: &'static str,
@@ -368,6 +370,8 @@ struct Node {
     system: System,
     qoslet: Child,
     earlyoom: Option<Child>,
+    /// The Guaranteed pod and the Burstable pod under its request.
+    protected: Vec<Pod>,
 }
 
 impl Node {
@@ -449,7 +453,64 @@ impl Node {
             system,
             qoslet,
             earlyoom,
+            protected: Vec::new(),
         })
+    }
+
+    /// Starts the protected pods, or those of them that are gone, and waits for their memory.
+    fn ensure_protected(&mut self, n: usize) -> anyhow::Result<()> {
+        let specs = [
+            ("guaranteed", "guaranteed", 160),
+            ("burstable", "burstable", 96),
+        ];
+        for (k, (role, qos, mib)) in specs.into_iter().enumerate() {
+            let alive = self
+                .protected
+                .get(k)
+                .and_then(|p| p.cgroup.as_ref())
+                .is_some_and(|c| populated(c));
+            if alive {
+                continue;
+            }
+            if let Some(old) = self.protected.get(k) {
+                let _ = fs::remove_file(format!("{RUN}/pods/{}.yaml", old.name));
+            }
+            let mut pod = Pod {
+                name: format!("{role}-{n}"),
+                role,
+                uid: uid(n, k),
+                qos,
+                request_mib: 256,
+                protected: true,
+                cgroup: None,
+            };
+            pod.cgroup = Some(pod_cgroup(&pod));
+            let cmd = vec![
+                format!("{RUN}/bin/{role}"),
+                "static".into(),
+                mib.to_string(),
+            ];
+            fs::write(
+                format!("{RUN}/pods/{}.yaml", pod.name),
+                manifest(&pod, &cmd),
+            )?;
+            if k < self.protected.len() {
+                self.protected[k] = pod;
+            } else {
+                self.protected.push(pod);
+            }
+        }
+        let t = Instant::now();
+        while !self.protected.iter().zip([150, 90]).all(|(p, mib)| {
+            let cg = p.cgroup.as_ref().expect("set");
+            populated(cg) && current(cg).unwrap_or(0) >= mib * MI as i64
+        }) {
+            if t.elapsed() > Duration::from_secs(60) {
+                anyhow::bail!("the protected pods are not running after 60 s");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
     }
 
     fn stop(mut self) {
@@ -513,30 +574,11 @@ fn pod_cgroup(pod: &Pod) -> PathBuf {
 fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome> {
     let _ = fs::remove_file(format!("{RUN}/churn-done"));
     let bin = |role: &str| format!("{RUN}/bin/{role}");
-    let mut pods = vec![
-        Pod {
-            name: format!("guaranteed-{n}"),
-            role: "guaranteed",
-            uid: uid(n, 0),
-            qos: "guaranteed",
-            request_mib: 256,
-            protected: true,
-            cgroup: None,
-        },
-        Pod {
-            name: format!("burstable-{n}"),
-            role: "burstable",
-            uid: uid(n, 1),
-            qos: "burstable",
-            request_mib: 256,
-            protected: true,
-            cgroup: None,
-        },
-    ];
-    let mut commands = vec![
-        vec![bin("guaranteed"), "static".into(), "160".into()],
-        vec![bin("burstable"), "static".into(), "96".into()],
-    ];
+    // The protected pods run through all of a system's runs; one killed comes back under a
+    // new name before the next run.
+    node.ensure_protected(n)?;
+    let mut pods: Vec<Pod> = node.protected.clone();
+    let mut commands: Vec<Vec<String>> = vec![Vec::new(); pods.len()];
     for (i, h) in sc.hogs.iter().enumerate() {
         let (qos, request_mib, role) = match h.qos {
             Qos::BestEffort => ("besteffort", 0, "be-hog"),
@@ -555,9 +597,9 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
         });
     }
     if sc.churn {
-        // Written once, then read once: more than the VM's memory, through the page cache of
+        // Written once, then read once: a quarter more than the free memory, through the page cache of
         // the emulated NVMe disk (a null device: writes vanish, reads are zeros).
-        let mib = meminfo("MemTotal").unwrap_or(0) / MI as i64 * 5 / 4;
+        let mib = meminfo("MemFree").unwrap_or(0) / MI as i64 * 5 / 4;
         commands.push(vec![
             "/bin/sh".into(),
             "-c".into(),
@@ -575,22 +617,16 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
             cgroup: None,
         });
     }
-    for (pod, cmd) in pods.iter_mut().zip(&commands) {
+    for (pod, cmd) in pods.iter_mut().zip(&commands).filter(|(p, _)| !p.protected) {
         fs::write(format!("{RUN}/pods/{}.yaml", pod.name), manifest(pod, cmd))?;
         pod.cgroup = Some(pod_cgroup(pod));
     }
-    // Wait for every pod's process and for the protected pods' memory.
+    // Wait for every pod's process.
     let t = Instant::now();
     loop {
-        let ready = pods.iter().all(|p| {
-            let cg = p.cgroup.as_ref().expect("set");
-            let want = match p.role {
-                "guaranteed" => 150 * MI as i64,
-                "burstable" => 90 * MI as i64,
-                _ => 1,
-            };
-            populated(cg) && current(cg).unwrap_or(0) >= want
-        });
+        let ready = pods
+            .iter()
+            .all(|p| populated(p.cgroup.as_ref().expect("set")));
         if ready {
             break;
         }
@@ -605,10 +641,13 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
         }
         thread::sleep(Duration::from_millis(20));
     }
-    thread::sleep(Duration::from_millis(300));
+    thread::sleep(Duration::from_millis(100));
     let oom_before = vmstat_oom_kills();
-    let available0 = available().unwrap_or(0);
-    // The prefill brings the node to a few seconds of ramp before the threshold.
+    // The prefill brings the node to a few seconds of ramp before the threshold, on the lower
+    // of the two signals (MemAvailable is the lower), so every system sees the paced ramp.
+    let available0 = available()
+        .unwrap_or(0)
+        .min(meminfo("MemAvailable").unwrap_or(0));
     let room = (available0 - (THRESHOLD_MIB * MI) as i64).max(0) as f64 / MI as f64;
     let (prefill_total, cap_extra) = match sc.rate {
         None => (0.0, 4096.0),
@@ -625,18 +664,34 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
         )?;
     }
     let setup = t.elapsed();
+    // The kernel's ring buffer from here on holds this run's OOM reports only.
+    let _ = Command::new("dmesg")
+        .arg("-c")
+        .stdout(Stdio::null())
+        .status();
     let samples = observe(&pods, sc, node.system, go_at);
     let mut outcome = judge(&pods, sc, node.system, &samples, oom_before);
+    if outcome.oom_kills > 0
+        && let Ok(out) = Command::new("dmesg").output()
+    {
+        for line in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("Killed process") || l.contains("oom-kill:"))
+        {
+            println!("QOSLET-VM-PEERS-OOM {}", line.trim());
+        }
+    }
     outcome.observed = go_at.elapsed();
     // Tear down: the pods go with their manifests; caches go so the next run starts alike.
-    for pod in &pods {
+    for pod in pods.iter().filter(|p| !p.protected) {
         let _ = fs::remove_file(format!("{RUN}/pods/{}.yaml", pod.name));
         let _ = fs::remove_file(format!("{RUN}/go/{}", pod.name));
     }
     let t = Instant::now();
     while pods
         .iter()
-        .any(|p| p.cgroup.as_ref().is_some_and(|c| c.exists()))
+        .filter(|p| !p.protected)
+        .any(|p| p.cgroup.as_ref().is_some_and(|c| populated(c)))
     {
         if t.elapsed() > Duration::from_secs(60) {
             anyhow::bail!("pods still there 60 s after their manifests were removed");

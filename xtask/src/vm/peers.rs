@@ -22,7 +22,7 @@ use crate::{cargo, toolchain::Toolchain};
 const INIT: &str = include_str!("peers-init.sh");
 const KERNEL: &str = "6.12";
 /// The node's memory: fixed, so every system and run sees the same machine.
-const MEMORY_MIB: u32 = 1536;
+const MEMORY_MIB: u32 = 1024;
 /// The whole VM run; the bench itself is sized to stay well under it.
 const TIMEOUT: Duration = Duration::from_secs(13 * 60);
 const DRIVER: &str = "qoslet-bench-peers";
