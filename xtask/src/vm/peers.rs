@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result, bail};
 use super::{initramfs, kernels, qemu};
 use crate::{cargo, toolchain::Toolchain};
 
-const INIT: &str = include_str!("peers-init.sh");
+const MAIN: &str = include_str!("peers.sh");
 const KERNEL: &str = "6.12";
 /// The node's memory: fixed, so every system and run sees the same machine.
 const MEMORY_MIB: u32 = 1024;
@@ -75,7 +75,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     }
     fs::write(&conf, text)?;
     files.push((conf, PathBuf::from("/peers.conf")));
-    let initrd = initramfs::build_with(INIT, &files, &out_dir, "peers-initramfs")?;
+    let initrd = initramfs::build_with(MAIN, &files, &out_dir, "peers-initramfs")?;
     let kernel = kernels::fetch(KERNEL, &cache)?;
     println!(
         "bench peers: {} ready, VM {MEMORY_MIB} MiB, after {:.1?}",
