@@ -120,30 +120,30 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             key: "four",
-            title: "four hogs (two BestEffort, two Burstable over a 64 MiB request), 40 MiB/s together",
-            // Usage minus request decides the kubelet's order: bu-a (half the prefill - 64 MiB)
-            // first, then be-a (22 %); an operator's earlyoom prefers BestEffort instead, and the
-            // kernel weighs oom_score_adj (1000 for BestEffort) against size.
+            title: "four hogs (two BestEffort, two Burstable over a 32 MiB request), 40 MiB/s together",
+            // Usage minus request decides the kubelet's order: bu-a (60 % of the prefill - 32
+            // MiB) first, then be-a (18 %); an operator's earlyoom prefers BestEffort instead, and
+            // the kernel weighs oom_score_adj (1000 for BestEffort) against size.
             hogs: vec![
                 HogSpec {
                     name: "bu-a",
-                    qos: Qos::Burstable(64),
-                    prefill_share: 0.50,
+                    qos: Qos::Burstable(32),
+                    prefill_share: 0.60,
                 },
                 HogSpec {
                     name: "be-a",
                     qos: Qos::BestEffort,
-                    prefill_share: 0.22,
+                    prefill_share: 0.18,
                 },
                 HogSpec {
                     name: "be-b",
                     qos: Qos::BestEffort,
-                    prefill_share: 0.16,
+                    prefill_share: 0.12,
                 },
                 HogSpec {
                     name: "bu-b",
-                    qos: Qos::Burstable(64),
-                    prefill_share: 0.12,
+                    qos: Qos::Burstable(32),
+                    prefill_share: 0.10,
                 },
             ],
             rate: Some(40.0),
@@ -281,6 +281,8 @@ impl Sample {
 #[derive(Default, Clone)]
 struct Outcome {
     oom_kills: u64,
+    /// /proc/vmstat's oom_kill over the run.
+    vmstat_oom_kills: u64,
     /// A protected pod killed, or a victim killed while another live pod ranked before it.
     wrong: bool,
     /// Pods killed where none should be (page-cache churn).
@@ -291,6 +293,10 @@ struct Outcome {
     ramp: Option<f64>,
     protected_alive: bool,
     victims: Vec<String>,
+    /// Each pod's largest memory.current in MiB, for reading a run's log.
+    peaks: Vec<(String, i64)>,
+    /// MemAvailable when the hogs were released.
+    start_available_mib: i64,
     crossed: bool,
     setup: Duration,
     observed: Duration,
@@ -315,6 +321,8 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
         .filter(|s| only.is_empty() || only.iter().any(|o| o == s.key))
         .collect();
     let mem_total = meminfo("MemTotal").context("MemTotal")?;
+    // What the machine has free before any node runs: every run starts within reach of it.
+    let idle_available = meminfo("MemAvailable").context("MemAvailable")?;
     println!(
         "QOSLET-VM-PEERS-START memtotal_mib={} repetitions={reps} scenarios={}",
         mem_total / MI as i64,
@@ -326,20 +334,48 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let mut results: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
+    let mut failed: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     let mut run_no = 0;
     for (si, system) in System::ALL.iter().enumerate() {
         let mut node = Node::start(*system)?;
         for (ci, sc) in scenarios.iter().enumerate() {
             for rep in 0..reps {
                 run_no += 1;
-                let o = run_once(&mut node, sc, run_no)
-                    .with_context(|| format!("{} / {} / {rep}", system.name(), sc.key))?;
+                let o = match run_once(&mut node, sc, run_no, idle_available) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        // Counted in the table; the pods it left go with their manifests.
+                        println!(
+                            "QOSLET-VM-PEERS-RUN-FAILED system={system:?} scenario={} rep={rep} error={e:#} meminfo_mib={:?}",
+                            sc.key,
+                            [
+                                "MemAvailable",
+                                "MemFree",
+                                "Cached",
+                                "Shmem",
+                                "Dirty",
+                                "Slab"
+                            ]
+                            .map(|k| (k, meminfo(k).unwrap_or(0) / MI as i64))
+                        );
+                        for entry in fs::read_dir(format!("{RUN}/pods"))?.flatten() {
+                            let name = entry.file_name().to_string_lossy().into_owned();
+                            if !name.starts_with("guaranteed") && !name.starts_with("burstable-") {
+                                let _ = fs::remove_file(entry.path());
+                            }
+                        }
+                        thread::sleep(Duration::from_secs(2));
+                        failed.entry((ci, si)).and_modify(|n| *n += 1).or_insert(1);
+                        continue;
+                    }
+                };
                 println!(
-                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} ramp_mib_s={} protected_alive={} setup_s={:.1} observed_s={:.1} teardown_s={:.1} t={:.0}s",
+                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} vmstat_oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} ramp_mib_s={} protected_alive={} setup_s={:.1} observed_s={:.1} teardown_s={:.1} start_available_mib={} peaks_mib={:?} t={:.0}s",
                     system,
                     sc.key,
                     o.crossed,
                     o.oom_kills,
+                    o.vmstat_oom_kills,
                     o.victims,
                     o.wrong,
                     o.false_kills,
@@ -350,6 +386,8 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                     o.setup.as_secs_f64(),
                     o.observed.as_secs_f64(),
                     o.teardown.as_secs_f64(),
+                    o.start_available_mib,
+                    o.peaks,
                     started.elapsed().as_secs_f64()
                 );
                 results.entry((ci, si)).or_default().push(o);
@@ -357,7 +395,14 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
         }
         node.stop();
     }
-    let report = render(&scenarios, &results, reps, mem_total, started.elapsed());
+    let report = render(
+        &scenarios,
+        &results,
+        &failed,
+        reps,
+        mem_total,
+        started.elapsed(),
+    );
     for line in report.lines() {
         println!("QOSLET-VM-PEERS| {line}");
     }
@@ -571,12 +616,27 @@ fn pod_cgroup(pod: &Pod) -> PathBuf {
     PathBuf::from(format!("{CGROUP}/kubepods/{tier}pod{}", pod.uid))
 }
 
-fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome> {
+fn run_once(
+    node: &mut Node,
+    sc: &Scenario,
+    n: usize,
+    idle_available: i64,
+) -> anyhow::Result<Outcome> {
     let _ = fs::remove_file(format!("{RUN}/churn-done"));
     let bin = |role: &str| format!("{RUN}/bin/{role}");
     // The protected pods run through all of a system's runs; one killed comes back under a
     // new name before the next run.
     node.ensure_protected(n)?;
+    // Start alike: the protected pods' 256 MiB (and a little) below the idle machine, caches
+    // dropped; a run that cannot get there says so in its line.
+    let want = idle_available - ((256 + 96) * MI) as i64;
+    let t = Instant::now();
+    while meminfo("MemAvailable").unwrap_or(0) < want && t.elapsed() < Duration::from_secs(20) {
+        let _ = Command::new("sync").status();
+        let _ = fs::write("/proc/sys/vm/drop_caches", "3");
+        thread::sleep(Duration::from_millis(200));
+    }
+    let start_available = meminfo("MemAvailable").unwrap_or(0);
     let mut pods: Vec<Pod> = node.protected.clone();
     let mut commands: Vec<Vec<String>> = vec![Vec::new(); pods.len()];
     for (i, h) in sc.hogs.iter().enumerate() {
@@ -671,15 +731,23 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
         .status();
     let samples = observe(&pods, sc, node.system, go_at);
     let mut outcome = judge(&pods, sc, node.system, &samples, oom_before);
-    if outcome.oom_kills > 0
-        && let Ok(out) = Command::new("dmesg").output()
-    {
-        for line in String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.contains("Killed process") || l.contains("oom-kill:"))
-        {
-            println!("QOSLET-VM-PEERS-OOM {}", line.trim());
+    // The kernel's kills: one per process its reports name ("Killed process PID"); vmstat's
+    // oom_kill counts a memory.oom.group kill's victim twice.
+    outcome.vmstat_oom_kills = outcome.oom_kills;
+    outcome.oom_kills = 0;
+    if let Ok(out) = Command::new("dmesg").output() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut pids: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.split("Killed process ").nth(1) {
+                println!("QOSLET-VM-PEERS-OOM {}", line.trim());
+                let pid = rest.split_whitespace().next().unwrap_or_default();
+                if !pids.contains(&pid) {
+                    pids.push(pid);
+                }
+            }
         }
+        outcome.oom_kills = pids.len() as u64;
     }
     outcome.observed = go_at.elapsed();
     // Tear down: the pods go with their manifests; caches go so the next run starts alike.
@@ -702,6 +770,7 @@ fn run_once(node: &mut Node, sc: &Scenario, n: usize) -> anyhow::Result<Outcome>
     let _ = fs::write("/proc/sys/vm/drop_caches", "3");
     thread::sleep(Duration::from_millis(200));
     outcome.setup = setup;
+    outcome.start_available_mib = start_available / MI as i64;
     outcome.teardown = t.elapsed();
     Ok(outcome)
 }
@@ -786,6 +855,14 @@ fn judge(
     let threshold = (THRESHOLD_MIB * MI) as i64;
     let crossing = samples.iter().position(|s| s.signal(system) < threshold);
     o.crossed = crossing.is_some();
+    o.peaks = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let peak = samples.iter().filter_map(|s| s.pods[i]).max().unwrap_or(0);
+            (p.role.to_owned() + ":" + &p.name, peak / MI as i64)
+        })
+        .collect();
     let hog_idx: Vec<usize> = pods
         .iter()
         .enumerate()
@@ -865,6 +942,7 @@ fn judge(
 fn render(
     scenarios: &[Scenario],
     results: &BTreeMap<(usize, usize), Vec<Outcome>>,
+    failed: &BTreeMap<(usize, usize), usize>,
     reps: usize,
     mem_total: i64,
     elapsed: Duration,
@@ -885,7 +963,7 @@ fn render(
         let _ = writeln!(out, "### {}\n", sc.title);
         let _ = writeln!(
             out,
-            "| system | runs | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | ramp reached MiB/s (median) |"
+            "| system | runs (failed) | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | ramp reached MiB/s (median) |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
         let mut figures: Vec<[Option<f64>; 5]> = Vec::new();
@@ -912,9 +990,10 @@ fn render(
                 .count();
             let _ = writeln!(
                 out,
-                "| {} | {} | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} |",
+                "| {} | {} ({}) | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} |",
                 system.name(),
                 runs.len(),
+                failed.get(&(ci, si)).copied().unwrap_or(0),
                 if sc.churn {
                     false_kills.to_string()
                 } else {
@@ -961,7 +1040,7 @@ fn render(
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: /proc/vmstat oom_kill, which counts each process a group kill takes. Victim's memory back: its pod cgroup empty or below a tenth of its peak. Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak. Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
     out
