@@ -559,6 +559,29 @@ impl Node {
     }
 
     fn stop(mut self) {
+        // qoslet's own account of its decisions (wake-up seen -> first signal), for the report.
+        if self.system.evicts()
+            && let Ok(out) = Command::new("wget")
+                .args(["-qO-", "http://127.0.0.1:9479/metrics"])
+                .output()
+        {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let get = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            };
+            if let (Some(sum), Some(count)) = (
+                get("qoslet_eviction_decision_latency_seconds_sum"),
+                get("qoslet_eviction_decision_latency_seconds_count"),
+            ) && count > 0.0
+            {
+                println!(
+                    "QOSLET-VM-PEERS-DECISION system={:?} decisions={count} mean_ms={:.1}",
+                    self.system,
+                    sum / count * 1e3
+                );
+            }
+        }
         if let Some(mut e) = self.earlyoom.take() {
             let _ = e.kill();
             let _ = e.wait();
@@ -566,14 +589,44 @@ impl Node {
         // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
         unsafe { libc::kill(self.qoslet.id() as i32, libc::SIGTERM) };
         let t = Instant::now();
+        let mut exited = false;
         while t.elapsed() < Duration::from_secs(30) {
             if self.qoslet.try_wait().ok().flatten().is_some() {
-                return;
+                exited = true;
+                break;
             }
             thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.qoslet.kill();
-        let _ = self.qoslet.wait();
+        if !exited {
+            println!("QOSLET-VM-PEERS-WARN qoslet did not stop within 30 s of SIGTERM; killed");
+            let _ = self.qoslet.kill();
+            let _ = self.qoslet.wait();
+        }
+        // Every system starts from an empty node: processes qoslet left in the pods' cgroups
+        // (the bench's own pods) are named, then killed.
+        let kubepods = Path::new(CGROUP).join("kubepods");
+        if populated(&kubepods) {
+            let left = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "for f in $(find {} -name cgroup.procs); do for p in $(cat $f); do echo \"$(dirname $f | sed s,{CGROUP}/,,) $(cat /proc/$p/comm)\"; done; done",
+                    kubepods.display()
+                ))
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', "; "))
+                .unwrap_or_default();
+            println!(
+                "QOSLET-VM-PEERS-WARN system={:?} left processes after it stopped: {left}",
+                self.system
+            );
+            let _ = fs::write(kubepods.join("cgroup.kill"), "1");
+            let t = Instant::now();
+            while populated(&kubepods) && t.elapsed() < Duration::from_secs(10) {
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = fs::remove_dir_all(format!("{RUN}/pods"));
+        let _ = fs::create_dir_all(format!("{RUN}/pods"));
     }
 }
 
