@@ -207,6 +207,11 @@ pub struct QosletConfiguration {
         serialize_with = "ser_duration"
     )]
     pub housekeeping_interval: Duration,
+    /// What wakes the eviction manager: `events` (the memory watcher and the eBPF memcg events,
+    /// as well as every housekeeping interval) or `housekeeping` (the interval alone, as the
+    /// kubelet's eviction loop; for comparisons such as `cargo xtask bench peers`).
+    #[serde(default)]
+    pub eviction_wakeups: EvictionWakeups,
     /// How often per-pod statistics are sampled (run-queue latency, working sets, the Summary
     /// API's CPU base) and every container's processes scanned for their oom_score_adj. The
     /// eviction path does not wait for it: it reads usage fresh at decision time.
@@ -246,6 +251,17 @@ pub struct QosletConfiguration {
     /// The CPU-pressure controller (protects latency-sensitive pods from BestEffort CPU).
     #[serde(default)]
     pub cpu_pressure: CpuPressureConfiguration,
+}
+
+/// `evictionWakeups`: what wakes the eviction manager besides its housekeeping interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictionWakeups {
+    /// The node root's memory watcher and the eBPF memcg events, as shipped.
+    #[default]
+    Events,
+    /// Nothing: the housekeeping interval alone, as the kubelet.
+    Housekeeping,
 }
 
 /// An area qoslet writes in cluster mode (QosletConfiguration `enforce`).
@@ -465,6 +481,7 @@ impl Default for QosletConfiguration {
             gang_aware_eviction: true,
             max_manifest_bytes: DEFAULT_MAX_BYTES,
             housekeeping_interval: default_housekeeping(),
+            eviction_wakeups: EvictionWakeups::default(),
             stats_interval: default_stats_interval(),
             state_dir: default_state_dir(),
             capacity: CapacityOverride::default(),

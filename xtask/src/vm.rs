@@ -5,6 +5,7 @@
 mod deps;
 mod initramfs;
 mod kernels;
+pub mod peers;
 mod qemu;
 mod report;
 

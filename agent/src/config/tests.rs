@@ -192,13 +192,15 @@ fn qoslet_configuration_defaults_and_strictness() {
     assert!(parsed.gang_aware_eviction && parsed.ebpf.enabled);
     assert!(!parsed.ebpf.kernel_diagnostics);
     assert_eq!(parsed.housekeeping_interval, Duration::from_secs(1));
+    assert_eq!(parsed.eviction_wakeups, EvictionWakeups::Events);
     let q = QosletConfiguration::parse(
         Path::new("q.yaml"),
-        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nreservedCpusConflict: openshift\nebpf: {sensors: {oom_victim: false}, kernelDiagnostics: true}\ncapacity: {memory: 8Gi}\n",
+        "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nweightFormula: runc-quadratic\nhousekeepingInterval: 250ms\nevictionWakeups: housekeeping\nreservedCpusConflict: openshift\nebpf: {sensors: {oom_victim: false}, kernelDiagnostics: true}\ncapacity: {memory: 8Gi}\n",
     )
     .unwrap();
     assert_eq!(q.mode, Mode::Observe);
     assert_eq!(q.housekeeping_interval, Duration::from_millis(250));
+    assert_eq!(q.eviction_wakeups, EvictionWakeups::Housekeeping);
     assert_eq!(q.reserved_cpus_conflict, ReservedCpusConflict::Openshift);
     assert_eq!(q.ebpf.sensors.get("oom_victim"), Some(&false));
     assert!(

@@ -7,6 +7,10 @@
 //! - capacity of a node root (or kubepods) cgroup = its memory limit (v1
 //!   `memory.limit_in_bytes`, v2 `memory.max`); an unlimited cgroup needs a capacity override.
 //! - pid.available = pids.max - pids.current of the node root.
+//! - the cgroup v2 root (the whole machine as the node) has no `memory.current`, `memory.max` nor
+//!   `memory.events`: its usage is `MemTotal - MemFree` of `/proc/meminfo`, as cadvisor computes
+//!   the root's usage on cgroup v2, it has no limit, and its OOM kills are `oom_kill` of
+//!   `/proc/vmstat` (every kill on the machine).
 
 use std::{
     io,
@@ -94,7 +98,18 @@ impl MemoryCgroup {
 
     /// Usage only (one read), for the watchers' fast path.
     pub fn usage(&self) -> Result<i64, SignalError> {
-        read_i64(&self.usage_file())
+        match read_i64(&self.usage_file()) {
+            Err(e) if self.is_v2_root(&e) => meminfo_usage(),
+            other => other,
+        }
+    }
+
+    /// Whether `e` (from reading one of its memory files) says this is the root of a cgroup v2
+    /// hierarchy, which has none (only the root lacks `cgroup.type`).
+    fn is_v2_root(&self, e: &SignalError) -> bool {
+        matches!(self, Self::V2(_))
+            && matches!(e, SignalError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound)
+            && !self.path().join("cgroup.type").exists()
     }
 
     pub fn read(&self) -> Result<MemoryReading, SignalError> {
@@ -118,11 +133,18 @@ impl MemoryCgroup {
                 p.join("memory.max"),
             ),
         };
-        let usage_bytes = read_i64(&usage)?;
+        let (usage_bytes, root) = match read_i64(&usage) {
+            Err(e) if self.is_v2_root(&e) => (meminfo_usage()?, true),
+            other => (other?, false),
+        };
         let stat_text = read(&stat)?;
         let inactive_file_bytes =
             stat_field(&stat_text, field).ok_or(SignalError::MissingField { path: stat, field })?;
-        let limit_bytes = read_limit(&limit)?.filter(|&l| l < V1_UNLIMITED);
+        let limit_bytes = if root {
+            None
+        } else {
+            read_limit(&limit)?.filter(|&l| l < V1_UNLIMITED)
+        };
         Ok((
             MemoryReading {
                 usage_bytes,
@@ -140,7 +162,10 @@ impl MemoryCgroup {
             Self::V1(p) => p.join("memory.oom_control"),
             Self::V2(p) => p.join("memory.events"),
         };
-        let text = read(&file)?;
+        let text = match read(&file) {
+            Err(e) if self.is_v2_root(&e) => read(Path::new(VMSTAT))?,
+            other => other?,
+        };
         stat_field(&text, "oom_kill")
             .map(|v| v.max(0) as u64)
             .ok_or(SignalError::MissingField {
@@ -183,6 +208,27 @@ pub fn pid_max() -> Result<i64, SignalError> {
 /// One value of a `key value` file (memory.stat, memory.events, memory.oom_control).
 pub fn stat_field(text: &str, key: &str) -> Option<i64> {
     flat_keyed(text).find_map(|(k, v)| (k == key).then_some(v))
+}
+
+const MEMINFO: &str = "/proc/meminfo";
+const VMSTAT: &str = "/proc/vmstat";
+
+/// `MemTotal - MemFree` of `/proc/meminfo`, in bytes: the v2 root's usage.
+fn meminfo_usage() -> Result<i64, SignalError> {
+    let text = read(Path::new(MEMINFO))?;
+    meminfo_usage_of(&text).ok_or_else(|| SignalError::Parse {
+        path: MEMINFO.into(),
+        content: text,
+    })
+}
+
+fn meminfo_usage_of(text: &str) -> Option<i64> {
+    let kib = |key: &str| -> Option<i64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    Some((kib("MemTotal")? - kib("MemFree")?) * 1024)
 }
 
 fn read(path: &Path) -> Result<String, SignalError> {
@@ -268,6 +314,35 @@ mod tests {
             }
         );
         assert!(read_procs(&dir.join("absent")).unwrap().is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_v2_root_reads_meminfo_and_vmstat_and_a_child_does_not() {
+        assert_eq!(
+            meminfo_usage_of(
+                "MemTotal:       1000 kB\nMemFree:         200 kB\nMemAvailable: 500 kB\n"
+            ),
+            Some(800 * 1024)
+        );
+        assert_eq!(meminfo_usage_of("MemFree: 1 kB\n"), None);
+        let dir = std::env::temp_dir().join(format!("qoslet-signals-root-{}", std::process::id()));
+        let root = dir.join("root");
+        let child = dir.join("child");
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&child).unwrap();
+        fs::write(root.join("memory.stat"), "inactive_file 4096\n").unwrap();
+        fs::write(child.join("memory.stat"), "inactive_file 4096\n").unwrap();
+        // Only a non-root v2 cgroup has cgroup.type: a child missing memory.current is an error.
+        fs::write(child.join("cgroup.type"), "domain\n").unwrap();
+        let machine = meminfo_usage().unwrap();
+        let r = MemoryCgroup::V2(root.clone()).read().unwrap();
+        assert!(r.usage_bytes > 0 && r.limit_bytes.is_none());
+        assert!((r.usage_bytes - machine).abs() < 1 << 30);
+        assert!(MemoryCgroup::V2(root.clone()).usage().unwrap() > 0);
+        assert!(MemoryCgroup::V2(root).oom_kills().is_ok());
+        assert!(MemoryCgroup::V2(child.clone()).read().is_err());
+        assert!(MemoryCgroup::V2(child).oom_kills().is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

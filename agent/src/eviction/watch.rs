@@ -5,6 +5,7 @@
 //!   `memory.usage_in_bytes`), the kernel's own mechanism, which the kubelet also uses
 //!   (pkg/kubelet/eviction/threshold_notifier_linux.go);
 //! - v2: inotify on `memory.events` (high/max/oom changes; the kubelet has no v2 notifier);
+//! - the v2 root (the whole machine as the node) has no `memory.events`: the level check alone;
 //! - both: a cheap level check of the usage file every `poll` (one read), because usage can sit
 //!   above the notification level on page cache and a notification only fires on a crossing.
 //!
@@ -117,6 +118,13 @@ pub fn spawn_watcher(
 ) -> Result<JoinHandle<()>, WatchError> {
     let notifier = match &cfg.node_root {
         MemoryCgroup::V1(dir) => Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?),
+        MemoryCgroup::V2(dir)
+            if cfg.poll.is_some()
+                && dir.join("cgroup.procs").exists()
+                && !dir.join("cgroup.type").exists() =>
+        {
+            Notifier::None
+        }
         MemoryCgroup::V2(dir) => Notifier::Events(inotify_events(&dir.join("memory.events"))?),
     };
     Ok(tokio::spawn(run(cfg, notifier, tx)))
@@ -125,6 +133,8 @@ pub fn spawn_watcher(
 enum Notifier {
     Threshold(AsyncFd<OwnedFd>),
     Events(AsyncFd<OwnedFd>),
+    /// The v2 root: no notification, the level check only.
+    None,
 }
 
 impl Notifier {
@@ -133,6 +143,7 @@ impl Notifier {
         match self {
             Self::Threshold(fd) => drain(fd, WakeSource::UsageThreshold).await,
             Self::Events(fd) => drain(fd, WakeSource::MemoryEvents).await,
+            Self::None => std::future::pending().await,
         }
     }
 }

@@ -233,7 +233,9 @@ where
     let conditions = manager.conditions();
     let (stop_tx, stop_rx) = watch::channel(false);
     let manager_task = enforce.then(|| tokio::spawn(manager.run(wake_rx, stop_rx)));
-    if enforce {
+    // `evictionWakeups: housekeeping`: the kubelet's loop, no watcher and no sensor wake-ups.
+    let wake_on_events = cfg.qc.eviction_wakeups == crate::config::EvictionWakeups::Events;
+    if enforce && wake_on_events {
         let watch_cfg = WatchConfig {
             node_root: node_root_memory.clone(),
             level_bytes: manager_cfg.watch_level(cfg.settings.capacity.memory_bytes),
@@ -292,7 +294,7 @@ where
                 node.on_observations(&obs);
             }
             Some(e) = sensor_events.recv() => {
-                if let Some(w) = Wake::from_sensor(&e, &node_memory_ids) {
+                if wake_on_events && let Some(w) = Wake::from_sensor(&e, &node_memory_ids) {
                     let _ = wake_tx.try_send(w);
                 }
                 node.on_sensor_event(&e);

@@ -40,15 +40,19 @@ pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
         }
     }
 
-    let cpio = out_dir.join("initramfs.cpio");
-    let file = fs::File::create(&cpio)?;
+    pack(&stage, &out_dir.join("initramfs.cpio"))
+}
+
+/// Packs `stage` into the newc cpio `cpio` and removes it.
+fn pack(stage: &Path, cpio: &Path) -> Result<PathBuf> {
+    let file = fs::File::create(cpio)?;
     // Owned by root inside the VM whoever builds it; the kernel unpacks newc only.
     let status = Command::new("sh")
         .args([
             "-c",
             "find . -print0 | cpio --null --create --format=newc --owner=0:0 --quiet",
         ])
-        .current_dir(&stage)
+        .current_dir(stage)
         .stdout(file)
         .stderr(Stdio::inherit())
         .status()
@@ -56,8 +60,35 @@ pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
     if !status.success() {
         bail!("building {cpio:?} failed: {status}");
     }
-    fs::remove_dir_all(&stage)?;
-    Ok(cpio)
+    fs::remove_dir_all(stage)?;
+    Ok(cpio.to_owned())
+}
+
+/// Writes `<out_dir>/<name>.cpio` holding the test VM's `/init`, which runs the script `main`
+/// (as `/main.sh`) instead of the tests once the system is mounted, busybox, and each
+/// `(from, to)` of `files` at the absolute path `to` inside (for the peers bench: the agent, the
+/// bench driver, and Debian's earlyoom with the shared libraries it links).
+pub fn build_with(
+    main: &str,
+    files: &[(PathBuf, PathBuf)],
+    out_dir: &Path,
+    name: &str,
+) -> Result<PathBuf> {
+    let stage = out_dir.join(format!("{name}.stage"));
+    let _ = fs::remove_dir_all(&stage);
+    for dir in ["bin", "dev", "proc", "sys", "tmp", "root", "run"] {
+        fs::create_dir_all(stage.join(dir))?;
+    }
+    install(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
+    fs::write(stage.join("init"), INIT)?;
+    fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
+    fs::write(stage.join("main.sh"), main)?;
+    for (from, to) in files {
+        let to = stage.join(to.strip_prefix("/").unwrap_or(to));
+        fs::create_dir_all(to.parent().context("a file without a directory")?)?;
+        install(from, &to)?;
+    }
+    pack(&stage, &out_dir.join(format!("{name}.cpio")))
 }
 
 /// Copies a binary in without its debug info: the initramfs unpacks into the VM's RAM, and

@@ -37,6 +37,19 @@ pub fn boot(
     log_path: &Path,
     label: &str,
 ) -> Result<Boot> {
+    boot_with(vmlinuz, initrd, memory_mib, timeout, log_path, label, &[])
+}
+
+/// [`boot`] with more QEMU arguments (devices, e.g. the peers bench's disk).
+pub fn boot_with(
+    vmlinuz: &Path,
+    initrd: &Path,
+    memory_mib: u32,
+    timeout: Duration,
+    log_path: &Path,
+    label: &str,
+    extra: &[String],
+) -> Result<Boot> {
     let mut log = File::create(log_path).with_context(|| format!("creating {log_path:?}"))?;
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(["-machine", "q35", "-cpu", "max", "-smp", "2"])
@@ -64,6 +77,7 @@ pub fn boot(
             "-append",
             "console=ttyS0 panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off edd=off",
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
