@@ -184,7 +184,13 @@ fn test(args: &TestArgs) -> Result<()> {
             "the integration tests need root (real cgroups and eBPF); run `cargo xtask test` as root"
         );
     }
-    let host = cargo::test(&tc, &["test", "-p", "qoslet-tests"])?;
+    let (host, host_sensor_lines) = cargo::test_keeping(
+        &tc,
+        &["test", "-p", "qoslet-tests"],
+        Some(vm::sensor_table::MARKER),
+    )?;
+    let mut sensor_lines =
+        vm::sensor_table::parse_all(host_sensor_lines.iter().map(String::as_str));
     lines.push(format!(
         "host kernel {}, cgroup {}: {}",
         uname_r(),
@@ -213,11 +219,18 @@ fn test(args: &TestArgs) -> Result<()> {
                     format!(" (FAILED, log {})", r.log_path.display())
                 }
             ));
+            sensor_lines.extend(r.sensors.iter().cloned());
             total.passed += r.passed as u64;
             total.failed += r.failed as u64;
             total.ignored += r.ignored as u64;
             vm_failed |= !r.ok;
         }
+    }
+
+    let table = cargo::workspace_root().join("target/vm-test/kernel-table.md");
+    std::fs::create_dir_all(table.parent().expect("a parent"))?;
+    if vm::sensor_table::write(&sensor_lines, "cargo xtask test", &table)? {
+        lines.push(format!("kernel table: {}", table.display()));
     }
 
     println!("\n== qoslet test report ==");

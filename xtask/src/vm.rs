@@ -7,6 +7,7 @@ mod initramfs;
 mod kernels;
 mod qemu;
 mod report;
+pub mod sensor_table;
 
 use std::{
     path::{Path, PathBuf},
@@ -20,9 +21,10 @@ pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_vm_prerequisites};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct VmTestArgs {
-    /// Kernel series ("6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest cloud-amd64
-    /// package of each in the apt sources is used. Repeatable.
-    #[arg(long = "kernel", value_name = "VERSION", default_values = ["6.1", "6.12"])]
+    /// Kernel series ("5.10", "6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest
+    /// cloud-amd64 package of each that the archive serves is used (5.10 from bullseye, through a
+    /// private apt source list). Repeatable.
+    #[arg(long = "kernel", value_name = "VERSION", default_values = ["5.10", "6.1", "6.12"])]
     pub kernels: Vec<String>,
     /// Seconds one VM may run, boot and tests included, before it is killed and counted failed.
     #[arg(long, default_value_t = 600)]
@@ -44,6 +46,8 @@ pub struct KernelReport {
     /// All binaries ran, none failed, the VM finished in time.
     pub ok: bool,
     pub log_path: PathBuf,
+    /// The `QOSLET-SENSOR` lines of the run: which hook each sensor used.
+    pub sensors: Vec<sensor_table::SensorLine>,
 }
 
 /// Runs `test_binaries` (static musl builds, see [`build_test_binaries`]) on every kernel of
@@ -100,6 +104,11 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
         ));
     }
     report::print(&reports);
+    let table = out_dir.join("kernel-table.md");
+    let lines: Vec<_> = reports.iter().flat_map(|r| r.sensors.clone()).collect();
+    if sensor_table::write(&lines, "cargo xtask vm-test", &table)? {
+        println!("vm-test: kernel table {}", table.display());
+    }
     Ok(reports)
 }
 
@@ -120,6 +129,9 @@ pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
         ])
         .args(["--message-format=json"])
         .current_dir(workspace_root())
+        // `cargo xtask` runs with xtask's CARGO_MANIFEST_DIR, which ring's build script tracks:
+        // left in, every switch between `cargo xtask` and plain cargo rebuilds the TLS stack.
+        .env_remove("CARGO_MANIFEST_DIR")
         .env("PATH", path_env)
         .stderr(Stdio::inherit())
         .output()
