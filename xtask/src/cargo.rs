@@ -28,7 +28,13 @@ fn command(tc: &Toolchain, args: &[&str]) -> Command {
 }
 
 pub fn run(tc: &Toolchain, args: &[&str]) -> Result<()> {
+    run_env(tc, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+pub fn run_env(tc: &Toolchain, args: &[&str], env: &[(String, String)]) -> Result<()> {
     let mut cmd = command(tc, args);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
         bail!("cargo {} failed: {status}", args.join(" "));

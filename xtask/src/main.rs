@@ -1,6 +1,7 @@
 //! `cargo xtask`: builds, tests and runs qoslet, installing what it needs first.
 //!
 //! - `build-ebpf`: the eBPF toolchain (rust-src, bpf-linker), then the agent with its programs.
+//! - `build --target x86_64|aarch64`: the static release agent for that architecture, cross-built.
 //! - `test`: the unused-dependency check (cargo-machete), unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
 //!   matrix under QEMU (`--no-vm` skips it). The README's test command.
 //! - `run`: the README's main command: the agent on the embedded example node.
@@ -17,6 +18,7 @@ mod apt;
 mod bench;
 mod cargo;
 mod container;
+mod cross;
 mod deploy;
 mod fuzz;
 mod image;
@@ -44,6 +46,12 @@ struct Cli {
 enum Cmd {
     /// Install the eBPF toolchain if missing and build the agent with its kernel programs.
     BuildEbpf,
+    /// The static release agent with its eBPF object for an architecture (cross-built here).
+    Build {
+        /// x86_64 (amd64) or aarch64 (arm64).
+        #[arg(long, value_enum, default_value = "x86_64")]
+        target: cross::Arch,
+    },
     /// Unit tests, root integration tests on this kernel, then the VM kernel matrix.
     Test(TestArgs),
     /// Run qoslet's standalone demo node in deploy/examples/standalone (Ctrl-C stops it).
@@ -106,6 +114,10 @@ fn run(cmd: Cmd) -> Result<()> {
             println!("xtask: built target/debug/qoslet with its eBPF programs");
             Ok(())
         }
+        Cmd::Build { target } => {
+            let tc = toolchain::ensure()?;
+            cross::build(&tc, target).map(drop)
+        }
         Cmd::Test(args) => test(&args),
         Cmd::Fuzz { time, targets } => {
             let outcomes = fuzz::run(time, &targets)?;
@@ -158,6 +170,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
             let reports = vm_matrix(&tc, &args)?;
+            vm::write_kernel_table(&reports, "cargo xtask vm-test")?;
             if reports.iter().any(|r| !r.ok) {
                 bail!("vm-test failed");
             }
@@ -308,10 +321,32 @@ fn secs(d: Duration) -> String {
     format!("{:.0} s", d.as_secs_f64())
 }
 
+/// The x86-64 kernels of `args` with x86-64 test binaries, then `arm64` (if asked for) with
+/// arm64 ones.
 fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm::KernelReport>> {
     vm::ensure_vm_prerequisites()?;
-    let binaries = vm::build_test_binaries(&tc.path_env)?;
-    vm::vm_test(args, &binaries)
+    let (arm64, x86_64): (Vec<String>, Vec<String>) =
+        args.kernels.iter().cloned().partition(|k| vm::is_arm64(k));
+    let mut reports = Vec::new();
+    if !x86_64.is_empty() {
+        let binaries = vm::build_test_binaries(&tc.path_env)?;
+        let args = vm::VmTestArgs {
+            kernels: x86_64,
+            ..args.clone()
+        };
+        reports.extend(vm::vm_test(&args, &binaries)?);
+    }
+    if !arm64.is_empty() {
+        let arch = cross::Arch::Aarch64;
+        cross::ensure(arch)?;
+        let binaries = vm::build_test_binaries_for(&tc.path_env, arch.triple(), &arch.env())?;
+        let args = vm::VmTestArgs {
+            kernels: arm64,
+            ..args.clone()
+        };
+        reports.extend(vm::vm_test_arm64(&args, &binaries)?);
+    }
+    Ok(reports)
 }
 
 fn run_example(extra: &[String]) -> Result<()> {

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_vm_prerequisites};
+pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_rust_target, ensure_vm_prerequisites};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct VmTestArgs {
@@ -54,6 +54,44 @@ pub struct KernelReport {
 /// `args` and prints one line per kernel. Returns `Ok` with the reports even when tests fail: the
 /// caller must fail when any report is not `ok`. `Err` means the harness itself broke.
 pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<KernelReport>> {
+    run_matrix(args, test_binaries, qemu::Machine::X86_64)
+}
+
+/// [`vm_test`] for the arm64 kernels (`--kernel arm64`) on `qemu-system-aarch64`, with test
+/// binaries built for [`AARCH64_MUSL_TARGET`].
+pub fn vm_test_arm64(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<KernelReport>> {
+    crate::apt::ensure("vm-test", ARM64_PACKAGES)?;
+    run_matrix(args, test_binaries, qemu::Machine::Aarch64)
+}
+
+/// The musl target of the arm64 VM's test binaries.
+pub const AARCH64_MUSL_TARGET: &str = "aarch64-unknown-linux-musl";
+/// What the arm64 VM needs besides the x86-64 one's: the emulator and the cross binutils'
+/// `strip` (the arm64 busybox comes from Debian's arm64 archive, see `kernels::BOOKWORM_ARM64`).
+const ARM64_PACKAGES: &[&str] = &["qemu-system-arm", "binutils-aarch64-linux-gnu"];
+
+/// Whether `--kernel <series>` is the arm64 VM.
+pub fn is_arm64(series: &str) -> bool {
+    kernels::is_arm64(series)
+}
+
+/// Writes `target/vm-test/kernel-table.md` from the reports' sensor lines (see [`sensor_table`]).
+pub fn write_kernel_table(reports: &[KernelReport], command: &str) -> Result<()> {
+    let out_dir = target_dir().join("vm-test");
+    std::fs::create_dir_all(&out_dir)?;
+    let table = out_dir.join("kernel-table.md");
+    let lines: Vec<_> = reports.iter().flat_map(|r| r.sensors.clone()).collect();
+    if sensor_table::write(&lines, command, &table)? {
+        println!("vm-test: kernel table {}", table.display());
+    }
+    Ok(())
+}
+
+fn run_matrix(
+    args: &VmTestArgs,
+    test_binaries: &[PathBuf],
+    machine: qemu::Machine,
+) -> Result<Vec<KernelReport>> {
     if test_binaries.is_empty() {
         bail!("vm-test: no test binaries to run");
     }
@@ -65,7 +103,20 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
     std::fs::create_dir_all(&out_dir)?;
 
     let t = Instant::now();
-    let initrd = initramfs::build(test_binaries, &out_dir)?;
+    let initrd = match machine {
+        qemu::Machine::X86_64 => initramfs::build(test_binaries, &out_dir)?,
+        qemu::Machine::Aarch64 => {
+            let busybox =
+                kernels::BOOKWORM_ARM64.file_of(&cache, "busybox-static", "bin/busybox")?;
+            initramfs::build_with(
+                test_binaries,
+                &out_dir,
+                &busybox,
+                "aarch64-linux-gnu-strip",
+                "initramfs-arm64",
+            )?
+        }
+    };
     println!(
         "vm-test: initramfs {} ({} MiB) in {:.1?}",
         initrd.display(),
@@ -83,14 +134,27 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
             t.elapsed()
         );
         let log_path = out_dir.join(format!("{}.log", sanitize(series)));
-        let boot = qemu::boot(
-            &kernel.vmlinuz,
-            &initrd,
-            args.memory,
-            Duration::from_secs(args.timeout),
-            &log_path,
-            series,
-        )?;
+        let timeout = Duration::from_secs(args.timeout);
+        let boot = match (machine, kernel.arch) {
+            (qemu::Machine::X86_64, "amd64") => qemu::boot(
+                &kernel.vmlinuz,
+                &initrd,
+                args.memory,
+                timeout,
+                &log_path,
+                series,
+            )?,
+            (qemu::Machine::Aarch64, "arm64") => qemu::boot_on(
+                machine,
+                &kernel.vmlinuz,
+                &initrd,
+                args.memory,
+                timeout,
+                &log_path,
+                series,
+            )?,
+            (machine, arch) => bail!("--kernel {series} is an {arch} kernel, not for {machine:?}"),
+        };
         println!("vm-test: {series} VM finished in {:.1?}", boot.elapsed);
         reports.push(report::parse(
             &boot.lines,
@@ -104,11 +168,6 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
         ));
     }
     report::print(&reports);
-    let table = out_dir.join("kernel-table.md");
-    let lines: Vec<_> = reports.iter().flat_map(|r| r.sensors.clone()).collect();
-    if sensor_table::write(&lines, "cargo xtask vm-test", &table)? {
-        println!("vm-test: kernel table {}", table.display());
-    }
     Ok(reports)
 }
 
@@ -117,16 +176,19 @@ const HOST_ONLY: &[&str] = &["fake_api", "qoslet-fake-api", "cluster_node"];
 
 /// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
 pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
+    build_test_binaries_for(path_env, MUSL_TARGET, &[])
+}
+
+/// [`build_test_binaries`] for `triple`, with `env` (a cross linker and C compiler).
+pub fn build_test_binaries_for(
+    path_env: &std::ffi::OsStr,
+    triple: &str,
+    env: &[(String, String)],
+) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args([
-            "test",
-            "-p",
-            "qoslet-tests",
-            "--no-run",
-            "--target",
-            MUSL_TARGET,
-        ])
+        .args(["test", "-p", "qoslet-tests", "--no-run", "--target", triple])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["--message-format=json"])
         .current_dir(workspace_root())
         // `cargo xtask` runs with xtask's CARGO_MANIFEST_DIR, which ring's build script tracks:

@@ -102,23 +102,28 @@ fn cell(line: &SensorLine) -> String {
     }
 }
 
-/// `a/b/x,a/b/y` -> `a/b/{x,y}`: hooks of one category in one cell.
+/// `a/b/p_x,a/b/p_y` -> `a/b/p_{x,y}`: hooks of one category in one cell.
 fn compress(hooks: &str) -> String {
     let parts: Vec<&str> = hooks.split(',').collect();
     if parts.len() < 2 {
         return hooks.to_owned();
     }
-    let prefix = |h: &str| h.rsplit_once('/').map(|(p, _)| p.to_owned());
-    let first = prefix(parts[0]);
-    if first.is_none() || parts.iter().any(|h| prefix(h) != first) {
-        return hooks.to_owned();
+    // The common prefix, cut after its last '/' or '_' so names stay whole words.
+    let mut len = parts[0].len();
+    for p in &parts[1..] {
+        len = len.min(
+            parts[0]
+                .bytes()
+                .zip(p.bytes())
+                .take_while(|(a, b)| a == b)
+                .count(),
+        );
     }
-    let first = first.unwrap_or_default();
-    let names: Vec<&str> = parts
-        .iter()
-        .filter_map(|h| h.rsplit_once('/').map(|(_, n)| n))
-        .collect();
-    format!("{first}/{{{}}}", names.join(","))
+    let Some(cut) = parts[0][..len].rfind(['/', '_']).map(|i| i + 1) else {
+        return hooks.to_owned();
+    };
+    let rests: Vec<&str> = parts.iter().map(|p| &p[cut..]).collect();
+    format!("{}{{{}}}", &parts[0][..cut], rests.join(","))
 }
 
 /// Writes the table to `path` unless there is no sensor line; returns whether it did.
@@ -169,8 +174,15 @@ QOSLET-SENSOR kernel=6.12.1 arch=aarch64 cgroup=v2 sensor=process_lifecycle mode
         assert_eq!(rows[3], "| `memcg_events` | fallback | not run |");
         assert_eq!(
             rows[4],
-            "| `process_lifecycle` | not run | `tracepoint/sched/{sched_process_fork,sched_process_exec}` |"
+            "| `process_lifecycle` | not run | `tracepoint/sched/sched_process_{fork,exec}` |"
         );
         assert!(table.contains("on 2026-11-30"));
+        assert_eq!(
+            compress(
+                "tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin,tracepoint/vmscan/mm_vmscan_direct_reclaim_end"
+            ),
+            "tracepoint/vmscan/mm_vmscan_{memcg_reclaim_begin,direct_reclaim_end}"
+        );
+        assert_eq!(compress("tp_btf/a,fentry/b"), "tp_btf/a,fentry/b");
     }
 }
