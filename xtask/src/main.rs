@@ -240,9 +240,7 @@ fn test(args: &TestArgs) -> Result<()> {
         }
     }
 
-    let table = cargo::workspace_root().join("target/vm-test/kernel-table.md");
-    std::fs::create_dir_all(table.parent().expect("a parent"))?;
-    if vm::sensor_table::write(&sensor_lines, "cargo xtask test", &table)? {
+    if let Some(table) = vm::write_sensor_lines(&sensor_lines, "cargo xtask test")? {
         lines.push(format!("kernel table: {}", table.display()));
     }
 

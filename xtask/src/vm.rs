@@ -23,7 +23,8 @@ pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_rust_target, ensure_vm_pr
 pub struct VmTestArgs {
     /// Kernel series ("5.10", "6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest
     /// cloud-amd64 package of each that the archive serves is used (5.10 from bullseye, through a
-    /// private apt source list). Repeatable.
+    /// private apt source list). "arm64": bookworm's cloud-arm64 kernel under
+    /// qemu-system-aarch64 with arm64 test binaries (not in the default list). Repeatable.
     #[arg(long = "kernel", value_name = "VERSION", default_values = ["5.10", "6.1", "6.12"])]
     pub kernels: Vec<String>,
     /// Seconds one VM may run, boot and tests included, before it is killed and counted failed.
@@ -77,14 +78,23 @@ pub fn is_arm64(series: &str) -> bool {
 
 /// Writes `target/vm-test/kernel-table.md` from the reports' sensor lines (see [`sensor_table`]).
 pub fn write_kernel_table(reports: &[KernelReport], command: &str) -> Result<()> {
-    let out_dir = target_dir().join("vm-test");
-    std::fs::create_dir_all(&out_dir)?;
-    let table = out_dir.join("kernel-table.md");
     let lines: Vec<_> = reports.iter().flat_map(|r| r.sensors.clone()).collect();
-    if sensor_table::write(&lines, command, &table)? {
+    if let Some(table) = write_sensor_lines(&lines, command)? {
         println!("vm-test: kernel table {}", table.display());
     }
     Ok(())
+}
+
+/// Writes `target/vm-test/kernel-table.md` from `lines` (the host's and the VMs'); returns its
+/// path, or `None` when there was no line.
+pub fn write_sensor_lines(
+    lines: &[sensor_table::SensorLine],
+    command: &str,
+) -> Result<Option<PathBuf>> {
+    let out_dir = target_dir().join("vm-test");
+    std::fs::create_dir_all(&out_dir)?;
+    let table = out_dir.join("kernel-table.md");
+    Ok(sensor_table::write(lines, command, &table)?.then_some(table))
 }
 
 fn run_matrix(
