@@ -517,6 +517,17 @@ pub fn online_cpus() -> u32 {
     thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
+/// The running kernel's major and minor version, from `/proc/sys/kernel/osrelease`
+/// (`5.10.0-43-cloud-amd64` -> `(5, 10)`), for assertions that differ by kernel.
+pub fn kernel_version() -> (u32, u32) {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").expect("reading osrelease");
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let major = numbers.next().expect("a major version in osrelease");
+    (major, numbers.next().unwrap_or(0))
+}
+
 pub mod eviction;
 pub mod fake_api;
 pub mod kubelet_tree;

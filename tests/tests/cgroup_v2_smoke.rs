@@ -50,9 +50,28 @@ impl TestCgroup {
 
 impl Drop for TestCgroup {
     fn drop(&mut self) {
-        let _ = fs::write(self.0.join("cgroup.kill"), "1");
+        if fs::write(self.0.join("cgroup.kill"), "1").is_err() {
+            sigkill_procs(&self.0);
+        }
         self.wait_unpopulated(Duration::from_secs(5));
         remove_tree(&self.0);
+    }
+}
+
+/// SIGKILL to every pid of `dir`'s and its children's `cgroup.procs`: what qoslet does where
+/// the kernel has no `cgroup.kill` (before Linux 5.14).
+fn sigkill_procs(dir: &Path) {
+    let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            sigkill_procs(&e.path());
+        }
     }
 }
 
@@ -176,7 +195,19 @@ fn cgroup_v2_limits_events_and_kill() {
         child.id()
     );
 
-    pod.write("cgroup.kill", "1");
+    // cgroup.kill came with Linux 5.14; before it qoslet kills pid by pid.
+    let has_kill = pod.0.join("cgroup.kill").exists();
+    let version = qoslet_tests::kernel_version();
+    assert_eq!(
+        has_kill,
+        version >= (5, 14),
+        "cgroup.kill on Linux {version:?}"
+    );
+    if has_kill {
+        pod.write("cgroup.kill", "1");
+    } else {
+        sigkill_procs(&pod.0);
+    }
     let status = wait_with_deadline(&mut child, Duration::from_secs(10));
     assert_eq!(
         status.signal(),

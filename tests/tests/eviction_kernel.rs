@@ -401,6 +401,13 @@ mod action {
         assert!(pod.memory.pids().is_empty());
         if let Some(u) = &pod.unified {
             assert!(u.pids().is_empty());
+            // Before 5.14 (the 5.10 VM) there is no cgroup.kill: the SIGKILL loop did it.
+            let version = qoslet_tests::kernel_version();
+            assert_eq!(
+                u.path.join("cgroup.kill").exists(),
+                version >= (5, 14),
+                "cgroup.kill on Linux {version:?}"
+            );
         }
     }
 }

@@ -1,16 +1,21 @@
 //! `ebpf.sensors`: a sensor switched off attaches none of its programs and runs its fallback
-//! while the others stay on their hooks; with every sensor off nothing is loaded.
+//! while the others stay on their hooks; with every sensor off nothing is loaded. With every
+//! sensor on, each runs on a hook of `agent/src/sensors/table.rs` or on that table's fallback, as
+//! this kernel allows; the test prints one `QOSLET-SENSOR` line per sensor, from which
+//! `cargo xtask test` and `cargo xtask vm-test` write the README's kernel table.
 
 mod sensors_common;
+
+use std::io::Write as _;
 
 use qoslet::{
     config::EbpfConfig,
     sensors::{
         CpuSource, SensorMode, SensorSwitches, SensorsConfig,
-        table::{SENSORS, SWITCHED_OFF},
+        table::{Fallback, SENSORS, SWITCHED_OFF},
     },
 };
-use qoslet_tests::require_root;
+use qoslet_tests::{Layout, kernel_version, layout, require_root};
 use sensors_common::{Cgroups, remove_and_wait_unwatched, start, status};
 
 /// The configuration `ebpf: {sensors: {<name>: false, ...}}` gives the node.
@@ -77,5 +82,84 @@ async fn with_every_sensor_switched_off_nothing_is_loaded() {
         if s.name != "memory_pressure" {
             assert_eq!(s.reason.as_deref(), Some(SWITCHED_OFF), "{s:?}");
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sensor_runs_on_a_hook_of_the_table_or_its_fallback() {
+    require_root();
+    let (sensors, _rx) = start(SensorsConfig::default());
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let cgroup = match layout() {
+        Layout::Unified => "v2",
+        Layout::Hybrid => "hybrid",
+        Layout::Legacy => "v1",
+    };
+    // Its own line even where libtest has printed `test ... ` without a newline yet.
+    let mut lines = String::from("\n");
+    for s in sensors.statuses() {
+        let mode = match s.mode {
+            SensorMode::Active => "active",
+            SensorMode::Fallback => "fallback",
+            SensorMode::Off => "off",
+        };
+        // Straight to the process's stdout, past libtest's capture: the VM's console and
+        // `cargo xtask test` read these lines.
+        lines.push_str(&format!(
+            "QOSLET-SENSOR kernel={} arch={} cgroup={cgroup} sensor={} mode={mode} source={}\n",
+            release.trim(),
+            std::env::consts::ARCH,
+            s.name,
+            s.source
+        ));
+    }
+    std::io::stdout()
+        .write_all(lines.as_bytes())
+        .expect("writing the sensor lines");
+
+    for s in sensors.statuses() {
+        let Some(sensor) = SENSORS.iter().find(|t| t.name == s.name) else {
+            // memory_pressure: PSI, no program.
+            assert_eq!(s.name, "memory_pressure");
+            assert_eq!(
+                s.mode,
+                SensorMode::Active,
+                "every kernel of the matrix has PSI"
+            );
+            continue;
+        };
+        match s.mode {
+            SensorMode::Active => {
+                let hooks: Vec<String> = sensor
+                    .choices
+                    .iter()
+                    .map(|c| {
+                        let h: Vec<String> = c.iter().map(|p| p.hook.to_string()).collect();
+                        h.join(",")
+                    })
+                    .collect();
+                assert!(hooks.contains(&s.source), "{s:?} not on {hooks:?}");
+            }
+            SensorMode::Fallback | SensorMode::Off => {
+                let fallback = match sensor.fallback {
+                    Fallback::Always(text) | Fallback::Psi(text) => text,
+                };
+                assert_eq!(s.mode, SensorMode::Fallback, "{s:?}");
+                assert_eq!(s.source, fallback, "{s:?}");
+                assert!(s.reason.as_deref().is_some_and(|r| !r.is_empty()), "{s:?}");
+            }
+        }
+    }
+    // What the README's sensor table promises per kernel.
+    let version = kernel_version();
+    // Before 6.15 there is no such function; from it on, fentry still needs the kernel's BPF
+    // trampolines (the development host's 6.18 refuses it).
+    let memcg = status(&sensors, "memcg_events");
+    if version < (6, 15) {
+        assert_eq!(
+            memcg.mode,
+            SensorMode::Fallback,
+            "__memcg_memory_event exists from Linux 6.15: {memcg:?}"
+        );
     }
 }

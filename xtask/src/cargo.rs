@@ -28,12 +28,20 @@ fn command(tc: &Toolchain, args: &[&str]) -> Command {
     let mut cmd = Command::new(cargo);
     cmd.args(args)
         .current_dir(workspace_root())
-        .env("PATH", &tc.path_env);
+        .env("PATH", &tc.path_env)
+        // xtask's own; build scripts that track it would rebuild after every plain cargo run.
+        .env_remove("CARGO_MANIFEST_DIR");
     cmd
 }
 
 pub fn run(tc: &Toolchain, args: &[&str]) -> Result<()> {
+    run_env(tc, args, &[])
+}
+
+/// [`run`] with extra environment variables.
+pub fn run_env(tc: &Toolchain, args: &[&str], env: &[(String, String)]) -> Result<()> {
     let mut cmd = command(tc, args);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
         bail!("cargo {} failed: {status}", args.join(" "));
@@ -67,14 +75,27 @@ impl TestCounts {
 /// Runs `cargo test ...`, echoing its output, and sums its `test result:` lines. A failing
 /// run is reported in the counts (`ok == false`), not as an error, so the report still prints.
 pub fn test(tc: &Toolchain, args: &[&str]) -> Result<TestCounts> {
+    test_keeping(tc, args, None).map(|(counts, _)| counts)
+}
+
+/// [`test`], also returning the output lines that contain `marker`.
+pub fn test_keeping(
+    tc: &Toolchain,
+    args: &[&str],
+    marker: Option<&str>,
+) -> Result<(TestCounts, Vec<String>)> {
     let mut cmd = command(tc, args);
     cmd.stdout(Stdio::piped());
     let mut child = cmd.spawn().with_context(|| format!("running {cmd:?}"))?;
     let stdout = child.stdout.take().context("cargo stdout")?;
     let mut counts = TestCounts::default();
+    let mut kept = Vec::new();
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         println!("{line}");
+        if marker.is_some_and(|m| line.contains(m)) {
+            kept.push(line.clone());
+        }
         if let Some((p, f, i)) = parse_result_line(&line) {
             counts.passed += p;
             counts.failed += f;
@@ -87,7 +108,7 @@ pub fn test(tc: &Toolchain, args: &[&str]) -> Result<TestCounts> {
         // A build failure or a crashed test binary prints no failing summary line.
         counts.failed += 1;
     }
-    Ok(counts)
+    Ok((counts, kept))
 }
 
 /// `test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; ...`

@@ -131,7 +131,7 @@ fn mib(bytes: u64) -> f64 {
 
 /// A static executable has no program interpreter (`PT_INTERP`): nothing to load from a libc
 /// the image does not have.
-fn check_static(binary: &Path) -> Result<()> {
+pub fn check_static(binary: &Path) -> Result<()> {
     let elf = fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
     if has_interp(&elf).context("not a 64-bit ELF file")? {
         bail!("{} is dynamically linked", binary.display());

@@ -1,6 +1,7 @@
 //! `cargo xtask`: builds, tests and runs qoslet, installing what it needs first.
 //!
 //! - `build-ebpf`: the eBPF toolchain (rust-src, bpf-linker), then the agent with its programs.
+//! - `build --target x86_64|aarch64`: the static release agent for that architecture, cross-built.
 //! - `test`: the unused-dependency check (cargo-machete), formatting and clippy, unit tests, the root integration tests on this kernel, then the cgroup v2 kernel
 //!   matrix under QEMU (`--no-vm` skips it). The README's test command.
 //! - `run`: the README's main command: the agent on the embedded example node.
@@ -18,6 +19,7 @@ mod apt;
 mod bench;
 mod cargo;
 mod container;
+mod cross;
 mod deploy;
 mod fuzz;
 mod image;
@@ -46,6 +48,12 @@ struct Cli {
 enum Cmd {
     /// Install the eBPF toolchain if missing and build the agent with its kernel programs.
     BuildEbpf,
+    /// The static release agent with its eBPF object for an architecture (cross-built here).
+    Build {
+        /// x86_64 (amd64) or aarch64 (arm64).
+        #[arg(long, value_enum, default_value = "x86_64")]
+        target: cross::Arch,
+    },
     /// Unit tests, root integration tests on this kernel, then the VM kernel matrix.
     Test(TestArgs),
     /// Run qoslet's standalone demo node in deploy/examples/standalone (Ctrl-C stops it).
@@ -110,6 +118,10 @@ fn run(cmd: Cmd) -> Result<()> {
             println!("xtask: built target/debug/qoslet with its eBPF programs");
             Ok(())
         }
+        Cmd::Build { target } => {
+            let tc = toolchain::ensure()?;
+            cross::build(&tc, target).map(drop)
+        }
         Cmd::Test(args) => test(&args),
         Cmd::Lint => lint::check(&toolchain::ensure()?),
         Cmd::Fuzz { time, targets } => {
@@ -163,6 +175,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
             let reports = vm_matrix(&tc, &args)?;
+            vm::write_kernel_table(&reports, "cargo xtask vm-test")?;
             if reports.iter().any(|r| !r.ok) {
                 bail!("vm-test failed");
             }
@@ -190,7 +203,13 @@ fn test(args: &TestArgs) -> Result<()> {
             "the integration tests need root (real cgroups and eBPF); run `cargo xtask test` as root"
         );
     }
-    let host = cargo::test(&tc, &["test", "-p", "qoslet-tests"])?;
+    let (host, host_sensor_lines) = cargo::test_keeping(
+        &tc,
+        &["test", "-p", "qoslet-tests"],
+        Some(vm::sensor_table::MARKER),
+    )?;
+    let mut sensor_lines =
+        vm::sensor_table::parse_all(host_sensor_lines.iter().map(String::as_str));
     lines.push(format!(
         "host kernel {}, cgroup {}: {}",
         uname_r(),
@@ -219,11 +238,16 @@ fn test(args: &TestArgs) -> Result<()> {
                     format!(" (FAILED, log {})", r.log_path.display())
                 }
             ));
+            sensor_lines.extend(r.sensors.iter().cloned());
             total.passed += r.passed as u64;
             total.failed += r.failed as u64;
             total.ignored += r.ignored as u64;
             vm_failed |= !r.ok;
         }
+    }
+
+    if let Some(table) = vm::write_sensor_lines(&sensor_lines, "cargo xtask test")? {
+        lines.push(format!("kernel table: {}", table.display()));
     }
 
     println!("\n== qoslet test report ==");
@@ -301,10 +325,32 @@ fn secs(d: Duration) -> String {
     format!("{:.0} s", d.as_secs_f64())
 }
 
+/// The x86-64 kernels of `args` with x86-64 test binaries, then `arm64` (if asked for) with
+/// arm64 ones.
 fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm::KernelReport>> {
     vm::ensure_vm_prerequisites()?;
-    let binaries = vm::build_test_binaries(&tc.path_env)?;
-    vm::vm_test(args, &binaries)
+    let (arm64, x86_64): (Vec<String>, Vec<String>) =
+        args.kernels.iter().cloned().partition(|k| vm::is_arm64(k));
+    let mut reports = Vec::new();
+    if !x86_64.is_empty() {
+        let binaries = vm::build_test_binaries(&tc.path_env)?;
+        let args = vm::VmTestArgs {
+            kernels: x86_64,
+            ..args.clone()
+        };
+        reports.extend(vm::vm_test(&args, &binaries)?);
+    }
+    if !arm64.is_empty() {
+        let arch = cross::Arch::Aarch64;
+        cross::ensure(arch)?;
+        let binaries = vm::build_test_binaries_for(&tc.path_env, arch.triple(), &arch.env())?;
+        let args = vm::VmTestArgs {
+            kernels: arm64,
+            ..args.clone()
+        };
+        reports.extend(vm::vm_test_arm64(&args, &binaries)?);
+    }
+    Ok(reports)
 }
 
 fn run_example(extra: &[String]) -> Result<()> {

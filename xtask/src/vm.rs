@@ -8,22 +8,25 @@ mod kernels;
 pub mod peers;
 mod qemu;
 mod report;
+pub mod sensor_table;
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
 
-pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_vm_prerequisites};
+pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_rust_target, ensure_vm_prerequisites};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct VmTestArgs {
-    /// Kernel series ("6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest cloud-amd64
-    /// package of each in the apt sources is used. Repeatable.
-    #[arg(long = "kernel", value_name = "VERSION", default_values = ["6.1", "6.12"])]
+    /// Kernel series ("5.10", "6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest
+    /// cloud-amd64 package of each that the archive serves is used (5.10 from bullseye, through a
+    /// private apt source list). "arm64": bookworm's cloud-arm64 kernel under
+    /// qemu-system-aarch64 with arm64 test binaries (not in the default list). Repeatable.
+    #[arg(long = "kernel", value_name = "VERSION", default_values = ["5.10", "6.1", "6.12"])]
     pub kernels: Vec<String>,
     /// Seconds one VM may run, boot and tests included, before it is killed and counted failed.
     #[arg(long, default_value_t = 600)]
@@ -45,12 +48,61 @@ pub struct KernelReport {
     /// All binaries ran, none failed, the VM finished in time.
     pub ok: bool,
     pub log_path: PathBuf,
+    /// The `QOSLET-SENSOR` lines of the run: which hook each sensor used.
+    pub sensors: Vec<sensor_table::SensorLine>,
 }
 
 /// Runs `test_binaries` (static musl builds, see [`build_test_binaries`]) on every kernel of
 /// `args` and prints one line per kernel. Returns `Ok` with the reports even when tests fail: the
 /// caller must fail when any report is not `ok`. `Err` means the harness itself broke.
 pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<KernelReport>> {
+    run_matrix(args, test_binaries, qemu::Machine::X86_64)
+}
+
+/// [`vm_test`] for the arm64 kernels (`--kernel arm64`) on `qemu-system-aarch64`, with test
+/// binaries built for [`AARCH64_MUSL_TARGET`].
+pub fn vm_test_arm64(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<KernelReport>> {
+    crate::apt::ensure("vm-test", ARM64_PACKAGES)?;
+    run_matrix(args, test_binaries, qemu::Machine::Aarch64)
+}
+
+/// The musl target of the arm64 VM's test binaries.
+pub const AARCH64_MUSL_TARGET: &str = "aarch64-unknown-linux-musl";
+/// What the arm64 VM needs besides the x86-64 one's: the emulator and the cross binutils'
+/// `strip` (the arm64 busybox comes from Debian's arm64 archive, see `kernels::BOOKWORM_ARM64`).
+const ARM64_PACKAGES: &[&str] = &["qemu-system-arm", "binutils-aarch64-linux-gnu"];
+
+/// Whether `--kernel <series>` is the arm64 VM.
+pub fn is_arm64(series: &str) -> bool {
+    kernels::is_arm64(series)
+}
+
+/// Writes `target/vm-test/kernel-table.md` from the reports' sensor lines (see [`sensor_table`]).
+pub fn write_kernel_table(reports: &[KernelReport], command: &str) -> Result<()> {
+    let lines: Vec<_> = reports.iter().flat_map(|r| r.sensors.clone()).collect();
+    if let Some(table) = write_sensor_lines(&lines, command)? {
+        println!("vm-test: kernel table {}", table.display());
+    }
+    Ok(())
+}
+
+/// Writes `target/vm-test/kernel-table.md` from `lines` (the host's and the VMs'); returns its
+/// path, or `None` when there was no line.
+pub fn write_sensor_lines(
+    lines: &[sensor_table::SensorLine],
+    command: &str,
+) -> Result<Option<PathBuf>> {
+    let out_dir = crate::cargo::target_dir().join("vm-test");
+    std::fs::create_dir_all(&out_dir)?;
+    let table = out_dir.join("kernel-table.md");
+    Ok(sensor_table::write(lines, command, &table)?.then_some(table))
+}
+
+fn run_matrix(
+    args: &VmTestArgs,
+    test_binaries: &[PathBuf],
+    machine: qemu::Machine,
+) -> Result<Vec<KernelReport>> {
     if test_binaries.is_empty() {
         bail!("vm-test: no test binaries to run");
     }
@@ -58,11 +110,24 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
     ensure_vm_prerequisites()?;
     println!("vm-test: prerequisites checked in {:.1?}", t.elapsed());
     let cache = kernels::cache_dir()?;
-    let out_dir = target_dir().join("vm-test");
+    let out_dir = crate::cargo::target_dir().join("vm-test");
     std::fs::create_dir_all(&out_dir)?;
 
     let t = Instant::now();
-    let initrd = initramfs::build(test_binaries, &out_dir)?;
+    let initrd = match machine {
+        qemu::Machine::X86_64 => initramfs::build(test_binaries, &out_dir)?,
+        qemu::Machine::Aarch64 => {
+            let busybox =
+                kernels::BOOKWORM_ARM64.file_of(&cache, "busybox-static", "bin/busybox")?;
+            initramfs::build_with(
+                test_binaries,
+                &out_dir,
+                &busybox,
+                "aarch64-linux-gnu-strip",
+                "initramfs-arm64",
+            )?
+        }
+    };
     println!(
         "vm-test: initramfs {} ({} MiB) in {:.1?}",
         initrd.display(),
@@ -80,14 +145,28 @@ pub fn vm_test(args: &VmTestArgs, test_binaries: &[PathBuf]) -> Result<Vec<Kerne
             t.elapsed()
         );
         let log_path = out_dir.join(format!("{}.log", sanitize(series)));
-        let boot = qemu::boot(
-            &kernel.vmlinuz,
-            &initrd,
-            args.memory,
-            Duration::from_secs(args.timeout),
-            &log_path,
-            series,
-        )?;
+        let timeout = Duration::from_secs(args.timeout);
+        let boot = match (machine, kernel.arch) {
+            (qemu::Machine::X86_64, "amd64") => qemu::boot(
+                &kernel.vmlinuz,
+                &initrd,
+                args.memory,
+                timeout,
+                &log_path,
+                series,
+            )?,
+            (qemu::Machine::Aarch64, "arm64") => qemu::boot_on(
+                machine,
+                &kernel.vmlinuz,
+                &initrd,
+                args.memory,
+                timeout,
+                &log_path,
+                series,
+                &[],
+            )?,
+            (machine, arch) => bail!("--kernel {series} is an {arch} kernel, not for {machine:?}"),
+        };
         println!("vm-test: {series} VM finished in {:.1?}", boot.elapsed);
         reports.push(report::parse(
             &boot.lines,
@@ -109,18 +188,24 @@ const HOST_ONLY: &[&str] = &["fake_api", "qoslet-fake-api"];
 
 /// Builds the `qoslet-tests` integration test binaries for musl and returns their paths.
 pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
+    build_test_binaries_for(path_env, MUSL_TARGET, &[])
+}
+
+/// [`build_test_binaries`] for `triple`, with `env` (a cross linker and C compiler).
+pub fn build_test_binaries_for(
+    path_env: &std::ffi::OsStr,
+    triple: &str,
+    env: &[(String, String)],
+) -> Result<Vec<PathBuf>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args([
-            "test",
-            "-p",
-            "qoslet-tests",
-            "--no-run",
-            "--target",
-            MUSL_TARGET,
-        ])
+        .args(["test", "-p", "qoslet-tests", "--no-run", "--target", triple])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["--message-format=json"])
-        .current_dir(workspace_root())
+        .current_dir(crate::cargo::workspace_root())
+        // `cargo xtask` runs with xtask's CARGO_MANIFEST_DIR, which ring's build script tracks:
+        // left in, every switch between `cargo xtask` and plain cargo rebuilds the TLS stack.
+        .env_remove("CARGO_MANIFEST_DIR")
         .env("PATH", path_env)
         .stderr(Stdio::inherit())
         .output()
@@ -152,18 +237,6 @@ pub fn build_test_binaries(path_env: &std::ffi::OsStr) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(binaries)
-}
-
-fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 fn sanitize(s: &str) -> String {

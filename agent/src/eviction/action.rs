@@ -183,6 +183,19 @@ fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
     Ok(n)
 }
 
+/// Says once per process that the kernel has no `cgroup.kill` (it came with Linux 5.14), so an
+/// eviction's kill is the SIGKILL loop below: it re-reads the pids until the cgroups are empty, so
+/// a process forked between a read and its signal is caught by the next round.
+fn say_no_cgroup_kill(unified: &std::path::Path) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::info!(
+            cgroup = %unified.display(),
+            "No cgroup.kill in the pod's cgroup v2 directory (Linux before 5.14); evictions send SIGKILL to each of its pids until it is empty."
+        );
+    });
+}
+
 impl EvictionAction for CgroupKill {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
@@ -200,8 +213,14 @@ impl EvictionAction for CgroupKill {
                 tokio::time::sleep(POLL).await;
             }
         }
-        if let Some(u) = cgroups.unified.as_ref()
-            && u.join("cgroup.kill").exists()
+        let has_kill = cgroups.unified.as_ref().is_some_and(|u| {
+            let exists = u.join("cgroup.kill").exists();
+            if !exists {
+                say_no_cgroup_kill(u);
+            }
+            exists
+        });
+        if let Some(u) = cgroups.unified.as_ref().filter(|_| has_kill)
             && !procs(cgroups)?.is_empty()
         {
             first_signal_at.get_or_insert_with(Instant::now);

@@ -22,17 +22,22 @@ pub fn ensure_vm_prerequisites() -> Result<()> {
 
 /// `rustup target add` the musl target unless the toolchain has it.
 pub fn ensure_musl_target() -> Result<()> {
-    if !musl_target_installed()? {
-        println!("xtask: installing the rustup target {MUSL_TARGET}");
-        run(Command::new("rustup").args(["target", "add", MUSL_TARGET]))?;
-        println!("xtask: installed the rustup target {MUSL_TARGET}");
+    ensure_rust_target(MUSL_TARGET)
+}
+
+/// `rustup target add <triple>` unless the toolchain has it.
+pub fn ensure_rust_target(triple: &str) -> Result<()> {
+    if !target_installed(triple)? {
+        println!("xtask: installing the rustup target {triple}");
+        run(Command::new("rustup").args(["target", "add", triple]))?;
+        println!("xtask: installed the rustup target {triple}");
     }
     Ok(())
 }
 
 /// Looks for the target's std in the sysroot of the toolchain that cargo will use here
 /// (rust-toolchain.toml applies), which is faster than `rustup target list`.
-fn musl_target_installed() -> Result<bool> {
+fn target_installed(triple: &str) -> Result<bool> {
     let out = Command::new("rustc")
         .args(["--print", "sysroot"])
         .output()
@@ -43,7 +48,7 @@ fn musl_target_installed() -> Result<bool> {
     let sysroot = String::from_utf8(out.stdout)?;
     Ok(Path::new(sysroot.trim())
         .join("lib/rustlib")
-        .join(MUSL_TARGET)
+        .join(triple)
         .join("lib")
         .is_dir())
 }

@@ -20,12 +20,30 @@ pub fn is_test_binary(bin: &Path) -> bool {
 }
 
 pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
-    let stage = out_dir.join("initramfs");
+    build_with(
+        test_binaries,
+        out_dir,
+        Path::new(BUSYBOX),
+        "strip",
+        "initramfs",
+    )
+}
+
+/// [`build`] for another architecture: its static `busybox`, the `strip` that reads its ELF
+/// files, and `name` for the staging directory and `<out_dir>/<name>.cpio`.
+pub fn build_with(
+    test_binaries: &[PathBuf],
+    out_dir: &Path,
+    busybox: &Path,
+    strip: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    let stage = out_dir.join(name);
     let _ = fs::remove_dir_all(&stage);
     for dir in ["bin", "tests", "dev", "proc", "sys", "tmp", "root"] {
         fs::create_dir_all(stage.join(dir))?;
     }
-    install(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
+    install(busybox, &stage.join("bin/busybox"), strip)?;
     fs::write(stage.join("init"), INIT)?;
     fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
     for bin in test_binaries {
@@ -33,14 +51,14 @@ pub fn build(test_binaries: &[PathBuf], out_dir: &Path) -> Result<PathBuf> {
         // (qoslet-test-hog) sit one level up and go to /bin.
         if is_test_binary(bin) {
             let name = test_name(bin)?;
-            install(bin, &stage.join("tests").join(name))?;
+            install(bin, &stage.join("tests").join(name), strip)?;
         } else {
             let name = bin.file_name().context("helper binary without a name")?;
-            install(bin, &stage.join("bin").join(name))?;
+            install(bin, &stage.join("bin").join(name), strip)?;
         }
     }
 
-    pack(&stage, &out_dir.join("initramfs.cpio"))
+    pack(&stage, &out_dir.join(format!("{name}.cpio")))
 }
 
 /// Packs `stage` into the newc cpio `cpio` and removes it.
@@ -68,7 +86,7 @@ fn pack(stage: &Path, cpio: &Path) -> Result<PathBuf> {
 /// (as `/main.sh`) instead of the tests once the system is mounted, busybox, and each
 /// `(from, to)` of `files` at the absolute path `to` inside (for the peers bench: the agent, the
 /// bench driver, and Debian's earlyoom with the shared libraries it links).
-pub fn build_with(
+pub fn build_scripted(
     main: &str,
     files: &[(PathBuf, PathBuf)],
     out_dir: &Path,
@@ -79,22 +97,22 @@ pub fn build_with(
     for dir in ["bin", "dev", "proc", "sys", "tmp", "root", "run"] {
         fs::create_dir_all(stage.join(dir))?;
     }
-    install(Path::new(BUSYBOX), &stage.join("bin/busybox"))?;
+    install(Path::new(BUSYBOX), &stage.join("bin/busybox"), "strip")?;
     fs::write(stage.join("init"), INIT)?;
     fs::set_permissions(stage.join("init"), fs::Permissions::from_mode(0o755))?;
     fs::write(stage.join("main.sh"), main)?;
     for (from, to) in files {
         let to = stage.join(to.strip_prefix("/").unwrap_or(to));
         fs::create_dir_all(to.parent().context("a file without a directory")?)?;
-        install(from, &to)?;
+        install(from, &to, "strip")?;
     }
     pack(&stage, &out_dir.join(format!("{name}.cpio")))
 }
 
 /// Copies a binary in without its debug info: the initramfs unpacks into the VM's RAM, and
 /// debug builds of every test binary would not fit (symbols stay, so backtraces keep names).
-fn install(from: &Path, to: &Path) -> Result<()> {
-    let stripped = Command::new("strip")
+fn install(from: &Path, to: &Path, strip: &str) -> Result<()> {
+    let stripped = Command::new(strip)
         .arg("--strip-debug")
         .arg("-o")
         .arg(to)

@@ -47,7 +47,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
             DRIVER,
         ],
     )?;
-    let release = super::target_dir().join(super::MUSL_TARGET).join("release");
+    let release = cargo::target_dir().join(super::MUSL_TARGET).join("release");
     let cache = kernels::cache_dir()?;
     let earlyoom = earlyoom(&cache.join("earlyoom"))?;
     let mut files = vec![
@@ -61,7 +61,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     for lib in shared_libraries(&earlyoom)? {
         files.push((lib.clone(), lib));
     }
-    let out_dir = super::target_dir().join("bench");
+    let out_dir = cargo::target_dir().join("bench");
     fs::create_dir_all(&out_dir)?;
     let conf = out_dir.join("peers.conf");
     let mut text = String::new();
@@ -75,7 +75,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     }
     fs::write(&conf, text)?;
     files.push((conf, PathBuf::from("/peers.conf")));
-    let initrd = initramfs::build_with(MAIN, &files, &out_dir, "peers-initramfs")?;
+    let initrd = initramfs::build_scripted(MAIN, &files, &out_dir, "peers-initramfs")?;
     let kernel = kernels::fetch(KERNEL, &cache)?;
     println!(
         "bench peers: {} ready, VM {MEMORY_MIB} MiB, after {:.1?}",

@@ -29,6 +29,38 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The emulated machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Machine {
+    /// `qemu-system-x86_64 -machine q35`, serial console on ttyS0.
+    X86_64,
+    /// `qemu-system-aarch64 -machine virt`, PL011 console on ttyAMA0.
+    Aarch64,
+}
+
+impl Machine {
+    fn qemu(self) -> &'static str {
+        match self {
+            Machine::X86_64 => "qemu-system-x86_64",
+            Machine::Aarch64 => "qemu-system-aarch64",
+        }
+    }
+
+    fn board(self) -> &'static str {
+        match self {
+            Machine::X86_64 => "q35",
+            Machine::Aarch64 => "virt",
+        }
+    }
+
+    fn console(self) -> &'static str {
+        match self {
+            Machine::X86_64 => "ttyS0",
+            Machine::Aarch64 => "ttyAMA0",
+        }
+    }
+}
+
 pub fn boot(
     vmlinuz: &Path,
     initrd: &Path,
@@ -50,9 +82,36 @@ pub fn boot_with(
     label: &str,
     extra: &[String],
 ) -> Result<Boot> {
+    boot_on(
+        Machine::X86_64,
+        vmlinuz,
+        initrd,
+        memory_mib,
+        timeout,
+        log_path,
+        label,
+        extra,
+    )
+}
+
+/// [`boot_with`] on the given machine.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the machine, its images and limits, and where the log goes: one call site each"
+)]
+pub fn boot_on(
+    machine: Machine,
+    vmlinuz: &Path,
+    initrd: &Path,
+    memory_mib: u32,
+    timeout: Duration,
+    log_path: &Path,
+    label: &str,
+    extra: &[String],
+) -> Result<Boot> {
     let mut log = File::create(log_path).with_context(|| format!("creating {log_path:?}"))?;
-    let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(["-machine", "q35", "-cpu", "max", "-smp", "2"])
+    let mut cmd = Command::new(machine.qemu());
+    cmd.args(["-machine", machine.board(), "-cpu", "max", "-smp", "2"])
         .args(["-m", &memory_mib.to_string()])
         // KVM is not usable on the CI machines: plain TCG, no -enable-kvm. Single-threaded TCG:
         // with one host thread per vCPU (MTTCG) on a loaded 2-core host, guests saw int3 oopses
@@ -73,16 +132,20 @@ pub fn boot_with(
         // panic=-1 plus -no-reboot turns a kernel panic (e.g. init dying) into a QEMU exit.
         // mitigations=off: speculation mitigations only cost time under emulation; edd=off skips
         // a BIOS disk probe there is no disk for.
-        .args([
-            "-append",
-            "console=ttyS0 panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off edd=off",
-        ])
+        .arg("-append")
+        .arg(format!(
+            "console={} panic=-1 loglevel=4 rdinit=/init cgroup_no_v1=all mitigations=off edd=off",
+            machine.console()
+        ))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = KillOnDrop(cmd.spawn().context("starting qemu-system-x86_64")?);
+    let mut child = KillOnDrop(
+        cmd.spawn()
+            .with_context(|| format!("starting {}", machine.qemu()))?,
+    );
 
     let (tx, rx) = mpsc::channel();
     let stdout = child.0.stdout.take().expect("piped");

@@ -61,6 +61,7 @@ pub fn parse(
         ignored,
         ok,
         log_path,
+        sensors: super::sensor_table::parse_all(lines.iter().map(String::as_str)),
     }
 }
 
