@@ -129,7 +129,7 @@ pub const SENSORS: &[Sensor] = &[
             requires: Requirement::MemcgEventLayout,
         }]],
         fallback: Fallback::Always(
-            "memory.events polling (v1: memory.failcnt, memory.oom_control)",
+            "memory.events on change notifications and a 10 s resync (v1: memory.failcnt, memory.oom_control)",
         ),
         essential: false,
     },
