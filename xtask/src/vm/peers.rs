@@ -93,7 +93,8 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     ]
     .map(str::to_owned)
     .to_vec();
-    let boot = qemu::boot_with(
+    let boot = qemu::boot(
+        qemu::Machine::X86_64,
         &kernel.vmlinuz,
         &initrd,
         MEMORY_MIB,

@@ -61,45 +61,13 @@ impl Machine {
     }
 }
 
-pub fn boot(
-    vmlinuz: &Path,
-    initrd: &Path,
-    memory_mib: u32,
-    timeout: Duration,
-    log_path: &Path,
-    label: &str,
-) -> Result<Boot> {
-    boot_with(vmlinuz, initrd, memory_mib, timeout, log_path, label, &[])
-}
-
-/// [`boot`] with more QEMU arguments (devices, e.g. the peers bench's disk).
-pub fn boot_with(
-    vmlinuz: &Path,
-    initrd: &Path,
-    memory_mib: u32,
-    timeout: Duration,
-    log_path: &Path,
-    label: &str,
-    extra: &[String],
-) -> Result<Boot> {
-    boot_on(
-        Machine::X86_64,
-        vmlinuz,
-        initrd,
-        memory_mib,
-        timeout,
-        log_path,
-        label,
-        extra,
-    )
-}
-
-/// [`boot_with`] on the given machine.
+/// Boots `vmlinuz` with `initrd` on `machine` and collects its console until it powers off or
+/// `timeout` passes; `extra` are more QEMU arguments (devices, e.g. the peers bench's disk).
 #[expect(
     clippy::too_many_arguments,
     reason = "the machine, its images and limits, and where the log goes: one call site each"
 )]
-pub fn boot_on(
+pub fn boot(
     machine: Machine,
     vmlinuz: &Path,
     initrd: &Path,
