@@ -19,6 +19,8 @@ pub mod sensors;
 pub mod server;
 pub mod source;
 pub mod standalone;
+#[cfg(test)]
+mod test_log;
 pub mod workload;
 
 /// Locks a mutex even if a holder panicked: qoslet's mutexes guard plain data (maps, lists,

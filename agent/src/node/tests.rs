@@ -783,29 +783,6 @@ async fn without_the_controller_the_besteffort_tier_keeps_its_cpu_files() {
     );
 }
 
-/// A tracing subscriber's output, for tests of log lines.
-#[derive(Clone, Default)]
-struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl LogBuffer {
-    fn count(&self, needle: &str) -> usize {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .matches(needle)
-            .count()
-    }
-}
-
 #[test]
 fn a_steady_drift_is_logged_once_and_again_when_it_changes() {
     let tree = Tree0::new("drift");
@@ -815,12 +792,8 @@ fn a_steady_drift_is_logged_once_and_again_when_it_changes() {
     std::fs::write(&weight, "100\n").unwrap();
     let (mut node, _, state) = build_node_with(&tree, None, Mode::Observe);
     let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
-    let logs = LogBuffer::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let logs = crate::test_log::LogBuffer::default();
+    let subscriber = logs.subscriber();
     let line = "file=\"cpu.weight\" current=Some(\"100\")";
     tracing::subscriber::with_default(subscriber, || {
         node.pass(&PodSet::default(), &exec, &[], &sensors);

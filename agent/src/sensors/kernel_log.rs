@@ -88,39 +88,14 @@ impl KernelLogReader {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        io::Write,
-        sync::{Arc, Mutex},
-    };
-
     use log::Log as _;
 
     use super::*;
 
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("buffer").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn a_kernel_record_becomes_a_tracing_event_at_its_level_under_the_kernel_target() {
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let buffer = crate::test_log::LogBuffer::default();
+        tracing::subscriber::with_default(buffer.subscriber(), || {
             for (level, text) in [
                 (log::Level::Warn, "A map is full."),
                 (log::Level::Debug, "Below the subscriber's level."),
@@ -135,7 +110,7 @@ mod tests {
                 );
             }
         });
-        let out = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("UTF-8");
+        let out = buffer.text();
         assert!(
             out.contains(
                 r#" WARN qoslet::kernel: A map is full. source="agent-ebpf/src/sched.rs:7""#
