@@ -299,8 +299,9 @@ impl EnforceArea {
 }
 
 /// `cpuPressure`: when the run-queue latency p99 of Guaranteed (and optionally Burstable) pods
-/// passes a target, the BestEffort tier is constrained (`cpu.idle`, then a CPU cap, then the cap
-/// at a floor) and released step by step once calm (agent/src/policy/cpu_pressure.rs).
+/// passes a target, the BestEffort tier is constrained (`cpu.idle`, then a share of the CPUs by
+/// cpuset, then a CPU cap, then the cap at a floor) and released step by step once calm
+/// (agent/src/policy/cpu_pressure.rs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CpuPressureConfiguration {
@@ -329,10 +330,11 @@ pub struct CpuPressureConfiguration {
     /// The most calm windows a release needs after pressure came back soon after a release.
     #[serde(default = "default_max_calm_windows")]
     pub max_calm_windows: u32,
-    /// The cap at level 2, percent of the node's CPU.
+    /// The CPUs the tier keeps at level 2 (by cpuset) and its cap at level 3, percent of the
+    /// node's CPU.
     #[serde(default = "default_cap_percent")]
     pub cap_percent: u32,
-    /// The cap at level 3, percent of the node's CPU: BestEffort never gets less.
+    /// The cap at level 4, percent of the node's CPU: BestEffort never gets less.
     #[serde(default = "default_floor_percent")]
     pub floor_percent: u32,
     /// Windows with fewer protected wake-ups than this do not count as pressure.

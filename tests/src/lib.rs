@@ -155,6 +155,48 @@ pub fn hog_path() -> PathBuf {
     );
 }
 
+/// Where the `qoslet-test-wake` binary is (a latency-sensitive pod's process): beside
+/// `qoslet-test-hog`, wherever that is.
+pub fn wake_path() -> PathBuf {
+    hog_path().with_file_name("qoslet-test-wake")
+}
+
+/// A node's whole run (`qoslet::standalone::run`, `qoslet::cluster::run`) in this process on
+/// its own tokio runtime, with two workers as `qoslet run` builds it. Dropping it, or
+/// [`InProcessAgent::crash`], drops every task at once and returns once they are gone, as a
+/// killed process leaves nothing holding its files: the node lock's descriptor is closed before
+/// a restart takes it (`shutdown_background` returned before the workers had dropped their
+/// tasks, and a restarted node found the lock still held). A plain thread does the waiting,
+/// since a runtime cannot be shut down with a timeout from async context.
+pub struct InProcessAgent(Option<tokio::runtime::Runtime>);
+
+impl InProcessAgent {
+    pub fn start(run: impl Future<Output = ()> + Send + 'static) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for qoslet");
+        rt.spawn(run);
+        Self(Some(rt))
+    }
+
+    /// Stops it as a kill would: every task dropped, nothing stopped gracefully.
+    pub fn crash(self) {
+        drop(self);
+    }
+}
+
+impl Drop for InProcessAgent {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            thread::spawn(move || rt.shutdown_timeout(Duration::from_secs(10)))
+                .join()
+                .expect("the runtime shuts down");
+        }
+    }
+}
+
 /// The memory hog: waits for a line on stdin, then allocates and touches memory in 1 MiB steps
 /// up to a cap, and sleeps. Tests start it, move it into their cgroups, then release it.
 pub struct Hog {

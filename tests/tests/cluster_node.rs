@@ -23,7 +23,7 @@ use qoslet::{
     policy::{cpuset::CpuSet, settings::Capacity},
 };
 use qoslet_tests::{
-    Hog, NodeRoot, TempDir,
+    Hog, InProcessAgent, NodeRoot, TempDir,
     fake_api::{FakeApi, Options, Outage, RequestRecord},
     free_port, http_get,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
@@ -46,35 +46,7 @@ async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// The cluster node in this process, on its own tokio runtime: [`Qoslet::crash`] drops every
-/// task of it at once (watchers, the write queue's delivery, the HTTP server), as a killed
-/// process would leave only what is on disk.
-struct Qoslet(Option<tokio::runtime::Runtime>);
-
-impl Qoslet {
-    /// Drops every task at once and returns once they are gone, as a killed process leaves
-    /// nothing holding its files: the node lock's descriptor is closed before the restart
-    /// takes it (`shutdown_background` returned before the workers had dropped their tasks,
-    /// and the restarted node found the lock still held). A plain thread does the waiting,
-    /// since a runtime cannot be shut down with a timeout from async context.
-    fn crash(mut self) {
-        if let Some(rt) = self.0.take() {
-            std::thread::spawn(move || rt.shutdown_timeout(Duration::from_secs(10)))
-                .join()
-                .expect("the runtime shuts down");
-        }
-    }
-}
-
-impl Drop for Qoslet {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> Qoslet {
+fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> InProcessAgent {
     let opts = ClusterOptions {
         kubelet_config: KubeletConfigFrom::File(kubelet.into()),
         config: Some(config.into()),
@@ -87,12 +59,7 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> Qoslet {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime for qoslet");
-    rt.spawn(async move {
+    InProcessAgent::start(async move {
         let capacity = |_: &CapacityOverride, limit: Option<i64>| {
             Ok(Capacity {
                 cpu_millis: 2000,
@@ -107,8 +74,7 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> Qoslet {
                 std::error::Error::source(&e)
             );
         }
-    });
-    Qoslet(Some(rt))
+    })
 }
 
 /// The shipped RBAC, compiled in (the test also runs in the VM, where the tree is not).

@@ -2,7 +2,8 @@
 //! each (as root), prints their markdown tables and writes them all to `target/bench/report.md`.
 //! Speed and memory targets are measured here, never asserted in tests. `peers`
 //! (`qoslet-bench-peers`) is the exception: it runs in a VM, never on the host, and only when
-//! named (`cargo xtask bench peers`, see `vm/peers.rs`).
+//! named (`cargo xtask bench peers`, see `vm/peers.rs`). `cpu` runs on the host, then again on
+//! each VM kernel (`vm/cpu.rs`): what its levers buy is the scheduler's answer.
 
 use std::{fs, path::PathBuf, process::Command, time::Instant};
 
@@ -38,19 +39,12 @@ pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
     );
     let mut failed = Vec::new();
     if peers {
-        println!("xtask: running the peers bench in a VM");
-        let t = Instant::now();
-        match crate::vm::peers::run(tc) {
-            Ok(text) => {
-                print!("{text}");
-                report.push_str(&text);
-            }
-            Err(e) => {
-                eprintln!("xtask: the peers bench failed: {e:#}");
-                failed.push(PEERS.to_owned());
-            }
-        }
-        report.push_str(&format!("\n_peers: {:.1?}_\n\n", t.elapsed()));
+        in_vm(
+            PEERS,
+            || crate::vm::peers::run(tc),
+            &mut report,
+            &mut failed,
+        );
     }
     run_host(tc, root, &benches, &mut report, &mut failed)?;
     let dir = cargo::target_dir().join("bench");
@@ -65,6 +59,28 @@ pub fn run(tc: &Toolchain, only: &[String]) -> Result<PathBuf> {
 }
 
 const PEERS: &str = "peers";
+
+/// Runs one bench in VMs, prints and reports its text, or records it as failed.
+fn in_vm(
+    name: &str,
+    run: impl FnOnce() -> Result<String>,
+    report: &mut String,
+    failed: &mut Vec<String>,
+) {
+    println!("xtask: running {name} in VMs");
+    let t = Instant::now();
+    match run() {
+        Ok(text) => {
+            print!("{text}");
+            report.push_str(&text);
+        }
+        Err(e) => {
+            eprintln!("xtask: {name} failed: {e:#}");
+            failed.push(name.to_owned());
+        }
+    }
+    report.push_str(&format!("\n_{name}: {:.1?}_\n\n", t.elapsed()));
+}
 
 /// The machine's CPU model, for the report's header.
 fn cpu_model() -> String {
@@ -141,6 +157,14 @@ fn run_host(
         report.push_str(&format!("\n_{name}: {:.1?}_\n\n", t.elapsed()));
         if !out.status.success() {
             failed.push(name.to_owned());
+        }
+        if name == "qoslet-bench-cpu" {
+            in_vm(
+                &format!("{name} (VMs)"),
+                || crate::vm::cpu::run(tc),
+                report,
+                failed,
+            );
         }
     }
     Ok(())

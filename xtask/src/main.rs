@@ -333,7 +333,7 @@ fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm:
         args.kernels.iter().cloned().partition(|k| vm::is_arm64(k));
     let mut reports = Vec::new();
     if !x86_64.is_empty() {
-        let binaries = vm::build_test_binaries(&tc.path_env)?;
+        let binaries = args.select(vm::build_test_binaries(&tc.path_env)?);
         let args = vm::VmTestArgs {
             kernels: x86_64,
             ..args.clone()
@@ -343,7 +343,11 @@ fn vm_matrix(tc: &toolchain::Toolchain, args: &vm::VmTestArgs) -> Result<Vec<vm:
     if !arm64.is_empty() {
         let arch = cross::Arch::Aarch64;
         cross::ensure(arch)?;
-        let binaries = vm::build_test_binaries_for(&tc.path_env, arch.triple(), &arch.env())?;
+        let binaries = args.select(vm::build_test_binaries_for(
+            &tc.path_env,
+            arch.triple(),
+            &arch.env(),
+        )?);
         let args = vm::VmTestArgs {
             kernels: arm64,
             ..args.clone()

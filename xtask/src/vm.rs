@@ -2,6 +2,7 @@
 //! with an initramfs holding the static test binaries and reads their results from the serial
 //! console.
 
+pub mod cpu;
 mod deps;
 mod initramfs;
 mod kernels;
@@ -34,6 +35,42 @@ pub struct VmTestArgs {
     /// Memory of each VM in MiB; the initramfs lives in it too.
     #[arg(long, default_value_t = 1024)]
     pub memory: u32,
+    /// Only the `qoslet-tests` integration test of this name (e.g. `cpu_pressure`), with the
+    /// helper binaries; repeatable. All of them by default.
+    #[arg(long = "test", value_name = "NAME")]
+    pub tests: Vec<String>,
+}
+
+impl VmTestArgs {
+    /// `binaries` without the test executables `--test` did not name (helpers always stay).
+    pub fn select(&self, binaries: Vec<PathBuf>) -> Vec<PathBuf> {
+        if self.tests.is_empty() {
+            return binaries;
+        }
+        binaries
+            .into_iter()
+            .filter(|b| {
+                // Test executables are `deps/<name>-<hash>`; helpers sit in the profile directory.
+                let is_test = b.parent().is_some_and(|d| d.ends_with("deps"));
+                let name = b.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                !is_test
+                    || self.tests.iter().any(|t| {
+                        name.strip_prefix(t.as_str())
+                            .is_some_and(|r| r.starts_with('-'))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// For a VM job (`bench peers`, `bench cpu`): the VM prerequisites, then `bins` (`-p PKG --bin
+/// BIN` arguments) as static musl release binaries; returns their directory.
+fn build_vm_binaries(tc: &crate::toolchain::Toolchain, bins: &[&str]) -> Result<PathBuf> {
+    ensure_vm_prerequisites()?;
+    let mut args = vec!["build", "--release", "--target", MUSL_TARGET];
+    args.extend_from_slice(bins);
+    crate::cargo::run(tc, &args)?;
+    Ok(crate::cargo::target_dir().join(MUSL_TARGET).join("release"))
 }
 
 /// The outcome on one kernel.

@@ -3,7 +3,10 @@
 //! configured: one map lookup per container), turns their growth since the last tick into a
 //! window p99, and steps the controller (agent/src/policy/cpu_pressure.rs). A level change runs
 //! a pass, whose plan gets the level's lever on the BestEffort tier: the reconciler is the only
-//! writer, and in observe mode it reports the drift instead of writing.
+//! writer, and in observe mode it reports the drift instead of writing. The cpuset lever also
+//! goes on the tier's pods and containers in a v1 cpuset hierarchy, where a child keeps its own
+//! list and the kernel refuses to narrow a parent below its children (the reconciler narrows
+//! children first).
 
 use std::{
     collections::BTreeMap,
@@ -22,9 +25,10 @@ use crate::{
     policy::{
         cpu::QUOTA_PERIOD_US,
         cpu_pressure::{
-            Controller, CpuPressureConfig, Histogram, Level, Lever, Step, Window, granted_millis,
-            histogram_delta, parse_psi_some_total, psi_share, quantile,
+            Available, Controller, CpuPressureConfig, Histogram, Level, Lever, Step, Window,
+            granted_millis, histogram_delta, parse_psi_some_total, psi_share, quantile,
         },
+        cpuset::CpuSet,
         plan::Plan,
         qos::QosClass,
     },
@@ -39,8 +43,8 @@ pub(super) struct CpuPressure {
     /// Where the node's CPU PSI is read (only with a PSI target).
     psi_file: Option<PathBuf>,
     psi_last: Option<(u64, Instant)>,
-    /// Whether the BestEffort tier has `cpu.idle`; `None` until its directory exists.
-    idle_supported: Option<bool>,
+    /// The levers the BestEffort tier offers; `None` until its directory exists.
+    available: Option<Available>,
     /// A pass is due on the next tick: leaving `cpu.idle` makes the kernel reset the tier's
     /// weight after the pass read it, so the next pass puts the kubelet's weight back.
     settle: bool,
@@ -61,16 +65,17 @@ impl CpuPressure {
             last_hist: BTreeMap::new(),
             psi_file,
             psi_last: None,
-            idle_supported: None,
+            available: None,
             settle: false,
         }
     }
 
-    fn lever(&self, cpu_millis: i64) -> Lever {
+    fn lever(&self, cpu_millis: i64, pod_cpus: &CpuSet) -> Lever {
         self.controller.lever(
             cpu_millis,
+            pod_cpus,
             QUOTA_PERIOD_US,
-            self.idle_supported.unwrap_or(false),
+            self.available.unwrap_or_default(),
         )
     }
 
@@ -90,10 +95,26 @@ fn cpu_tree(fs: &CgroupFs) -> Option<Tree> {
         .find(|t| matches!(t, Tree::V2 | Tree::V1(V1Controller::Cpu)))
 }
 
+/// The tree holding the cpuset controller's files (v2, or the v1 cpuset hierarchy).
+fn cpuset_tree(fs: &CgroupFs) -> Option<Tree> {
+    fs.trees()
+        .find(|t| matches!(t, Tree::V2 | Tree::V1(V1Controller::Cpuset)))
+}
+
 /// The BestEffort tier's path, when the plan has one.
 fn besteffort_path(plan: &Plan, node_root: &CgroupPath) -> Option<CgroupPath> {
     let name = plan.node.besteffort.cgroup.as_ref()?;
     CgroupPath::under_root(name, node_root).ok()
+}
+
+/// The CPUs pods may use (kubepods' cpuset: the node's, less reservedSystemCPUs).
+fn pod_cpus(plan: &Plan) -> CpuSet {
+    plan.node
+        .kubepods
+        .cpuset
+        .as_deref()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_default()
 }
 
 impl Node {
@@ -104,14 +125,21 @@ impl Node {
             return false;
         };
         let settle = std::mem::take(&mut cp.settle);
-        if cp.idle_supported.is_none()
+        if cp.available.is_none()
             && let Some(plan) = &self.plan
             && let Some(path) = besteffort_path(plan, &self.cgroups.naming.node_root)
             && let Some(tree) = cpu_tree(self.cgroups.fs())
         {
-            let dir = self.cgroups.fs().display_path(tree, &path);
+            let fs = self.cgroups.fs();
+            let dir = fs.display_path(tree, &path);
             if dir.is_dir() {
-                cp.idle_supported = Some(dir.join("cpu.idle").exists());
+                let cpuset = cpuset_tree(fs)
+                    .is_some_and(|t| fs.display_path(t, &path).join("cpuset.cpus").exists())
+                    && pod_cpus(plan).len() >= 2;
+                cp.available = Some(Available {
+                    idle: dir.join("cpu.idle").exists(),
+                    cpuset,
+                });
             }
         }
         let cfg = cp.controller.config().clone();
@@ -159,15 +187,20 @@ impl Node {
             latency_p99: quantile(&all, 0.99, cfg.min_wakeups),
             psi_some: cp.psi_window(),
         };
-        let idle_supported = cp.idle_supported.unwrap_or(false);
-        let step = cp.controller.observe(&window, idle_supported);
+        let step = cp
+            .controller
+            .observe(&window, cp.available.unwrap_or_default());
         let cpu_millis = self
             .plan
             .as_ref()
             .map_or(self.settings.capacity.cpu_millis, |p| {
                 p.node.capacity.cpu_millis
             });
-        let lever = cp.lever(cpu_millis);
+        let pod_cpus = self
+            .plan
+            .as_ref()
+            .map_or_else(|| self.settings.capacity.cpus.clone(), pod_cpus);
+        let lever = cp.lever(cpu_millis, &pod_cpus);
         let level = cp.controller.level();
         if matches!(step, Some(Step::Release { .. })) {
             cp.settle = true;
@@ -247,7 +280,19 @@ impl Node {
         let Some(path) = besteffort_path(plan, &self.cgroups.naming.node_root) else {
             return;
         };
-        let lever = cp.lever(plan.node.capacity.cpu_millis);
+        let lever = cp.lever(plan.node.capacity.cpu_millis, &pod_cpus(plan));
+        if let Some(cpus) = &lever.cpus {
+            for c in &mut desired.cgroups {
+                let s = &mut c.settings;
+                if c.path == path && c.role == Role::QosTier {
+                    // Written on v2 too: the tier's own list confines its pods there.
+                    s.cpus = Some(cpus.clone());
+                    s.cpus_v1_only = false;
+                } else if c.path.starts_with(&path) && s.cpus_v1_only && s.cpus.is_some() {
+                    s.cpus = Some(cpus.clone());
+                }
+            }
+        }
         let Some(tier) = desired
             .cgroups
             .iter_mut()
@@ -275,19 +320,25 @@ impl Node {
 }
 
 fn describe(level: Level, lever: &Lever, cpu_millis: i64) -> String {
-    match level {
-        Level::None => "kubelet weights only".into(),
-        Level::Idle => "cpu.idle".into(),
-        Level::Cap | Level::Floor => format!(
-            "{}cap {}m of {cpu_millis}m",
-            if lever.idle == Some(true) {
-                "cpu.idle and "
-            } else {
-                ""
-            },
-            granted_millis(lever, cpu_millis)
-        ),
+    if level == Level::None {
+        return "kubelet weights only".into();
     }
+    let mut parts = Vec::new();
+    if lever.idle == Some(true) {
+        parts.push("cpu.idle".to_owned());
+    }
+    if level >= Level::Cpuset
+        && let Some(cpus) = &lever.cpus
+    {
+        parts.push(format!("BestEffort on CPUs {cpus}"));
+    }
+    if lever.quota_us.is_some() {
+        parts.push(format!(
+            "cap {}m of {cpu_millis}m",
+            granted_millis(lever, cpu_millis)
+        ));
+    }
+    parts.join(" and ")
 }
 
 fn fmt_ms(d: Option<Duration>) -> String {

@@ -651,12 +651,14 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
     node.pass(&pods, &exec, &[], &sensors);
     let tier = tree.0.join("kubepods/besteffort");
     assert!(tier.is_dir());
-    // The files a kernel with cpu.idle has, at their defaults. The fake tree is plain files:
-    // `expect` checks what was written and truncates it as a kernel would hold it.
+    // The files a kernel with cpu.idle and the cpuset controller has, at their defaults (an
+    // empty cpuset.cpus inherits the parent's). The fake tree is plain files: `expect` checks
+    // what was written and truncates it as a kernel would hold it.
     for (f, v) in [
         ("cpu.idle", "0"),
         ("cpu.max", "max 100000"),
         ("cpu.weight", "1"),
+        ("cpuset.cpus", ""),
     ] {
         std::fs::write(tier.join(f), v).unwrap();
     }
@@ -674,7 +676,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
     assert_eq!(node.cpu_pressure_level(), Some(Level::None));
 
     // 100 waits in [16, 32) ms: over the 5 ms target.
-    for want in [Level::Idle, Level::Cap, Level::Floor] {
+    for want in [Level::Idle, Level::Cpuset, Level::Cap, Level::Floor] {
         assert!(
             window(&mut node, &sensors, &mut hist, 14),
             "every level change asks for a pass"
@@ -685,6 +687,13 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
             Level::Idle => {
                 expect("cpu.idle", "1");
                 expect("cpu.max", "max 100000");
+                // Below the cpuset level the tier has every pod CPU.
+                expect("cpuset.cpus", "0-3");
+            }
+            // Half of the 4 pod CPUs, the highest, and no cap yet.
+            Level::Cpuset => {
+                expect("cpuset.cpus", "2-3");
+                expect("cpu.max", "max 100000");
             }
             // 50% and 10% of 4000m over a 100 ms period.
             Level::Cap => expect("cpu.max", "200000 100000"),
@@ -694,7 +703,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
     // At the floor: nothing more to do.
     window(&mut node, &sensors, &mut hist, 14);
     assert_eq!(node.cpu_pressure_level(), Some(Level::Floor));
-    assert_eq!(metric(&state, "qoslet_cpu_pressure_level"), 3.0);
+    assert_eq!(metric(&state, "qoslet_cpu_pressure_level"), 4.0);
     assert_eq!(
         metric(&state, "qoslet_besteffort_cpu_granted_millicores"),
         400.0
@@ -710,12 +719,12 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
             &state,
             "qoslet_cpu_pressure_steps_total{direction=\"engage\""
         ),
-        3.0
+        4.0
     );
 
     // Calm: waits in [4, 8) µs. Two calm windows per released level.
     let mut levels = Vec::new();
-    for _ in 0..7 {
+    for _ in 0..9 {
         let before = node.cpu_pressure_level();
         let pass = window(&mut node, &sensors, &mut hist, 2);
         let now = node.cpu_pressure_level();
@@ -731,6 +740,8 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
             Level::Floor,
             Level::Cap,
             Level::Cap,
+            Level::Cpuset,
+            Level::Cpuset,
             Level::Idle,
             Level::Idle,
             Level::None,
@@ -739,6 +750,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
     );
     expect("cpu.idle", "0");
     expect("cpu.max", "max 100000");
+    expect("cpuset.cpus", "0-3");
     assert_eq!(metric(&state, "qoslet_cpu_pressure_level"), 0.0);
     assert_eq!(
         metric(&state, "qoslet_besteffort_cpu_granted_millicores"),
@@ -750,7 +762,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
             .iter()
             .filter(|e| e.starts_with("cpu pressure: engage"))
             .count(),
-        3,
+        4,
         "{events:?}"
     );
     assert_eq!(
@@ -758,7 +770,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
             .iter()
             .filter(|e| e.starts_with("cpu pressure: release"))
             .count(),
-        3,
+        4,
         "{events:?}"
     );
 }

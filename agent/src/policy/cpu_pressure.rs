@@ -11,8 +11,17 @@
 //! Levels, cumulative (each keeps the ones below it):
 //! 1. `cpu.idle = 1` on the tier (SCHED_IDLE for the whole tier, 5.15+; skipped where the kernel
 //!    has no `cpu.idle`);
-//! 2. a bandwidth cap at `cap_percent` of the node's CPU;
-//! 3. the cap at `floor_percent`, so BestEffort never starves completely.
+//! 2. the tier confined by cpuset to `cap_percent` of the pods' CPUs (at least one, never all;
+//!    the highest-numbered), so the others run no BestEffort task at all (skipped with fewer
+//!    than two CPUs or no cpuset controller);
+//! 3. a bandwidth cap at `cap_percent` of the node's CPU;
+//! 4. the cap at `floor_percent`, so BestEffort never starves completely.
+//!
+//! Why the cpuset comes before the caps: `cargo xtask bench cpu` measured that on the kernels
+//! where the kubelet's weights let a waking Guaranteed pod wait behind BestEffort (the VMs: 3-7
+//! ms p99), `cpu.idle` and the caps leave that p99 at 3-11 ms (a capped tier still runs on
+//! every CPU, in bursts), while keeping BestEffort off some CPUs brings it back to what the pod
+//! sees alone, at the cost of the 50% cap. Koordinator suppresses BestEffort by cpuset too.
 //!
 //! The tier's weight is not a lever: the kubelet already gives BestEffort the minimum (2 shares,
 //! weight 1), there is nothing lower to write.
@@ -26,7 +35,7 @@ use std::time::Duration;
 
 use qoslet_common::sched::RUNQ_HIST_BUCKETS;
 
-use super::cpu::MIN_QUOTA_PERIOD_US;
+use super::{cpu::MIN_QUOTA_PERIOD_US, cpuset::CpuSet};
 
 /// A log2 run-queue latency histogram (bucket `i`: `[2^i, 2^(i+1))` µs).
 pub type Histogram = [u64; RUNQ_HIST_BUCKETS];
@@ -47,9 +56,9 @@ pub struct CpuPressureConfig {
     pub calm_windows: u32,
     /// The most calm windows a release can require after back-off.
     pub max_calm_windows: u32,
-    /// Level 2's cap, percent of the node's CPU.
+    /// Level 2's share of the pods' CPUs and level 3's cap, percent of the node's CPU.
     pub cap_percent: u32,
-    /// Level 3's cap (the floor), percent of the node's CPU.
+    /// Level 4's cap (the floor), percent of the node's CPU.
     pub floor_percent: u32,
     /// Fewer protected wake-ups than this in a window: its p99 says nothing, the window is calm
     /// as far as latency goes.
@@ -77,8 +86,18 @@ pub enum Level {
     #[default]
     None = 0,
     Idle = 1,
-    Cap = 2,
-    Floor = 3,
+    Cpuset = 2,
+    Cap = 3,
+    Floor = 4,
+}
+
+/// The levers this node's kernel and cgroups offer; a level without its lever is skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Available {
+    /// The tier has `cpu.idle`.
+    pub idle: bool,
+    /// The tier has `cpuset.cpus` and the pods have at least two CPUs.
+    pub cpuset: bool,
 }
 
 impl Level {
@@ -90,25 +109,46 @@ impl Level {
         match self {
             Level::None => "none",
             Level::Idle => "idle",
+            Level::Cpuset => "cpuset",
             Level::Cap => "cap",
             Level::Floor => "floor",
         }
     }
 
-    /// One level up; `Idle` is skipped where the kernel has no `cpu.idle`.
-    fn up(self, idle_supported: bool) -> Self {
-        match self {
-            Level::None if idle_supported => Level::Idle,
-            Level::None | Level::Idle => Level::Cap,
+    /// One level up, past the levels whose lever is not available.
+    fn up(self, available: Available) -> Self {
+        let next = match self {
+            Level::None => Level::Idle,
+            Level::Idle => Level::Cpuset,
+            Level::Cpuset => Level::Cap,
             Level::Cap | Level::Floor => Level::Floor,
+        };
+        if next.offered(available) {
+            next
+        } else {
+            next.up(available)
         }
     }
 
-    fn down(self, idle_supported: bool) -> Self {
-        match self {
+    fn down(self, available: Available) -> Self {
+        let next = match self {
             Level::Floor => Level::Cap,
-            Level::Cap if idle_supported => Level::Idle,
-            Level::Cap | Level::Idle | Level::None => Level::None,
+            Level::Cap => Level::Cpuset,
+            Level::Cpuset => Level::Idle,
+            Level::Idle | Level::None => return Level::None,
+        };
+        if next.offered(available) {
+            next
+        } else {
+            next.down(available)
+        }
+    }
+
+    fn offered(self, available: Available) -> bool {
+        match self {
+            Level::Idle => available.idle,
+            Level::Cpuset => available.cpuset,
+            Level::None | Level::Cap | Level::Floor => true,
         }
     }
 }
@@ -130,13 +170,15 @@ pub enum Step {
 }
 
 /// What the tier's settings are at a level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lever {
     /// `cpu.idle`; `None`: the kernel has none, leave it alone.
     pub idle: Option<bool>,
     /// The CFS quota in µs per `period_us`; `None`: unlimited (`max` / `-1`).
     pub quota_us: Option<i64>,
     pub period_us: u64,
+    /// The tier's CPUs; `None`: no cpuset lever here, leave them alone.
+    pub cpus: Option<CpuSet>,
 }
 
 /// The state machine.
@@ -185,7 +227,7 @@ impl Controller {
     }
 
     /// One window; the level change it caused, if any.
-    pub fn observe(&mut self, w: &Window, idle_supported: bool) -> Option<Step> {
+    pub fn observe(&mut self, w: &Window, available: Available) -> Option<Step> {
         let base = self.cfg.calm_windows.max(1);
         let max = self.cfg.max_calm_windows.max(base);
         if self.pressured(w) {
@@ -197,7 +239,7 @@ impl Controller {
                 self.required = self.required.saturating_mul(2).min(max);
             }
             let from = self.level;
-            self.level = from.up(idle_supported);
+            self.level = from.up(available);
             return (self.level != from).then_some(Step::Engage {
                 from,
                 to: self.level,
@@ -221,7 +263,7 @@ impl Controller {
         }
         self.calm = 0;
         let from = self.level;
-        self.level = from.down(idle_supported);
+        self.level = from.down(available);
         self.since_release = Some(0);
         Some(Step::Release {
             from,
@@ -229,9 +271,18 @@ impl Controller {
         })
     }
 
-    /// The tier's settings at the current level on a node with `cpu_millis` of CPU for pods.
-    pub fn lever(&self, cpu_millis: i64, period_us: u64, idle_supported: bool) -> Lever {
-        lever(&self.cfg, self.level, cpu_millis, period_us, idle_supported)
+    /// The tier's settings at the current level on a node with `cpu_millis` of CPU and the CPUs
+    /// `pod_cpus` for pods.
+    pub fn lever(
+        &self,
+        cpu_millis: i64,
+        pod_cpus: &CpuSet,
+        period_us: u64,
+        available: Available,
+    ) -> Lever {
+        lever(
+            &self.cfg, self.level, cpu_millis, pod_cpus, period_us, available,
+        )
     }
 }
 
@@ -240,8 +291,9 @@ pub fn lever(
     cfg: &CpuPressureConfig,
     level: Level,
     cpu_millis: i64,
+    pod_cpus: &CpuSet,
     period_us: u64,
-    idle_supported: bool,
+    available: Available,
 ) -> Lever {
     let quota = |percent: u32| {
         let q = i128::from(cpu_millis.max(0)) * i128::from(period_us) * i128::from(percent)
@@ -250,25 +302,50 @@ pub fn lever(
         (q as i64).max(MIN_QUOTA_PERIOD_US)
     };
     Lever {
-        idle: idle_supported.then_some(level >= Level::Idle),
+        idle: available.idle.then_some(level >= Level::Idle),
         quota_us: match level {
-            Level::None | Level::Idle => None,
+            Level::None | Level::Idle | Level::Cpuset => None,
             Level::Cap => Some(quota(cfg.cap_percent.max(cfg.floor_percent))),
             Level::Floor => Some(quota(cfg.floor_percent)),
         },
         period_us,
+        cpus: available.cpuset.then(|| {
+            if level >= Level::Cpuset {
+                besteffort_cpus(pod_cpus, cfg.cap_percent)
+            } else {
+                pod_cpus.clone()
+            }
+        }),
     }
 }
 
-/// The CPU the tier may use under `lever`, in millicores (`cpu_millis` when uncapped).
+/// The CPUs the tier keeps at the cpuset level: `percent` of `pod_cpus` rounded up, at least
+/// one and never all of them: the highest-numbered, a fixed choice so every pass writes the
+/// same list.
+pub fn besteffort_cpus(pod_cpus: &CpuSet, percent: u32) -> CpuSet {
+    let n = pod_cpus.len();
+    if n < 2 {
+        return pod_cpus.clone();
+    }
+    let keep = (n * percent as usize).div_ceil(100).clamp(1, n - 1);
+    pod_cpus.iter().skip(n - keep).collect()
+}
+
+/// The CPU the tier may use under `lever`, in millicores (`cpu_millis` when unconstrained): the
+/// least of its quota and its CPUs.
 pub fn granted_millis(lever: &Lever, cpu_millis: i64) -> i64 {
-    match lever.quota_us {
+    let by_quota = match lever.quota_us {
         None => cpu_millis,
         Some(q) if lever.period_us > 0 => {
             (i128::from(q) * 1000 / i128::from(lever.period_us)).min(i128::from(cpu_millis)) as i64
         }
         Some(_) => 0,
-    }
+    };
+    let by_cpus = lever
+        .cpus
+        .as_ref()
+        .map_or(cpu_millis, |c| (c.len() as i64).saturating_mul(1000));
+    by_quota.min(by_cpus)
 }
 
 /// The bucket-by-bucket growth of a cumulative histogram since `before` (a counter that went

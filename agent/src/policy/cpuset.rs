@@ -40,6 +40,17 @@ impl CpuSet {
     pub fn difference(&self, other: &CpuSet) -> CpuSet {
         Self(self.0.difference(&other.0).copied().collect())
     }
+
+    /// The CPU ids, lowest first.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl FromIterator<u32> for CpuSet {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
 }
 
 impl FromStr for CpuSet {

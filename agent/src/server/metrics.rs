@@ -426,7 +426,7 @@ impl Metrics {
         let cpu_pressure_level = Gauge::default();
         reg.add(
             "qoslet_cpu_pressure_level",
-            "How constrained the BestEffort tier is: 0 none, 1 cpu.idle, 2 a CPU cap, 3 the cap at its floor",
+            "How constrained the BestEffort tier is: 0 none, 1 cpu.idle, 2 a share of the CPUs by cpuset, 3 a CPU cap, 4 the cap at its floor",
             cpu_pressure_level.clone(),
         );
         let cpu_pressure_steps = Family::default();

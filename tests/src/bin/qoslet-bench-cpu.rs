@@ -4,12 +4,17 @@
 //! costs. The cgroups are the kubelet's shape under a unique root (kubepods, the BestEffort tier
 //! at the minimum weight, a Guaranteed pod of 1 CPU); the levers are written directly, as the
 //! controller's levels would have the reconciler write them. Run as root; everything is removed
-//! afterwards.
+//! afterwards. `cargo xtask bench cpu` runs it on the host, then on each VM kernel
+//! (xtask/src/vm/cpu.rs).
+//!
+//! After the levels (each with the ones below it), single levers alone: the floor's cap without
+//! `cpu.idle`, and the cpuset without `cpu.idle`, as on kernels without it.
 //!
 //! The Guaranteed pod is this binary re-run with `--wake SECS`: it sleeps 1 ms, spins 50 µs, and
 //! records how late each wake-up was (timer slack set to 1 ns), so the figure needs no eBPF.
 //! The hogs are `sh -c 'while :; do :; done'`, twice as many as CPUs. `QOSLET_BENCH_CPU_SECS`
-//! sets each scenario's length (default 5).
+//! sets each scenario's length (default 5), `QOSLET_BENCH_CPU_MILLIS` the Guaranteed pod's CPU
+//! (default 1000; its shares, weight and quota follow the kubelet's formulas).
 
 use std::{
     fs,
@@ -19,6 +24,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use qoslet::policy::{
+    cpu,
+    cpu_pressure::{CpuPressureConfig, besteffort_cpus},
+    cpuset::CpuSet,
+};
 use qoslet_tests::{Layout, TestCgroup, layout, unique_name};
 
 fn secs() -> u64 {
@@ -29,12 +39,22 @@ fn secs() -> u64 {
         .unwrap_or(5)
 }
 
+/// The Guaranteed pod's CPU in millicores (`QOSLET_BENCH_CPU_MILLIS`, default 1000).
+fn guaranteed_millis() -> i64 {
+    std::env::var("QOSLET_BENCH_CPU_MILLIS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1000)
+}
+
 /// The Guaranteed pod's loop: prints `p50_us p99_us wakeups` after `secs`.
 fn wake(secs: u64) {
     // SAFETY: prctl with PR_SET_TIMERSLACK takes a plain integer.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
     // Placed into its cgroup by the parent meanwhile.
     thread::sleep(Duration::from_millis(200));
+    let before = schedstat();
     let end = Instant::now() + Duration::from_secs(secs);
     let mut late = Vec::new();
     while Instant::now() < end {
@@ -48,7 +68,17 @@ fn wake(secs: u64) {
     }
     late.sort_unstable();
     let q = |f: f64| late[((late.len() as f64 * f).ceil() as usize).clamp(1, late.len()) - 1];
-    println!("{} {} {}", q(0.5), q(0.99), late.len());
+    let after = schedstat();
+    // The kernel's own account: time spent runnable but waiting, per time slice run.
+    let wait_us = (after[1] - before[1]) / (after[2] - before[2]).max(1) / 1000;
+    println!("{} {} {} {wait_us}", q(0.5), q(0.99), late.len());
+}
+
+/// `/proc/self/schedstat`: time on CPU (ns), time waiting on a run queue (ns), time slices.
+fn schedstat() -> [u64; 3] {
+    let text = fs::read_to_string("/proc/self/schedstat").unwrap_or_default();
+    let mut v = text.split_whitespace().map(|f| f.parse().unwrap_or(0));
+    [(); 3].map(|()| v.next().unwrap_or(0))
 }
 
 /// CPU time (clock ticks) a process has used.
@@ -66,6 +96,10 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// The cgroups: `<root>/kubepods/{besteffort,podg}` in the hierarchy with the cpu controller.
 struct Tree {
     v2: bool,
+    cpus: usize,
+    /// The BestEffort tier in the hierarchy with the cpuset controller (the same directory as
+    /// `besteffort` on v2), and its parents; `None` without a cpuset controller.
+    besteffort_cpuset: Option<Vec<TestCgroup>>,
     besteffort: TestCgroup,
     guaranteed: TestCgroup,
     _kubepods: TestCgroup,
@@ -73,40 +107,102 @@ struct Tree {
 }
 
 impl Tree {
-    fn new() -> Self {
+    fn new(cpus: usize) -> Self {
         let v2 = layout() == Layout::Unified;
         let hierarchy = if v2 {
             PathBuf::from("/sys/fs/cgroup")
         } else {
             PathBuf::from("/sys/fs/cgroup/cpu")
         };
-        let root = TestCgroup::create(&hierarchy, &unique_name());
+        let name = unique_name();
+        let root = TestCgroup::create(&hierarchy, &name);
+        let cpuset_v2 = v2 && root.read("cgroup.controllers").contains("cpuset");
+        let controllers = if cpuset_v2 { "+cpu +cpuset" } else { "+cpu" };
         if v2 {
-            root.write("cgroup.subtree_control", "+cpu");
+            root.write("cgroup.subtree_control", controllers);
         }
         let kubepods = TestCgroup::create(&root.path, "kubepods");
         if v2 {
-            kubepods.write("cgroup.subtree_control", "+cpu");
+            kubepods.write("cgroup.subtree_control", controllers);
         }
         let besteffort = TestCgroup::create(&kubepods.path, "besteffort");
         let guaranteed = TestCgroup::create(&kubepods.path, "podg");
-        // The kubelet's values: BestEffort at the minimum, a 1-CPU Guaranteed pod.
+        // The kubelet's values: BestEffort at the minimum, the Guaranteed pod's from its CPU.
+        let millis = guaranteed_millis();
+        let shares = cpu::milli_cpu_to_shares(millis);
+        let quota = cpu::milli_cpu_to_quota(millis, cpu::QUOTA_PERIOD_US);
         if v2 {
             besteffort.write("cpu.weight", "1");
-            guaranteed.write("cpu.weight", "39");
-            guaranteed.write("cpu.max", "100000 100000");
+            let weight = cpu::WeightFormula::KubeletLinear.weight(shares);
+            guaranteed.write("cpu.weight", &weight.to_string());
+            guaranteed.write("cpu.max", &format!("{quota} {}", cpu::QUOTA_PERIOD_US));
         } else {
             besteffort.write("cpu.shares", "2");
-            guaranteed.write("cpu.shares", "1024");
-            guaranteed.write("cpu.cfs_quota_us", "100000");
+            guaranteed.write("cpu.shares", &shares.to_string());
+            guaranteed.write("cpu.cfs_quota_us", &quota.to_string());
         }
+        // v1: a parallel tree in the cpuset hierarchy, each level with its parent's CPUs and
+        // memory nodes (a v1 cpuset takes no task until both are set).
+        let v1_cpuset = PathBuf::from("/sys/fs/cgroup/cpuset");
+        let besteffort_cpuset = if v2 || !v1_cpuset.join("cpuset.cpus").exists() {
+            None
+        } else {
+            let mut chain: Vec<TestCgroup> = Vec::new();
+            for part in [name.as_str(), "kubepods", "besteffort"] {
+                let parent = chain.last().map_or(v1_cpuset.clone(), |c| c.path.clone());
+                let cg = TestCgroup::create(&parent, part);
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    let v = fs::read_to_string(parent.join(f)).unwrap_or_default();
+                    cg.write(f, v.trim());
+                }
+                chain.push(cg);
+            }
+            chain.reverse();
+            Some(chain)
+        };
         Self {
             v2,
+            cpus,
+            besteffort_cpuset: if cpuset_v2 {
+                Some(Vec::new())
+            } else {
+                besteffort_cpuset
+            },
             besteffort,
             guaranteed,
             _kubepods: kubepods,
             _root: root,
         }
+    }
+
+    /// The directory whose `cpuset.cpus` confines the BestEffort tier.
+    fn cpuset_dir(&self) -> Option<&std::path::Path> {
+        match &self.besteffort_cpuset {
+            Some(chain) if chain.is_empty() => Some(&self.besteffort.path),
+            Some(chain) => Some(&chain[0].path),
+            None => None,
+        }
+    }
+
+    fn add_hog(&self, pid: u32) {
+        self.besteffort.add_pid(pid);
+        if let Some(Some(be)) = self.besteffort_cpuset.as_ref().map(|c| c.first()) {
+            be.add_pid(pid);
+        }
+    }
+
+    /// Confines the BestEffort tier to the CPUs the controller's cpuset level leaves it (`false`:
+    /// all CPUs again).
+    fn confine(&self, on: bool) {
+        let Some(dir) = self.cpuset_dir() else { return };
+        let all = CpuSet::first(self.cpus as u32);
+        let cpus = if on {
+            besteffort_cpus(&all, CpuPressureConfig::default().cap_percent)
+        } else {
+            all
+        };
+        fs::write(dir.join("cpuset.cpus"), cpus.to_string())
+            .unwrap_or_else(|e| panic!("writing {cpus} to {}/cpuset.cpus: {e}", dir.display()));
     }
 
     fn has_idle(&self) -> bool {
@@ -137,15 +233,36 @@ impl Tree {
     }
 }
 
+/// One row: the tier's levers.
+#[derive(Clone)]
+struct Scenario {
+    name: String,
+    idle: bool,
+    cpuset: bool,
+    quota_us: Option<u64>,
+}
+
+impl Scenario {
+    fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            idle: false,
+            cpuset: false,
+            quota_us: None,
+        }
+    }
+}
+
 struct Row {
     name: String,
     p50_us: u64,
     p99_us: u64,
     wakeups: u64,
+    wait_us: u64,
     be_cores: Option<f64>,
 }
 
-fn measure(tree: &Tree, hogs: &[Child], secs: u64) -> Option<(u64, u64, u64, f64)> {
+fn measure(tree: &Tree, hogs: &[Child], secs: u64) -> Option<(u64, u64, u64, u64, f64)> {
     let exe = std::env::current_exe().ok()?;
     let child = Command::new(exe)
         .arg("--wake")
@@ -166,7 +283,7 @@ fn measure(tree: &Tree, hogs: &[Child], secs: u64) -> Option<(u64, u64, u64, f64
         .split_whitespace()
         .filter_map(|f| f.parse().ok())
         .collect();
-    Some((*v.first()?, *v.get(1)?, *v.get(2)?, cores))
+    Some((*v.first()?, *v.get(1)?, *v.get(2)?, *v.get(3)?, cores))
 }
 
 fn main() -> ExitCode {
@@ -182,16 +299,17 @@ fn main() -> ExitCode {
     }
     let secs = secs();
     let cpus = thread::available_parallelism().map_or(2, std::num::NonZero::get);
-    let tree = Tree::new();
+    let tree = Tree::new(cpus);
     let idle = tree.has_idle();
     let mut rows = Vec::new();
-    let mut record = |name: &str, m: Option<(u64, u64, u64, f64)>, hogs: bool| {
-        if let Some((p50_us, p99_us, wakeups, cores)) = m {
+    let mut record = |name: &str, m: Option<(u64, u64, u64, u64, f64)>, hogs: bool| {
+        if let Some((p50_us, p99_us, wakeups, wait_us, cores)) = m {
             rows.push(Row {
                 name: name.into(),
                 p50_us,
                 p99_us,
                 wakeups,
+                wait_us,
                 be_cores: hogs.then_some(cores),
             });
         } else {
@@ -208,42 +326,69 @@ fn main() -> ExitCode {
         })
         .collect();
     for h in &hogs {
-        tree.besteffort.add_pid(h.id());
+        tree.add_hog(h.id());
     }
     let capacity_us = cpus as u64 * 100_000;
-    // The controller's levels at its defaults (50% cap, 10% floor), and the cap without
-    // cpu.idle as on kernels without it.
-    let mut scenarios: Vec<(String, bool, Option<u64>)> =
-        vec![("kubelet weights only".into(), false, None)];
-    if idle {
-        scenarios.push(("level 1: cpu.idle".into(), true, None));
-    }
-    scenarios.push((
-        format!("level 2: {}cap 50%", if idle { "cpu.idle + " } else { "" }),
+    // The controller's levels at its defaults (cpuset and cap at 50%, floor at 10%), each with
+    // the levels below it, skipping those this machine lacks; then single levers alone, as on
+    // kernels without cpu.idle.
+    let cpuset = cpus > 1 && tree.cpuset_dir().is_some();
+    let mut scenarios: Vec<Scenario> = vec![Scenario::new("kubelet weights only")];
+    // The controller's level numbers (agent/src/policy/cpu_pressure.rs), fixed: a level this
+    // machine lacks is skipped, not renumbered.
+    let mut at = |level: u8, what: &str, s: Scenario| {
+        scenarios.push(Scenario {
+            name: format!("level {level}: {what}"),
+            ..s
+        });
+    };
+    let base = Scenario {
         idle,
-        Some(capacity_us / 2),
-    ));
-    scenarios.push((
-        format!(
-            "level 3: {}cap 10% (floor)",
-            if idle { "cpu.idle + " } else { "" }
-        ),
-        idle,
-        Some(capacity_us / 10),
-    ));
+        ..Scenario::new("")
+    };
     if idle {
-        scenarios.push((
-            "cap 10% without cpu.idle".into(),
-            false,
-            Some(capacity_us / 10),
-        ));
+        at(1, "cpu.idle", base.clone());
     }
-    for (name, idle, quota) in &scenarios {
-        tree.lever(*idle, *quota);
+    let base = Scenario { cpuset, ..base };
+    if cpuset {
+        at(2, "+ cpuset 50% of the CPUs", base.clone());
+    }
+    at(
+        3,
+        "+ cap 50%",
+        Scenario {
+            quota_us: Some(capacity_us / 2),
+            ..base.clone()
+        },
+    );
+    at(
+        4,
+        "+ cap 10% (floor)",
+        Scenario {
+            quota_us: Some(capacity_us / 10),
+            ..base
+        },
+    );
+    if idle || cpuset {
+        scenarios.push(Scenario {
+            quota_us: Some(capacity_us / 10),
+            ..Scenario::new("cap 10% alone")
+        });
+    }
+    if idle && cpuset {
+        scenarios.push(Scenario {
+            cpuset: true,
+            ..Scenario::new("cpuset 50% alone")
+        });
+    }
+    for s in &scenarios {
+        tree.lever(s.idle, s.quota_us);
+        tree.confine(s.cpuset);
         thread::sleep(Duration::from_millis(500));
-        record(name, measure(&tree, &hogs, secs), true);
+        record(&s.name, measure(&tree, &hogs, secs), true);
     }
     tree.lever(false, None);
+    tree.confine(false);
     for h in &mut hogs {
         let _ = h.kill();
         let _ = h.wait();
@@ -257,13 +402,13 @@ fn main() -> ExitCode {
         cpus * 2
     );
     println!(
-        "cgroup {}, {cpus} CPUs, {secs} s per row; wake-up = lateness of a 1 ms sleep (then 50 µs of work); BestEffort CPU = the hogs' CPU time / wall time\n",
+        "cgroup {}, {cpus} CPUs, {secs} s per row; wake-up = lateness of a 1 ms sleep (then 50 µs of work); run-queue wait per slice = the pod's schedstat run_delay over its time slices; BestEffort CPU = the hogs' CPU time / wall time\n",
         if tree.v2 { "v2" } else { "v1 (hybrid)" }
     );
     println!(
-        "| scenario | wake-up p50 | wake-up p99 | wake-ups | BestEffort CPU | BestEffort CPU lost |"
+        "| scenario | wake-up p50 | wake-up p99 | wake-ups | run-queue wait per slice | BestEffort CPU | BestEffort CPU lost |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for r in &rows {
         let (cores, lost) = match (r.be_cores, base) {
             (Some(c), Some(b)) if b > 0.0 => (
@@ -274,8 +419,8 @@ fn main() -> ExitCode {
             (None, _) => ("-".into(), "-".into()),
         };
         println!(
-            "| {} | {} µs | {} µs | {} | {cores} | {lost} |",
-            r.name, r.p50_us, r.p99_us, r.wakeups
+            "| {} | {} µs | {} µs | {} | {} µs | {cores} | {lost} |",
+            r.name, r.p50_us, r.p99_us, r.wakeups, r.wait_us
         );
     }
     drop(tree);

@@ -29,14 +29,9 @@ const DRIVER: &str = "qoslet-bench-peers";
 
 pub fn run(tc: &Toolchain) -> Result<String> {
     let started = Instant::now();
-    super::ensure_vm_prerequisites()?;
-    cargo::run(
+    let release = super::build_vm_binaries(
         tc,
         &[
-            "build",
-            "--release",
-            "--target",
-            super::MUSL_TARGET,
             "-p",
             "qoslet",
             "--bin",
@@ -47,7 +42,6 @@ pub fn run(tc: &Toolchain) -> Result<String> {
             DRIVER,
         ],
     )?;
-    let release = cargo::target_dir().join(super::MUSL_TARGET).join("release");
     let cache = kernels::cache_dir()?;
     let earlyoom = earlyoom(&cache.join("earlyoom"))?;
     let mut files = vec![
@@ -108,7 +102,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
         boot.elapsed,
         started.elapsed()
     );
-    let report = extract_report(&boot.lines);
+    let report = extract_report(&boot.lines, "QOSLET-VM-PEERS| ");
     if boot.timed_out
         || !boot
             .lines
@@ -128,12 +122,11 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     ))
 }
 
-/// The driver's report: its `QOSLET-VM-PEERS| ` lines without the prefix.
-fn extract_report(lines: &[String]) -> String {
-    const PREFIX: &str = "QOSLET-VM-PEERS| ";
+/// A driver's report: its lines carrying `prefix` (e.g. `QOSLET-VM-PEERS| `), without it.
+pub(super) fn extract_report(lines: &[String], prefix: &str) -> String {
     lines
         .iter()
-        .filter_map(|l| l.find(PREFIX).map(|at| &l[at + PREFIX.len()..]))
+        .filter_map(|l| l.find(prefix).map(|at| &l[at + prefix.len()..]))
         .fold(String::new(), |mut s, l| {
             s.push_str(l);
             s.push('\n');
@@ -233,6 +226,9 @@ mod tests {
             "QOSLET-VM-PEERS-RUN system=Qoslet".to_owned(),
             "QOSLET-VM-PEERS| | a | b |".to_owned(),
         ];
-        assert_eq!(extract_report(&lines), "## Peers\n| a | b |\n");
+        assert_eq!(
+            extract_report(&lines, "QOSLET-VM-PEERS| "),
+            "## Peers\n| a | b |\n"
+        );
     }
 }

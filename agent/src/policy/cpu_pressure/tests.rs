@@ -3,6 +3,19 @@ use std::time::Duration;
 use super::*;
 
 const MS: Duration = Duration::from_millis(1);
+/// `cpu.idle` only (a v1 node without a cpuset lever, or one CPU).
+const IDLE: Available = Available {
+    idle: true,
+    cpuset: false,
+};
+const NONE: Available = Available {
+    idle: false,
+    cpuset: false,
+};
+const ALL: Available = Available {
+    idle: true,
+    cpuset: true,
+};
 
 fn hot() -> Window {
     Window {
@@ -26,7 +39,7 @@ fn cfg(calm_windows: u32) -> CpuPressureConfig {
     }
 }
 
-fn run(c: &mut Controller, windows: &[Window], idle: bool) -> Vec<Level> {
+fn run(c: &mut Controller, windows: &[Window], idle: Available) -> Vec<Level> {
     windows
         .iter()
         .map(|w| {
@@ -39,7 +52,7 @@ fn run(c: &mut Controller, windows: &[Window], idle: bool) -> Vec<Level> {
 #[test]
 fn pressure_steps_up_one_level_per_window_and_stops_at_the_floor() {
     let mut c = Controller::new(cfg(3));
-    let levels = run(&mut c, &[hot(); 5], true);
+    let levels = run(&mut c, &[hot(); 5], IDLE);
     assert_eq!(
         levels,
         [
@@ -56,14 +69,14 @@ fn pressure_steps_up_one_level_per_window_and_stops_at_the_floor() {
 fn without_cpu_idle_the_first_step_is_the_cap() {
     let mut c = Controller::new(cfg(1));
     assert_eq!(
-        c.observe(&hot(), false),
+        c.observe(&hot(), NONE),
         Some(Step::Engage {
             from: Level::None,
             to: Level::Cap
         })
     );
     assert_eq!(
-        c.observe(&calm(), false),
+        c.observe(&calm(), NONE),
         Some(Step::Release {
             from: Level::Cap,
             to: Level::None
@@ -74,19 +87,19 @@ fn without_cpu_idle_the_first_step_is_the_cap() {
 #[test]
 fn the_floor_does_not_engage_again() {
     let mut c = Controller::new(cfg(3));
-    run(&mut c, &[hot(); 3], true);
-    assert_eq!(c.observe(&hot(), true), None);
+    run(&mut c, &[hot(); 3], IDLE);
+    assert_eq!(c.observe(&hot(), IDLE), None);
 }
 
 #[test]
 fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
     let mut c = Controller::new(cfg(3));
-    run(&mut c, &[hot(); 3], true);
+    run(&mut c, &[hot(); 3], IDLE);
     // Two calm, one hot (stays at the floor), then three calm: one release.
     let levels = run(
         &mut c,
         &[calm(), calm(), hot(), calm(), calm(), calm()],
-        true,
+        IDLE,
     );
     assert_eq!(
         levels,
@@ -100,7 +113,7 @@ fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
         ]
     );
     // The release held for a whole calm run: the next needs the base run again.
-    let levels = run(&mut c, &[calm(); 6], true);
+    let levels = run(&mut c, &[calm(); 6], IDLE);
     assert_eq!(
         levels,
         [
@@ -112,7 +125,7 @@ fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
             Level::None
         ]
     );
-    assert_eq!(c.observe(&calm(), true), None);
+    assert_eq!(c.observe(&calm(), IDLE), None);
     assert_eq!(c.level(), Level::None);
 }
 
@@ -120,42 +133,42 @@ fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
 fn pressure_soon_after_a_release_doubles_the_calm_run_up_to_the_maximum() {
     let mut c = Controller::new(cfg(2));
     assert_eq!(c.required_calm(), 2);
-    c.observe(&hot(), true);
-    run(&mut c, &[calm(), calm()], true);
+    c.observe(&hot(), IDLE);
+    run(&mut c, &[calm(), calm()], IDLE);
     assert_eq!(c.level(), Level::None);
-    c.observe(&hot(), true);
+    c.observe(&hot(), IDLE);
     assert_eq!(c.required_calm(), 4);
-    run(&mut c, &[calm(); 4], true);
+    run(&mut c, &[calm(); 4], IDLE);
     assert_eq!(c.level(), Level::None);
-    c.observe(&hot(), true);
+    c.observe(&hot(), IDLE);
     assert_eq!(c.required_calm(), 8);
-    run(&mut c, &[calm(); 8], true);
-    c.observe(&hot(), true);
+    run(&mut c, &[calm(); 8], IDLE);
+    c.observe(&hot(), IDLE);
     assert_eq!(c.required_calm(), 8, "capped at max_calm_windows");
     // Held for a full run after the release: back to the base.
-    run(&mut c, &[calm(); 8], true);
+    run(&mut c, &[calm(); 8], IDLE);
     assert_eq!(c.level(), Level::None);
-    run(&mut c, &[calm(); 8], true);
+    run(&mut c, &[calm(); 8], IDLE);
     assert_eq!(c.required_calm(), 2);
 }
 
 #[test]
 fn late_pressure_after_a_release_does_not_back_off() {
     let mut c = Controller::new(cfg(2));
-    c.observe(&hot(), true);
-    run(&mut c, &[calm(), calm()], true);
-    run(&mut c, &[calm(), calm()], true);
-    c.observe(&hot(), true);
+    c.observe(&hot(), IDLE);
+    run(&mut c, &[calm(), calm()], IDLE);
+    run(&mut c, &[calm(), calm()], IDLE);
+    c.observe(&hot(), IDLE);
     assert_eq!(c.required_calm(), 2);
 }
 
 #[test]
 fn windows_without_enough_wakeups_are_calm_and_never_engage() {
     let mut c = Controller::new(cfg(1));
-    assert_eq!(c.observe(&Window::default(), true), None);
-    c.observe(&hot(), true);
+    assert_eq!(c.observe(&Window::default(), IDLE), None);
+    c.observe(&hot(), IDLE);
     assert_eq!(
-        c.observe(&Window::default(), true),
+        c.observe(&Window::default(), IDLE),
         Some(Step::Release {
             from: Level::Idle,
             to: Level::None
@@ -198,13 +211,14 @@ fn psi_counts_only_with_a_target() {
 #[test]
 fn levers_are_cumulative_with_a_floor() {
     let cfg = CpuPressureConfig::default();
-    let at = |level| lever(&cfg, level, 2000, 100_000, true);
+    let at = |level| lever(&cfg, level, 2000, &CpuSet::first(2), 100_000, IDLE);
     assert_eq!(
         at(Level::None),
         Lever {
             idle: Some(false),
             quota_us: None,
-            period_us: 100_000
+            period_us: 100_000,
+            cpus: None,
         }
     );
     assert_eq!(at(Level::Idle).idle, Some(true));
@@ -213,7 +227,10 @@ fn levers_are_cumulative_with_a_floor() {
     assert_eq!(at(Level::Cap).quota_us, Some(100_000));
     assert_eq!(at(Level::Cap).idle, Some(true));
     assert_eq!(at(Level::Floor).quota_us, Some(20_000));
-    assert_eq!(lever(&cfg, Level::Cap, 2000, 100_000, false).idle, None);
+    assert_eq!(
+        lever(&cfg, Level::Cap, 2000, &CpuSet::first(2), 100_000, NONE).idle,
+        None
+    );
 }
 
 #[test]
@@ -224,23 +241,28 @@ fn the_cap_never_goes_below_the_kernel_minimum_or_the_floor() {
         ..CpuPressureConfig::default()
     };
     assert_eq!(
-        lever(&tiny, Level::Cap, 100, 100_000, true).quota_us,
+        lever(&tiny, Level::Cap, 100, &CpuSet::first(2), 100_000, IDLE).quota_us,
         Some(1000)
     );
     assert_eq!(
-        lever(&tiny, Level::Floor, 10, 100_000, true).quota_us,
+        lever(&tiny, Level::Floor, 10, &CpuSet::first(2), 100_000, IDLE).quota_us,
         Some(1000)
     );
     assert_eq!(
-        lever(&tiny, Level::Cap, 4000, 100_000, true).quota_us,
-        lever(&tiny, Level::Floor, 4000, 100_000, true).quota_us
+        lever(&tiny, Level::Cap, 4000, &CpuSet::first(2), 100_000, IDLE).quota_us,
+        lever(&tiny, Level::Floor, 4000, &CpuSet::first(2), 100_000, IDLE).quota_us
     );
 }
 
 #[test]
 fn granted_cpu_follows_the_cap() {
     let cfg = CpuPressureConfig::default();
-    let g = |level| granted_millis(&lever(&cfg, level, 2000, 100_000, true), 2000);
+    let g = |level| {
+        granted_millis(
+            &lever(&cfg, level, 2000, &CpuSet::first(2), 100_000, IDLE),
+            2000,
+        )
+    };
     assert_eq!(
         [
             g(Level::None),
@@ -308,4 +330,64 @@ fn psi_some_total_is_parsed() {
     assert_eq!(parse_psi_some_total(text), Some(123_456));
     assert_eq!(parse_psi_some_total("full total=1\n"), None);
     assert_eq!(parse_psi_some_total("some avg10=x total=z\n"), None);
+}
+
+#[test]
+fn with_cpusets_the_tier_leaves_cpus_to_the_protected_pods_before_any_cap() {
+    let mut c = Controller::new(cfg(1));
+    assert_eq!(
+        run(&mut c, &[hot(); 4], ALL),
+        [Level::Idle, Level::Cpuset, Level::Cap, Level::Floor]
+    );
+    assert_eq!(
+        run(&mut c, &[calm(); 4], ALL),
+        [Level::Cap, Level::Cpuset, Level::Idle, Level::None]
+    );
+    // Without cpu.idle the cpuset is the first step.
+    let mut c = Controller::new(cfg(1));
+    let no_idle = Available {
+        idle: false,
+        cpuset: true,
+    };
+    assert_eq!(
+        c.observe(&hot(), no_idle),
+        Some(Step::Engage {
+            from: Level::None,
+            to: Level::Cpuset
+        })
+    );
+}
+
+#[test]
+fn the_cpuset_lever_keeps_the_highest_cpus_and_never_all_or_none() {
+    let cfg = CpuPressureConfig::default();
+    let cpus = |level, pods: &str| {
+        lever(&cfg, level, 4000, &pods.parse().unwrap(), 100_000, ALL)
+            .cpus
+            .unwrap()
+            .to_string()
+    };
+    // Below the cpuset level the tier has every pod CPU: a release writes them back.
+    assert_eq!(cpus(Level::Idle, "2-5"), "2-5");
+    // 50% of 4 CPUs, the highest; the cap and floor levels keep it.
+    assert_eq!(cpus(Level::Cpuset, "2-5"), "4-5");
+    assert_eq!(cpus(Level::Floor, "2-5"), "4-5");
+    // Rounded up, at least one, never all.
+    assert_eq!(cpus(Level::Cpuset, "0-2"), "1-2");
+    assert_eq!(besteffort_cpus(&"0-1".parse().unwrap(), 1).to_string(), "1");
+    assert_eq!(
+        besteffort_cpus(&"0-1".parse().unwrap(), 100).to_string(),
+        "1"
+    );
+    assert_eq!(besteffort_cpus(&"3".parse().unwrap(), 50).to_string(), "3");
+    // No cpuset lever: the tier's CPUs are left alone.
+    assert_eq!(
+        lever(&cfg, Level::Floor, 4000, &CpuSet::first(4), 100_000, IDLE).cpus,
+        None
+    );
+    // Granted CPU is the least of the quota and the CPUs.
+    let l = lever(&cfg, Level::Cpuset, 4000, &CpuSet::first(4), 100_000, ALL);
+    assert_eq!(granted_millis(&l, 4000), 2000);
+    let l = lever(&cfg, Level::Floor, 4000, &CpuSet::first(4), 100_000, ALL);
+    assert_eq!(granted_millis(&l, 4000), 400);
 }
