@@ -212,11 +212,18 @@ async fn two_containers_never_share_a_cgroup_or_a_log() {
         );
     }
     assert_eq!(cgs[0].pids().len(), 1, "only the first container's process");
-    let ran = ["first", "second", "b-first", "b-second"]
-        .iter()
-        .filter(|f| work.path.join(f).exists())
-        .count();
-    assert_eq!(ran, 2);
+    // One container of each pod ran (whichever came first). "Running" is the spawn; the shell
+    // writes its mark a moment later (long under TCG), so the marks are waited for.
+    let ran = || {
+        let [a1, a2, b1, b2] =
+            ["first", "second", "b-first", "b-second"].map(|f| work.path.join(f).exists());
+        (u8::from(a1) + u8::from(a2), u8::from(b1) + u8::from(b2))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ran() != (1, 1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ran(), (1, 1), "containers that ran, of each pod");
     rt.stop_all(Duration::from_secs(2)).await;
 }
 
