@@ -29,7 +29,7 @@ use qoslet::policy::{
     cpu_pressure::{CpuPressureConfig, besteffort_cpus},
     cpuset::CpuSet,
 };
-use qoslet_tests::{Layout, TestCgroup, layout, unique_name};
+use qoslet_tests::{Layout, TestCgroup, cpu_ticks, layout, unique_name};
 
 fn secs() -> u64 {
     std::env::var("QOSLET_BENCH_CPU_SECS")
@@ -81,25 +81,15 @@ fn schedstat() -> [u64; 3] {
     [(); 3].map(|()| v.next().unwrap_or(0))
 }
 
-/// CPU time (clock ticks) a process has used.
-fn cpu_ticks(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.to_owned();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
-
 /// The cgroups: `<root>/kubepods/{besteffort,podg}` in the hierarchy with the cpu controller.
 struct Tree {
     v2: bool,
     cpus: usize,
-    /// The BestEffort tier in the hierarchy with the cpuset controller (the same directory as
-    /// `besteffort` on v2), and its parents; `None` without a cpuset controller.
-    besteffort_cpuset: Option<Vec<TestCgroup>>,
+    /// The directory whose `cpuset.cpus` confines the BestEffort tier: `besteffort` itself on
+    /// v2, its twin in the v1 cpuset hierarchy; `None` without a cpuset controller.
+    cpuset_dir: Option<PathBuf>,
+    /// v1: the twin tree in the cpuset hierarchy, tier first (removed on drop).
+    v1_cpuset: Vec<TestCgroup>,
     besteffort: TestCgroup,
     guaranteed: TestCgroup,
     _kubepods: TestCgroup,
@@ -143,31 +133,33 @@ impl Tree {
         }
         // v1: a parallel tree in the cpuset hierarchy, each level with its parent's CPUs and
         // memory nodes (a v1 cpuset takes no task until both are set).
-        let v1_cpuset = PathBuf::from("/sys/fs/cgroup/cpuset");
-        let besteffort_cpuset = if v2 || !v1_cpuset.join("cpuset.cpus").exists() {
-            None
-        } else {
-            let mut chain: Vec<TestCgroup> = Vec::new();
+        let v1_hierarchy = PathBuf::from("/sys/fs/cgroup/cpuset");
+        let mut v1_cpuset: Vec<TestCgroup> = Vec::new();
+        if !v2 && v1_hierarchy.join("cpuset.cpus").exists() {
             for part in [name.as_str(), "kubepods", "besteffort"] {
-                let parent = chain.last().map_or(v1_cpuset.clone(), |c| c.path.clone());
+                let parent = v1_cpuset
+                    .last()
+                    .map_or(v1_hierarchy.clone(), |c| c.path.clone());
                 let cg = TestCgroup::create(&parent, part);
                 for f in ["cpuset.cpus", "cpuset.mems"] {
                     let v = fs::read_to_string(parent.join(f)).unwrap_or_default();
                     cg.write(f, v.trim());
                 }
-                chain.push(cg);
+                v1_cpuset.push(cg);
             }
-            chain.reverse();
-            Some(chain)
+            // Removed children first.
+            v1_cpuset.reverse();
+        }
+        let cpuset_dir = if cpuset_v2 {
+            Some(besteffort.path.clone())
+        } else {
+            v1_cpuset.first().map(|c| c.path.clone())
         };
         Self {
             v2,
             cpus,
-            besteffort_cpuset: if cpuset_v2 {
-                Some(Vec::new())
-            } else {
-                besteffort_cpuset
-            },
+            cpuset_dir,
+            v1_cpuset,
             besteffort,
             guaranteed,
             _kubepods: kubepods,
@@ -175,18 +167,9 @@ impl Tree {
         }
     }
 
-    /// The directory whose `cpuset.cpus` confines the BestEffort tier.
-    fn cpuset_dir(&self) -> Option<&std::path::Path> {
-        match &self.besteffort_cpuset {
-            Some(chain) if chain.is_empty() => Some(&self.besteffort.path),
-            Some(chain) => Some(&chain[0].path),
-            None => None,
-        }
-    }
-
     fn add_hog(&self, pid: u32) {
         self.besteffort.add_pid(pid);
-        if let Some(Some(be)) = self.besteffort_cpuset.as_ref().map(|c| c.first()) {
+        if let Some(be) = self.v1_cpuset.first() {
             be.add_pid(pid);
         }
     }
@@ -194,7 +177,7 @@ impl Tree {
     /// Confines the BestEffort tier to the CPUs the controller's cpuset level leaves it (`false`:
     /// all CPUs again).
     fn confine(&self, on: bool) {
-        let Some(dir) = self.cpuset_dir() else { return };
+        let Some(dir) = &self.cpuset_dir else { return };
         let all = CpuSet::first(self.cpus as u32);
         let cpus = if on {
             besteffort_cpus(&all, CpuPressureConfig::default().cap_percent)
@@ -271,10 +254,10 @@ fn measure(tree: &Tree, hogs: &[Child], secs: u64) -> Option<(u64, u64, u64, u64
         .spawn()
         .ok()?;
     tree.guaranteed.add_pid(child.id());
-    let before: u64 = hogs.iter().map(|h| cpu_ticks(h.id())).sum();
+    let before: u64 = hogs.iter().filter_map(|h| cpu_ticks(h.id())).sum();
     let t = Instant::now();
     let out = child.wait_with_output().ok()?;
-    let after: u64 = hogs.iter().map(|h| cpu_ticks(h.id())).sum();
+    let after: u64 = hogs.iter().filter_map(|h| cpu_ticks(h.id())).sum();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let cores = (after - before) as f64 / hz / t.elapsed().as_secs_f64();
@@ -332,7 +315,7 @@ fn main() -> ExitCode {
     // The controller's levels at its defaults (cpuset and cap at 50%, floor at 10%), each with
     // the levels below it, skipping those this machine lacks; then single levers alone, as on
     // kernels without cpu.idle.
-    let cpuset = cpus > 1 && tree.cpuset_dir().is_some();
+    let cpuset = cpus > 1 && tree.cpuset_dir.is_some();
     let mut scenarios: Vec<Scenario> = vec![Scenario::new("kubelet weights only")];
     // The controller's level numbers (agent/src/policy/cpu_pressure.rs), fixed: a level this
     // machine lacks is skipped, not renumbered.
