@@ -21,13 +21,16 @@ use anyhow::{Context as _, Result, bail};
 
 pub use deps::{MUSL_TARGET, ensure_musl_target, ensure_rust_target, ensure_vm_prerequisites};
 
+/// The kernel series of the test matrix (`vm-test`'s default, and `bench cpu`'s VMs).
+pub const MATRIX: [&str; 3] = ["5.10", "6.1", "6.12"];
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct VmTestArgs {
     /// Kernel series ("5.10", "6.1", "6.12") or exact Debian ABI ("6.1.0-57"); the newest
     /// cloud-amd64 package of each that the archive serves is used (5.10 from bullseye, through a
     /// private apt source list). "arm64": bookworm's cloud-arm64 kernel under
     /// qemu-system-aarch64 with arm64 test binaries (not in the default list). Repeatable.
-    #[arg(long = "kernel", value_name = "VERSION", default_values = ["5.10", "6.1", "6.12"])]
+    #[arg(long = "kernel", value_name = "VERSION", default_values = MATRIX)]
     pub kernels: Vec<String>,
     /// Seconds one VM may run, boot and tests included, before it is killed and counted failed.
     #[arg(long, default_value_t = 600)]

@@ -25,12 +25,10 @@ sync
 poweroff -f
 ";
 const DRIVER: &str = "qoslet-bench-cpu";
-/// The kernels it runs on besides the host: the test matrix's.
-pub const KERNELS: [&str; 3] = ["5.10", "6.1", "6.12"];
 const MEMORY_MIB: u32 = 512;
 const TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
-/// The markdown report of every kernel in [`KERNELS`].
+/// The markdown report of every kernel of the test matrix ([`super::MATRIX`]).
 pub fn run(tc: &Toolchain) -> Result<String> {
     let release = super::build_vm_binaries(tc, &["-p", "qoslet-tests", "--bin", DRIVER])?;
     let out_dir = cargo::target_dir().join("bench");
@@ -48,7 +46,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     let initrd = initramfs::build_scripted(&(exports + MAIN), &files, &out_dir, "cpu-initramfs")?;
     let cache = kernels::cache_dir()?;
     let mut report = String::new();
-    for s in KERNELS {
+    for s in super::MATRIX {
         let started = Instant::now();
         let kernel = kernels::fetch(s, &cache)?;
         let log = out_dir.join(format!("cpu-vm-{s}.log"));
@@ -79,7 +77,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
             "\n### VM: Debian {} ({:.0} s)\n\n{}",
             kernel.package,
             started.elapsed().as_secs_f64(),
-            super::peers::extract_report(&boot.lines, "QOSLET-VM-CPU| ")
+            boot.report("QOSLET-VM-CPU| ")
         ));
     }
     Ok(report)

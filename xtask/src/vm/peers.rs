@@ -102,7 +102,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
         boot.elapsed,
         started.elapsed()
     );
-    let report = extract_report(&boot.lines, "QOSLET-VM-PEERS| ");
+    let report = boot.report("QOSLET-VM-PEERS| ");
     if boot.timed_out
         || !boot
             .lines
@@ -120,18 +120,6 @@ pub fn run(tc: &Toolchain) -> Result<String> {
         kernel.package,
         started.elapsed().as_secs_f64()
     ))
-}
-
-/// A driver's report: its lines carrying `prefix` (e.g. `QOSLET-VM-PEERS| `), without it.
-pub(super) fn extract_report(lines: &[String], prefix: &str) -> String {
-    lines
-        .iter()
-        .filter_map(|l| l.find(prefix).map(|at| &l[at + prefix.len()..]))
-        .fold(String::new(), |mut s, l| {
-            s.push_str(l);
-            s.push('\n');
-            s
-        })
 }
 
 /// Debian's earlyoom binary, downloaded and unpacked once into `cache`.
@@ -215,20 +203,6 @@ mod tests {
                 PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
                 PathBuf::from("/lib64/ld-linux-x86-64.so.2")
             ]
-        );
-    }
-
-    #[test]
-    fn the_report_is_the_prefixed_lines() {
-        let lines = [
-            "noise".to_owned(),
-            "\u{1b}[0mQOSLET-VM-PEERS| ## Peers".to_owned(),
-            "QOSLET-VM-PEERS-RUN system=Qoslet".to_owned(),
-            "QOSLET-VM-PEERS| | a | b |".to_owned(),
-        ];
-        assert_eq!(
-            extract_report(&lines, "QOSLET-VM-PEERS| "),
-            "## Peers\n| a | b |\n"
         );
     }
 }

@@ -19,6 +19,20 @@ pub struct Boot {
     pub elapsed: Duration,
 }
 
+impl Boot {
+    /// A driver's report: the lines carrying `prefix` (e.g. `QOSLET-VM-PEERS| `), without it.
+    pub fn report(&self, prefix: &str) -> String {
+        self.lines
+            .iter()
+            .filter_map(|l| l.find(prefix).map(|at| &l[at + prefix.len()..]))
+            .fold(String::new(), |mut s, l| {
+                s.push_str(l);
+                s.push('\n');
+                s
+            })
+    }
+}
+
 /// Kills QEMU when the harness returns early or panics, so no VM outlives xtask.
 struct KillOnDrop(Child);
 
@@ -170,4 +184,24 @@ pub fn boot(
         timed_out,
         elapsed: start.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_is_the_prefixed_lines() {
+        let boot = Boot {
+            lines: vec![
+                "noise".to_owned(),
+                "\u{1b}[0mQOSLET-VM-PEERS| ## Peers".to_owned(),
+                "QOSLET-VM-PEERS-RUN system=Qoslet".to_owned(),
+                "QOSLET-VM-PEERS| | a | b |".to_owned(),
+            ],
+            timed_out: false,
+            elapsed: Duration::ZERO,
+        };
+        assert_eq!(boot.report("QOSLET-VM-PEERS| "), "## Peers\n| a | b |\n");
+    }
 }
