@@ -37,10 +37,13 @@ pub fn run(tc: &Toolchain) -> Result<String> {
         release.join(DRIVER),
         PathBuf::from(format!("/bin/{DRIVER}")),
     )];
-    // The bench's own settings (`QOSLET_BENCH_CPU_*`) reach the VM's shell as exports.
+    // The bench's own settings (`QOSLET_BENCH_CPU_*`) reach the VM's shell as exports; anything
+    // but letters and digits (and `_` in a name) would be shell syntax there.
     let exports = std::env::vars()
         .filter(|(k, v)| {
-            k.starts_with("QOSLET_BENCH_CPU_") && v.chars().all(|c| c.is_ascii_alphanumeric())
+            k.starts_with("QOSLET_BENCH_CPU_")
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && v.chars().all(|c| c.is_ascii_alphanumeric())
         })
         .fold(String::new(), |s, (k, v)| s + &format!("export {k}={v}\n"));
     let initrd = initramfs::build_scripted(&(exports + MAIN), &files, &out_dir, "cpu-initramfs")?;
