@@ -516,6 +516,24 @@ pub fn process_cpu() -> Duration {
     tv(ru.user_time()) + tv(ru.system_time())
 }
 
+/// Calls `f` every `every` until it gives a value or `timeout` has passed (then `None`).
+pub fn poll_until<T>(
+    timeout: Duration,
+    every: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        thread::sleep(every);
+    }
+}
+
 /// A free loopback port (free when asked; another process may take it before it is used).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -18,6 +18,7 @@ use std::{
     fs,
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -28,7 +29,7 @@ use qoslet::{
 };
 use qoslet_tests::{
     InProcessAgent, Layout, NodeRoot, TempDir, free_port, http_get, layout, online_cpus,
-    require_root, wake_path,
+    poll_until, require_root, wake_path,
 };
 
 /// The controller's default target.
@@ -36,21 +37,37 @@ const TARGET_US: u64 = 5000;
 
 const KUBELET: &str = include_str!("../../deploy/examples/standalone/kubelet-config.yaml");
 
+/// One node at a time: the hogs of one test would be the other's load.
+static ONE_NODE: Mutex<()> = Mutex::new(());
+
 struct Node {
     work: TempDir,
     root: NodeRoot,
     addr: SocketAddr,
+    /// Held until the node's cgroups and files are gone (dropped last).
+    _one: MutexGuard<'static, ()>,
 }
 
 impl Node {
-    fn new() -> Self {
+    /// A node (not started yet) with the Guaranteed pod that wakes every millisecond.
+    fn with_waker() -> Self {
+        require_root();
+        let one = ONE_NODE.lock().unwrap_or_else(PoisonError::into_inner);
         let work = TempDir::new();
         fs::create_dir_all(work.path.join("pods")).unwrap();
-        Self {
+        let node = Self {
             work,
             root: NodeRoot::create(),
             addr: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-        }
+            _one: one,
+        };
+        let wake = wake_path();
+        node.pod(
+            "wake",
+            "{limits: {cpu: '1', memory: 64Mi}}",
+            &[wake.to_str().unwrap()],
+        );
+        node
     }
 
     fn start(&self, target_us: u64) -> InProcessAgent {
@@ -93,16 +110,6 @@ impl Node {
             http_get(self.addr, "/readyz")
         });
         agent
-    }
-
-    /// The Guaranteed pod that wakes every millisecond.
-    fn guaranteed_waker(&self) {
-        let wake = wake_path();
-        self.pod(
-            "wake",
-            "{limits: {cpu: '1', memory: 64Mi}}",
-            &[wake.to_str().unwrap()],
-        );
     }
 
     /// The BestEffort tier's directories with the cpu and the cpuset controllers (one on v2).
@@ -149,15 +156,9 @@ impl Node {
     }
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    poll_until(timeout, Duration::from_millis(200), f)
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
 
 /// A line on stderr that libtest does not capture, so a passing run in the VMs shows its
@@ -188,46 +189,22 @@ fn quota(tier: &Path) -> Option<i64> {
 /// The tier holds what the kubelet gave it: no `cpu.idle`, no quota, its weight, every pod CPU.
 fn kubelet_values(
     tier: &Path,
-    cpuset_tier: &Option<PathBuf>,
+    cpuset_tier: &Path,
     weight: &[Option<String>; 2],
     pod_cpus: &Option<String>,
 ) -> bool {
     let idle = fs::read_to_string(tier.join("cpu.idle")).ok();
     let now = ["cpu.shares", "cpu.weight"].map(|f| fs::read_to_string(tier.join(f)).ok());
-    let cpus = cpuset_tier
-        .as_ref()
-        .and_then(|d| fs::read_to_string(d.join("cpuset.cpus")).ok());
+    let cpus = fs::read_to_string(cpuset_tier.join("cpuset.cpus")).ok();
     idle.is_none_or(|i| i.trim() == "0")
         && quota(tier).is_none()
         && &now == weight
         && (pod_cpus.is_none() || &cpus == pod_cpus)
 }
 
-fn assert_kubelet_values(
-    tier: &Path,
-    cpuset_tier: &Option<PathBuf>,
-    weight: &[Option<String>; 2],
-    pod_cpus: &Option<String>,
-) {
-    assert!(
-        kubelet_values(tier, cpuset_tier, weight, pod_cpus),
-        "the BestEffort tier was constrained: cpu.idle {:?}, quota {:?}",
-        fs::read_to_string(tier.join("cpu.idle")).ok(),
-        quota(tier)
-    );
-}
-
-/// One node at a time: the hogs of one test would be the other's load.
-static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_after() {
-    require_root();
-    let _one = ONE_NODE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let node = Node::new();
-    node.guaranteed_waker();
+    let node = Node::with_waker();
     let _q = node.start(TARGET_US);
     wait_for("the run-queue sensor", Duration::from_secs(15), || {
         http_get(node.addr, "/metrics")?
@@ -243,10 +220,8 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
         node.guaranteed_p99_us().filter(|p| *p > 0.0)
     });
     let (tier, cpuset_tier) = node.tiers();
-    let cpuset_tier = Some(cpuset_tier).filter(|d| d.is_dir());
-    let pod_cpus = cpuset_tier
-        .as_ref()
-        .and_then(|d| fs::read_to_string(d.join("cpuset.cpus")).ok());
+    // Unset without a cpuset controller: then the CPUs are not compared.
+    let pod_cpus = fs::read_to_string(cpuset_tier.join("cpuset.cpus")).ok();
     let kubelet_weight =
         ["cpu.shares", "cpu.weight"].map(|f| fs::read_to_string(tier.join(f)).ok());
     let hogs = 2 * online_cpus();
@@ -278,7 +253,12 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
                 .all(|(p, _)| p.is_some_and(|p| p <= TARGET_US as f64)),
             "a window passed the target and the controller did not engage: {seen:?}"
         );
-        assert_kubelet_values(&tier, &cpuset_tier, &kubelet_weight, &pod_cpus);
+        assert!(
+            kubelet_values(&tier, &cpuset_tier, &kubelet_weight, &pod_cpus),
+            "the BestEffort tier was constrained: cpu.idle {:?}, quota {:?}",
+            fs::read_to_string(tier.join("cpu.idle")).ok(),
+            quota(&tier)
+        );
         report(format!(
             "the kubelet's weights kept the Guaranteed p99 under {TARGET_US} µs beside the hogs for 30 s, and the tier was left alone: {seen:?}"
         ));
@@ -337,12 +317,7 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
 /// tier's (the kernel refuses a parent narrower than a child) and widened after.
 #[test]
 fn every_lever_reaches_the_kernel_and_comes_back() {
-    require_root();
-    let _one = ONE_NODE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let node = Node::new();
-    node.guaranteed_waker();
+    let node = Node::with_waker();
     node.pod("be", "{}", &["sh", "-c", "while :; do sleep 1; done"]);
     let _q = node.start(1);
     let (tier, cpuset_tier) = node.tiers();

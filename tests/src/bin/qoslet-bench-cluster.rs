@@ -16,7 +16,6 @@ use std::{
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
-    thread,
     time::{Duration, Instant},
 };
 
@@ -26,7 +25,7 @@ use qoslet_tests::{
     fake_api::{FakeApi, Options},
     free_port, http_get,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
-    require_root, status_kib,
+    poll_until, require_root, status_kib,
 };
 use serde_json::json;
 
@@ -133,7 +132,7 @@ async fn measure() -> Result<String, String> {
     let pid = agent.0.id();
 
     let started = Instant::now();
-    wait_until(Duration::from_secs(120), || pods_exported(metrics) >= PODS).map_err(|()| {
+    wait_until(Duration::from_secs(120), || pods_exported(metrics) >= PODS).ok_or_else(|| {
         format!(
             "only {} of {PODS} pods exported after 120 s (log: {})",
             pods_exported(metrics),
@@ -188,7 +187,7 @@ async fn measure() -> Result<String, String> {
         wait_until(Duration::from_secs(30), || {
             http_get(metrics, "/metrics").is_some_and(|m| m.contains(&needle))
         })
-        .map_err(|()| format!("{name} was not exported within 30 s"))?;
+        .ok_or_else(|| format!("{name} was not exported within 30 s"))?;
         appear.push(t.elapsed());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -309,13 +308,7 @@ fn pods_exported(metrics: SocketAddr) -> usize {
     })
 }
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Result<(), ()> {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        if Instant::now() > deadline {
-            return Err(());
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
+/// Polls `f` every 10 ms (the appearance times are measured by it) until true or `timeout`.
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<()> {
+    poll_until(timeout, Duration::from_millis(10), || f().then_some(()))
 }
