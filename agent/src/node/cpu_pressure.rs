@@ -282,13 +282,11 @@ impl Node {
         };
         let lever = cp.lever(plan.node.capacity.cpu_millis, &pod_cpus(plan));
         if let Some(cpus) = &lever.cpus {
+            // The tier's pods and containers keep their own list in a v1 cpuset hierarchy.
             for c in &mut desired.cgroups {
                 let s = &mut c.settings;
-                if c.path == path && c.role == Role::QosTier {
-                    // Written on v2 too: the tier's own list confines its pods there.
-                    s.cpus = Some(cpus.clone());
-                    s.cpus_v1_only = false;
-                } else if c.path.starts_with(&path) && s.cpus_v1_only && s.cpus.is_some() {
+                if c.path != path && c.path.starts_with(&path) && s.cpus_v1_only && s.cpus.is_some()
+                {
                     s.cpus = Some(cpus.clone());
                 }
             }
@@ -301,6 +299,11 @@ impl Node {
             return;
         };
         let s = &mut tier.settings;
+        if let Some(cpus) = lever.cpus {
+            // Written on v2 too: the tier's own list confines its pods there.
+            s.cpus = Some(cpus);
+            s.cpus_v1_only = false;
+        }
         s.cpu_idle = lever.idle;
         if lever.idle == Some(true) {
             // The kernel refuses a weight on an idle group (EINVAL) and reads back its own
