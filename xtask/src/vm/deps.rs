@@ -7,9 +7,12 @@ use anyhow::{Context as _, Result, bail};
 
 pub(super) use crate::apt::run;
 
-/// Debian packages the VM matrix needs on the host. musl-tools gives cc-rs the `x86_64-linux-musl-gcc` that ring (kube's TLS) compiles its C and
-/// assembly with for the musl target.
-const PACKAGES: &[&str] = &["qemu-system-x86", "cpio", "busybox-static", "musl-tools"];
+/// Debian packages the VM matrix needs on the host (the musl C compiler comes with
+/// [`ensure_musl_target`]).
+const PACKAGES: &[&str] = &["qemu-system-x86", "cpio", "busybox-static"];
+/// Gives cc-rs the `x86_64-linux-musl-gcc` that ring (kube's TLS) compiles its C and assembly
+/// with for the musl target: every musl build needs it, the image's as much as the VM's.
+const MUSL_C_PACKAGES: &[&str] = &["musl-tools"];
 /// The test binaries run in an initramfs without a libc, so they are static musl builds (and so
 /// is the agent in its container image).
 pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
@@ -20,8 +23,10 @@ pub fn ensure_vm_prerequisites() -> Result<()> {
     ensure_musl_target()
 }
 
-/// `rustup target add` the musl target unless the toolchain has it.
+/// `rustup target add` the musl target unless the toolchain has it, and the musl C compiler
+/// unless dpkg has it.
 pub fn ensure_musl_target() -> Result<()> {
+    crate::apt::ensure("musl build", MUSL_C_PACKAGES)?;
     ensure_rust_target(MUSL_TARGET)
 }
 
