@@ -22,6 +22,11 @@ mod container;
 mod cross;
 mod deploy;
 mod fuzz;
+#[expect(
+    dead_code,
+    reason = "the real cluster (cargo xtask cluster) and the install tools (kustomize, helm) build on it"
+)]
+mod gotools;
 mod image;
 mod lint;
 mod machete;
