@@ -42,6 +42,27 @@ async fn stopped(pid: u32) {
     panic!("{pid} did not stop");
 }
 
+/// Waits until `pid` runs `sleep` and sleeps in it. A task that blocks leaves the CPU through
+/// `sched_switch` with no wait pending, so both accounts are final. A task stopped by a signal
+/// while it waits on a run queue is dequeued without a switch: the kernel adds that wait to
+/// `run_delay`, the program never sees it (seen on a loaded host: 20 ms apart).
+async fn asleep(pid: u32) {
+    for _ in 0..1000 {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if comm.trim() == "sleep"
+            && stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('S'))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{pid} did not go to sleep");
+}
+
 /// `a` within `pct` percent (and 2 ms) of `b`.
 fn close(a: u64, b: u64, pct: f64) -> bool {
     (a as f64 - b as f64).abs() <= (b as f64 * pct / 100.0).max(2e6)
@@ -86,9 +107,14 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
     }
     sensors.watch(heavy.watched());
     sensors.watch(light.watched());
+    let done = std::env::temp_dir().join(format!("qoslet-sensors-cpu-{}", std::process::id()));
+    let _ = std::fs::remove_file(&done);
     let mut spinners = Vec::new();
     for cg in [&heavy, &light] {
-        let s = Script::spawn("while :; do :; done");
+        let s = Script::spawn(&format!(
+            "while [ ! -e '{}' ]; do :; done; exec sleep 600",
+            done.display()
+        ));
         // Pin after joining: on Linux 6.1 a cgroup v2 cpuset attach resets the affinity.
         cg.add(s.pid());
         s.pin_to_cpu0();
@@ -115,9 +141,10 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         s.release();
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    // Stopped, they leave the run queue for good: both accounts are final.
+    // Asleep, they leave the run queue for good: both accounts are final.
+    std::fs::write(&done, "").expect("writing the stop file");
     for s in &spinners {
-        stopped(s.pid()).await;
+        asleep(s.pid()).await;
     }
     let kernel: Vec<_> = spinners
         .iter()
@@ -129,6 +156,7 @@ async fn the_lighter_cgroup_waits_longer_on_the_run_queue() {
         .collect();
     let after: Vec<_> = [&heavy, &light].iter().map(|c| stats(c.id())).collect();
     drop(spinners);
+    let _ = std::fs::remove_file(&done);
     let [(h, hw), (l, lw)] = [0, 1].map(|i| {
         let ((u0, w0), (u1, w1)) = (&before[i], &after[i]);
         let mut u = u1.clone();
