@@ -36,15 +36,33 @@ pub struct GoBuild<'a> {
     pub tags: &'a [&'a str],
     /// Whether cgo is on (off gives static binaries).
     pub cgo: bool,
+    /// String variables set at link time (`-ldflags -X package.name=value`): what a project's
+    /// own release build stamps in, e.g. its version, which a plain `go build` leaves at a
+    /// placeholder.
+    pub link_vars: &'a [(&'a str, &'a str)],
 }
 
 impl GoBuild<'_> {
     /// What was built, in a form that changes when anything of the build changes.
     fn stamp(&self) -> String {
         format!(
-            "{} {}\npackages {:?}\nreplaces {:?}\ntags {:?}\ncgo {}\n",
-            self.module, self.version, self.packages, self.replaces, self.tags, self.cgo
+            "{} {}\npackages {:?}\nreplaces {:?}\ntags {:?}\ncgo {}\nlink_vars {:?}\n",
+            self.module,
+            self.version,
+            self.packages,
+            self.replaces,
+            self.tags,
+            self.cgo,
+            self.link_vars
         )
+    }
+
+    fn ldflags(&self) -> String {
+        let mut s = "-s -w".to_owned();
+        for (var, value) in self.link_vars {
+            s.push_str(&format!(" -X {var}={value}"));
+        }
+        s
     }
 
     fn go_mod(&self) -> String {
@@ -117,7 +135,9 @@ pub fn ensure(b: &GoBuild) -> Result<PathBuf> {
     let mut cmd = go()?;
     cmd.current_dir(&dir)
         .env("CGO_ENABLED", if b.cgo { "1" } else { "0" })
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .args(["build", "-trimpath"])
+        .arg(format!("-ldflags={}", b.ldflags()))
+        .arg("-o")
         .arg(&bin);
     if !b.tags.is_empty() {
         cmd.arg(format!("-tags={}", b.tags.join(",")));
@@ -208,7 +228,12 @@ mod tests {
             replaces: &replaces,
             tags: &[],
             cgo: false,
+            link_vars: &[("k8s.io/component-base/version.gitVersion", "v1.37.2")],
         };
+        assert_eq!(
+            b.ldflags(),
+            "-s -w -X k8s.io/component-base/version.gitVersion=v1.37.2"
+        );
         let m = b.go_mod();
         assert!(m.contains("require k8s.io/kubernetes v1.37.2\n"), "{m}");
         assert!(m.contains("\tk8s.io/api => k8s.io/api v0.37.2\n"), "{m}");
