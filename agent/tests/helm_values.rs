@@ -83,16 +83,26 @@ fn agent_settings(full: &QosletConfiguration) -> BTreeSet<String> {
     out
 }
 
+/// The two sets are equal; else which side lacks what.
+fn assert_same(spelled: &BTreeSet<String>, want: &BTreeSet<String>, what: &str) {
+    let missing: Vec<_> = want.difference(spelled).collect();
+    let extra: Vec<_> = spelled.difference(want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: missing {missing:?}, unknown {extra:?}"
+    );
+}
+
 #[test]
 fn values_spell_out_every_setting_with_the_agents_defaults() {
     let values = yaml("deploy/helm/qoslet/values.yaml");
     let full = rendered_config(&yaml("deploy/helm/qoslet/ci/full-values.yaml"));
     let mut spelled = BTreeSet::new();
     settings(&values["config"], "", &mut spelled);
-    assert_eq!(
-        spelled,
-        agent_settings(&full),
-        "values.yaml's config against agent/src/config.rs's QosletConfiguration"
+    assert_same(
+        &spelled,
+        &agent_settings(&full),
+        "values.yaml's config against agent/src/config.rs's QosletConfiguration",
     );
 
     // The defaults are deploy/kubernetes/configmap.yaml's: the agent's own, with its two

@@ -107,11 +107,16 @@ enum Cmd {
         /// Wait until the DaemonSet's pods are ready, at most this many seconds.
         #[arg(long, value_name = "SECONDS")]
         wait: Option<u64>,
+        /// Run helm in the network namespace /run/netns/NAME (a `cargo xtask cluster`'s).
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
     },
     /// Remove the Helm release of `helm-install` and its objects.
     HelmUninstall {
         #[arg(long)]
         kubeconfig: PathBuf,
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
     },
 }
 
@@ -201,6 +206,7 @@ fn run(cmd: Cmd) -> Result<()> {
             set,
             values,
             wait,
+            netns,
         } => {
             let set = set
                 .iter()
@@ -214,6 +220,7 @@ fn run(cmd: Cmd) -> Result<()> {
                 set: &set,
                 values: &values,
                 wait: wait.map(Duration::from_secs),
+                netns: netns.as_deref(),
             })?;
             println!(
                 "xtask: helm release qoslet installed (kubeconfig {})",
@@ -221,7 +228,9 @@ fn run(cmd: Cmd) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::HelmUninstall { kubeconfig } => deploy::uninstall(&kubeconfig),
+        Cmd::HelmUninstall { kubeconfig, netns } => {
+            deploy::uninstall(&kubeconfig, netns.as_deref())
+        }
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
             let reports = vm_matrix(&tc, &args)?;

@@ -43,8 +43,21 @@ pub fn chart_dir() -> PathBuf {
 /// helm with its own configuration, cache and data directories under qoslet's cache, so neither
 /// the user's repositories and plugins change what it does nor it the user's.
 fn helm_command(helm: &Path) -> Result<Command> {
+    helm_command_in(helm, None)
+}
+
+/// [`helm_command`] in the network namespace `/run/netns/NETNS` (where a test cluster's API
+/// server is reachable), or this one.
+fn helm_command_in(helm: &Path, netns: Option<&str>) -> Result<Command> {
     let home = cache_dir()?.join("helm");
-    let mut cmd = Command::new(helm);
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg("--").arg(helm);
+            c
+        }
+        None => Command::new(helm),
+    };
     cmd.env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_DATA_HOME", home.join("data"));
@@ -112,6 +125,9 @@ pub struct Install<'a> {
     /// `--wait` for the DaemonSet's pods to be ready, at most this long; None: return once the
     /// objects are created.
     pub wait: Option<Duration>,
+    /// The network namespace (`/run/netns/NAME`) helm runs in, where the API server of
+    /// `kubeconfig` is reachable; None: this one.
+    pub netns: Option<&'a str>,
 }
 
 /// `helm upgrade --install qoslet deploy/helm/qoslet` on the cluster of `i.kubeconfig`: the
@@ -120,7 +136,7 @@ pub struct Install<'a> {
 /// if needed.
 pub fn install(i: &Install) -> Result<()> {
     let helm = tools::helm()?;
-    let mut cmd = helm_command(&helm)?;
+    let mut cmd = helm_command_in(&helm, i.netns)?;
     cmd.args(["upgrade", "--install", RELEASE])
         .arg(chart_dir())
         .arg("--kubeconfig")
@@ -141,9 +157,9 @@ pub fn install(i: &Install) -> Result<()> {
 }
 
 /// `helm uninstall qoslet`, waiting until its objects are gone.
-pub fn uninstall(kubeconfig: &Path) -> Result<()> {
+pub fn uninstall(kubeconfig: &Path, netns: Option<&str>) -> Result<()> {
     let helm = tools::helm()?;
-    let mut cmd = helm_command(&helm)?;
+    let mut cmd = helm_command_in(&helm, netns)?;
     cmd.args(["uninstall", RELEASE, "--wait", "--namespace", "default"])
         .arg("--kubeconfig")
         .arg(kubeconfig);
