@@ -135,7 +135,7 @@ fn full_values_move_every_setting_away_from_its_default() {
     leaves(&serde_json::to_value(&full).unwrap(), "", &mut got);
     let same: Vec<&str> = got
         .iter()
-        .filter(|(path, v)| path != "apiVersion" && path != "kind")
+        .filter(|(path, _)| path != "apiVersion" && path != "kind")
         .filter(|(path, v)| defaults.pointer(&format!("/{}", path.replace('.', "/"))) == Some(v))
         .map(|(path, _)| path.as_str())
         .collect();
