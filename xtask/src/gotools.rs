@@ -89,10 +89,25 @@ pub fn go_dir() -> Result<PathBuf> {
     Ok(toolchain::cache_dir()?.join("go"))
 }
 
+/// Where this machine kind installs Go; a shell that did not read the profile that puts it on
+/// PATH (CI's `bash .ci/run`) still finds it there.
+const GO_INSTALL: &str = "/usr/local/go/bin/go";
+
+/// `go` from PATH, else from [`GO_INSTALL`].
+fn go_program() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("go").is_file()));
+    if !on_path && Path::new(GO_INSTALL).is_file() {
+        PathBuf::from(GO_INSTALL)
+    } else {
+        PathBuf::from("go")
+    }
+}
+
 /// The `go` command with qoslet's caches and the proxy's module checks.
 pub fn go() -> Result<Command> {
     let dir = go_dir()?;
-    let mut cmd = Command::new("go");
+    let mut cmd = Command::new(go_program());
     cmd.env("GOMODCACHE", dir.join("mod"))
         .env("GOCACHE", dir.join("cache"))
         .env("GOFLAGS", "-mod=mod -buildvcs=false")
@@ -177,7 +192,7 @@ pub fn binary_name(package: &str) -> &str {
 }
 
 fn check_go() -> Result<()> {
-    let out = Command::new("go").arg("version").output().context(
+    let out = Command::new(go_program()).arg("version").output().context(
         "running `go version`: Go 1.25 or newer must be on PATH (this machine kind ships it)",
     )?;
     if !out.status.success() {
