@@ -49,9 +49,14 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
-/// The `data.result` of a Prometheus API answer; `None` while Prometheus does not listen yet.
+/// The `data.result` of a Prometheus API answer; `None` while Prometheus does not listen yet or
+/// is not ready (it answers 503 "Service Unavailable" while it starts, for seconds on a loaded
+/// machine).
 fn try_api(addr: SocketAddr, path: &str) -> Option<Vec<Value>> {
-    get(addr, path)?;
+    let (code, _) = get(addr, path)?;
+    if code == 503 {
+        return None;
+    }
     Some(api(addr, path))
 }
 

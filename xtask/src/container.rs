@@ -52,10 +52,13 @@ impl Drop for Cleanup {
 
 pub fn run() -> Result<()> {
     let t = Instant::now();
-    let daemonset = deploy::render(&workspace_root().join("deploy/kubernetes"))?
-        .into_iter()
-        .find(|o| o["kind"] == "DaemonSet")
-        .context("deploy/kubernetes has no DaemonSet")?;
+    let daemonset = deploy::kustomize_build(
+        &deploy::kustomize()?,
+        &workspace_root().join("deploy/kubernetes"),
+    )?
+    .into_iter()
+    .find(|o| o["kind"] == "DaemonSet")
+    .context("deploy/kubernetes has no DaemonSet")?;
     let work = std::env::temp_dir().join(format!("qoslet-container-test-{}", std::process::id()));
     let node_root = format!("qoslet-test-{}-container", std::process::id());
     let _cleanup = Cleanup {

@@ -1,10 +1,14 @@
-//! deploy/ checked by the programs that consume it: the rendered kustomization against the
-//! Kubernetes 1.37 schemas (`kubernetes-validate`, PyPI) and the prometheus-operator CRD schemas
-//! (`@kubernetes-models/prometheus-operator`, npm); the example manifests against the same
-//! Kubernetes schemas; the alert rules with `promtool check rules` and `promtool test rules`.
-//! Each tool is installed on first use under the cache directory (or by apt), pinned.
+//! deploy/ checked by the programs that consume it: `kustomize build deploy/kubernetes` and the
+//! Helm chart deploy/helm/qoslet (`helm lint`, `helm template` with its defaults and with
+//! ci/full-values.yaml) against the Kubernetes 1.37 schemas (`kubernetes-validate`, PyPI) and the
+//! prometheus-operator CRD schemas (`@kubernetes-models/prometheus-operator`, npm); the chart's
+//! default objects against kustomize's, object by object; each rendered config.yaml through
+//! `qoslet validate`; the example manifests against the same Kubernetes schemas; the alert rules
+//! with `promtool check rules` and `promtool test rules`. Each tool is installed on first use
+//! under the cache directory (or by apt), pinned.
 
-mod render;
+mod chart;
+mod tools;
 
 use std::{
     fs,
@@ -15,7 +19,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
-pub use render::{documents, render};
+pub use chart::{Install, install, uninstall};
+pub use tools::{documents, helm, kustomize, kustomize_build};
 
 use crate::{
     apt,
@@ -32,14 +37,16 @@ pub const PROMETHEUS_PACKAGES: &[&str] = &["prometheus"];
 /// (agent/tests/validate_cli.rs).
 const NOT_API_KINDS: &[&str] = &["KubeletConfiguration", "QosletConfiguration"];
 
-/// Where the validators live once installed.
+/// Where the renderers and validators live once installed.
 pub struct Tools {
     kubernetes_validate: PathBuf,
     node_modules: PathBuf,
+    kustomize: PathBuf,
+    helm: PathBuf,
 }
 
-/// Installs what is missing: a venv with kubernetes-validate, the npm models, Debian's
-/// prometheus (promtool). A second run only checks paths and dpkg.
+/// Installs what is missing: kustomize and helm (Go builds), a venv with kubernetes-validate, the
+/// npm models, Debian's prometheus (promtool). A second run only checks paths, stamps and dpkg.
 pub fn ensure_tools() -> Result<Tools> {
     let cache = cache_dir()?;
     let venv = cache.join("venv");
@@ -84,50 +91,76 @@ pub fn ensure_tools() -> Result<Tools> {
     Ok(Tools {
         kubernetes_validate,
         node_modules,
+        kustomize: kustomize()?,
+        helm: helm()?,
     })
 }
 
-/// Renders deploy/kubernetes, validates every object and the examples, checks and unit-tests
-/// the alert rules. Prints one line per check; fails on the first broken one.
-pub fn validate(tools: &Tools) -> Result<()> {
+/// Renders deploy/kubernetes with kustomize and the chart with helm, validates every object, the
+/// chart's configurations (with `qoslet`, the agent binary) and the examples, checks and
+/// unit-tests the alert rules. Prints one line per check; fails on the first broken one.
+pub fn validate(tools: &Tools, qoslet: &Path) -> Result<()> {
     let root = workspace_root();
     let out = target_dir().join("deploy");
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
 
-    let objects = render(&root.join("deploy/kubernetes"))?;
-    let (crds, core): (Vec<&Value>, Vec<&Value>) = objects.iter().partition(|o| {
-        o["apiVersion"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("monitoring.coreos.com/"))
-    });
-    // One file per object, so a failure names it.
-    let mut files = Vec::new();
-    for (i, obj) in core.iter().enumerate() {
-        let f = out.join(format!(
-            "{i:02}-{}-{}.json",
-            obj["kind"].as_str().unwrap_or("x"),
-            obj["metadata"]["name"].as_str().unwrap_or("x")
-        ));
-        fs::write(&f, serde_json::to_vec_pretty(obj)?)?;
-        files.push(f);
+    let objects = kustomize_build(&tools.kustomize, &root.join("deploy/kubernetes"))?;
+    check_objects(
+        tools,
+        "kustomize build deploy/kubernetes",
+        &objects,
+        &out.join("kustomize"),
+    )?;
+
+    let chart = chart::Chart::new(&tools.helm);
+    chart.lint()?;
+    println!("deploy: helm lint --strict passes with the chart's defaults and ci/full-values.yaml");
+    let defaults = chart.template(&[], true)?;
+    check_objects(
+        tools,
+        "helm template (defaults)",
+        &defaults,
+        &out.join("chart-defaults"),
+    )?;
+    let differences = chart::differences(&objects, &defaults);
+    if !differences.is_empty() {
+        bail!(
+            "the chart's default objects differ from deploy/kubernetes's:\n  {}",
+            differences.join("\n  ")
+        );
     }
-    kubernetes_validate(tools, &files)?;
     println!(
-        "deploy: {} objects of deploy/kubernetes valid against the Kubernetes {KUBERNETES_VERSION} schemas",
-        files.len()
+        "deploy: the chart's {} default objects equal deploy/kubernetes's (Helm's labels aside)",
+        defaults.len()
     );
-    validate_crds(tools, &crds)?;
+    let without_operator = chart.template(&[], false)?;
+    chart::check_without_operator(&defaults, &without_operator)?;
     println!(
-        "deploy: {} prometheus-operator objects valid against their CRD schemas",
-        crds.len()
+        "deploy: without the prometheus-operator's kinds the chart leaves out its ServiceMonitor and PrometheusRule and nothing else"
+    );
+    let full = chart.template(&[chart.full_values()], false)?;
+    check_objects(
+        tools,
+        "helm template -f ci/full-values.yaml",
+        &full,
+        &out.join("chart-full"),
+    )?;
+    for (name, objs) in [("defaults", &defaults), ("full-values", &full)] {
+        let file = out.join(format!("chart-{name}-config.yaml"));
+        fs::write(&file, chart::config_yaml(objs)?)?;
+        qoslet_validate(qoslet, &file)?;
+    }
+    println!(
+        "deploy: qoslet validate accepts the chart's config.yaml with its defaults and ci/full-values.yaml"
     );
 
     let mut examples = Vec::new();
     yaml_files(&root.join("deploy/examples"), &mut examples)?;
     let mut checked = Vec::new();
     for f in examples {
-        let docs = documents(&f)?;
+        let text = fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let docs = documents(&text).with_context(|| format!("parsing {}", f.display()))?;
         let api = |d: &Value| !NOT_API_KINDS.contains(&d["kind"].as_str().unwrap_or(""));
         if docs.iter().all(api) {
             checked.push(f);
@@ -153,13 +186,71 @@ pub fn validate(tools: &Tools) -> Result<()> {
     Ok(())
 }
 
+/// Every object of one rendering against the Kubernetes schemas or, for the prometheus-operator
+/// kinds, their CRD schemas; one file per object under `dir`, so a failure names it.
+fn check_objects(tools: &Tools, what: &str, objects: &[Value], dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    let (crds, core): (Vec<&Value>, Vec<&Value>) = objects.iter().partition(|o| {
+        o["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("monitoring.coreos.com/"))
+    });
+    let mut files = Vec::new();
+    for (i, obj) in core.iter().enumerate() {
+        let f = dir.join(format!(
+            "{i:02}-{}-{}.json",
+            obj["kind"].as_str().unwrap_or("x"),
+            obj["metadata"]["name"].as_str().unwrap_or("x")
+        ));
+        fs::write(&f, serde_json::to_vec_pretty(obj)?)?;
+        files.push(f);
+    }
+    kubernetes_validate(tools, &files).with_context(|| what.to_owned())?;
+    validate_crds(tools, &crds).with_context(|| what.to_owned())?;
+    let rules = crds
+        .iter()
+        .filter(|o| o["kind"] == "PrometheusRule")
+        .count();
+    if rules > 0 {
+        let owned: Vec<Value> = crds.iter().map(|o| (*o).clone()).collect();
+        promtool(&["check", "rules"], &write_rules(&owned, dir)?)
+            .with_context(|| what.to_owned())?;
+    }
+    println!(
+        "deploy: {what}: {} objects valid against the Kubernetes {KUBERNETES_VERSION} schemas, {} against the prometheus-operator CRD schemas",
+        files.len(),
+        crds.len()
+    );
+    Ok(())
+}
+
+/// `qoslet validate FILE`: exit 0 and nothing printed.
+fn qoslet_validate(qoslet: &Path, file: &Path) -> Result<()> {
+    let out = Command::new(qoslet)
+        .arg("validate")
+        .arg(file)
+        .env("RUST_LOG", "off")
+        .output()
+        .with_context(|| format!("running {}", qoslet.display()))?;
+    if !out.status.success() || !out.stdout.is_empty() {
+        bail!(
+            "qoslet validate {} ({}): {}{}",
+            file.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// The PrometheusRule's `spec` as a plain Prometheus rule file, `<out>/qoslet-rules.yaml` (what
 /// the operator hands to Prometheus).
 pub fn write_rules(objects: &[Value], out: &Path) -> Result<PathBuf> {
     let rule = objects
         .iter()
         .find(|o| o["kind"] == "PrometheusRule")
-        .context("deploy/kubernetes has no PrometheusRule")?;
+        .context("no PrometheusRule among the objects")?;
     let path = out.join("qoslet-rules.yaml");
     fs::write(&path, serde_json::to_vec_pretty(&rule["spec"])?)?;
     Ok(path)
@@ -194,6 +285,9 @@ fn kubernetes_validate(tools: &Tools, files: &[PathBuf]) -> Result<()> {
 }
 
 fn validate_crds(tools: &Tools, objects: &[&Value]) -> Result<()> {
+    if objects.is_empty() {
+        return Ok(());
+    }
     let script = workspace_root().join("xtask/src/deploy/validate-crds.mjs");
     let mut child = Command::new("node")
         .arg(script)

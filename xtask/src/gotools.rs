@@ -36,15 +36,33 @@ pub struct GoBuild<'a> {
     pub tags: &'a [&'a str],
     /// Whether cgo is on (off gives static binaries).
     pub cgo: bool,
+    /// String variables set at link time (`-ldflags -X package.name=value`): what a project's
+    /// own release build stamps in, e.g. its version, which a plain `go build` leaves at a
+    /// placeholder.
+    pub link_vars: &'a [(&'a str, &'a str)],
 }
 
 impl GoBuild<'_> {
     /// What was built, in a form that changes when anything of the build changes.
     fn stamp(&self) -> String {
         format!(
-            "{} {}\npackages {:?}\nreplaces {:?}\ntags {:?}\ncgo {}\n",
-            self.module, self.version, self.packages, self.replaces, self.tags, self.cgo
+            "{} {}\npackages {:?}\nreplaces {:?}\ntags {:?}\ncgo {}\nlink_vars {:?}\n",
+            self.module,
+            self.version,
+            self.packages,
+            self.replaces,
+            self.tags,
+            self.cgo,
+            self.link_vars
         )
+    }
+
+    fn ldflags(&self) -> String {
+        let mut s = "-s -w".to_owned();
+        for (var, value) in self.link_vars {
+            s.push_str(&format!(" -X {var}={value}"));
+        }
+        s
     }
 
     fn go_mod(&self) -> String {
@@ -71,10 +89,25 @@ pub fn go_dir() -> Result<PathBuf> {
     Ok(toolchain::cache_dir()?.join("go"))
 }
 
+/// Where this machine kind installs Go; a shell that did not read the profile that puts it on
+/// PATH (CI's `bash .ci/run`) still finds it there.
+const GO_INSTALL: &str = "/usr/local/go/bin/go";
+
+/// `go` from PATH, else from [`GO_INSTALL`].
+fn go_program() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("go").is_file()));
+    if !on_path && Path::new(GO_INSTALL).is_file() {
+        PathBuf::from(GO_INSTALL)
+    } else {
+        PathBuf::from("go")
+    }
+}
+
 /// The `go` command with qoslet's caches and the proxy's module checks.
 pub fn go() -> Result<Command> {
     let dir = go_dir()?;
-    let mut cmd = Command::new("go");
+    let mut cmd = Command::new(go_program());
     cmd.env("GOMODCACHE", dir.join("mod"))
         .env("GOCACHE", dir.join("cache"))
         .env("GOFLAGS", "-mod=mod -buildvcs=false")
@@ -117,7 +150,9 @@ pub fn ensure(b: &GoBuild) -> Result<PathBuf> {
     let mut cmd = go()?;
     cmd.current_dir(&dir)
         .env("CGO_ENABLED", if b.cgo { "1" } else { "0" })
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .args(["build", "-trimpath"])
+        .arg(format!("-ldflags={}", b.ldflags()))
+        .arg("-o")
         .arg(&bin);
     if !b.tags.is_empty() {
         cmd.arg(format!("-tags={}", b.tags.join(",")));
@@ -157,7 +192,7 @@ pub fn binary_name(package: &str) -> &str {
 }
 
 fn check_go() -> Result<()> {
-    let out = Command::new("go").arg("version").output().context(
+    let out = Command::new(go_program()).arg("version").output().context(
         "running `go version`: Go 1.25 or newer must be on PATH (this machine kind ships it)",
     )?;
     if !out.status.success() {
@@ -208,7 +243,12 @@ mod tests {
             replaces: &replaces,
             tags: &[],
             cgo: false,
+            link_vars: &[("k8s.io/component-base/version.gitVersion", "v1.37.2")],
         };
+        assert_eq!(
+            b.ldflags(),
+            "-s -w -X k8s.io/component-base/version.gitVersion=v1.37.2"
+        );
         let m = b.go_mod();
         assert!(m.contains("require k8s.io/kubernetes v1.37.2\n"), "{m}");
         assert!(m.contains("\tk8s.io/api => k8s.io/api v0.37.2\n"), "{m}");

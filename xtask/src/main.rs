@@ -10,9 +10,11 @@
 //! - `bench`: the speed and memory measurements (`tests/src/bin/qoslet-bench-*`).
 //! - `image`: the OCI image (static agent, deploy/Containerfile) in local storage and an
 //!   oci-archive; `--test` runs it as the DaemonSet describes.
-//! - `validate-deploy`: deploy/ against the Kubernetes and prometheus-operator schemas, the
-//!   alert rules through promtool.
+//! - `validate-deploy`: deploy/kubernetes (kustomize) and the Helm chart deploy/helm/qoslet
+//!   against the Kubernetes and prometheus-operator schemas, each other and `qoslet validate`;
+//!   the alert rules through promtool.
 //! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
+//! - `helm-install`, `helm-uninstall`: the Helm chart on a cluster, with the pinned helm.
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/` (not part of `test`).
 
 mod apt;
@@ -22,10 +24,6 @@ mod container;
 mod cross;
 mod deploy;
 mod fuzz;
-#[expect(
-    dead_code,
-    reason = "the real cluster (cargo xtask cluster) and the install tools (kustomize, helm) build on it"
-)]
 mod gotools;
 mod image;
 mod lint;
@@ -90,10 +88,36 @@ enum Cmd {
         #[arg(long)]
         test: bool,
     },
-    /// Validate deploy/ (Kubernetes 1.37 and prometheus-operator schemas, promtool).
+    /// Validate deploy/: kustomize's and the Helm chart's objects (Kubernetes 1.37 and
+    /// prometheus-operator schemas, each other, qoslet validate), promtool.
     ValidateDeploy,
     /// The deploy checks of `test` alone: validation, image and container test, Prometheus test.
     DeployTest,
+    /// Install (or upgrade) the Helm chart deploy/helm/qoslet on a cluster: `helm upgrade
+    /// --install qoslet` with the pinned helm.
+    HelmInstall {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// Chart values, KEY=VALUE (helm --set), e.g. image.tag=dev.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Values files (helm --values), after the chart's defaults.
+        #[arg(long = "values", value_name = "FILE")]
+        values: Vec<PathBuf>,
+        /// Wait until the DaemonSet's pods are ready, at most this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        wait: Option<u64>,
+        /// Run helm in the network namespace /run/netns/NAME (a `cargo xtask cluster`'s).
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+    },
+    /// Remove the Helm release of `helm-install` and its objects.
+    HelmUninstall {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -163,7 +187,7 @@ fn run(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::ValidateDeploy => deploy::validate(&deploy::ensure_tools()?),
+        Cmd::ValidateDeploy => validate_deploy(&toolchain::ensure()?),
         Cmd::DeployTest => {
             let tc = toolchain::ensure()?;
             let (lines, counts) = deploy_checks(&tc);
@@ -176,6 +200,36 @@ fn run(cmd: Cmd) -> Result<()> {
                 bail!("deploy checks failed");
             }
             Ok(())
+        }
+        Cmd::HelmInstall {
+            kubeconfig,
+            set,
+            values,
+            wait,
+            netns,
+        } => {
+            let set = set
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=')
+                        .ok_or_else(|| anyhow::anyhow!("--set {kv}: not KEY=VALUE"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            deploy::install(&deploy::Install {
+                kubeconfig: &kubeconfig,
+                set: &set,
+                values: &values,
+                wait: wait.map(Duration::from_secs),
+                netns: netns.as_deref(),
+            })?;
+            println!(
+                "xtask: helm release qoslet installed (kubeconfig {})",
+                kubeconfig.display()
+            );
+            Ok(())
+        }
+        Cmd::HelmUninstall { kubeconfig, netns } => {
+            deploy::uninstall(&kubeconfig, netns.as_deref())
         }
         Cmd::VmTest(args) => {
             let tc = toolchain::ensure()?;
@@ -295,9 +349,10 @@ fn deploy_checks(tc: &toolchain::Toolchain) -> (Vec<String>, cargo::TestCounts) 
             }
         }
     };
-    step("deploy/ schemas and alert rules", &mut || {
-        deploy::validate(&deploy::ensure_tools()?)
-    });
+    step(
+        "deploy/ (kustomize, Helm chart): schemas, configuration, alert rules",
+        &mut || validate_deploy(tc),
+    );
     step("image build (musl release, buildah)", &mut || {
         image::build(tc).map(|_| ())
     });
@@ -324,6 +379,14 @@ fn deploy_checks(tc: &toolchain::Toolchain) -> (Vec<String>, cargo::TestCounts) 
         Ok(())
     });
     (lines, counts)
+}
+
+/// The deploy checks of [`deploy::validate`], with the agent binary that checks the chart's
+/// configurations (already built by the unit tests in `cargo xtask test`).
+fn validate_deploy(tc: &toolchain::Toolchain) -> Result<()> {
+    let tools = deploy::ensure_tools()?;
+    cargo::run(tc, &["build", "-p", "qoslet"])?;
+    deploy::validate(&tools, &cargo::target_dir().join("debug/qoslet"))
 }
 
 fn secs(d: Duration) -> String {
