@@ -3,9 +3,10 @@
 //!
 //! [`source`] watches the node's pods and their workload objects through the API server;
 //! [`executor`] finds the cgroups the kubelet and the container runtime made (qoslet starts
-//! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] kills
-//! locally first and then tells the API server through [`queue`], which survives the API
-//! server's absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events and
+//! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] evicts as
+//! the kubelet's eviction manager does (the local kill, then phase Failed, reason Evicted on
+//! `pods/status`) and tells the API server through [`queue`], which survives the API server's
+//! absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events, taint and
 //! lease. [`run`] wires them into the mode-independent [`crate::node`].
 
 pub mod action;
@@ -30,7 +31,7 @@ use thiserror::Error;
 
 pub use action::ApiEviction;
 pub use executor::KubeletExecutor;
-pub use source::{ApiSource, SourceClosed, WatchState, WatchStates};
+pub use source::{ApiSource, GangAwareness, SourceClosed, WatchState, WatchStates};
 
 use crate::{
     cgroup::{
@@ -142,8 +143,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
             .await
             .map_err(|e| ClusterError::Client(Box::new(e)))?,
     };
-    // The write queue retries with its own backoff, and a hard threshold must see a PDB's 429
-    // at once to fall back to a delete: no retry inside the client.
+    // The write queue retries with its own backoff and sorts answers into done, retry and
+    // rejected itself: no retry inside the client.
     let mut config = config;
     config.default_retry = false;
     Client::try_from(config).map_err(boxed)
@@ -274,7 +275,9 @@ pub async fn run(
         lease_namespace: qc.lease_namespace.clone(),
         queue: queue.clone(),
         watches: source.watch_states(),
+        gang: source.gang_awareness(),
         write: enforce,
+        taint: qc.taint_on_pressure,
     };
     let (reporter_tx, reporter_rx) = tokio::sync::oneshot::channel();
     let on_start: Box<dyn FnOnce(Arc<crate::server::AgentState>) + Send> = Box::new(move |state| {
@@ -283,12 +286,16 @@ pub async fn run(
     let action = ApiEviction::new(
         queue.clone(),
         &opts.node_name,
+        qc.eviction_method,
         qc.gang_eviction,
-        Some(source.gangs()),
+        Some(action::UnitMembers {
+            client: client.clone(),
+            gangs: source.gangs(),
+        }),
     );
     let executor = Arc::new(KubeletExecutor::new(runtime));
     let state_dir = enforce.then(|| qc.state_dir.clone());
-    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, "Cluster node: pods from the API server, cgroups from the kubelet.");
+    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
     let cfg = RunConfig {
         settings,
         qc,
