@@ -119,6 +119,16 @@ pub fn pods_selector(node: &str) -> String {
     format!("spec.nodeName={node}")
 }
 
+/// A watcher configuration whose lists the API server may answer from its watch cache
+/// (`resourceVersion=0`, `any_semantic`) instead of a quorum read of etcd: what informers do.
+/// Unpaged, since a paged list is always read from etcd (kube then leaves `resourceVersion=0`
+/// out); each list is one node's pods or one object.
+fn from_cache(fields: &str) -> watcher::Config {
+    let mut cfg = watcher::Config::default().fields(fields).any_semantic();
+    cfg.page_size = None;
+    cfg
+}
+
 /// The field selector of the Node object.
 pub fn node_selector(node: &str) -> String {
     format!("metadata.name={node}")
@@ -248,9 +258,7 @@ impl ApiSource {
         let (pods, t) = spawn_watch(
             Some("pods"),
             Api::<Pod>::all(client.clone()),
-            watcher::Config::default()
-                .fields(&pods_selector(node_name))
-                .any_semantic(),
+            from_cache(&pods_selector(node_name)),
             (),
             tx.clone(),
             states.clone(),
@@ -259,9 +267,7 @@ impl ApiSource {
         let (node, t) = spawn_watch(
             Some("node"),
             Api::<Node>::all(client.clone()),
-            watcher::Config::default()
-                .fields(&node_selector(node_name))
-                .any_semantic(),
+            from_cache(&node_selector(node_name)),
             (),
             tx.clone(),
             states.clone(),
@@ -321,9 +327,7 @@ impl ApiSource {
             let (store, task) = spawn_watch(
                 None,
                 Api::<DynamicObject>::namespaced_with(self.client.clone(), &k.0, ar),
-                watcher::Config::default()
-                    .fields(&format!("metadata.name={}", k.2))
-                    .any_semantic(),
+                from_cache(&format!("metadata.name={}", k.2)),
                 ar.clone(),
                 self.tx.clone(),
                 self.states.clone(),
