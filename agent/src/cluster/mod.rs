@@ -181,6 +181,27 @@ pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
     KubeletConfig::parse(Path::new("/configz"), &text).map_err(|e| e.to_string())
 }
 
+/// Serves `/healthz` (and `/readyz`, not ready: the pods are not listed yet) until the node's
+/// server starts: a liveness probe must not restart qoslet because the API server is away.
+async fn serve_while_starting(
+    addr: SocketAddr,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ClusterError> {
+    let state = Arc::new(crate::server::AgentState {
+        metrics: crate::server::metrics::Metrics::new(),
+        readiness: crate::server::readiness::Readiness::default(),
+        status: crate::server::status::StatusStore::default(),
+        summary: Box::new(node::summary::CgroupSummary::new(Default::default())),
+    });
+    state.readiness.register("api");
+    state
+        .readiness
+        .set("api", false, "waiting for the first list of the node's pods");
+    let (_, serve) = crate::server::bind(addr, state)
+        .await
+        .map_err(|e| ClusterError::Node(NodeError::Bind(e)))?;
+    Ok(tokio::spawn(serve))
+}
+
 /// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
 pub async fn run(
     opts: ClusterOptions,
@@ -213,6 +234,7 @@ pub async fn run(
         .map_err(|e: std::net::AddrParseError| setting("metricsAddress", e.to_string()))?;
     let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
         .map_err(|e| setting("nodeRootCgroup", e.to_string()))?;
+    let early = serve_while_starting(addr).await?;
     let client = client(opts.kubeconfig.as_deref()).await?;
     let (kc_file, kc) = match &opts.kubelet_config {
         KubeletConfigFrom::File(f) => (f.clone(), KubeletConfig::load(f)?),
@@ -239,6 +261,9 @@ pub async fn run(
     let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
     source.wait_synced().await?;
+    // The node's own server takes the address over.
+    early.abort();
+    let _ = early.await;
     let node_obj = source.node();
     let runtime = node_obj
         .as_deref()
