@@ -85,10 +85,30 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> InProcessAg
 /// The shipped RBAC, compiled in (the test also runs in the VM, where the tree is not).
 const SHIPPED_RBAC: &str = include_str!("../../deploy/kubernetes/rbac.yaml");
 
+/// docs/rbac.md, whose first YAML block is the ClusterRole to add for `evictionMethod: api` and
+/// `gangEviction: unit`.
+const RBAC_DOC: &str = include_str!("../../docs/rbac.md");
+
+fn opt_in_rbac() -> String {
+    let start = RBAC_DOC.find("```yaml\n").expect("a YAML block in docs/rbac.md") + 8;
+    let len = RBAC_DOC[start..].find("```").unwrap();
+    RBAC_DOC[start..start + len].to_owned()
+}
+
 /// Every request qoslet made is one the shipped ClusterRole and Role allow: the fake does not
 /// authorize, a real API server answers 403.
 fn assert_rbac_allows(fake: &FakeApi) {
-    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), SHIPPED_RBAC)
+    assert_rbac_allows_with(fake, "");
+}
+
+/// [`assert_rbac_allows`] with `extra` RBAC documents added to the shipped ones.
+fn assert_rbac_allows_with(fake: &FakeApi, extra: &str) {
+    let rbac = if extra.is_empty() {
+        SHIPPED_RBAC.to_owned()
+    } else {
+        format!("{SHIPPED_RBAC}\n---\n{extra}")
+    };
+    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), &rbac)
         .expect("deploy/kubernetes/rbac.yaml parses");
     assert!(
         denied.is_empty(),
@@ -501,7 +521,14 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
             .any(|r| r.path.ends_with("/m1/eviction") || r.path.ends_with("/m2/eviction")),
         "this node's members are not asked of the Eviction API"
     );
-    assert_rbac_allows(&s.fake);
+    // The shipped RBAC lacks pods/eviction; docs/rbac.md's opt-in rule grants it.
+    assert!(
+        !qoslet_tests::fake_api::rbac::denied(&log, SHIPPED_RBAC)
+            .unwrap()
+            .is_empty(),
+        "gangEviction: unit needs more than the shipped RBAC"
+    );
+    assert_rbac_allows_with(&s.fake, &opt_in_rbac());
     qoslet.crash();
 }
 
