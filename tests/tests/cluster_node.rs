@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use k8s_openapi::api::core::v1::Pod;
 use qoslet::{
     cgroup::{Tree, layout::Controller},
     cluster::{self, ClusterOptions, KubeletConfigFrom},
@@ -33,7 +34,6 @@ use qoslet_tests::{
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
     require_root,
 };
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -90,7 +90,10 @@ const SHIPPED_RBAC: &str = include_str!("../../deploy/kubernetes/rbac.yaml");
 const RBAC_DOC: &str = include_str!("../../docs/rbac.md");
 
 fn opt_in_rbac() -> String {
-    let start = RBAC_DOC.find("```yaml\n").expect("a YAML block in docs/rbac.md") + 8;
+    let start = RBAC_DOC
+        .find("```yaml\n")
+        .expect("a YAML block in docs/rbac.md")
+        + 8;
     let len = RBAC_DOC[start..].find("```").unwrap();
     RBAC_DOC[start..start + len].to_owned()
 }
@@ -318,7 +321,10 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     let pending = fs::read_dir(s.work.path.join("state/api-writes"))
         .unwrap()
         .count();
-    assert!(pending >= 2, "the pod's status and event are pending ({pending})");
+    assert!(
+        pending >= 2,
+        "the pod's status and event are pending ({pending})"
+    );
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
     s.fake.come_up().await.expect("the fake comes back");
 
@@ -416,8 +422,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     let never: Vec<String> = log
         .iter()
         .filter(|r| {
-            (r.method == "DELETE" && r.path.contains("/pods/"))
-                || r.path.ends_with("/eviction")
+            (r.method == "DELETE" && r.path.contains("/pods/")) || r.path.ends_with("/eviction")
         })
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
@@ -545,7 +550,11 @@ async fn without_the_workload_api_the_node_is_ready_and_a_recreated_pod_is_not_t
     };
     let s = setup_with(Driver::Cgroupfs, Runtime::Containerd, 384, 128, options, "").await;
     let mut hog_pod = KPod::new("hog", "33333333-2222-3333-4444-000000000001", "BestEffort");
-    let mut quiet_pod = KPod::new("quiet", "33333333-2222-3333-4444-000000000002", "BestEffort");
+    let mut quiet_pod = KPod::new(
+        "quiet",
+        "33333333-2222-3333-4444-000000000002",
+        "BestEffort",
+    );
     hog_pod.group = Some("g");
     quiet_pod.group = Some("g");
     create(&s.fake, &mut hog_pod, Runtime::Containerd, NODE);
@@ -603,8 +612,10 @@ async fn without_the_workload_api_the_node_is_ready_and_a_recreated_pod_is_not_t
     .await;
     wait_for("the refusal counted", || {
         let m = http_get(metrics, "/metrics")?;
-        m.contains("qoslet_api_writes_dropped_total{write=\"podEvicted\",reason=\"rejected-422\"} 1")
-            .then_some(())
+        m.contains(
+            "qoslet_api_writes_dropped_total{write=\"podEvicted\",reason=\"rejected-422\"} 1",
+        )
+        .then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;

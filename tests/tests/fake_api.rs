@@ -613,11 +613,13 @@ async fn a_status_patch_naming_another_uid_is_invalid() {
     fake.seed([pod("ns", "p", "n1")]).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
     let uid = pods.get("p").await.unwrap().metadata.uid.unwrap();
-    let patch = |uid: &str| {
-        json!({"metadata": {"uid": uid}, "status": {"phase": "Failed", "reason": "Evicted"}})
-    };
+    let patch = |uid: &str| json!({"metadata": {"uid": uid}, "status": {"phase": "Failed", "reason": "Evicted"}});
     let err = pods
-        .patch_status("p", &PatchParams::default(), &Patch::Strategic(patch("other")))
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(patch("other")),
+        )
         .await
         .unwrap_err();
     let kube::Error::Api(status) = err else {
@@ -625,7 +627,16 @@ async fn a_status_patch_naming_another_uid_is_invalid() {
     };
     assert_eq!(status.code, 422, "{status:?}");
     assert!(status.message.contains("metadata.uid"), "{status:?}");
-    assert_eq!(pods.get("p").await.unwrap().status.unwrap().phase.as_deref(), Some("Running"));
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Running")
+    );
     let done = pods
         .patch_status("p", &PatchParams::default(), &Patch::Strategic(patch(&uid)))
         .await
@@ -645,7 +656,10 @@ async fn the_workload_api_can_be_left_unserved() {
         .list_api_group_resources("scheduling.k8s.io/v1beta1")
         .await
         .unwrap_err();
-    assert!(matches!(&err, kube::Error::Api(s) if s.code == 404), "{err:?}");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
     let groups = client.list_api_groups().await.unwrap();
     assert!(!groups.groups.iter().any(|g| g.name == "scheduling.k8s.io"));
     let ar = kube::api::ApiResource::from_gvk_with_plural(
@@ -654,7 +668,10 @@ async fn the_workload_api_can_be_left_unserved() {
     );
     let api: Api<kube::api::DynamicObject> = Api::all_with(client, &ar);
     let err = api.list(&ListParams::default()).await.unwrap_err();
-    assert!(matches!(&err, kube::Error::Api(s) if s.code == 404), "{err:?}");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

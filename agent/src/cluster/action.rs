@@ -264,7 +264,7 @@ impl EvictionAction for ApiEviction {
         // Queued before the kill (see the module's comment); the API hears of it whether or
         // not the local kill empties the cgroups.
         self.push(req, self.writes(req, &now()));
-        let local = if self.kills_locally(req) {
+        if self.kills_locally(req) {
             let (local, members) = tokio::join!(self.kill.evict(req), self.remote_members(req));
             self.push(req, member_writes(&members, grace_secs(req)));
             local
@@ -276,8 +276,7 @@ impl EvictionAction for ApiEviction {
                 signalled: 0,
                 status: EvictedStatus::new(req.message.clone()),
             })
-        };
-        local
+        }
     }
 }
 

@@ -193,9 +193,11 @@ async fn serve_while_starting(
         summary: Box::new(node::summary::CgroupSummary::new(Default::default())),
     });
     state.readiness.register("api");
-    state
-        .readiness
-        .set("api", false, "waiting for the first list of the node's pods");
+    state.readiness.set(
+        "api",
+        false,
+        "waiting for the first list of the node's pods",
+    );
     let (_, serve) = crate::server::bind(addr, state)
         .await
         .map_err(|e| ClusterError::Node(NodeError::Bind(e)))?;

@@ -131,7 +131,9 @@ impl LeaseKeeper {
                 spec.renew_time = Some(now);
                 spec.holder_identity = Some(self.node.clone());
                 spec.lease_duration_seconds = Some(LEASE_SECS);
-                self.api.replace(&self.name, &PostParams::default(), &l).await?
+                self.api
+                    .replace(&self.name, &PostParams::default(), &l)
+                    .await?
             }
             None => {
                 let l = Lease {
@@ -253,7 +255,7 @@ impl Reporter {
                     }
                 }
             }
-            let pressure = last.iter().any(|l| *l == Some(true));
+            let pressure = last.contains(&Some(true));
             if self.taint && tainted != Some(pressure) {
                 tainted = Some(pressure);
                 let w = ApiWrite::NodeTaint {
@@ -307,8 +309,10 @@ mod tests {
             };
             Some(match r.method.as_str() {
                 "GET" if !exists => (404, status(404, "NotFound", "no lease")),
-                "GET" => stored(&json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "qoslet-node-a"}, "spec": {"holderIdentity": "node-a"}})),
+                "GET" => stored(
+                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "qoslet-node-a"}, "spec": {"holderIdentity": "node-a"}}),
+                ),
                 "PUT" => {
                     puts += 1;
                     if puts == 3 {
@@ -352,7 +356,10 @@ mod tests {
             (&json!("1"), &json!("2")),
             "each replace carries the resourceVersion of the last write"
         );
-        assert_ne!(reqs[2].body["spec"]["renewTime"], reqs[1].body["spec"]["renewTime"]);
+        assert_ne!(
+            reqs[2].body["spec"]["renewTime"],
+            reqs[1].body["spec"]["renewTime"]
+        );
     }
 
     #[test]

@@ -450,7 +450,9 @@ where
                         tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
                     }
                     Some(_) => {}
-                    None => tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff."),
+                    None => {
+                        tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff.");
+                    }
                 },
             }
         }

@@ -437,10 +437,7 @@ async fn set_taint(client: &Client, node: &str, on: bool) -> Delivery {
         Ok(n) => n,
         Err(e) => return failed("node taint", &e),
     };
-    let mut taints = current
-        .spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default();
+    let mut taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
     let had = taints.iter().any(|t| t.key == TAINT_KEY);
     if had == on {
         return Delivery::Done;

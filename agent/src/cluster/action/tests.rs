@@ -95,7 +95,10 @@ fn namespace_objects() -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
         .into_iter()
         .zip(namespace_json())
         .map(|(ar, objs)| {
-            let objs = objs.into_iter().map(|v| Arc::new(dynamic(&ar, v))).collect();
+            let objs = objs
+                .into_iter()
+                .map(|v| Arc::new(dynamic(&ar, v)))
+                .collect();
             (ar, objs)
         })
         .collect()
@@ -153,9 +156,15 @@ fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
     let ApiWrite::PodEvicted { pod, message, .. } = &w[0].1 else {
         panic!("{w:?}")
     };
-    assert_eq!((pod.uid.as_str(), message.as_str()), (UID, req(false, false).message.as_str()));
+    assert_eq!(
+        (pod.uid.as_str(), message.as_str()),
+        (UID, req(false, false).message.as_str())
+    );
     let api = ApiEviction::new(q, "node-a", EvictionMethod::Api, GangEviction::Node, None);
-    assert_eq!(ids(&api, false), [format!("evict-{UID}"), format!("event-{UID}")]);
+    assert_eq!(
+        ids(&api, false),
+        [format!("evict-{UID}"), format!("event-{UID}")]
+    );
     assert!(matches!(
         &api.writes(&req(false, false), "t")[0].1,
         ApiWrite::Evict { grace_secs: 5, .. }
@@ -185,7 +194,10 @@ fn unit_api(r: &mock::Recorded) -> mock::Reply {
                  "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "other"}, "containers": []}}),
             ],
         ),
-        ("PATCH", _) => (200, json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "m1"}})),
+        ("PATCH", _) => (
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "m1"}}),
+        ),
         _ => (
             200,
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
@@ -216,10 +228,19 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
     let pending: Vec<String> = q.pending().into_iter().map(|(id, _)| id).collect();
     assert_eq!(
         pending,
-        [format!("evicted-{UID}"), format!("event-{UID}"), "evict-u2".into()]
+        [
+            format!("evicted-{UID}"),
+            format!("event-{UID}"),
+            "evict-u2".into()
+        ]
     );
     let resolved = api.requests().len();
-    assert_eq!(resolved, 4, "three workload kinds and the pods: {:?}", api.requests());
+    assert_eq!(
+        resolved,
+        4,
+        "three workload kinds and the pods: {:?}",
+        api.requests()
+    );
     let task = tokio::spawn(q.clone().run(move |w| {
         let c = client.clone();
         async move { deliver(&c, &w).await }

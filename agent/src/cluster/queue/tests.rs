@@ -202,7 +202,8 @@ async fn the_queue_is_bounded_and_old_writes_expire() {
     let dir = TempDir::new();
     let q = WriteQueue::open(&dir.0).unwrap();
     for i in 0..=MAX_PENDING {
-        q.push(&format!("w-{i}"), &format!("k-{i}"), evict("x")).unwrap();
+        q.push(&format!("w-{i}"), &format!("k-{i}"), evict("x"))
+            .unwrap();
     }
     let pending = q.pending();
     assert_eq!(pending.len(), MAX_PENDING);
@@ -230,5 +231,8 @@ fn the_backoff_is_jittered_within_half_to_all_of_it() {
     let d = Duration::from_secs(10);
     let all: Vec<Duration> = (0..50).map(|_| jitter(d)).collect();
     assert!(all.iter().all(|j| *j >= d / 2 && *j < d), "{all:?}");
-    assert!(all.iter().any(|j| *j != all[0]), "not all the same: {all:?}");
+    assert!(
+        all.iter().any(|j| *j != all[0]),
+        "not all the same: {all:?}"
+    );
 }

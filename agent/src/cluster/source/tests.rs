@@ -79,7 +79,9 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
                 let want = r.query("fieldSelector").unwrap_or_default();
                 let items = all
                     .into_iter()
-                    .filter(|o| want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap()))
+                    .filter(|o| {
+                        want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
+                    })
                     .collect();
                 (200, list("PodGroup", "5", items))
             }
@@ -127,13 +129,22 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     // Lists may be served from the API server's cache (resourceVersion=0, any_semantic); the
     // only workload request is for the referenced object, in its namespace: no cluster-wide list.
     let reqs = api.requests();
-    for r in reqs.iter().filter(|r| !is_watch(r) && r.path().ends_with('s')) {
+    for r in reqs
+        .iter()
+        .filter(|r| !is_watch(r) && r.path().ends_with('s'))
+    {
         assert_eq!(r.query("resourceVersion").as_deref(), Some("0"), "{r:?}");
     }
     let workload_reqs: Vec<String> = reqs
         .iter()
         .filter(|r| r.path().starts_with("/apis/scheduling.k8s.io/v1beta1/"))
-        .map(|r| format!("{} {}", r.path(), r.query("fieldSelector").unwrap_or_default()))
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.path(),
+                r.query("fieldSelector").unwrap_or_default()
+            )
+        })
         .collect();
     assert!(
         workload_reqs
@@ -270,7 +281,14 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
                 200,
                 list("Node", "5", vec![json!({"metadata": {"name": "node-a"}})]),
             ),
-            _ => (404, status(404, "NotFound", "the server could not find the requested resource")),
+            _ => (
+                404,
+                status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ),
+            ),
         })
     });
     let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
@@ -280,7 +298,10 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while *src.gang_awareness().lock().unwrap() != GangAwareness::Off {
-        assert!(tokio::time::Instant::now() < deadline, "gang-awareness not decided");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gang-awareness not decided"
+        );
         tokio::time::timeout(Duration::from_secs(5), src.changed())
             .await
             .unwrap()
@@ -297,5 +318,9 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
         .filter(|r| r.path().starts_with("/apis/scheduling.k8s.io/"))
         .map(|r| r.uri.clone())
         .collect();
-    assert_eq!(workload, ["/apis/scheduling.k8s.io/v1beta1"], "discovery only");
+    assert_eq!(
+        workload,
+        ["/apis/scheduling.k8s.io/v1beta1"],
+        "discovery only"
+    );
 }

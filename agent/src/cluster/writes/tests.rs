@@ -90,7 +90,12 @@ async fn answers_sort_into_done_rejected_and_retry() {
 /// merge patch with `metadata.uid` as the precondition).
 #[tokio::test]
 async fn an_evicted_pod_is_failed_evicted_with_the_disruption_target_on_pod_status() {
-    let (client, api) = mock::client(|_| Some((200, json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}}))));
+    let (client, api) = mock::client(|_| {
+        Some((
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}}),
+        ))
+    });
     let w = ApiWrite::PodEvicted {
         pod: pod(),
         message: "The node was low on resource: memory.".into(),
@@ -161,8 +166,11 @@ async fn a_repeated_event_counts_on_the_existing_one() {
     let (client, api) = mock::client(|r| {
         Some(match r.method.as_str() {
             "POST" => (409, status(409, "AlreadyExists", "exists")),
-            _ => (200, json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "n.qoslet-x-1"},
-                "involvedObject": {}})),
+            _ => (
+                200,
+                json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "n.qoslet-x-1"},
+                "involvedObject": {}}),
+            ),
         })
     });
     let w = ApiWrite::Event {
@@ -201,10 +209,16 @@ async fn a_repeated_event_counts_on_the_existing_one() {
 async fn the_pressure_taint_keeps_other_taints_and_is_optimistic() {
     let (client, api) = mock::client(|r| {
         Some(match r.method.as_str() {
-            "GET" => (200, json!({"kind": "Node", "apiVersion": "v1",
+            "GET" => (
+                200,
+                json!({"kind": "Node", "apiVersion": "v1",
                 "metadata": {"name": "node-a", "resourceVersion": "42"},
-                "spec": {"taints": [{"key": "other", "effect": "NoExecute"}]}})),
-            _ => (200, json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}})),
+                "spec": {"taints": [{"key": "other", "effect": "NoExecute"}]}}),
+            ),
+            _ => (
+                200,
+                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}}),
+            ),
         })
     });
     let on = ApiWrite::NodeTaint {
