@@ -8,9 +8,9 @@
 //! reason Evicted, the DisruptionTarget condition; no delete and no Eviction API (a
 //! PodDisruptionBudget does not matter), the Warning event and its node condition, each once.
 //! With `gangEviction: unit` a `disruptionMode: all` gang is evicted whole, its member on another
-//! node through the Eviction API. On a cluster without the Workload API the node is ready and
-//! gang-awareness is off; a write decided before a crash is not replayed against a pod
-//! re-created under the same name.
+//! node through the Eviction API, and `taintOnPressure` taints the node. On a cluster without the
+//! Workload API the node is ready and gang-awareness is off; a write decided before a crash is
+//! not replayed against a pod re-created under the same name.
 
 use std::{
     fs,
@@ -446,7 +446,7 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
         384,
         128,
         Options::default(),
-        "gangEviction: unit\n",
+        "gangEviction: unit\ntaintOnPressure: true\n",
     )
     .await;
     let mut m1 = KPod::new("m1", "22222222-2222-3333-4444-000000000001", "BestEffort");
@@ -526,6 +526,17 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
             .any(|r| r.path.ends_with("/m1/eviction") || r.path.ends_with("/m2/eviction")),
         "this node's members are not asked of the Eviction API"
     );
+    // taintOnPressure: the node is tainted NoSchedule while qoslet's condition holds.
+    wait_for("qoslet's taint on the node", || {
+        let node: k8s_openapi::api::core::v1::Node = s.fake.get("", NODE)?;
+        node.spec?
+            .taints?
+            .iter()
+            .any(|t| t.key == "qoslet.dev/pressure" && t.effect == "NoSchedule")
+            .then_some(())
+    })
+    .await;
+    let log = s.fake.requests();
     // The shipped RBAC lacks pods/eviction; docs/rbac.md's opt-in rule grants it.
     assert!(
         !qoslet_tests::fake_api::rbac::denied(&log, SHIPPED_RBAC)

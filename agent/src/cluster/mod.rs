@@ -181,11 +181,29 @@ pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
     KubeletConfig::parse(Path::new("/configz"), &text).map_err(|e| e.to_string())
 }
 
-/// Serves `/healthz` (and `/readyz`, not ready: the pods are not listed yet) until the node's
-/// server starts: a liveness probe must not restart qoslet because the API server is away.
+/// Binds `addr` and serves `/healthz` (and `/readyz`, not ready: the pods are not listed yet)
+/// on it until the node's server takes the listener over: a liveness probe must not restart
+/// qoslet because the API server is away. The listener stays bound throughout, so nothing else
+/// can take the port in between.
 async fn serve_while_starting(
     addr: SocketAddr,
-) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ClusterError> {
+) -> Result<
+    (
+        std::net::TcpListener,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ),
+    ClusterError,
+> {
+    let bind_err =
+        |source| ClusterError::Node(NodeError::Bind(crate::server::BindError { addr, source }));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .and_then(tokio::net::TcpListener::into_std)
+        .map_err(bind_err)?;
+    let early = listener
+        .try_clone()
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(bind_err)?;
     let state = Arc::new(crate::server::AgentState {
         metrics: crate::server::metrics::Metrics::new(),
         readiness: crate::server::readiness::Readiness::default(),
@@ -198,10 +216,9 @@ async fn serve_while_starting(
         false,
         "waiting for the first list of the node's pods",
     );
-    let (_, serve) = crate::server::bind(addr, state)
-        .await
+    let (_, serve) = crate::server::serve_on(early, state, Default::default())
         .map_err(|e| ClusterError::Node(NodeError::Bind(e)))?;
-    Ok(tokio::spawn(serve))
+    Ok((listener, tokio::spawn(serve)))
 }
 
 /// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
@@ -236,7 +253,7 @@ pub async fn run(
         .map_err(|e: std::net::AddrParseError| setting("metricsAddress", e.to_string()))?;
     let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
         .map_err(|e| setting("nodeRootCgroup", e.to_string()))?;
-    let early = serve_while_starting(addr).await?;
+    let (listener, early) = serve_while_starting(addr).await?;
     let client = client(opts.kubeconfig.as_deref()).await?;
     let (kc_file, kc) = match &opts.kubelet_config {
         KubeletConfigFrom::File(f) => (f.clone(), KubeletConfig::load(f)?),
@@ -263,7 +280,7 @@ pub async fn run(
     let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
     source.wait_synced().await?;
-    // The node's own server takes the address over.
+    // The node's own server takes the listener over.
     early.abort();
     let _ = early.await;
     let node_obj = source.node();
@@ -332,6 +349,7 @@ pub async fn run(
         naming,
         validation,
         addr,
+        listener: Some(listener),
         shutdown_grace: opts.shutdown_grace,
         state_dir,
         on_start: Some(on_start),
