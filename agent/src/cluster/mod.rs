@@ -196,10 +196,23 @@ async fn serve_while_starting(
 > {
     let bind_err =
         |source| ClusterError::Node(NodeError::Bind(crate::server::BindError { addr, source }));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .and_then(tokio::net::TcpListener::into_std)
-        .map_err(bind_err)?;
+    // A predecessor that just died may hold the port a moment longer: wait a little for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            bound => {
+                break bound
+                    .and_then(tokio::net::TcpListener::into_std)
+                    .map_err(bind_err)?;
+            }
+        }
+    };
     let early = listener
         .try_clone()
         .and_then(tokio::net::TcpListener::from_std)
