@@ -326,6 +326,16 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         "the pod's status and event are pending ({pending})"
     );
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    // Started while the API server is away: alive (a liveness probe must not restart it), not
+    // ready until its pods are listed.
+    let ready = wait_for("/healthz while the API server is down", || {
+        (http_get(metrics, "/healthz")? == "ok\n").then(|| http_get(metrics, "/readyz"))?
+    })
+    .await;
+    assert!(
+        ready.contains("api: not ready: waiting for the first list"),
+        "{ready}"
+    );
     s.fake.come_up().await.expect("the fake comes back");
 
     let pod_path = "/api/v1/namespaces/ns/pods/hog";
