@@ -166,6 +166,36 @@ async fn measure() -> Result<String, String> {
         *by_verb.entry(what).or_default() += 1;
     }
     let steady_requests = requests.len() - before;
+    // Workload-API requests since the start: which objects qoslet asked for, and whether any
+    // request covered a whole kind (no `metadata.name` field selector).
+    let workload: Vec<_> = requests
+        .iter()
+        .filter(|r| {
+            r.path.starts_with("/apis/scheduling.k8s.io/") && r.path.contains("/namespaces/")
+        })
+        .collect();
+    let named: std::collections::BTreeSet<String> = workload
+        .iter()
+        .filter_map(|r| {
+            let name = r
+                .param("fieldSelector")?
+                .strip_prefix("metadata.name=")?
+                .to_owned();
+            Some(format!(
+                "{}/{name}",
+                r.path.rsplit('/').next().unwrap_or("")
+            ))
+        })
+        .collect();
+    let whole_kind = requests
+        .iter()
+        .filter(|r| r.path.starts_with("/apis/scheduling.k8s.io/"))
+        .filter(|r| r.path.split('/').count() > 4)
+        .filter(|r| {
+            r.param("fieldSelector")
+                .is_none_or(|f| !f.starts_with("metadata.name="))
+        })
+        .count();
 
     // New pods: cgroups and process first, then the pod in the API, then wait for its metrics.
     let mut appear = Vec::new();
@@ -210,6 +240,11 @@ async fn measure() -> Result<String, String> {
         steady_requests as f64 * per_minute,
         appear[appear.len() / 2].as_millis(),
         appear[appear.len() - 1].as_millis(),
+    ));
+    out.push_str(&format!(
+        "Workload-API objects watched (by name, from the start): {} ({} requests); requests for a whole kind: {whole_kind}.\n\n",
+        named.len(),
+        workload.len(),
     ));
     out.push_str(
         "Requests in the steady window, per minute:\n\n| request | per minute |\n|---|---:|\n",
