@@ -241,10 +241,19 @@ pub struct QosletConfiguration {
     /// the kubelet's cgroups and reports drift). Ignored by the standalone node, which writes all.
     #[serde(default)]
     pub enforce: Vec<EnforceArea>,
-    /// Cluster mode: a gang with `disruptionMode: all` is evicted on this node only (`node`) or
-    /// with its members on other nodes too, through the Eviction API (`unit`).
+    /// Cluster mode: a gang with `disruptionMode: all` is evicted on this node only (`node`, the
+    /// default: each node writes its own pods) or with its members on other nodes too, through
+    /// the Eviction API (`unit`).
     #[serde(default)]
     pub gang_eviction: GangEviction,
+    /// Cluster mode: how a pod is evicted (`kubelet`: as the kubelet's eviction manager; `api`:
+    /// the Eviction API, which honours PodDisruptionBudgets).
+    #[serde(default)]
+    pub eviction_method: EvictionMethod,
+    /// Cluster mode: taint the node `qoslet.dev/pressure:NoSchedule` while one of qoslet's
+    /// pressure conditions is true.
+    #[serde(default)]
+    pub taint_on_pressure: bool,
     /// Cluster mode: the namespace of the per-node Lease `qoslet-NODE` (the heartbeat).
     #[serde(default = "default_lease_namespace")]
     pub lease_namespace: String,
@@ -382,10 +391,24 @@ impl Default for CpuPressureConfiguration {
 #[serde(rename_all = "lowercase")]
 pub enum GangEviction {
     /// The unit's pods on this node.
+    #[default]
     Node,
     /// The whole unit: members on other nodes through the Eviction API.
-    #[default]
     Unit,
+}
+
+/// How a pod is evicted in cluster mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictionMethod {
+    /// As the kubelet's eviction manager: the local kill (at once at a hard threshold; SIGTERM,
+    /// the grace period, SIGKILL at a soft one), then `pods/status` phase Failed, reason
+    /// Evicted. PodDisruptionBudgets are not consulted and the pod object is never deleted.
+    #[default]
+    Kubelet,
+    /// The Eviction API (PodDisruptionBudgets honoured, a 429 retried) and no local kill at a
+    /// soft threshold; a hard threshold is still handled as `kubelet`, since it cannot wait.
+    Api,
 }
 
 fn default_lease_namespace() -> String {
@@ -491,7 +514,9 @@ impl Default for QosletConfiguration {
             reserved_cpus_conflict: ReservedCpusConflict::Reject,
             kubernetes_version: None,
             enforce: Vec::new(),
-            gang_eviction: GangEviction::Unit,
+            gang_eviction: GangEviction::Node,
+            eviction_method: EvictionMethod::Kubelet,
+            taint_on_pressure: false,
             lease_namespace: default_lease_namespace(),
             cpu_pressure: CpuPressureConfiguration::default(),
         }

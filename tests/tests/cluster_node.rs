@@ -3,10 +3,14 @@
 //! server (`qoslet_tests::fake_api`) serving the matching Node and Pods, and qoslet's cluster
 //! node (`qoslet::cluster::run`, what `qoslet run --kube` runs) against it through a kubeconfig.
 //! Checked: qoslet finds every pod's cgroups (per-pod metrics), kills a BestEffort hog locally
-//! while the API server is down, and once it is back (after a qoslet restart too) delivers the
-//! DisruptionTarget condition, the eviction (429 from a PodDisruptionBudget at a hard threshold,
-//! then a delete with a UID precondition), the Warning event and its node condition, each once;
-//! and evicts a `disruptionMode: all` gang whole, its member on another node through the API.
+//! while the API server is down, and once it is back (after a qoslet restart too) writes what
+//! the kubelet's eviction manager writes, bound to the pod's UID: `pods/status` phase Failed,
+//! reason Evicted, the DisruptionTarget condition; no delete and no Eviction API (a
+//! PodDisruptionBudget does not matter), the Warning event and its node condition, each once.
+//! With `gangEviction: unit` a `disruptionMode: all` gang is evicted whole, its member on another
+//! node through the Eviction API, and `taintOnPressure` taints the node. On a cluster without the
+//! Workload API the node is ready and gang-awareness is off; a write decided before a crash is
+//! not replayed against a pod re-created under the same name.
 
 use std::{
     fs,
@@ -16,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use k8s_openapi::api::core::v1::Pod;
 use qoslet::{
     cgroup::{Tree, layout::Controller},
     cluster::{self, ClusterOptions, KubeletConfigFrom},
@@ -80,10 +85,33 @@ fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> InProcessAg
 /// The shipped RBAC, compiled in (the test also runs in the VM, where the tree is not).
 const SHIPPED_RBAC: &str = include_str!("../../deploy/kubernetes/rbac.yaml");
 
+/// docs/rbac.md, whose first YAML block is the ClusterRole to add for `evictionMethod: api` and
+/// `gangEviction: unit`.
+const RBAC_DOC: &str = include_str!("../../docs/rbac.md");
+
+fn opt_in_rbac() -> String {
+    let start = RBAC_DOC
+        .find("```yaml\n")
+        .expect("a YAML block in docs/rbac.md")
+        + 8;
+    let len = RBAC_DOC[start..].find("```").unwrap();
+    RBAC_DOC[start..start + len].to_owned()
+}
+
 /// Every request qoslet made is one the shipped ClusterRole and Role allow: the fake does not
 /// authorize, a real API server answers 403.
 fn assert_rbac_allows(fake: &FakeApi) {
-    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), SHIPPED_RBAC)
+    assert_rbac_allows_with(fake, "");
+}
+
+/// [`assert_rbac_allows`] with `extra` RBAC documents added to the shipped ones.
+fn assert_rbac_allows_with(fake: &FakeApi, extra: &str) {
+    let rbac = if extra.is_empty() {
+        SHIPPED_RBAC.to_owned()
+    } else {
+        format!("{SHIPPED_RBAC}\n---\n{extra}")
+    };
+    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), &rbac)
         .expect("deploy/kubernetes/rbac.yaml parses");
     assert!(
         denied.is_empty(),
@@ -108,7 +136,19 @@ struct Setup {
 }
 
 async fn setup(driver: Driver, runtime: Runtime, limit_mib: u64, hard_mib: u64) -> Setup {
-    let fake = FakeApi::start(Options::default()).await.expect("fake API");
+    setup_with(driver, runtime, limit_mib, hard_mib, Options::default(), "").await
+}
+
+/// [`setup`] with the fake's options and extra QosletConfiguration lines.
+async fn setup_with(
+    driver: Driver,
+    runtime: Runtime,
+    limit_mib: u64,
+    hard_mib: u64,
+    options: Options,
+    extra_config: &str,
+) -> Setup {
+    let fake = FakeApi::start(options).await.expect("fake API");
     let root = NodeRoot::create();
     let limit = (limit_mib * MIB).to_string();
     if root.mounts.trees.contains_key(&Tree::V2) {
@@ -139,7 +179,7 @@ async fn setup(driver: Driver, runtime: Runtime, limit_mib: u64, hard_mib: u64) 
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n",
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n{extra_config}",
             root.name,
             work.path.join("state").display()
         ),
@@ -205,7 +245,7 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     join(&hog_dirs, hog.pid());
     let mut web = sleeper();
     join(&web_dirs, web.id());
-    // A PodDisruptionBudget forbids evicting the hog: a hard threshold deletes it anyway.
+    // A PodDisruptionBudget covers the hog: the kubelet's way of evicting does not consult it.
     s.fake.block_eviction("ns", "hog", "hog-pdb");
 
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
@@ -282,15 +322,26 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         .unwrap()
         .count();
     assert!(
-        pending >= 3,
-        "condition, eviction and event are pending ({pending})"
+        pending >= 2,
+        "the pod's status and event are pending ({pending})"
     );
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    // Started while the API server is away: alive (a liveness probe must not restart it), not
+    // ready until its pods are listed.
+    let ready = wait_for("/healthz while the API server is down", || {
+        (http_get(metrics, "/healthz")? == "ok\n").then(|| http_get(metrics, "/readyz"))?
+    })
+    .await;
+    assert!(
+        ready.contains("api: not ready: waiting for the first list"),
+        "{ready}"
+    );
     s.fake.come_up().await.expect("the fake comes back");
 
     let pod_path = "/api/v1/namespaces/ns/pods/hog";
-    wait_for("the delete after the PDB's refusal", || {
-        (count(&s.fake.requests(), "DELETE", pod_path, 200) == 1).then_some(())
+    let status_path = format!("{pod_path}/status");
+    wait_for("the evicted pod's status", || {
+        (count(&s.fake.requests(), "PATCH", &status_path, 200) == 1).then_some(())
     })
     .await;
     wait_for("the event", || {
@@ -303,33 +354,40 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
             .then_some(())
     })
     .await;
+    // As the kubelet's eviction manager leaves it: the API server's object says so.
+    let hog_now: Pod = s.fake.get("ns", "hog").expect("the pod object stays");
+    let st = hog_now.status.unwrap();
+    assert_eq!(
+        (st.phase.as_deref(), st.reason.as_deref()),
+        (Some("Failed"), Some("Evicted"))
+    );
+    assert!(
+        st.message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("The node was low on resource: memory."),
+        "{:?}",
+        st.message
+    );
+    let c = st
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "DisruptionTarget")
+        .expect("the DisruptionTarget condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_deref()),
+        ("True", Some("TerminationByKubelet"))
+    );
     let log = s.fake.requests();
-    let condition = log
+    let patch = log
         .iter()
-        .find(|r| r.method == "PATCH" && r.path == format!("{pod_path}/status"))
-        .expect("the DisruptionTarget patch");
-    let c = &condition.body.as_ref().unwrap()["status"]["conditions"][0];
-    assert_eq!(
-        (c["type"].as_str(), c["reason"].as_str()),
-        (Some("DisruptionTarget"), Some("TerminationByKubelet"))
-    );
-    let eviction = log
-        .iter()
-        .find(|r| r.method == "POST" && r.path == format!("{pod_path}/eviction"))
-        .expect("the Eviction API first");
-    assert_eq!(eviction.code, 429);
-    assert_eq!(
-        eviction.body.as_ref().unwrap()["deleteOptions"]["gracePeriodSeconds"],
-        0
-    );
-    let delete = log
-        .iter()
-        .find(|r| r.method == "DELETE" && r.path == pod_path)
+        .find(|r| r.method == "PATCH" && r.path == status_path)
         .unwrap();
     assert_eq!(
-        delete.body.as_ref().unwrap()["preconditions"]["uid"],
+        patch.body.as_ref().unwrap()["metadata"]["uid"],
         hog_pod.uid,
-        "deleted only if it is still the same pod"
+        "the patch is bound to the pod's UID"
     );
     let event = log
         .iter()
@@ -364,14 +422,21 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
     // Once each: give the queue time to send anything twice, then count.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = s.fake.requests();
-    assert_eq!(count(&log, "DELETE", pod_path, 200), 1);
     assert_eq!(count(&log, "POST", "/api/v1/namespaces/ns/events", 201), 1);
     assert_eq!(
         log.iter()
-            .filter(|r| r.method == "PATCH" && r.path == format!("{pod_path}/status"))
+            .filter(|r| r.method == "PATCH" && r.path == status_path)
             .count(),
         1
     );
+    let never: Vec<String> = log
+        .iter()
+        .filter(|r| {
+            (r.method == "DELETE" && r.path.contains("/pods/")) || r.path.ends_with("/eviction")
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(never.is_empty(), "no delete, no Eviction API: {never:?}");
     let left = fs::read_dir(s.work.path.join("state/api-writes"))
         .unwrap()
         .count();
@@ -385,7 +450,15 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
     require_root();
-    let s = setup(Driver::Systemd, Runtime::CriO, 384, 128).await;
+    let s = setup_with(
+        Driver::Systemd,
+        Runtime::CriO,
+        384,
+        128,
+        Options::default(),
+        "gangEviction: unit\ntaintOnPressure: true\n",
+    )
+    .await;
     let mut m1 = KPod::new("m1", "22222222-2222-3333-4444-000000000001", "BestEffort");
     let mut m2 = KPod::new("m2", "22222222-2222-3333-4444-000000000002", "BestEffort");
     let mut m3 = KPod::new("m3", "22222222-2222-3333-4444-000000000003", "BestEffort");
@@ -433,19 +506,161 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for name in ["m1", "m2", "m3"] {
-        let path = format!("/api/v1/namespaces/ns/pods/{name}/eviction");
-        wait_for(&format!("the eviction of {name}"), || {
-            (count(&s.fake.requests(), "POST", &path, 201) >= 1).then_some(())
+    // This node's members as the kubelet evicts; the other node's through the Eviction API.
+    for name in ["m1", "m2"] {
+        let path = format!("/api/v1/namespaces/ns/pods/{name}/status");
+        wait_for(&format!("the evicted status of {name}"), || {
+            (count(&s.fake.requests(), "PATCH", &path, 200) >= 1).then_some(())
         })
         .await;
     }
+    let path = "/api/v1/namespaces/ns/pods/m3/eviction";
+    wait_for("the eviction of m3", || {
+        (count(&s.fake.requests(), "POST", path, 201) >= 1).then_some(())
+    })
+    .await;
     let log = s.fake.requests();
+    let eviction = log.iter().find(|r| r.path == path).unwrap();
+    assert_eq!(
+        eviction.body.as_ref().unwrap()["deleteOptions"]["preconditions"]["uid"],
+        m3.uid,
+        "resolved to its UID"
+    );
     assert!(
         !log.iter()
             .any(|r| r.method == "PATCH" && r.path == "/api/v1/namespaces/ns/pods/m3/status"),
         "the other node's member is evicted through the API only"
     );
+    assert!(
+        !log.iter()
+            .any(|r| r.path.ends_with("/m1/eviction") || r.path.ends_with("/m2/eviction")),
+        "this node's members are not asked of the Eviction API"
+    );
+    // taintOnPressure: the node is tainted NoSchedule while qoslet's condition holds.
+    wait_for("qoslet's taint on the node", || {
+        let node: k8s_openapi::api::core::v1::Node = s.fake.get("", NODE)?;
+        node.spec?
+            .taints?
+            .iter()
+            .any(|t| t.key == "qoslet.dev/pressure" && t.effect == "NoSchedule")
+            .then_some(())
+    })
+    .await;
+    let log = s.fake.requests();
+    // The shipped RBAC lacks pods/eviction; docs/rbac.md's opt-in rule grants it.
+    assert!(
+        !qoslet_tests::fake_api::rbac::denied(&log, SHIPPED_RBAC)
+            .unwrap()
+            .is_empty(),
+        "gangEviction: unit needs more than the shipped RBAC"
+    );
+    assert_rbac_allows_with(&s.fake, &opt_in_rbac());
+    qoslet.crash();
+}
+
+/// A cluster without the Workload API, as most are: the node is ready, gang-awareness is off
+/// (metric), and a pod naming a PodGroup is still managed and evicted alone. A write decided
+/// before a crash is not replayed against a pod re-created under the same name meanwhile: the
+/// UID in the status patch makes the API server refuse it (422), and qoslet drops it, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_workload_api_the_node_is_ready_and_a_recreated_pod_is_not_touched() {
+    require_root();
+    let options = Options {
+        workload_api: false,
+        ..Options::default()
+    };
+    let s = setup_with(Driver::Cgroupfs, Runtime::Containerd, 384, 128, options, "").await;
+    let mut hog_pod = KPod::new("hog", "33333333-2222-3333-4444-000000000001", "BestEffort");
+    let mut quiet_pod = KPod::new(
+        "quiet",
+        "33333333-2222-3333-4444-000000000002",
+        "BestEffort",
+    );
+    hog_pod.group = Some("g");
+    quiet_pod.group = Some("g");
+    create(&s.fake, &mut hog_pod, Runtime::Containerd, NODE);
+    create(&s.fake, &mut quiet_pod, Runtime::Containerd, NODE);
+    let hog_dirs = make_cgroup(
+        &s.root,
+        &hog_pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+    );
+    let quiet_dirs = make_cgroup(
+        &s.root,
+        &quiet_pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+    );
+    let hog = Hog::spawn(320);
+    join(&hog_dirs, hog.pid());
+    let mut quiet = sleeper();
+    join(&quiet_dirs, quiet.id());
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let metrics = s.metrics;
+    // The API's line is ready though the Workload API's kinds are never served.
+    wait_for("the api line of /readyz ready", || {
+        let body = http_get(metrics, "/readyz")?;
+        body.contains("api: ready: ").then_some(())
+    })
+    .await;
+    wait_for("gang-awareness off, both pods managed", || {
+        let m = http_get(metrics, "/metrics")?;
+        (m.contains("qoslet_gang_awareness 0")
+            && m.contains("pod=\"hog\"")
+            && m.contains("pod=\"quiet\""))
+        .then_some(())
+    })
+    .await;
+
+    s.fake.go_down(Outage::Refuse).await;
+    let signal = release_and_wait(hog).await;
+    assert_eq!(signal, Some(libc::SIGKILL));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        quiet.try_wait().unwrap().is_none(),
+        "without the Workload API the hog goes alone"
+    );
+    qoslet.crash();
+    // Meanwhile the hog's controller re-created it under the same name.
+    let old_uid = hog_pod.uid.clone();
+    s.fake.remove::<Pod>("ns", "hog").expect("the old hog");
+    let mut again = KPod::new("hog", "33333333-2222-3333-4444-000000000003", "BestEffort");
+    create(&s.fake, &mut again, Runtime::Containerd, NODE);
+    assert_ne!(again.uid, old_uid);
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    s.fake.come_up().await.expect("the fake comes back");
+    let status_path = "/api/v1/namespaces/ns/pods/hog/status";
+    wait_for("the stale status patch, refused", || {
+        (count(&s.fake.requests(), "PATCH", status_path, 422) == 1).then_some(())
+    })
+    .await;
+    wait_for("the refusal counted", || {
+        let m = http_get(metrics, "/metrics")?;
+        m.contains(
+            "qoslet_api_writes_dropped_total{write=\"podEvicted\",reason=\"rejected-422\"} 1",
+        )
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(&s.fake.requests(), "PATCH", status_path, 422),
+        1,
+        "never retried"
+    );
+    let now: Pod = s.fake.get("ns", "hog").unwrap();
+    assert_eq!(now.metadata.uid.as_deref(), Some(again.uid.as_str()));
+    assert_ne!(
+        now.status.and_then(|st| st.phase).as_deref(),
+        Some("Failed"),
+        "the re-created pod is untouched"
+    );
+    assert!(
+        fs::read_dir(s.work.path.join("state/api-writes"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing left to replay"
+    );
     assert_rbac_allows(&s.fake);
     qoslet.crash();
+    let _ = quiet.kill();
+    let _ = quiet.wait();
 }

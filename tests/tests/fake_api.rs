@@ -605,6 +605,75 @@ async fn strategic_merge_status_patch_replaces_the_condition_of_its_type() {
     assert_eq!(labelled.status.unwrap().phase, None);
 }
 
+/// The kubelet's status patch carries the pod's uid as a precondition: a pod re-created under
+/// the same name (another uid) refuses it with 422 (uid is immutable), as the API server does.
+#[tokio::test]
+async fn a_status_patch_naming_another_uid_is_invalid() {
+    let (fake, client) = start(Options::default()).await;
+    fake.seed([pod("ns", "p", "n1")]).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+    let uid = pods.get("p").await.unwrap().metadata.uid.unwrap();
+    let patch = |uid: &str| json!({"metadata": {"uid": uid}, "status": {"phase": "Failed", "reason": "Evicted"}});
+    let err = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(patch("other")),
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(status.message.contains("metadata.uid"), "{status:?}");
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Running")
+    );
+    let done = pods
+        .patch_status("p", &PatchParams::default(), &Patch::Strategic(patch(&uid)))
+        .await
+        .unwrap();
+    assert_eq!(done.status.unwrap().phase.as_deref(), Some("Failed"));
+}
+
+/// A cluster without the Workload API: discovery and every request of its kinds answer 404.
+#[tokio::test]
+async fn the_workload_api_can_be_left_unserved() {
+    let options = Options {
+        workload_api: false,
+        ..Options::default()
+    };
+    let (_fake, client) = start(options).await;
+    let err = client
+        .list_api_group_resources("scheduling.k8s.io/v1beta1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
+    let groups = client.list_api_groups().await.unwrap();
+    assert!(!groups.groups.iter().any(|g| g.name == "scheduling.k8s.io"));
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup"),
+        "podgroups",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &ar);
+    let err = api.list(&ListParams::default()).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn leases_create_update_and_apply() {
     let (fake, client) = start(Options::default()).await;

@@ -1,58 +1,72 @@
-//! Eviction in cluster mode: the local kill first, then the API.
+//! Eviction in cluster mode, as the kubelet's eviction manager does it (`evictionMethod:
+//! kubelet`, the default): the pod's processes stop locally exactly as in standalone mode
+//! ([`CgroupKill`]: at once at a hard threshold; SIGTERM, min(evictionMaxPodGracePeriod, the
+//! pod's grace), then the cgroup kill at a soft one), and `pods/status` says phase Failed,
+//! reason Evicted, the kubelet's message and the `DisruptionTarget` condition. The kubelet's pod
+//! worker then tears the pod down and does not restart its containers; the pod object is never
+//! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The status write
+//! is queued before the kill starts, so the kubelet hears of it while the processes are going
+//! rather than after (a container the kubelet sees exit while the API still shows the pod
+//! Running is restarted).
 //!
-//! At a hard threshold the node cannot wait for an API round trip, so the pod's processes stop
-//! exactly as in standalone mode ([`CgroupKill`]: SIGTERM, the grace period, the cgroup kill).
-//! Then, through the persistent [`WriteQueue`] (delivered when the API server is reachable, once
-//! each, also across a restart): the `DisruptionTarget` condition, the Eviction API (soft
-//! thresholds honour PodDisruptionBudgets and retry a 429; hard thresholds fall back to a delete
-//! with a UID precondition), and a Warning Event `Evicted` with the kubelet's message. A pod that
-//! goes with a `disruptionMode: all` unit also takes the unit's members on other nodes with it
-//! (`gangEviction: unit`).
+//! `evictionMethod: api` asks the Eviction API instead at a soft threshold (PodDisruptionBudgets
+//! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
+//!
+//! Every write goes through the persistent [`WriteQueue`] bound to the pod's UID, with a Warning
+//! Event `Evicted`. With `gangEviction: unit`, a pod that goes with a `disruptionMode: all` unit
+//! also takes the unit's members on other nodes, resolved to their UIDs when the decision is made
+//! and evicted through the Eviction API.
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    api::{ApiResource, DynamicObject},
+    Api, Client,
+    api::{ApiResource, DynamicObject, ListParams},
     runtime::reflector::Store,
 };
 
 use super::{
     queue::WriteQueue,
     source,
-    writes::{ApiWrite, EventObject, PodRef, now},
+    writes::{self, ApiWrite, EventObject, PodRef, now},
 };
 use crate::{
-    config::GangEviction,
-    eviction::{CgroupKill, EvictionAction, EvictionRequest, Outcome, action::ActionError},
+    config::{EvictionMethod, GangEviction},
+    eviction::{
+        CgroupKill, EvictionAction, EvictionRequest, Outcome,
+        action::{ActionError, EvictedStatus},
+    },
     policy::pod::PodKey,
     workload::{self, Forest, Kind, UnitRoot, disruption_unit},
 };
 
-/// The cluster's workload objects and the node's pods, to find a unit's groups.
+/// How long the decision waits for the API server to name a unit's members on other nodes.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The node's pods, to find a unit's groups.
 #[derive(Clone)]
 pub struct Gangs {
     pub pods: Store<Pod>,
-    pub workloads: Vec<(ApiResource, Store<DynamicObject>)>,
 }
 
 impl Gangs {
     /// The PodGroups of the `disruptionMode: all` unit `key` belongs to (every leaf below the
-    /// highest `all` ancestor), or `None` when the pod goes alone.
-    pub fn unit_groups(&self, key: &PodKey) -> Option<Vec<String>> {
+    /// highest `all` ancestor), or `None` when the pod goes alone. `namespace_objects` are the
+    /// namespace's workload objects, listed when the decision is made (the source watches only
+    /// the node's pods' ancestors, not their sibling groups on other nodes).
+    pub fn unit_groups(
+        &self,
+        key: &PodKey,
+        namespace_objects: &[(ApiResource, Vec<Arc<DynamicObject>>)],
+    ) -> Option<Vec<String>> {
         let pod = self
             .pods
             .find(|p| p.metadata.uid.as_deref() == Some(key.uid.as_str()))?;
         let ns = key.namespace.as_str();
-        let workloads: Vec<(ApiResource, Vec<Arc<DynamicObject>>)> = self
-            .workloads
-            .iter()
-            .map(|(ar, s)| {
-                let objs = s.state_filter(|o| o.metadata.namespace.as_deref() == Some(ns));
-                (ar.clone(), objs)
-            })
-            .collect();
-        let loaded = source::loaded_all(&[pod], &workloads);
+        let loaded = source::loaded_all(&[pod], namespace_objects);
         let objects = loaded
             .objects
             .iter()
@@ -72,32 +86,47 @@ impl Gangs {
     }
 }
 
+/// The unit members on other nodes: the API client and where to find their groups.
+#[derive(Clone)]
+pub struct UnitMembers {
+    pub client: Client,
+    pub gangs: Gangs,
+}
+
 /// The cluster eviction action.
 pub struct ApiEviction {
     kill: CgroupKill,
     queue: Arc<WriteQueue>,
     node: String,
-    gang: GangEviction,
-    gangs: Option<Gangs>,
+    method: EvictionMethod,
+    /// Set with `gangEviction: unit` (and a cluster that serves the Workload API).
+    members: Option<UnitMembers>,
 }
 
 impl ApiEviction {
     pub fn new(
         queue: Arc<WriteQueue>,
         node: &str,
+        method: EvictionMethod,
         gang: GangEviction,
-        gangs: Option<Gangs>,
+        members: Option<UnitMembers>,
     ) -> Self {
         Self {
             kill: CgroupKill,
             queue,
             node: node.into(),
-            gang,
-            gangs,
+            method,
+            members: members.filter(|_| gang == GangEviction::Unit),
         }
     }
 
-    /// The writes one eviction makes, with their idempotency ids, in delivery order.
+    /// Whether this eviction kills locally (else the Eviction API alone acts).
+    fn kills_locally(&self, req: &EvictionRequest) -> bool {
+        self.method == EvictionMethod::Kubelet || req.hard
+    }
+
+    /// The writes one eviction of this node's pod makes, with their idempotency ids, in
+    /// delivery order.
     pub fn writes(&self, req: &EvictionRequest, at: &str) -> Vec<(String, ApiWrite)> {
         let p = &req.pod;
         let pod = PodRef {
@@ -105,24 +134,26 @@ impl ApiEviction {
             name: p.name.clone(),
             uid: p.uid.clone(),
         };
-        let grace_secs = u32::try_from(req.grace.as_secs()).unwrap_or(u32::MAX);
-        let mut out = vec![
+        let first = if self.kills_locally(req) {
             (
-                format!("condition-{}", p.uid),
-                ApiWrite::PodCondition {
+                format!("evicted-{}", p.uid),
+                ApiWrite::PodEvicted {
                     pod: pod.clone(),
                     message: req.message.clone(),
                     at: at.into(),
                 },
-            ),
+            )
+        } else {
             (
                 format!("evict-{}", p.uid),
                 ApiWrite::Evict {
                     pod: pod.clone(),
-                    grace_secs,
-                    hard: req.hard,
+                    grace_secs: grace_secs(req),
                 },
-            ),
+            )
+        };
+        vec![
+            first,
             (
                 format!("event-{}", p.uid),
                 ApiWrite::Event {
@@ -139,26 +170,81 @@ impl ApiEviction {
                     type_: "Warning".into(),
                     node: self.node.clone(),
                     at: at.into(),
+                    count: 1,
                 },
             ),
-        ];
-        if req.unit.is_some()
-            && self.gang == GangEviction::Unit
-            && let Some(groups) = self.gangs.as_ref().and_then(|g| g.unit_groups(p))
-        {
-            out.push((
-                format!("unit-{}", p.uid),
-                ApiWrite::EvictUnitMembers {
-                    namespace: p.namespace.clone(),
-                    groups,
-                    node: self.node.clone(),
-                    grace_secs,
-                    hard: req.hard,
-                },
-            ));
-        }
-        out
+        ]
     }
+
+    /// The unit's live members on other nodes, by UID, now; empty when the pod goes alone or
+    /// the API server cannot say in time (they are then left, and a later decision on their own
+    /// nodes handles them).
+    async fn remote_members(&self, req: &EvictionRequest) -> Vec<PodRef> {
+        let (Some(m), Some(_)) = (&self.members, &req.unit) else {
+            return Vec::new();
+        };
+        let ns = req.pod.namespace.as_str();
+        let resolve = async {
+            let mut listed = Vec::new();
+            for ar in source::workload_resources() {
+                let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), ns, &ar);
+                let objs = match api.list(&ListParams::default().match_any()).await {
+                    Ok(l) => l.items.into_iter().map(Arc::new).collect(),
+                    // CompositePodGroups (alpha) may not be served.
+                    Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                listed.push((ar, objs));
+            }
+            let Some(groups) = m.gangs.unit_groups(&req.pod, &listed) else {
+                return Ok(Vec::new());
+            };
+            writes::unit_members(&m.client, ns, &groups, &self.node).await
+        };
+        match tokio::time::timeout(RESOLVE_TIMEOUT, resolve).await {
+            Ok(Ok(members)) => members,
+            Ok(Err(e)) => {
+                tracing::warn!(pod = %req.pod, error = %e, "Could not list the unit's members on other nodes; they are not evicted.");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::warn!(pod = %req.pod, timeout = ?RESOLVE_TIMEOUT, "The API server did not name the unit's members on other nodes in time; they are not evicted.");
+                Vec::new()
+            }
+        }
+    }
+
+    fn push(&self, req: &EvictionRequest, writes: Vec<(String, ApiWrite)>) {
+        for (id, w) in writes {
+            let key = match &w {
+                ApiWrite::Evict { pod, .. } => pod.uid.clone(),
+                _ => req.pod.uid.clone(),
+            };
+            if let Err(e) = self.queue.push(&id, &key, w) {
+                tracing::error!(pod = %req.pod, error = %e, "Could not queue an API write of an eviction; the API server will not hear of it.");
+            }
+        }
+    }
+}
+
+fn grace_secs(req: &EvictionRequest) -> u32 {
+    u32::try_from(req.grace.as_secs()).unwrap_or(u32::MAX)
+}
+
+/// The Eviction API writes for a unit's members on other nodes.
+pub fn member_writes(members: &[PodRef], grace_secs: u32) -> Vec<(String, ApiWrite)> {
+    members
+        .iter()
+        .map(|pod| {
+            (
+                format!("evict-{}", pod.uid),
+                ApiWrite::Evict {
+                    pod: pod.clone(),
+                    grace_secs,
+                },
+            )
+        })
+        .collect()
 }
 
 /// `<pod>.qoslet-evicted-<first 8 of the uid>`: one event per evicted pod, a valid name.
@@ -175,15 +261,22 @@ fn event_name(pod: &str, uid: &str) -> String {
 
 impl EvictionAction for ApiEviction {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
-        let local = self.kill.evict(req).await;
-        // The API hears of it whether or not the local kill emptied the cgroups.
-        let at = now();
-        for (id, w) in self.writes(req, &at) {
-            if let Err(e) = self.queue.push(&id, &req.pod.uid, w) {
-                tracing::error!(pod = %req.pod, error = %e, "Could not queue an API write of an eviction; the API server will not hear of it.");
-            }
+        // Queued before the kill (see the module's comment); the API hears of it whether or
+        // not the local kill empties the cgroups.
+        self.push(req, self.writes(req, &now()));
+        if self.kills_locally(req) {
+            let (local, members) = tokio::join!(self.kill.evict(req), self.remote_members(req));
+            self.push(req, member_writes(&members, grace_secs(req)));
+            local
+        } else {
+            let members = self.remote_members(req).await;
+            self.push(req, member_writes(&members, grace_secs(req)));
+            Ok(Outcome {
+                first_signal_at: None,
+                signalled: 0,
+                status: EvictedStatus::new(req.message.clone()),
+            })
         }
-        local
     }
 }
 

@@ -3,9 +3,10 @@
 //!
 //! [`source`] watches the node's pods and their workload objects through the API server;
 //! [`executor`] finds the cgroups the kubelet and the container runtime made (qoslet starts
-//! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] kills
-//! locally first and then tells the API server through [`queue`], which survives the API
-//! server's absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events and
+//! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] evicts as
+//! the kubelet's eviction manager does (the local kill, then phase Failed, reason Evicted on
+//! `pods/status`) and tells the API server through [`queue`], which survives the API server's
+//! absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events, taint and
 //! lease. [`run`] wires them into the mode-independent [`crate::node`].
 
 pub mod action;
@@ -30,7 +31,7 @@ use thiserror::Error;
 
 pub use action::ApiEviction;
 pub use executor::KubeletExecutor;
-pub use source::{ApiSource, SourceClosed, WatchState, WatchStates};
+pub use source::{ApiSource, GangAwareness, SourceClosed, WatchState, WatchStates};
 
 use crate::{
     cgroup::{
@@ -142,8 +143,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
             .await
             .map_err(|e| ClusterError::Client(Box::new(e)))?,
     };
-    // The write queue retries with its own backoff, and a hard threshold must see a PDB's 429
-    // at once to fall back to a delete: no retry inside the client.
+    // The write queue retries with its own backoff and sorts answers into done, retry and
+    // rejected itself: no retry inside the client.
     let mut config = config;
     config.default_retry = false;
     Client::try_from(config).map_err(boxed)
@@ -180,6 +181,59 @@ pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
     KubeletConfig::parse(Path::new("/configz"), &text).map_err(|e| e.to_string())
 }
 
+/// Binds `addr` and serves `/healthz` (and `/readyz`, not ready: the pods are not listed yet)
+/// on it until the node's server takes the listener over: a liveness probe must not restart
+/// qoslet because the API server is away. The listener stays bound throughout, so nothing else
+/// can take the port in between.
+async fn serve_while_starting(
+    addr: SocketAddr,
+) -> Result<
+    (
+        std::net::TcpListener,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ),
+    ClusterError,
+> {
+    let bind_err =
+        |source| ClusterError::Node(NodeError::Bind(crate::server::BindError { addr, source }));
+    // A predecessor that just died may hold the port a moment longer: wait a little for it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let listener = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            bound => {
+                break bound
+                    .and_then(tokio::net::TcpListener::into_std)
+                    .map_err(bind_err)?;
+            }
+        }
+    };
+    let early = listener
+        .try_clone()
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(bind_err)?;
+    let state = Arc::new(crate::server::AgentState {
+        metrics: crate::server::metrics::Metrics::new(),
+        readiness: crate::server::readiness::Readiness::default(),
+        status: crate::server::status::StatusStore::default(),
+        summary: Box::new(node::summary::CgroupSummary::new(Default::default())),
+    });
+    state.readiness.register("api");
+    state.readiness.set(
+        "api",
+        false,
+        "waiting for the first list of the node's pods",
+    );
+    let (_, serve) = crate::server::serve_on(early, state, Default::default())
+        .map_err(|e| ClusterError::Node(NodeError::Bind(e)))?;
+    Ok((listener, tokio::spawn(serve)))
+}
+
 /// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
 pub async fn run(
     opts: ClusterOptions,
@@ -212,6 +266,7 @@ pub async fn run(
         .map_err(|e: std::net::AddrParseError| setting("metricsAddress", e.to_string()))?;
     let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
         .map_err(|e| setting("nodeRootCgroup", e.to_string()))?;
+    let (listener, early) = serve_while_starting(addr).await?;
     let client = client(opts.kubeconfig.as_deref()).await?;
     let (kc_file, kc) = match &opts.kubelet_config {
         KubeletConfigFrom::File(f) => (f.clone(), KubeletConfig::load(f)?),
@@ -238,6 +293,9 @@ pub async fn run(
     let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
     source.wait_synced().await?;
+    // The node's own server takes the listener over.
+    early.abort();
+    let _ = early.await;
     let node_obj = source.node();
     let runtime = node_obj
         .as_deref()
@@ -274,7 +332,9 @@ pub async fn run(
         lease_namespace: qc.lease_namespace.clone(),
         queue: queue.clone(),
         watches: source.watch_states(),
+        gang: source.gang_awareness(),
         write: enforce,
+        taint: qc.taint_on_pressure,
     };
     let (reporter_tx, reporter_rx) = tokio::sync::oneshot::channel();
     let on_start: Box<dyn FnOnce(Arc<crate::server::AgentState>) + Send> = Box::new(move |state| {
@@ -283,12 +343,16 @@ pub async fn run(
     let action = ApiEviction::new(
         queue.clone(),
         &opts.node_name,
+        qc.eviction_method,
         qc.gang_eviction,
-        Some(source.gangs()),
+        Some(action::UnitMembers {
+            client: client.clone(),
+            gangs: source.gangs(),
+        }),
     );
     let executor = Arc::new(KubeletExecutor::new(runtime));
     let state_dir = enforce.then(|| qc.state_dir.clone());
-    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, "Cluster node: pods from the API server, cgroups from the kubelet.");
+    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
     let cfg = RunConfig {
         settings,
         qc,
@@ -298,6 +362,7 @@ pub async fn run(
         naming,
         validation,
         addr,
+        listener: Some(listener),
         shutdown_grace: opts.shutdown_grace,
         state_dir,
         on_start: Some(on_start),

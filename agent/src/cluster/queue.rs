@@ -7,7 +7,11 @@
 //! the pending one (node conditions: the newest value wins). Writes about the same object go out
 //! in the order they were pushed (the pod's condition before its eviction); other writes do not
 //! wait behind a write the API server refuses for now (a PDB's 429). Each write is retried with
-//! its own exponential backoff.
+//! its own exponential backoff, jittered so nodes that lost the API server together do not come
+//! back in step. A write the API server refuses for good ([`Delivery::Rejected`]) is counted,
+//! logged once and dropped. The queue is bounded ([`MAX_PENDING`]; a push beyond it drops the
+//! oldest write) and a write older than [`TTL`] is dropped undelivered: after a long outage or
+//! a crash, a stale decision is not replayed (and every pod write is bound to its pod's UID).
 //!
 //! Hand-written rather than a crate: what is needed is a few dozen lines over std::fs, and the
 //! persistent queues on crates.io bring their own formats and background threads.
@@ -30,6 +34,11 @@ use crate::lock;
 
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY: Duration = Duration::from_secs(30);
+/// Pending writes at most. An eviction makes two or three; a node in trouble for hours makes a
+/// few condition writes (each type replaces its own).
+pub const MAX_PENDING: usize = 1024;
+/// How long a write may wait for the API server before it is dropped.
+pub const TTL: Duration = Duration::from_secs(15 * 60);
 
 #[derive(Debug, Error)]
 #[error("{path}: cannot persist a pending API write")]
@@ -45,6 +54,10 @@ struct Stored {
     seq: u64,
     /// Writes with the same key are delivered in `seq` order.
     key: String,
+    /// When it was pushed, in seconds since the Unix epoch (wall clock: it must hold across a
+    /// restart).
+    #[serde(default)]
+    queued_at: u64,
     write: ApiWrite,
 }
 
@@ -54,11 +67,24 @@ struct Entry {
     due: Instant,
 }
 
+/// Writes the queue gave up on, by why and the write's kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// (kind, HTTP status) of writes the API server refused for good.
+    pub rejected: BTreeMap<(&'static str, u16), u64>,
+    /// Writes older than [`TTL`].
+    pub expired: u64,
+    /// Writes pushed out by newer ones beyond [`MAX_PENDING`].
+    pub overflow: u64,
+}
+
 #[derive(Default)]
 struct State {
     next_seq: u64,
     pending: BTreeMap<String, Entry>,
     delivered: u64,
+    /// Counted since the last [`WriteQueue::take_dropped`].
+    dropped: Dropped,
 }
 
 /// The persistent queue. Share it with `Arc`; [`WriteQueue::run`] delivers.
@@ -105,6 +131,11 @@ impl WriteQueue {
             };
             let text = fs::read_to_string(&path).map_err(err(&path))?;
             match serde_json::from_str::<Stored>(&text) {
+                Ok(stored) if expired(stored.queued_at) => {
+                    tracing::info!(file = %path.display(), "Dropping a pending API write older than the queue's TTL.");
+                    state.dropped.expired += 1;
+                    let _ = fs::remove_file(&path);
+                }
                 Ok(stored) => {
                     state.next_seq = state.next_seq.max(stored.seq + 1);
                     state.pending.insert(
@@ -148,6 +179,7 @@ impl WriteQueue {
         let stored = Stored {
             seq,
             key: key.into(),
+            queued_at: unix_now(),
             write,
         };
         persist(&self.dir, &path, &stored).map_err(|source| QueueError {
@@ -162,9 +194,37 @@ impl WriteQueue {
                 due: Instant::now(),
             },
         );
+        while st.pending.len() > MAX_PENDING {
+            let Some(oldest) = st
+                .pending
+                .iter()
+                .min_by_key(|(_, e)| e.stored.seq)
+                .map(|(id, _)| id.clone())
+            else {
+                break;
+            };
+            st.pending.remove(&oldest);
+            st.dropped.overflow += 1;
+            self.remove_file(&oldest);
+            tracing::warn!(id = %oldest, max = MAX_PENDING, "The API write queue is full; dropped its oldest write.");
+        }
         drop(st);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// What was dropped since the last call (the reporter turns it into metrics).
+    pub fn take_dropped(&self) -> Dropped {
+        std::mem::take(&mut lock(&self.state).dropped)
+    }
+
+    fn remove_file(&self, id: &str) {
+        let path = self.dir.join(format!("{id}.json"));
+        if let Err(e) = fs::remove_file(&path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %path.display(), error = %e, "Could not remove a finished API write; it may be sent again (its effect is not repeated).");
+        }
     }
 
     /// The pending writes, oldest first.
@@ -184,9 +244,22 @@ impl WriteQueue {
         lock(&self.state).delivered
     }
 
-    /// The writes due now, at most one per key (the oldest of that key).
+    /// The writes due now, at most one per key (the oldest of that key). Expired writes are
+    /// dropped first.
     fn due(&self) -> (Vec<(String, u64, ApiWrite)>, Option<Instant>) {
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
+        let stale: Vec<String> = st
+            .pending
+            .iter()
+            .filter(|(_, e)| expired(e.stored.queued_at))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            st.pending.remove(&id);
+            st.dropped.expired += 1;
+            self.remove_file(&id);
+            tracing::warn!(id = %id, ttl = ?TTL, "Dropped an API write the API server did not take in time.");
+        }
         let now = Instant::now();
         let mut first_of_key: BTreeMap<&str, (&String, &Entry)> = BTreeMap::new();
         for (id, e) in &st.pending {
@@ -224,18 +297,22 @@ impl WriteQueue {
             Delivery::Done => {
                 st.pending.remove(id);
                 st.delivered += 1;
-                let path = self.dir.join(format!("{id}.json"));
-                if let Err(e) = fs::remove_file(&path)
-                    && e.kind() != io::ErrorKind::NotFound
-                {
-                    tracing::warn!(file = %path.display(), error = %e, "Could not remove a delivered API write; it may be sent again (its effect is not repeated).");
-                }
+                self.remove_file(id);
+            }
+            Delivery::Rejected { code, message } => {
+                let kind = e.stored.write.kind();
+                st.pending.remove(id);
+                *st.dropped.rejected.entry((kind, *code)).or_default() += 1;
+                self.remove_file(id);
+                tracing::warn!(id, code, reason = %message, "The API server refused an API write for good; dropped, not retried.");
             }
             Delivery::Retry(why) => {
                 e.attempts += 1;
-                let backoff = FIRST_RETRY
-                    .saturating_mul(1 << e.attempts.min(10))
-                    .min(MAX_RETRY);
+                let backoff = jitter(
+                    FIRST_RETRY
+                        .saturating_mul(1 << e.attempts.min(10))
+                        .min(MAX_RETRY),
+                );
                 e.due = Instant::now() + backoff;
                 if e.attempts == 1 || e.attempts.is_multiple_of(10) {
                     tracing::warn!(id, attempts = e.attempts, reason = %why, "An API write was not delivered; retrying.");
@@ -268,6 +345,25 @@ impl WriteQueue {
             }
         }
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A write from before the TTL. A write without a time (from an older qoslet) counts as old.
+fn expired(queued_at: u64) -> bool {
+    unix_now().saturating_sub(queued_at) > TTL.as_secs()
+}
+
+/// `d` scaled by a random factor in [0.5, 1.0): retries of many writes (and nodes) spread out.
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher as _, RandomState};
+    // RandomState is seeded per instance from the OS: enough randomness for a backoff.
+    let r = RandomState::new().hash_one(Instant::now()) % 1000;
+    d.mul_f64(0.5 + r as f64 / 2000.0)
 }
 
 /// Write-then-rename: the file is either the old write, the new one, or absent.

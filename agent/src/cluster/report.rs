@@ -16,12 +16,16 @@ use kube::{Api, Client, api::PostParams};
 
 use super::{
     queue::WriteQueue,
-    source::WatchStates,
+    source::{GangAwareness, WatchStates},
     writes::{ApiWrite, EventObject, now},
 };
 use crate::{
     eviction::NodeCondition,
-    server::{AgentState, metrics::ConditionLabels},
+    lock,
+    server::{
+        AgentState,
+        metrics::{ApiWriteLabels, ConditionLabels},
+    },
 };
 
 /// How long a lease holds without renewal; renewed every quarter of it (as the kubelet's).
@@ -36,13 +40,16 @@ pub fn condition_type(c: NodeCondition) -> &'static str {
 }
 
 /// The writes for a condition that changed: the condition, and an event when it became true.
+/// The event is one per condition type and `run` (the start of this process, in seconds), its
+/// `count` the times the condition became true in this run: repeats update one Event.
 pub fn condition_writes(
     node: &str,
     node_uid: &str,
     c: NodeCondition,
     on: bool,
     at: &str,
-    seq: u64,
+    run: u64,
+    count: i32,
 ) -> Vec<(String, ApiWrite)> {
     let type_ = condition_type(c);
     let (reason, message) = if on {
@@ -69,9 +76,9 @@ pub fn condition_writes(
     )];
     if on {
         out.push((
-            format!("node-event-{type_}-{seq}"),
+            format!("node-event-{type_}-{run}"),
             ApiWrite::Event {
-                name: format!("{node}.qoslet-{}-{seq}", type_.to_ascii_lowercase()),
+                name: format!("{node}.qoslet-{}-{run}", type_.to_ascii_lowercase()),
                 namespace: "default".into(),
                 object: EventObject {
                     kind: "Node".into(),
@@ -84,44 +91,70 @@ pub fn condition_writes(
                 type_: "Warning".into(),
                 node: node.into(),
                 at: at.into(),
+                count,
             },
         ));
     }
     out
 }
 
-/// Creates or renews `qoslet-NODE` in `namespace`.
-pub async fn renew_lease(client: &Client, namespace: &str, node: &str) -> Result<(), kube::Error> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    let name = format!("qoslet-{node}");
-    let now = MicroTime(Timestamp::now());
-    match api.get_opt(&name).await? {
-        Some(mut l) => {
-            let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-            spec.renew_time = Some(now);
-            spec.holder_identity = Some(node.into());
-            spec.lease_duration_seconds = Some(LEASE_SECS);
-            api.replace(&name, &PostParams::default(), &l).await?;
-        }
-        None => {
-            let l = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name),
-                    namespace: Some(namespace.into()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(node.into()),
-                    lease_duration_seconds: Some(LEASE_SECS),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    ..LeaseSpec::default()
-                }),
-            };
-            api.create(&PostParams::default(), &l).await?;
+/// The per-node Lease `qoslet-NODE`, renewed by replacing the object last written (its
+/// resourceVersion makes the replace fail with 409 if someone else wrote it; the next renewal
+/// then reads it again).
+pub struct LeaseKeeper {
+    api: Api<Lease>,
+    name: String,
+    node: String,
+    last: Option<Lease>,
+}
+
+impl LeaseKeeper {
+    pub fn new(client: &Client, namespace: &str, node: &str) -> Self {
+        Self {
+            api: Api::namespaced(client.clone(), namespace),
+            name: format!("qoslet-{node}"),
+            node: node.into(),
+            last: None,
         }
     }
-    Ok(())
+
+    /// Creates or renews the lease.
+    pub async fn renew(&mut self) -> Result<(), kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let current = match self.last.take() {
+            Some(l) => Some(l),
+            None => self.api.get_opt(&self.name).await?,
+        };
+        let written = match current {
+            Some(mut l) => {
+                let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+                spec.renew_time = Some(now);
+                spec.holder_identity = Some(self.node.clone());
+                spec.lease_duration_seconds = Some(LEASE_SECS);
+                self.api
+                    .replace(&self.name, &PostParams::default(), &l)
+                    .await?
+            }
+            None => {
+                let l = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.node.clone()),
+                        lease_duration_seconds: Some(LEASE_SECS),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        ..LeaseSpec::default()
+                    }),
+                };
+                self.api.create(&PostParams::default(), &l).await?
+            }
+        };
+        self.last = Some(written);
+        Ok(())
+    }
 }
 
 /// The reporter's parts.
@@ -132,8 +165,11 @@ pub struct Reporter {
     pub lease_namespace: String,
     pub queue: Arc<WriteQueue>,
     pub watches: WatchStates,
+    pub gang: Arc<std::sync::Mutex<GangAwareness>>,
     /// Write conditions, events and the lease (not in observe mode).
     pub write: bool,
+    /// `taintOnPressure`.
+    pub taint: bool,
 }
 
 impl Reporter {
@@ -142,18 +178,52 @@ impl Reporter {
     pub async fn run(self, state: Arc<AgentState>) {
         state.readiness.register("api");
         let mut last: [Option<bool>; 2] = [None, None];
-        let mut seq = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+        let mut counts = [0i32; 2];
+        let mut tainted: Option<bool> = None;
+        let run = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let lease_every = Duration::from_secs((LEASE_SECS / 4) as u64);
         let mut lease_due = tokio::time::Instant::now();
         let mut lease_failing = false;
+        let mut lease = LeaseKeeper::new(&self.client, &self.lease_namespace, &self.node);
+        let mut pods_synced = false;
         loop {
             tick.tick().await;
+            // Ready once the pods have been listed; a later outage shows in the line only.
+            pods_synced |= self.watches.synced();
             state.readiness.set(
                 "api",
-                self.watches.synced(),
+                pods_synced,
                 format!("watches: {}", self.watches.summary()),
             );
+            let gang = *lock(&self.gang);
+            state
+                .metrics
+                .gang_awareness
+                .set(i64::from(gang != GangAwareness::Off));
+            let dropped = self.queue.take_dropped();
+            for ((write, code), n) in dropped.rejected {
+                state
+                    .metrics
+                    .api_writes_dropped
+                    .get_or_create(&ApiWriteLabels {
+                        write: write.into(),
+                        reason: format!("rejected-{code}"),
+                    })
+                    .inc_by(n);
+            }
+            for (reason, n) in [("expired", dropped.expired), ("overflow", dropped.overflow)] {
+                if n > 0 {
+                    state
+                        .metrics
+                        .api_writes_dropped
+                        .get_or_create(&ApiWriteLabels {
+                            write: String::new(),
+                            reason: reason.into(),
+                        })
+                        .inc_by(n);
+                }
+            }
             if !self.write {
                 continue;
             }
@@ -173,17 +243,32 @@ impl Reporter {
                     continue;
                 }
                 last[i] = Some(on);
-                seq += 1;
+                if on {
+                    counts[i] = counts[i].saturating_add(1);
+                }
                 let at = now();
-                for (id, w) in condition_writes(&self.node, &self.node_uid, c, on, &at, seq) {
+                let writes =
+                    condition_writes(&self.node, &self.node_uid, c, on, &at, run, counts[i]);
+                for (id, w) in writes {
                     if let Err(e) = self.queue.push(&id, "node", w) {
                         tracing::error!(error = %e, "Could not queue a node condition.");
                     }
                 }
             }
+            let pressure = last.contains(&Some(true));
+            if self.taint && tainted != Some(pressure) {
+                tainted = Some(pressure);
+                let w = ApiWrite::NodeTaint {
+                    node: self.node.clone(),
+                    on: pressure,
+                };
+                if let Err(e) = self.queue.push("node-taint", "node-taint", w) {
+                    tracing::error!(error = %e, "Could not queue the node's taint.");
+                }
+            }
             if tokio::time::Instant::now() >= lease_due {
                 lease_due = tokio::time::Instant::now() + lease_every;
-                match renew_lease(&self.client, &self.lease_namespace, &self.node).await {
+                match lease.renew().await {
                     Ok(()) if lease_failing => {
                         lease_failing = false;
                         tracing::info!("The qoslet lease is renewed again.");
@@ -207,54 +292,73 @@ mod tests {
     use super::*;
     use crate::cluster::mock::{self, status};
 
+    /// Created once, then renewed by replacing the lease last written: no GET per renewal. A
+    /// conflict (someone else wrote it) makes the next renewal read it again.
     #[tokio::test]
-    async fn the_lease_is_created_then_renewed() {
-        let mut gets = 0;
+    async fn the_lease_is_created_then_renewed_without_a_get_each_time() {
+        let mut rv = 0;
+        let mut puts = 0;
         let (client, api) = mock::client(move |r| {
+            let exists = rv > 0;
+            let mut stored = |body: &serde_json::Value| {
+                rv += 1;
+                let mut b = body.clone();
+                b["metadata"]["resourceVersion"] = rv.to_string().into();
+                b["metadata"]["namespace"] = "kube-node-lease".into();
+                (200, b)
+            };
             Some(match r.method.as_str() {
-                "GET" => {
-                    gets += 1;
-                    if gets == 1 {
-                        (404, status(404, "NotFound", "no lease"))
+                "GET" if !exists => (404, status(404, "NotFound", "no lease")),
+                "GET" => stored(
+                    &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "qoslet-node-a"}, "spec": {"holderIdentity": "node-a"}}),
+                ),
+                "PUT" => {
+                    puts += 1;
+                    if puts == 3 {
+                        (409, status(409, "Conflict", "the object has been modified"))
                     } else {
-                        (
-                            200,
-                            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                            "metadata": {"name": "qoslet-node-a", "namespace": "kube-node-lease", "resourceVersion": "7"},
-                            "spec": {"holderIdentity": "node-a", "renewTime": "2026-11-30T10:00:00.000000Z"}}),
-                        )
+                        stored(&r.body)
                     }
                 }
-                _ => (200, r.body.clone()),
+                _ => stored(&r.body),
             })
         });
-        renew_lease(&client, "kube-node-lease", "node-a")
-            .await
-            .unwrap();
-        renew_lease(&client, "kube-node-lease", "node-a")
-            .await
-            .unwrap();
+        let mut lease = LeaseKeeper::new(&client, "kube-node-lease", "node-a");
+        for _ in 0..3 {
+            lease.renew().await.unwrap();
+        }
+        assert!(lease.renew().await.is_err(), "the conflict");
+        lease.renew().await.unwrap();
         let reqs = api.requests();
         let calls: Vec<(&str, &str)> = reqs.iter().map(|r| (r.method.as_str(), r.path())).collect();
         let path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+        let one = format!("{path}/qoslet-node-a");
         assert_eq!(
             calls,
             [
-                ("GET", &*format!("{path}/qoslet-node-a")),
+                ("GET", one.as_str()),
                 ("POST", path),
-                ("GET", &*format!("{path}/qoslet-node-a")),
-                ("PUT", &*format!("{path}/qoslet-node-a")),
+                ("PUT", &one),
+                ("PUT", &one),
+                ("PUT", &one),
+                ("GET", &one),
+                ("PUT", &one),
             ]
         );
         assert_eq!(reqs[1].body["spec"]["holderIdentity"], "node-a");
         assert_eq!(reqs[1].body["spec"]["leaseDurationSeconds"], LEASE_SECS);
         assert_eq!(
-            reqs[3].body["metadata"]["resourceVersion"], "7",
-            "optimistic concurrency"
+            (
+                &reqs[2].body["metadata"]["resourceVersion"],
+                &reqs[3].body["metadata"]["resourceVersion"]
+            ),
+            (&json!("1"), &json!("2")),
+            "each replace carries the resourceVersion of the last write"
         );
         assert_ne!(
-            reqs[3].body["spec"]["renewTime"],
-            "2026-11-30T10:00:00.000000Z"
+            reqs[2].body["spec"]["renewTime"],
+            reqs[1].body["spec"]["renewTime"]
         );
     }
 
@@ -267,6 +371,7 @@ mod tests {
             true,
             "t",
             5,
+            2,
         );
         let ApiWrite::NodeCondition { type_, status, .. } = &w[0].1 else {
             panic!("{w:?}")
@@ -276,6 +381,7 @@ mod tests {
             object,
             type_,
             name,
+            count,
             ..
         } = &w[1].1
         else {
@@ -283,7 +389,8 @@ mod tests {
         };
         assert_eq!((object.kind.as_str(), type_.as_str()), ("Node", "Warning"));
         assert_eq!(name, "node-a.qoslet-qosletmemorypressure-5");
-        let off = condition_writes("node-a", "u", NodeCondition::PidPressure, false, "t", 6);
+        assert_eq!(*count, 2, "the second time in this run: one Event, counted");
+        let off = condition_writes("node-a", "u", NodeCondition::PidPressure, false, "t", 5, 2);
         assert_eq!(off.len(), 1, "no event when it clears");
         assert_eq!(off[0].0, "node-condition-QosletPIDPressure");
     }

@@ -1,12 +1,17 @@
 //! The API source: the node's pods and the workload objects they reference, from the API server.
 //!
-//! One kube-runtime watcher per kind feeds a reflector store (kube-runtime handles relists,
-//! `410 Gone`, bookmarks and restarts with its default backoff): Pods with
-//! `fieldSelector=spec.nodeName=NAME`, the Node itself (`metadata.name=NAME`), and Workloads,
-//! PodGroups (`scheduling.k8s.io/v1beta1`) and CompositePodGroups (`v1alpha3`) as dynamic objects,
-//! so they are decoded by the same workload decoder as manifests. Each change rebuilds the
-//! [`PodSet`] through the manifest source's own door ([`build_for`]): every value from the API
-//! is validated exactly as a file's, and the [`Diff`] is computed the same way.
+//! kube-runtime watchers feed reflector stores (kube-runtime handles relists, `410 Gone`,
+//! bookmarks and restarts with its jittered default backoff; lists use `any_semantic`, served
+//! from the API server's cache): Pods with `fieldSelector=spec.nodeName=NAME` and the Node
+//! itself (`metadata.name=NAME`). Workload-API objects (Workloads and PodGroups,
+//! `scheduling.k8s.io/v1beta1`; CompositePodGroups, `v1alpha3`) are watched one by one, only
+//! those the node's pods reference and their ancestors (`metadata.name=X` in the namespace), so
+//! a node's cost does not grow with the cluster's gangs; they are dynamic objects, decoded by the
+//! same workload decoder as manifests. A cluster that does not serve the Workload API (API
+//! discovery says so) turns gang-awareness off ([`GangAwareness::Off`]): pods go alone.
+//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build_for`]):
+//! every value from the API is validated exactly as a file's, and the [`Diff`] is computed the
+//! same way.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -74,9 +79,10 @@ impl WatchStates {
         lock(&self.0).insert(name, state.clone()) != Some(state)
     }
 
-    /// All watches listed at least once and none failing now.
+    /// The pod watch listed at least once and not failing now: all readiness needs (the Node
+    /// object is only read at start; workload objects are optional).
     pub fn synced(&self) -> bool {
-        lock(&self.0).values().all(|s| *s == WatchState::Synced)
+        lock(&self.0).get("pods") == Some(&WatchState::Synced)
     }
 
     /// One line for `/readyz`: `pods synced, node listing, ...`.
@@ -113,19 +119,74 @@ pub fn pods_selector(node: &str) -> String {
     format!("spec.nodeName={node}")
 }
 
+/// A watcher configuration whose lists the API server may answer from its watch cache
+/// (`resourceVersion=0`, `any_semantic`) instead of a quorum read of etcd: what informers do.
+/// Unpaged, since a paged list is always read from etcd (kube then leaves `resourceVersion=0`
+/// out); each list is one node's pods or one object.
+fn from_cache(fields: &str) -> watcher::Config {
+    let mut cfg = watcher::Config::default().fields(fields).any_semantic();
+    cfg.page_size = None;
+    cfg
+}
+
 /// The field selector of the Node object.
 pub fn node_selector(node: &str) -> String {
     format!("metadata.name={node}")
 }
 
+/// Whether the cluster serves the Workload API, so eviction can be gang-aware.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GangAwareness {
+    /// Not known yet (API discovery has not answered).
+    Unknown,
+    On,
+    /// The cluster does not serve Workloads and PodGroups: every pod goes alone.
+    Off,
+}
+
+/// A watch of one workload object, by (namespace, index in [`workload_resources`], name).
+type ObjectKey = (String, usize, String);
+
+struct ObjectWatch {
+    store: Store<DynamicObject>,
+    task: JoinHandle<()>,
+}
+
+/// The watched workload objects, shared with the eviction action.
+#[derive(Clone, Default)]
+pub struct WorkloadObjects(Arc<Mutex<BTreeMap<ObjectKey, ObjectWatch>>>);
+
+impl WorkloadObjects {
+    /// Every watched object, by kind.
+    pub fn snapshot(&self) -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
+        let resources = workload_resources();
+        let w = lock(&self.0);
+        resources
+            .iter()
+            .enumerate()
+            .map(|(i, ar)| {
+                let objs = w
+                    .iter()
+                    .filter(|(k, _)| k.1 == i)
+                    .flat_map(|(_, o)| o.store.state())
+                    .collect();
+                (ar.clone(), objs)
+            })
+            .collect()
+    }
+}
+
 /// The node's pods and workload objects from the API server.
 pub struct ApiSource {
+    client: Client,
     node_name: String,
     opts: ValidationOptions,
     state: PodSet,
     pods: Store<Pod>,
     node: Store<Node>,
-    workloads: Vec<(ApiResource, Store<DynamicObject>)>,
+    workloads: WorkloadObjects,
+    gang: Arc<Mutex<GangAwareness>>,
+    tx: watch::Sender<u64>,
     changes: watch::Receiver<u64>,
     states: WatchStates,
     tasks: Vec<JoinHandle<()>>,
@@ -136,6 +197,54 @@ impl Drop for ApiSource {
         for t in &self.tasks {
             t.abort();
         }
+        for o in lock(&self.workloads.0).values() {
+            o.task.abort();
+        }
+    }
+}
+
+/// Asks API discovery whether the Workload API is served, until it answers.
+async fn discover_workload_api(
+    client: Client,
+    gang: Arc<Mutex<GangAwareness>>,
+    tx: watch::Sender<u64>,
+) {
+    let mut backoff = watcher::DefaultBackoff::default();
+    let resources = workload_resources();
+    loop {
+        // Workloads and PodGroups are what gangs need; CompositePodGroups (alpha) are optional.
+        let answer = client
+            .list_api_group_resources(&resources[0].api_version)
+            .await;
+        let served = match answer {
+            Ok(list) => Some(
+                ["workloads", "podgroups"]
+                    .iter()
+                    .all(|r| list.resources.iter().any(|x| x.name == *r)),
+            ),
+            Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
+            Err(e) => {
+                tracing::debug!(error = %e, "API discovery of the Workload API failed; retrying.");
+                None
+            }
+        };
+        if let Some(served) = served {
+            let state = if served {
+                tracing::info!("The cluster serves the Workload API: eviction is gang-aware.");
+                GangAwareness::On
+            } else {
+                tracing::warn!(
+                    group_version = %resources[0].api_version,
+                    "The cluster does not serve the Workload API (Workloads, PodGroups): gang-awareness is off, every pod is evicted alone."
+                );
+                GangAwareness::Off
+            };
+            *lock(&gang) = state;
+            tx.send_modify(|n| *n += 1);
+            return;
+        }
+        let wait = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -147,47 +256,83 @@ impl ApiSource {
         let states = WatchStates::default();
         let mut tasks = Vec::new();
         let (pods, t) = spawn_watch(
-            "pods",
+            Some("pods"),
             Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields(&pods_selector(node_name)),
+            from_cache(&pods_selector(node_name)),
             (),
             tx.clone(),
             states.clone(),
         );
         tasks.push(t);
         let (node, t) = spawn_watch(
-            "node",
+            Some("node"),
             Api::<Node>::all(client.clone()),
-            watcher::Config::default().fields(&node_selector(node_name)),
+            from_cache(&node_selector(node_name)),
             (),
             tx.clone(),
             states.clone(),
         );
         tasks.push(t);
-        let names: [&'static str; 3] = ["workloads", "podgroups", "compositepodgroups"];
-        let mut workloads = Vec::new();
-        for (ar, name) in workload_resources().into_iter().zip(names) {
-            let (store, t) = spawn_watch(
-                name,
-                Api::<DynamicObject>::all_with(client.clone(), &ar),
-                watcher::Config::default(),
-                ar.clone(),
-                tx.clone(),
-                states.clone(),
-            );
-            tasks.push(t);
-            workloads.push((ar, store));
-        }
+        let gang = Arc::new(Mutex::new(GangAwareness::Unknown));
+        tasks.push(tokio::spawn(discover_workload_api(
+            client.clone(),
+            gang.clone(),
+            tx.clone(),
+        )));
         Self {
+            client,
             node_name: node_name.into(),
             opts,
             state: PodSet::default(),
             pods,
             node,
-            workloads,
+            workloads: WorkloadObjects::default(),
+            gang,
+            tx,
             changes,
             states,
             tasks,
+        }
+    }
+
+    /// Whether eviction can be gang-aware on this cluster.
+    pub fn gang_awareness(&self) -> Arc<Mutex<GangAwareness>> {
+        self.gang.clone()
+    }
+
+    /// Starts a watch for each workload object `wanted` names that has none, and stops the
+    /// watches of objects no longer wanted.
+    fn watch_objects(&self, wanted: &BTreeSet<(String, String, String)>) {
+        let resources = workload_resources();
+        let keys: BTreeSet<ObjectKey> = wanted
+            .iter()
+            .filter_map(|(ns, kind, name)| {
+                let i = resources.iter().position(|r| r.kind == *kind)?;
+                Some((ns.clone(), i, name.clone()))
+            })
+            .collect();
+        let mut w = lock(&self.workloads.0);
+        w.retain(|k, o| {
+            let keep = keys.contains(k);
+            if !keep {
+                o.task.abort();
+            }
+            keep
+        });
+        for k in keys {
+            if w.contains_key(&k) {
+                continue;
+            }
+            let ar = &resources[k.1];
+            let (store, task) = spawn_watch(
+                None,
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), &k.0, ar),
+                from_cache(&format!("metadata.name={}", k.2)),
+                ar.clone(),
+                self.tx.clone(),
+                self.states.clone(),
+            );
+            w.insert(k, ObjectWatch { store, task });
         }
     }
 
@@ -226,7 +371,6 @@ impl ApiSource {
     pub fn gangs(&self) -> super::action::Gangs {
         super::action::Gangs {
             pods: self.pods.clone(),
-            workloads: self.workloads.clone(),
         }
     }
 
@@ -240,12 +384,16 @@ impl ApiSource {
     fn rebuild(&mut self) -> Diff {
         self.changes.borrow_and_update();
         let pods = self.pods.state();
-        let workloads: Vec<(ApiResource, Vec<Arc<DynamicObject>>)> = self
-            .workloads
-            .iter()
-            .map(|(ar, s)| (ar.clone(), s.state()))
-            .collect();
-        let loaded = loaded(&pods, &workloads);
+        let gang = *lock(&self.gang);
+        let workloads = if gang == GangAwareness::On {
+            self.workloads.snapshot()
+        } else {
+            Vec::new()
+        };
+        let (loaded, wanted) = loaded(&pods, &workloads);
+        if gang == GangAwareness::On {
+            self.watch_objects(&wanted);
+        }
         let (next, diff) = build_for(
             loaded,
             &self.state,
@@ -261,9 +409,11 @@ impl ApiSource {
     }
 }
 
-/// Runs one watcher into a reflector store, bumping `tx` on every change the store took.
+/// Runs one watcher into a reflector store, bumping `tx` on every change the store took. A
+/// named watch reports its state to `states` (`/readyz`); an unnamed one logs its failures at
+/// debug level.
 fn spawn_watch<K>(
-    name: &'static str,
+    name: Option<&'static str>,
     api: Api<K>,
     cfg: watcher::Config,
     dyntype: K::DynamicType,
@@ -276,7 +426,8 @@ where
 {
     let writer = Writer::new(dyntype);
     let reader = writer.as_reader();
-    states.set(name, WatchState::Listing);
+    let set = move |state: WatchState| name.is_some_and(|n| states.set(n, state));
+    set(WatchState::Listing);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(reflector::reflector(
             writer,
@@ -285,20 +436,24 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(Event::Init) => {
-                    states.set(name, WatchState::Listing);
+                    set(WatchState::Listing);
                 }
                 Ok(Event::InitApply(_)) => {}
                 Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
-                    if states.set(name, WatchState::Synced) {
+                    if set(WatchState::Synced) {
                         tracing::info!(watch = name, "API watch synced.");
                     }
                     tx.send_modify(|n| *n += 1);
                 }
-                Err(e) => {
-                    if states.set(name, WatchState::Failing(e.to_string())) {
+                Err(e) => match name {
+                    Some(_) if set(WatchState::Failing(e.to_string())) => {
                         tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
                     }
-                }
+                    Some(_) => {}
+                    None => {
+                        tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff.");
+                    }
+                },
             }
         }
     });
@@ -307,8 +462,12 @@ where
 
 /// The objects of the stores as the manifest door reads them: the node's pods that still run
 /// (Succeeded and Failed pods hold no cgroups), and the workload objects they reference with
-/// their ancestors.
-pub fn loaded(pods: &[Arc<Pod>], workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)]) -> Loaded {
+/// their ancestors; with the (namespace, kind, name) of every object so referenced, found or not
+/// (the objects to watch).
+pub fn loaded(
+    pods: &[Arc<Pod>],
+    workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
+) -> (Loaded, BTreeSet<(String, String, String)>) {
     let mut out = Loaded::default();
     let mut wanted: BTreeSet<(String, String, String)> = BTreeSet::new();
     for p in pods {
@@ -345,6 +504,7 @@ pub fn loaded(pods: &[Arc<Pod>], workloads: &[(ApiResource, Vec<Arc<DynamicObjec
         if !taken.insert(key.clone()) {
             continue;
         }
+        wanted.insert(key.clone());
         let Some((api_version, v)) = all.get(&key) else {
             continue;
         };
@@ -363,7 +523,7 @@ pub fn loaded(pods: &[Arc<Pod>], workloads: &[(ApiResource, Vec<Arc<DynamicObjec
         }
         push(&mut out, api_version, &key.1, v.clone());
     }
-    out
+    (out, wanted)
 }
 
 /// `pods` and every workload object given, unfiltered (a unit's whole hierarchy).

@@ -4,21 +4,27 @@
 //! would (the eviction body in particular: kube's `Api::evict` sends `delete_options` in snake
 //! case, which the API server does not read, so the grace period would be lost; it is built here
 //! as a `policy/v1` Eviction). [`deliver`] sends one [`ApiWrite`] and says whether it is done,
-//! with the API server's answers that mean "already done" (the pod is gone, the event exists)
-//! counted as done, so a write delivered twice after a crash has no second effect.
+//! to be retried, or refused for good: answers that mean "already done" (the pod is gone, the
+//! event exists) count as done, so a write delivered twice after a crash has no second effect;
+//! a failed UID precondition (422 for a status patch, 409 for an eviction) and every other
+//! permanent 4xx is [`Delivery::Rejected`], never retried.
 
 use std::time::SystemTime;
 
 use http::Request;
 use k8s_openapi::{
     api::{
-        core::v1::{Event, EventSource, ObjectReference},
+        core::v1::{Event, EventSource, Node, ObjectReference, Pod, Taint},
         policy::v1::Eviction,
     },
     apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions, Time},
     jiff::Timestamp,
 };
-use kube::{Client, core::Status};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    core::Status,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -33,42 +39,31 @@ pub struct PodRef {
     pub uid: String,
 }
 
-/// One write to the API server, as queued (and persisted) until delivered.
+/// One write to the API server, as queued (and persisted) until delivered. Every write about a
+/// pod names its UID, which the API server checks: a pod re-created under the same name is never
+/// touched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "write", rename_all = "camelCase")]
 pub enum ApiWrite {
-    /// The `DisruptionTarget` condition on `pods/status`, as the kubelet sets it.
+    /// `pods/status` as the kubelet's eviction manager leaves it: phase Failed, reason Evicted,
+    /// the eviction message and the `DisruptionTarget` condition (reason `TerminationByKubelet`).
+    /// The kubelet's pod worker tears down a pod the API shows Failed, and its containers are not
+    /// restarted; the pod object stays (the kubelet never deletes it either).
     #[serde(rename_all = "camelCase")]
-    PodCondition {
+    PodEvicted {
         pod: PodRef,
         message: String,
         at: String,
     },
-    /// The Eviction API (honours PodDisruptionBudgets). With `hard`, a refusal falls back to a
-    /// delete with a UID precondition, as the kubelet's node-pressure eviction ignores PDBs.
+    /// The Eviction API (`evictionMethod: api`, and a unit's members on other nodes): honours
+    /// PodDisruptionBudgets; a 429 is retried.
     #[serde(rename_all = "camelCase")]
-    Evict {
-        pod: PodRef,
-        grace_secs: u32,
-        hard: bool,
-    },
-    /// The members of a `disruptionMode: all` unit on other nodes: every pod of the namespace
-    /// whose PodGroup is one of `groups` and that runs elsewhere, through the Eviction API (with
-    /// the same fallback as [`ApiWrite::Evict`]). Resolved when delivered, so the API server
-    /// being down at eviction time loses nothing.
-    #[serde(rename_all = "camelCase")]
-    EvictUnitMembers {
-        namespace: String,
-        groups: Vec<String>,
-        /// This node: its members were killed locally and have their own writes.
-        node: String,
-        grace_secs: u32,
-        hard: bool,
-    },
+    Evict { pod: PodRef, grace_secs: u32 },
     /// A Warning Event on a pod or the node.
     #[serde(rename_all = "camelCase")]
     Event {
-        /// The Event's name: unique per write, so a second delivery is refused as existing.
+        /// The Event's name: the first delivery creates it; a repeat (`count` > 1) of the same
+        /// name updates its count and last timestamp instead of making another Event.
         name: String,
         namespace: String,
         object: EventObject,
@@ -77,6 +72,8 @@ pub enum ApiWrite {
         type_: String,
         node: String,
         at: String,
+        #[serde(default = "one")]
+        count: i32,
     },
     /// A node condition of qoslet's own type on `nodes/status`; the newest replaces older ones.
     #[serde(rename_all = "camelCase")]
@@ -88,6 +85,29 @@ pub enum ApiWrite {
         message: String,
         at: String,
     },
+    /// qoslet's NoSchedule taint on the node (`taintOnPressure`), set or removed.
+    #[serde(rename_all = "camelCase")]
+    NodeTaint { node: String, on: bool },
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// The taint `taintOnPressure` sets while a qoslet pressure condition is true.
+pub const TAINT_KEY: &str = "qoslet.dev/pressure";
+
+impl ApiWrite {
+    /// The write's kind, for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::PodEvicted { .. } => "podEvicted",
+            Self::Evict { .. } => "evict",
+            Self::Event { .. } => "event",
+            Self::NodeCondition { .. } => "nodeCondition",
+            Self::NodeTaint { .. } => "nodeTaint",
+        }
+    }
 }
 
 /// What an Event is about.
@@ -105,8 +125,13 @@ pub struct EventObject {
 pub enum Delivery {
     /// Done, or nothing left to do (the object is gone).
     Done,
-    /// Try again later: the API server is unreachable, or refused for now (a PDB's 429).
+    /// Try again later: the API server is unreachable, overloaded, or refused for now (a PDB's
+    /// 429).
     Retry(String),
+    /// Refused for good (a 4xx other than 408 and 429: a UID precondition that failed because
+    /// the pod is another one now, a forbidden write, an invalid body): never retried. The
+    /// queue counts and logs it and drops the write.
+    Rejected { code: u16, message: String },
 }
 
 /// Now, in the API's RFC 3339 form.
@@ -167,40 +192,25 @@ fn delete_options(pod: &PodRef, grace_secs: u32) -> DeleteOptions {
     }
 }
 
-/// `DELETE pods/{name}` with grace and a UID precondition (a pod of the same name created since
-/// is not touched: the API server answers 409).
-pub fn delete_request(pod: &PodRef, grace_secs: u32) -> Request<Vec<u8>> {
-    let mut body = serde_json::to_value(delete_options(pod, grace_secs)).unwrap_or_default();
-    body["apiVersion"] = "v1".into();
-    body["kind"] = "DeleteOptions".into();
-    json_request(
-        http::Method::DELETE,
-        pod_path(pod),
-        "application/json",
-        &body,
-    )
-}
-
-/// A strategic merge patch of `pods/status` adding the `DisruptionTarget` condition
-/// (reason `TerminationByKubelet`, as the kubelet's eviction manager sets it). The patch carries
-/// the pod's UID, which the API server checks as a precondition.
-pub fn pod_condition_request(pod: &PodRef, message: &str, at: &str) -> Request<Vec<u8>> {
-    let body = json!({
+/// The strategic merge patch of `pods/status` the kubelet's status manager sends after an
+/// eviction (pkg/util/pod `PatchPodStatus`: `metadata.uid` in the patch is the precondition; the
+/// API server answers 422, uid immutable, when the pod is another one now).
+pub fn pod_evicted_patch(pod: &PodRef, message: &str, at: &str) -> serde_json::Value {
+    json!({
         "metadata": {"uid": pod.uid},
-        "status": {"conditions": [{
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": "TerminationByKubelet",
+        "status": {
+            "phase": "Failed",
+            "reason": "Evicted",
             "message": message,
-            "lastTransitionTime": at,
-        }]},
-    });
-    json_request(
-        http::Method::PATCH,
-        format!("{}/status", pod_path(pod)),
-        "application/strategic-merge-patch+json",
-        &body,
-    )
+            "conditions": [{
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "TerminationByKubelet",
+                "message": message,
+                "lastTransitionTime": at,
+            }],
+        },
+    })
 }
 
 /// The core/v1 Event: `POST namespaces/{ns}/events`.
@@ -214,6 +224,7 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
         type_,
         node,
         at,
+        count,
     } = w
     else {
         return None;
@@ -244,7 +255,7 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
         reporting_instance: Some(node.clone()),
         first_timestamp: t.clone(),
         last_timestamp: t,
-        count: Some(1),
+        count: Some(*count),
         ..Event::default()
     })
 }
@@ -286,15 +297,15 @@ pub fn node_condition_request(
     )
 }
 
-/// `GET namespaces/{ns}/pods`: the unit's live pods on other nodes.
+/// `GET namespaces/{ns}/pods`: the live pods of `groups` on other nodes, resolved when the
+/// eviction is decided (a pod created later under a member's name is not evicted).
 pub async fn unit_members(
     client: &Client,
     namespace: &str,
     groups: &[String],
     node: &str,
 ) -> Result<Vec<PodRef>, kube::Error> {
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pods = api.list(&kube::api::ListParams::default()).await?;
     Ok(pods
         .items
@@ -332,76 +343,69 @@ async fn send(client: &Client, req: Request<Vec<u8>>) -> Result<(), kube::Error>
     client.request_text(req).await.map(drop)
 }
 
-/// Sends one write. 404 (the object is gone) and, for events, 409 (this event exists) are done;
-/// a 409 on a pod write is a UID precondition failing: the pod is another one now, also done.
+/// How a failed request ends: 404 (the object is gone) is done; 408 and 429 and every 5xx or
+/// transport error are retried; any other 4xx is a permanent refusal.
+fn failed(what: &str, e: &kube::Error) -> Delivery {
+    match code(e) {
+        Some(404) => Delivery::Done,
+        Some(c) if (400..500).contains(&c) && c != 408 && c != 429 => Delivery::Rejected {
+            code: c,
+            message: format!("{what}: {e}"),
+        },
+        _ => Delivery::Retry(format!("{what}: {e}")),
+    }
+}
+
+/// Sends one write.
 pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
-    let retry = |what: &str, e: kube::Error| Delivery::Retry(format!("{what}: {e}"));
-    let gone = |e: &kube::Error| matches!(code(e), Some(404 | 409));
     match w {
-        ApiWrite::PodCondition { pod, message, at } => {
-            match send(client, pod_condition_request(pod, message, at)).await {
-                Ok(()) => Delivery::Done,
-                Err(e) if gone(&e) => Delivery::Done,
-                Err(e) => retry("pod condition", e),
+        ApiWrite::PodEvicted { pod, message, at } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+            let patch = Patch::Strategic(pod_evicted_patch(pod, message, at));
+            match api
+                .patch_status(&pod.name, &PatchParams::default(), &patch)
+                .await
+            {
+                Ok(_) => Delivery::Done,
+                Err(e) => failed("pod status", &e),
             }
         }
-        ApiWrite::Evict {
-            pod,
-            grace_secs,
-            hard,
-        } => match client
+        ApiWrite::Evict { pod, grace_secs } => match client
             .request::<Status>(eviction_request(pod, *grace_secs))
             .await
         {
             Ok(_) => Delivery::Done,
-            Err(e) if gone(&e) => Delivery::Done,
-            // 429: a PodDisruptionBudget forbids it now (500 when several PDBs match).
-            Err(e) if *hard && matches!(code(&e), Some(429 | 500)) => {
-                tracing::info!(pod = %pod.name, namespace = %pod.namespace, "The Eviction API refused a hard-threshold eviction; deleting the pod as the kubelet would.");
-                match send(client, delete_request(pod, 0)).await {
-                    Ok(()) => Delivery::Done,
-                    Err(e) if gone(&e) => Delivery::Done,
-                    Err(e) => retry("delete", e),
-                }
-            }
-            Err(e) => retry("eviction", e),
+            Err(e) => failed("eviction", &e),
         },
-        ApiWrite::EvictUnitMembers {
+        ApiWrite::Event {
+            name,
             namespace,
-            groups,
-            node,
-            grace_secs,
-            hard,
+            message,
+            at,
+            count,
+            ..
         } => {
-            let members = match unit_members(client, namespace, groups, node).await {
-                Ok(m) => m,
-                Err(e) => return retry("listing the unit's pods", e),
-            };
-            let mut left = Vec::new();
-            for pod in members {
-                let w = ApiWrite::Evict {
-                    pod,
-                    grace_secs: *grace_secs,
-                    hard: *hard,
-                };
-                if let Delivery::Retry(why) = Box::pin(deliver(client, &w)).await {
-                    left.push(why);
-                }
-            }
-            if left.is_empty() {
-                Delivery::Done
-            } else {
-                Delivery::Retry(left.join("; "))
-            }
-        }
-        ApiWrite::Event { .. } => {
             let Some(req) = event_request(w) else {
                 return Delivery::Done;
             };
             match send(client, req).await {
                 Ok(()) => Delivery::Done,
-                Err(e) if matches!(code(&e), Some(409)) => Delivery::Done,
-                Err(e) => retry("event", e),
+                // The Event exists: the first delivery of this one (done), or an earlier one of
+                // the same series, whose count this repeat carries on.
+                Err(e) if code(&e) == Some(409) && *count <= 1 => Delivery::Done,
+                Err(e) if code(&e) == Some(409) => {
+                    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+                    let patch = Patch::Merge(json!({
+                        "count": count,
+                        "message": message,
+                        "lastTimestamp": at,
+                    }));
+                    match api.patch(name, &PatchParams::default(), &patch).await {
+                        Ok(_) => Delivery::Done,
+                        Err(e) => failed("event repeat", &e),
+                    }
+                }
+                Err(e) => failed("event", &e),
             }
         }
         ApiWrite::NodeCondition {
@@ -418,8 +422,43 @@ pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
         .await
         {
             Ok(()) => Delivery::Done,
-            Err(e) => retry("node condition", e),
+            Err(e) => failed("node condition", &e),
         },
+        ApiWrite::NodeTaint { node, on } => set_taint(client, node, *on).await,
+    }
+}
+
+/// Adds or removes qoslet's taint, the node's other taints kept. `spec.taints` is replaced
+/// whole by a patch, so the patch carries the resourceVersion it was computed from: a write of
+/// the node in between makes it a 409, retried against the new taints.
+async fn set_taint(client: &Client, node: &str, on: bool) -> Delivery {
+    let api: Api<Node> = Api::all(client.clone());
+    let current = match api.get(node).await {
+        Ok(n) => n,
+        Err(e) => return failed("node taint", &e),
+    };
+    let mut taints = current.spec.and_then(|s| s.taints).unwrap_or_default();
+    let had = taints.iter().any(|t| t.key == TAINT_KEY);
+    if had == on {
+        return Delivery::Done;
+    }
+    taints.retain(|t| t.key != TAINT_KEY);
+    if on {
+        taints.push(Taint {
+            key: TAINT_KEY.into(),
+            effect: "NoSchedule".into(),
+            value: None,
+            time_added: None,
+        });
+    }
+    let patch = Patch::Merge(json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {"taints": taints},
+    }));
+    match api.patch(node, &PatchParams::default(), &patch).await {
+        Ok(_) => Delivery::Done,
+        Err(e) if code(&e) == Some(409) => Delivery::Retry(format!("node taint: {e}")),
+        Err(e) => failed("node taint", &e),
     }
 }
 

@@ -207,11 +207,13 @@ fn qoslet_configuration_defaults_and_strictness() {
         parsed.enforce.is_empty(),
         "cluster mode writes nothing the kubelet writes"
     );
-    assert_eq!(parsed.gang_eviction, GangEviction::Unit);
+    assert_eq!(parsed.gang_eviction, GangEviction::Node);
+    assert_eq!(parsed.eviction_method, EvictionMethod::Kubelet);
+    assert!(!parsed.taint_on_pressure);
     assert_eq!(parsed.lease_namespace, "kube-node-lease");
     let c = QosletConfiguration::parse(
         Path::new("q.yaml"),
-        "enforce: [memoryQoS, oomScoreAdj, reservedCPUs, qosTierWeights]\ngangEviction: node\nleaseNamespace: qoslet\n",
+        "enforce: [memoryQoS, oomScoreAdj, reservedCPUs, qosTierWeights]\ngangEviction: unit\nevictionMethod: api\ntaintOnPressure: true\nleaseNamespace: qoslet\n",
     )
     .unwrap();
     assert_eq!(
@@ -223,8 +225,11 @@ fn qoslet_configuration_defaults_and_strictness() {
             EnforceArea::QosTierWeights
         ]
     );
-    assert_eq!(c.gang_eviction, GangEviction::Node);
+    assert_eq!(c.gang_eviction, GangEviction::Unit);
+    assert_eq!(c.eviction_method, EvictionMethod::Api);
+    assert!(c.taint_on_pressure);
     assert!(QosletConfiguration::parse(Path::new("q.yaml"), "enforce: [memory]\n").is_err());
+    assert!(QosletConfiguration::parse(Path::new("q.yaml"), "evictionMethod: delete\n").is_err());
     assert!(q.ebpf.kernel_diagnostics);
     let sensors = crate::sensors::SensorsConfig::from(&q.ebpf);
     assert!(sensors.ebpf && sensors.kernel_diagnostics);

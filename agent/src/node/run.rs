@@ -89,6 +89,9 @@ pub struct RunConfig {
     pub naming: Naming,
     pub validation: ValidationOptions,
     pub addr: SocketAddr,
+    /// `addr` bound already by the mode (cluster mode answers `/healthz` on it while it waits
+    /// for the API server), served from here on; `None` binds `addr`.
+    pub listener: Option<std::net::TcpListener>,
     /// How long pods get to stop at shutdown, and how long a pass or an eviction in progress
     /// may take to finish.
     pub shutdown_grace: Duration,
@@ -152,9 +155,27 @@ where
     if let Some(f) = cfg.on_start {
         f(state.clone());
     }
-    let (local, serve) = server::bind(cfg.addr, state.clone())
-        .await
-        .map_err(NodeError::Bind)?;
+    let bind_err = |source| {
+        NodeError::Bind(BindError {
+            addr: cfg.addr,
+            source,
+        })
+    };
+    let listener = match cfg.listener {
+        Some(l) => l
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(l))
+            .map_err(bind_err)?,
+        None => tokio::net::TcpListener::bind(cfg.addr)
+            .await
+            .map_err(bind_err)?,
+    };
+    let (local, serve) = server::serve_on(
+        listener,
+        state.clone(),
+        server::serve::ServeLimits::default(),
+    )
+    .map_err(NodeError::Bind)?;
     let server_task = tokio::spawn(serve);
     info!(addr = %local, mode = ?cfg.mode, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
 

@@ -336,14 +336,20 @@ fn minimum_reclaims(
     Ok(out)
 }
 
-/// The grace period a pod gets when evicted: 0 for hard thresholds; for soft ones
-/// `min(pod grace, evictionMaxPodGracePeriod)`, the pod's own when the maximum is not positive
-/// (eviction_manager.go).
+/// The container runtime manager's floor under every grace period the kubelet gives
+/// (pkg/kubelet/kuberuntime `minimumGracePeriodInSeconds`).
+pub const MIN_GRACE_SECS: i64 = 2;
+
+/// The grace period a pod gets when evicted, as the kubelet's eviction manager gives it
+/// (pkg/kubelet/eviction/eviction_manager.go `synchronize`): none at a hard threshold (the
+/// node cannot wait); at a soft one `min(evictionMaxPodGracePeriod, the pod's grace)`, so the
+/// kubelet's default maximum of 0 means no grace of the pod's own, raised to the runtime's
+/// floor of [`MIN_GRACE_SECS`], under which the kubelet never kills a container.
 pub fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: i64) -> i64 {
-    match (hard, max_pod_grace_secs > 0) {
-        (true, _) => 0,
-        (false, true) => pod_grace_secs.min(max_pod_grace_secs),
-        (false, false) => pod_grace_secs,
+    if hard {
+        0
+    } else {
+        pod_grace_secs.min(max_pod_grace_secs).max(MIN_GRACE_SECS)
     }
 }
 

@@ -112,6 +112,15 @@ pub struct StepLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiWriteLabels {
+    /// The write's kind (`podEvicted`, `evict`, `event`, `nodeCondition`, `nodeTaint`); empty
+    /// for drops that are not about one write's answer.
+    pub write: String,
+    /// `rejected-<HTTP status>`, `expired`, `overflow`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
     /// `MemoryPressure`, `PIDPressure`.
     pub condition: String,
@@ -279,6 +288,11 @@ pub struct Metrics {
     pub cpu_pressure_level: Gauge,
     pub cpu_pressure_steps: Family<StepLabels, Counter>,
     pub besteffort_cpu_granted: Gauge,
+    /// Cluster mode: API writes given up on.
+    pub api_writes_dropped: Family<ApiWriteLabels, Counter>,
+    /// Cluster mode: 1 while eviction is gang-aware, 0 when the cluster does not serve the
+    /// Workload API.
+    pub gang_awareness: Gauge,
 }
 
 impl Default for Metrics {
@@ -441,6 +455,19 @@ impl Metrics {
             "The CPU the BestEffort tier may use under the CPU-pressure controller (the node's CPU when uncapped)",
             besteffort_cpu_granted.clone(),
         );
+        let api_writes_dropped = Family::default();
+        reg.add(
+            "qoslet_api_writes_dropped",
+            "Cluster mode: API writes given up on (reason rejected-<status> for a permanent refusal such as a failed UID precondition, expired after the queue's TTL, overflow of the bounded queue)",
+            api_writes_dropped.clone(),
+        );
+        let gang_awareness = Gauge::default();
+        gang_awareness.set(1);
+        reg.add(
+            "qoslet_gang_awareness",
+            "1 while eviction is gang-aware; 0 in cluster mode when the cluster does not serve the Workload API",
+            gang_awareness.clone(),
+        );
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -468,6 +495,8 @@ impl Metrics {
             cpu_pressure_level,
             cpu_pressure_steps,
             besteffort_cpu_granted,
+            api_writes_dropped,
+            gang_awareness,
         }
     }
 

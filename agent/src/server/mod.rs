@@ -69,9 +69,19 @@ pub async fn bind_with(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| BindError { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| BindError { addr, source })?;
+    serve_on(listener, state, limits)
+}
+
+/// Serves on a listener bound already (the address stays bound from one server to the next).
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    state: Arc<AgentState>,
+    limits: ServeLimits,
+) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), BindError> {
+    let local = listener.local_addr().map_err(|source| BindError {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
     let app = router(state);
     Ok((local, serve::serve(listener, app, limits)))
 }

@@ -192,6 +192,7 @@ async fn run_node(
         naming,
         validation,
         addr,
+        listener: None,
         shutdown_grace: opts.shutdown_grace,
         state_dir,
         on_start: None,

@@ -140,16 +140,21 @@ fn dispatch(
             Err(ApiError::method_not_allowed())
         }
     };
+    let served = |group: &str| shared.options.workload_api || group != WORKLOAD_GROUP;
     let target = match route(path) {
         Route::Version => return only_get(version()),
         Route::CoreVersions => return only_get(core_versions(shared)),
-        Route::Groups => return only_get(groups()),
+        Route::Groups => return only_get(groups(&served)),
         Route::Resources { group, version } => {
             return resources(&group, &version)
+                .filter(|_| served(&group))
                 .ok_or_else(ApiError::no_route)
                 .and_then(only_get);
         }
         Route::Unknown => return Err(ApiError::no_route()),
+        Route::Object(target) if !served(target.res().group) => {
+            return Err(ApiError::no_route());
+        }
         Route::Object(target) => target,
     };
     let res = target.res();
@@ -304,9 +309,15 @@ fn core_versions(shared: &Shared) -> Value {
     })
 }
 
-fn groups() -> Value {
+/// The Workload API's group, which [`super::Options::workload_api`] can leave unserved.
+const WORKLOAD_GROUP: &str = "scheduling.k8s.io";
+
+fn groups(served: &dyn Fn(&str) -> bool) -> Value {
     let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
-    for res in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+    for res in RESOURCES
+        .iter()
+        .filter(|r| !r.group.is_empty() && served(r.group))
+    {
         match groups.iter_mut().find(|(g, _)| *g == res.group) {
             Some((_, versions)) if !versions.contains(&res.version) => versions.push(res.version),
             Some(_) => {}

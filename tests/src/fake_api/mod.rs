@@ -107,6 +107,9 @@ pub struct Options {
     /// How long after a graceful delete (or eviction) of a pod bound to a node the fake removes
     /// it, standing in for its kubelet; `None` leaves it terminating until a test removes it.
     pub kubelet_delete_after: Option<Duration>,
+    /// Serve the Workload API (`scheduling.k8s.io` Workloads, PodGroups, CompositePodGroups);
+    /// `false` is a cluster without it, as most are: discovery and every request 404.
+    pub workload_api: bool,
 }
 
 impl Default for Options {
@@ -116,6 +119,7 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(1),
             history_limit: 10_000,
             kubelet_delete_after: Some(Duration::from_millis(100)),
+            workload_api: true,
         }
     }
 }

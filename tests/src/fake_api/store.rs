@@ -191,6 +191,18 @@ impl Store {
         }) {
             return Err(ApiError::stale(res, &key.name));
         }
+        // metadata.uid is immutable: a write naming another uid (the kubelet's status patch
+        // carries the pod's as a precondition) is refused as the API server's validation does.
+        if let Some(sent) = object.pointer("/metadata/uid").and_then(Value::as_str)
+            && Some(sent) != old.pointer("/metadata/uid").and_then(Value::as_str)
+        {
+            return Err(ApiError::invalid(
+                res,
+                &key.name,
+                "metadata.uid",
+                &format!("Invalid value: \"{sent}\": field is immutable"),
+            ));
+        }
         match part {
             Part::Status => {
                 let status = object.get("status").cloned();

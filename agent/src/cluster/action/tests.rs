@@ -47,8 +47,7 @@ fn dynamic(ar: &ApiResource, v: Value) -> DynamicObject {
     serde_json::from_value(v).unwrap_or_else(|e| panic!("{ar:?}: {e}"))
 }
 
-/// A CompositePodGroup `top` (all) over PodGroups `a` (all, this node's pod m1) and `b` (all),
-/// and an unrelated PodGroup `other`.
+/// The node's pod m1 of PodGroup `a`.
 fn gangs() -> Gangs {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "m1", "namespace": "ns", "uid": UID},
@@ -57,7 +56,15 @@ fn gangs() -> Gangs {
         "status": {"phase": "Running"},
     }))
     .unwrap();
-    let [w, pg, cpg] = workload_resources();
+    Gangs {
+        pods: store((), vec![pod]),
+    }
+}
+
+/// The namespace's objects as JSON: a CompositePodGroup `top` (all) over PodGroups `a` (all,
+/// this node's pod m1) and `b` (all), and an unrelated PodGroup `other`.
+fn namespace_json() -> [Vec<Value>; 3] {
+    let [_, pg, cpg] = workload_resources();
     let all = json!({"all": {}});
     let group = |name: &str, parent: Option<&str>| {
         let mut spec =
@@ -65,32 +72,36 @@ fn gangs() -> Gangs {
         if let Some(p) = parent {
             spec["parentCompositePodGroupName"] = p.into();
         }
-        dynamic(
-            &pg,
-            json!({"apiVersion": pg.api_version, "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": "ns"}, "spec": spec}),
-        )
+        json!({"apiVersion": pg.api_version, "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ns"}, "spec": spec})
     };
-    let top = dynamic(
-        &cpg,
-        json!({"apiVersion": cpg.api_version, "kind": "CompositePodGroup",
+    let top = json!({"apiVersion": cpg.api_version, "kind": "CompositePodGroup",
         "metadata": {"name": "top", "namespace": "ns"},
         "spec": {"workloadRef": {"workloadName": "w", "templateName": "t"},
-                 "schedulingPolicy": {"gang": {"minGroupCount": 2}}, "disruptionMode": all}}),
-    );
-    let groups = vec![
-        group("a", Some("top")),
-        group("b", Some("top")),
-        group("other", None),
-    ];
-    Gangs {
-        pods: store((), vec![pod]),
-        workloads: vec![
-            (w.clone(), store(w, vec![])),
-            (pg.clone(), store(pg.clone(), groups)),
-            (cpg.clone(), store(cpg, vec![top])),
+                 "schedulingPolicy": {"gang": {"minGroupCount": 2}}, "disruptionMode": all}});
+    [
+        vec![],
+        vec![
+            group("a", Some("top")),
+            group("b", Some("top")),
+            group("other", None),
         ],
-    }
+        vec![top],
+    ]
+}
+
+fn namespace_objects() -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
+    workload_resources()
+        .into_iter()
+        .zip(namespace_json())
+        .map(|(ar, objs)| {
+            let objs = objs
+                .into_iter()
+                .map(|v| Arc::new(dynamic(&ar, v)))
+                .collect();
+            (ar, objs)
+        })
+        .collect()
 }
 
 struct TempDir(std::path::PathBuf);
@@ -108,79 +119,132 @@ fn temp(name: &str) -> TempDir {
 #[test]
 fn a_unit_member_finds_the_whole_unit() {
     let g = gangs();
-    let mut groups = g.unit_groups(&req(true, false).pod).unwrap();
+    let mut groups = g
+        .unit_groups(&req(true, false).pod, &namespace_objects())
+        .unwrap();
     groups.sort();
     assert_eq!(groups, ["a", "b"]);
 }
 
+/// evictionMethod kubelet: the status the kubelet leaves, then the event; never the Eviction
+/// API for this node's pod. evictionMethod api: the Eviction API with the grace period at a soft
+/// threshold, the kubelet's way at a hard one.
 #[test]
-fn an_eviction_writes_condition_eviction_event_and_the_unit_in_that_order() {
+fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
     let dir = temp("writes");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
-    let a = ApiEviction::new(q.clone(), "node-a", GangEviction::Unit, Some(gangs()));
-    let w = a.writes(&req(true, false), "2026-11-30T10:00:00Z");
-    let ids: Vec<&str> = w.iter().map(|(id, _)| id.as_str()).collect();
+    let ids = |a: &ApiEviction, hard: bool| -> Vec<String> {
+        a.writes(&req(true, hard), "2026-11-30T10:00:00Z")
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    let kubelet = ApiEviction::new(
+        q.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Node,
+        None,
+    );
+    for hard in [false, true] {
+        assert_eq!(
+            ids(&kubelet, hard),
+            [format!("evicted-{UID}"), format!("event-{UID}")]
+        );
+    }
+    let w = kubelet.writes(&req(false, false), "2026-11-30T10:00:00Z");
+    let ApiWrite::PodEvicted { pod, message, .. } = &w[0].1 else {
+        panic!("{w:?}")
+    };
     assert_eq!(
-        ids,
-        [
-            format!("condition-{UID}"),
-            format!("evict-{UID}"),
-            format!("event-{UID}"),
-            format!("unit-{UID}")
-        ]
+        (pod.uid.as_str(), message.as_str()),
+        (UID, req(false, false).message.as_str())
+    );
+    let api = ApiEviction::new(q, "node-a", EvictionMethod::Api, GangEviction::Node, None);
+    assert_eq!(
+        ids(&api, false),
+        [format!("evict-{UID}"), format!("event-{UID}")]
     );
     assert!(matches!(
-        &w[1].1,
-        ApiWrite::Evict {
-            grace_secs: 5,
-            hard: false,
-            ..
-        }
+        &api.writes(&req(false, false), "t")[0].1,
+        ApiWrite::Evict { grace_secs: 5, .. }
     ));
-    let ApiWrite::EvictUnitMembers { groups, node, .. } = &w[3].1 else {
-        panic!("{:?}", w[3])
-    };
-    assert_eq!((groups.len(), node.as_str()), (2, "node-a"));
-    // gangEviction: node keeps the unit on this node; a pod alone has no unit write.
-    let a = ApiEviction::new(q.clone(), "node-a", GangEviction::Node, Some(gangs()));
-    assert_eq!(a.writes(&req(true, false), "t").len(), 3);
-    let a = ApiEviction::new(q, "node-a", GangEviction::Unit, Some(gangs()));
-    assert_eq!(a.writes(&req(false, false), "t").len(), 3);
+    assert_eq!(ids(&api, true)[0], format!("evicted-{UID}"));
     assert_eq!(event_name("m1", UID), "m1.qoslet-evicted-00000000");
 }
 
+/// The API server's answers for the unit test below: the namespace's workload objects and pods.
+fn unit_api(r: &mock::Recorded) -> mock::Reply {
+    let [w, pg, cpg] = namespace_json();
+    let items = |kind: &str, items: Vec<Value>| (200, mock::list(kind, "9", items));
+    Some(match (r.method.as_str(), r.path()) {
+        ("GET", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/workloads") => items("Workload", w),
+        ("GET", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups") => items("PodGroup", pg),
+        ("GET", "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/compositepodgroups") => {
+            items("CompositePodGroup", cpg)
+        }
+        ("GET", "/api/v1/namespaces/ns/pods") => items(
+            "Pod",
+            vec![
+                json!({"metadata": {"name": "m1", "namespace": "ns", "uid": UID},
+                 "spec": {"nodeName": "node-a", "schedulingGroup": {"podGroupName": "a"}, "containers": []}}),
+                json!({"metadata": {"name": "m2", "namespace": "ns", "uid": "u2"},
+                 "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "b"}, "containers": []}}),
+                json!({"metadata": {"name": "x", "namespace": "ns", "uid": "u3"},
+                 "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "other"}, "containers": []}}),
+            ],
+        ),
+        ("PATCH", _) => (
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "m1"}}),
+        ),
+        _ => (
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+        ),
+    })
+}
+
+/// gangEviction: unit resolves the members on other nodes to their UIDs when the eviction is
+/// decided (lists made during `evict`), and queues an Eviction API write per member: m2 (group
+/// b, under the same `all` composite) goes, x (an unrelated group) stays.
 #[tokio::test]
-async fn the_queued_writes_reach_the_api_in_order_and_the_unit_members_elsewhere_go_too() {
+async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
     let dir = temp("deliver");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
-    let a = ApiEviction::new(q.clone(), "node-a", GangEviction::Unit, Some(gangs()));
+    let (client, api) = mock::client(unit_api);
+    let a = ApiEviction::new(
+        q.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Unit,
+        Some(UnitMembers {
+            client: client.clone(),
+            gangs: gangs(),
+        }),
+    );
     let out = a.evict(&req(true, true)).await.unwrap();
     assert_eq!(out.signalled, 0, "no process in an empty cgroup set");
-    assert_eq!(q.pending().len(), 4);
-    let (client, api) = mock::client(|r| {
-        Some(match (r.method.as_str(), r.path()) {
-            ("GET", "/api/v1/namespaces/ns/pods") => (
-                200,
-                json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
-                    {"metadata": {"name": "m1", "namespace": "ns", "uid": UID},
-                     "spec": {"nodeName": "node-a", "schedulingGroup": {"podGroupName": "a"}, "containers": []}},
-                    {"metadata": {"name": "m2", "namespace": "ns", "uid": "u2"},
-                     "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "b"}, "containers": []}},
-                    {"metadata": {"name": "x", "namespace": "ns", "uid": "u3"},
-                     "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "other"}, "containers": []}},
-                ]}),
-            ),
-            _ => (
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
-            ),
-        })
-    });
+    let pending: Vec<String> = q.pending().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        pending,
+        [
+            format!("evicted-{UID}"),
+            format!("event-{UID}"),
+            "evict-u2".into()
+        ]
+    );
+    let resolved = api.requests().len();
+    assert_eq!(
+        resolved,
+        4,
+        "three workload kinds and the pods: {:?}",
+        api.requests()
+    );
     let task = tokio::spawn(q.clone().run(move |w| {
         let c = client.clone();
         async move { deliver(&c, &w).await }
     }));
-    api.wait_for("every write", |l| l.len() >= 5).await;
     tokio::time::timeout(Duration::from_secs(5), async {
         while !q.pending().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -189,20 +253,45 @@ async fn the_queued_writes_reach_the_api_in_order_and_the_unit_members_elsewhere
     .await
     .unwrap();
     task.abort();
-    let seen: Vec<(String, String)> = api
-        .requests()
-        .into_iter()
+    let mut seen: Vec<(String, String)> = api.requests()[resolved..]
+        .iter()
         .map(|r| (r.method.clone(), r.path().to_owned()))
         .collect();
+    seen.sort();
     let s = |m: &str, p: &str| (m.to_owned(), p.to_owned());
     assert_eq!(
         seen,
         [
             s("PATCH", "/api/v1/namespaces/ns/pods/m1/status"),
-            s("POST", "/api/v1/namespaces/ns/pods/m1/eviction"),
             s("POST", "/api/v1/namespaces/ns/events"),
-            s("GET", "/api/v1/namespaces/ns/pods"),
             s("POST", "/api/v1/namespaces/ns/pods/m2/eviction"),
         ]
     );
+    let m2 = api
+        .requests()
+        .into_iter()
+        .find(|r| r.path().ends_with("m2/eviction"))
+        .unwrap();
+    assert_eq!(m2.body["deleteOptions"]["preconditions"]["uid"], "u2");
+}
+
+/// gangEviction: node (the default) writes nothing about other nodes' pods and asks nothing.
+#[tokio::test]
+async fn by_default_only_this_nodes_pod_is_written() {
+    let dir = temp("node-only");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    let (client, api) = mock::client(unit_api);
+    let a = ApiEviction::new(
+        q.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Node,
+        Some(UnitMembers {
+            client,
+            gangs: gangs(),
+        }),
+    );
+    a.evict(&req(true, false)).await.unwrap();
+    assert_eq!(q.pending().len(), 2);
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
 }

@@ -32,7 +32,6 @@ fn evict(name: &str) -> ApiWrite {
             uid: "u".into(),
         },
         grace_secs: 0,
-        hard: true,
     }
 }
 
@@ -154,4 +153,86 @@ async fn pushing_an_id_again_replaces_the_pending_write() {
     q.push("cond", "node", evict("new")).unwrap();
     assert_eq!(q.pending(), [("cond".to_owned(), evict("new"))]);
     assert!(q.push("../escape", "k", evict("x")).is_err());
+}
+
+/// A permanent refusal (a failed UID precondition) is dropped at once, counted by kind and
+/// status, and does not hold back the next write of the same object.
+#[tokio::test]
+async fn a_rejected_write_is_dropped_counted_and_does_not_block() {
+    let dir = TempDir::new();
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("a-1", "pod-a", evict("a1")).unwrap();
+    q.push("a-2", "pod-a", evict("a2")).unwrap();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let a = attempts.clone();
+    let task = tokio::spawn(q.clone().run(move |w| {
+        a.fetch_add(1, Ordering::SeqCst);
+        let ApiWrite::Evict { pod, .. } = &w else {
+            unreachable!()
+        };
+        let first = pod.name == "a1";
+        async move {
+            if first {
+                Delivery::Rejected {
+                    code: 409,
+                    message: "precondition failed".into(),
+                }
+            } else {
+                Delivery::Done
+            }
+        }
+    }));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !q.pending().is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", q.pending());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    assert_eq!(attempts.load(Ordering::SeqCst), 2, "never retried");
+    assert!(files(&dir.0).is_empty());
+    let d = q.take_dropped();
+    assert_eq!(d.rejected.get(&("evict", 409)), Some(&1));
+    assert_eq!(q.take_dropped(), Dropped::default(), "taken once");
+}
+
+/// Beyond MAX_PENDING the oldest write goes; a write older than the TTL (here one left on disk
+/// by a run long ago) is dropped when the queue opens, never sent.
+#[tokio::test]
+async fn the_queue_is_bounded_and_old_writes_expire() {
+    let dir = TempDir::new();
+    let q = WriteQueue::open(&dir.0).unwrap();
+    for i in 0..=MAX_PENDING {
+        q.push(&format!("w-{i}"), &format!("k-{i}"), evict("x"))
+            .unwrap();
+    }
+    let pending = q.pending();
+    assert_eq!(pending.len(), MAX_PENDING);
+    assert_eq!(pending[0].0, "w-1", "the oldest went");
+    assert_eq!(q.take_dropped().overflow, 1);
+    assert_eq!(files(&dir.0).len(), MAX_PENDING);
+    drop(q);
+    let old = serde_json::to_string(&Stored {
+        seq: 0,
+        key: "k".into(),
+        queued_at: unix_now() - TTL.as_secs() - 1,
+        write: evict("stale"),
+    })
+    .unwrap();
+    fs::write(dir.0.join("w-1.json"), old).unwrap();
+    let q = WriteQueue::open(&dir.0).unwrap();
+    assert_eq!(q.pending().len(), MAX_PENDING - 1);
+    assert!(!q.pending().iter().any(|(id, _)| id == "w-1"));
+    assert_eq!(q.take_dropped().expired, 1);
+    assert!(!dir.0.join("w-1.json").exists());
+}
+
+#[test]
+fn the_backoff_is_jittered_within_half_to_all_of_it() {
+    let d = Duration::from_secs(10);
+    let all: Vec<Duration> = (0..50).map(|_| jitter(d)).collect();
+    assert!(all.iter().all(|j| *j >= d / 2 && *j < d), "{all:?}");
+    assert!(
+        all.iter().any(|j| *j != all[0]),
+        "not all the same: {all:?}"
+    );
 }

@@ -26,6 +26,15 @@ fn pod_group(name: &str) -> Value {
     })
 }
 
+/// API discovery's answer for scheduling.k8s.io/v1beta1 serving `resources`.
+fn discovery(resources: &[&str]) -> Value {
+    let resources: Vec<Value> = resources
+        .iter()
+        .map(|r| json!({"name": r, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get", "list", "watch"]}))
+        .collect();
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "scheduling.k8s.io/v1beta1", "resources": resources})
+}
+
 const UID_A: &str = "00000000-0000-0000-0000-00000000000a";
 const UID_B: &str = "00000000-0000-0000-0000-00000000000b";
 
@@ -63,14 +72,19 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
                     vec![json!({"metadata": {"name": "node-a", "uid": "n1"}})],
                 ),
             ),
-            "/apis/scheduling.k8s.io/v1beta1/podgroups" => (
-                200,
-                list(
-                    "PodGroup",
-                    "5",
-                    vec![pod_group("g"), pod_group("unrelated")],
-                ),
-            ),
+            "/apis/scheduling.k8s.io/v1beta1" => (200, discovery(&["workloads", "podgroups"])),
+            // The API server applies the field selector: only the named object.
+            "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups" => {
+                let all = [pod_group("g"), pod_group("unrelated")];
+                let want = r.query("fieldSelector").unwrap_or_default();
+                let items = all
+                    .into_iter()
+                    .filter(|o| {
+                        want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
+                    })
+                    .collect();
+                (200, list("PodGroup", "5", items))
+            }
             p if p.starts_with("/apis/scheduling.k8s.io/") => (200, list("X", "5", vec![])),
             _ => (404, status(404, "NotFound", "no")),
         })
@@ -111,6 +125,33 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     }
     let objects: Vec<&String> = src.pods().objects.keys().map(|k| &k.2).collect();
     assert_eq!(objects, ["g"]);
+    assert_eq!(*src.gang_awareness().lock().unwrap(), GangAwareness::On);
+    // Lists may be served from the API server's cache (resourceVersion=0, any_semantic); the
+    // only workload request is for the referenced object, in its namespace: no cluster-wide list.
+    let reqs = api.requests();
+    for r in reqs
+        .iter()
+        .filter(|r| !is_watch(r) && r.path().ends_with('s'))
+    {
+        assert_eq!(r.query("resourceVersion").as_deref(), Some("0"), "{r:?}");
+    }
+    let workload_reqs: Vec<String> = reqs
+        .iter()
+        .filter(|r| r.path().starts_with("/apis/scheduling.k8s.io/v1beta1/"))
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.path(),
+                r.query("fieldSelector").unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        workload_reqs
+            .iter()
+            .all(|r| r == "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups metadata.name=g"),
+        "{workload_reqs:?}"
+    );
     // The pod watch resumes from the list's resourceVersion with bookmarks.
     api.wait_for("the pod watch", |l| {
         l.iter().any(|r| r.path() == "/api/v1/pods" && is_watch(r))
@@ -220,5 +261,66 @@ async fn an_invalid_pod_is_reported_and_skipped() {
         d.new_problems[0].starts_with("api: Pod/ns/bad: schema:"),
         "{:?}",
         d.new_problems
+    );
+}
+
+/// A cluster without the Workload API (discovery: 404): gang-awareness off, no workload watch,
+/// the pods still managed, and readiness needs the pod watch only.
+#[tokio::test]
+async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
+    let (client, api) = mock::client(|r| {
+        if is_watch(r) {
+            return None;
+        }
+        Some(match r.path() {
+            "/api/v1/pods" => (
+                200,
+                list("Pod", "5", vec![pod("a", UID_A, "Running", Some("g"))]),
+            ),
+            "/api/v1/nodes" => (
+                200,
+                list("Node", "5", vec![json!({"metadata": {"name": "node-a"}})]),
+            ),
+            _ => (
+                404,
+                status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ),
+            ),
+        })
+    });
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while *src.gang_awareness().lock().unwrap() != GangAwareness::Off {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gang-awareness not decided"
+        );
+        tokio::time::timeout(Duration::from_secs(5), src.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(names(src.pods()), ["a"]);
+    assert!(src.pods().objects.is_empty());
+    let states = src.watch_states();
+    assert!(states.synced(), "{}", states.summary());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let workload: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.path().starts_with("/apis/scheduling.k8s.io/"))
+        .map(|r| r.uri.clone())
+        .collect();
+    assert_eq!(
+        workload,
+        ["/apis/scheduling.k8s.io/v1beta1"],
+        "discovery only"
     );
 }

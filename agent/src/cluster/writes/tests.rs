@@ -17,7 +17,6 @@ async fn a_soft_eviction_posts_a_policy_v1_eviction_with_grace_and_uid() {
     let w = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 30,
-        hard: false,
     };
     assert_eq!(deliver(&client, &w).await, Delivery::Done);
     let r = &api.requests()[0];
@@ -34,7 +33,7 @@ async fn a_soft_eviction_posts_a_policy_v1_eviction_with_grace_and_uid() {
 }
 
 #[tokio::test]
-async fn a_pdb_429_is_retried_for_a_soft_threshold() {
+async fn a_pdb_429_is_retried_and_nothing_is_ever_deleted() {
     let (client, api) = mock::client(|_| {
         Some((
             429,
@@ -47,66 +46,57 @@ async fn a_pdb_429_is_retried_for_a_soft_threshold() {
     });
     let w = ApiWrite::Evict {
         pod: pod(),
-        grace_secs: 30,
-        hard: false,
+        grace_secs: 0,
     };
     assert!(matches!(deliver(&client, &w).await, Delivery::Retry(_)));
     let reqs = api.requests();
-    assert_eq!(reqs.len(), 1, "no delete for a soft threshold: {reqs:?}");
+    assert_eq!(reqs.len(), 1, "no delete after a refusal: {reqs:?}");
 }
 
+/// 404: the pod is gone, done. A failed UID precondition (409 from the Eviction API, 422 from
+/// a status patch: uid is immutable) and any other permanent 4xx: rejected, never retried.
+/// 408, 429, 5xx and an unreachable server: retried.
 #[tokio::test]
-async fn a_hard_threshold_deletes_with_a_uid_precondition_when_a_pdb_refuses() {
-    let (client, api) = mock::client(|r| {
-        Some(if r.path().ends_with("/eviction") {
-            (429, status(429, "TooManyRequests", "disruption budget"))
-        } else {
-            (200, status(200, "", ""))
-        })
-    });
-    let w = ApiWrite::Evict {
+async fn answers_sort_into_done_rejected_and_retry() {
+    let evict = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 0,
-        hard: true,
     };
-    assert_eq!(deliver(&client, &w).await, Delivery::Done);
-    let reqs = api.requests();
-    assert_eq!(reqs.len(), 2, "{reqs:?}");
-    assert_eq!(reqs[0].body["deleteOptions"]["gracePeriodSeconds"], 0);
-    assert_eq!(reqs[1].method, "DELETE");
-    assert_eq!(reqs[1].path(), "/api/v1/namespaces/ns/pods/hog");
-    assert_eq!(
-        reqs[1].body,
-        json!({"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
-               "preconditions": {"uid": pod().uid}})
-    );
-}
-
-#[tokio::test]
-async fn a_gone_pod_or_a_uid_conflict_is_done() {
-    for code in [404, 409] {
-        let (client, _api) = mock::client(move |_| Some((code, status(code, "x", "x"))));
-        let w = ApiWrite::Evict {
-            pod: pod(),
-            grace_secs: 0,
-            hard: true,
-        };
-        assert_eq!(deliver(&client, &w).await, Delivery::Done, "{code}");
+    let evicted = ApiWrite::PodEvicted {
+        pod: pod(),
+        message: "m".into(),
+        at: "2026-11-30T10:00:00Z".into(),
+    };
+    for w in [&evict, &evicted] {
+        for code in [400u16, 403, 404, 408, 409, 410, 422, 429, 500, 503] {
+            let (client, _api) = mock::client(move |_| Some((code, status(code, "x", "x"))));
+            let got = deliver(&client, w).await;
+            match code {
+                404 => assert_eq!(got, Delivery::Done, "{code}"),
+                408 | 429 | 500 | 503 => {
+                    assert!(matches!(got, Delivery::Retry(_)), "{code}: {got:?}");
+                }
+                _ => assert!(
+                    matches!(got, Delivery::Rejected { code: c, .. } if c == code),
+                    "{code}: {got:?}"
+                ),
+            }
+        }
     }
-    // Unreachable (the mock answers 503): retried.
-    let (client, _api) = mock::client(|_| Some((503, status(503, "ServiceUnavailable", "x"))));
-    let w = ApiWrite::Evict {
-        pod: pod(),
-        grace_secs: 0,
-        hard: true,
-    };
-    assert!(matches!(deliver(&client, &w).await, Delivery::Retry(_)));
 }
 
+/// The status the kubelet's eviction manager leaves (pkg/kubelet/eviction/eviction_manager.go
+/// `evictPod`), sent as its status manager sends it (pkg/util/pod `PatchPodStatus`: a strategic
+/// merge patch with `metadata.uid` as the precondition).
 #[tokio::test]
-async fn the_disruption_target_condition_is_a_strategic_merge_patch_of_pod_status() {
-    let (client, api) = mock::client(|_| Some((200, json!({"kind": "Pod"}))));
-    let w = ApiWrite::PodCondition {
+async fn an_evicted_pod_is_failed_evicted_with_the_disruption_target_on_pod_status() {
+    let (client, api) = mock::client(|_| {
+        Some((
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}}),
+        ))
+    });
+    let w = ApiWrite::PodEvicted {
         pod: pod(),
         message: "The node was low on resource: memory.".into(),
         at: "2026-11-30T10:00:00Z".into(),
@@ -118,7 +108,10 @@ async fn the_disruption_target_condition_is_a_strategic_merge_patch_of_pod_statu
     assert_eq!(r.content_type, "application/strategic-merge-patch+json");
     assert_eq!(
         r.body,
-        json!({"metadata": {"uid": pod().uid}, "status": {"conditions": [{
+        json!({"metadata": {"uid": pod().uid}, "status": {
+            "phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": [{
             "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
             "message": "The node was low on resource: memory.",
             "lastTransitionTime": "2026-11-30T10:00:00Z"}]}})
@@ -144,8 +137,10 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
         type_: "Warning".into(),
         node: "node-a".into(),
         at: "2026-11-30T10:00:00Z".into(),
+        count: 1,
     };
     assert_eq!(deliver(&client, &w).await, Delivery::Done);
+    assert_eq!(api.requests().len(), 1, "a duplicate of the first is done");
     let r = &api.requests()[0];
     assert_eq!(r.method, "POST");
     assert_eq!(r.path(), "/api/v1/namespaces/ns/events");
@@ -163,6 +158,89 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
     );
     assert_eq!(b["firstTimestamp"], "2026-11-30T10:00:00Z");
     assert_eq!(b["count"], 1);
+}
+
+/// A repeat of an Event that exists updates its count and last timestamp: one Event per series.
+#[tokio::test]
+async fn a_repeated_event_counts_on_the_existing_one() {
+    let (client, api) = mock::client(|r| {
+        Some(match r.method.as_str() {
+            "POST" => (409, status(409, "AlreadyExists", "exists")),
+            _ => (
+                200,
+                json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "n.qoslet-x-1"},
+                "involvedObject": {}}),
+            ),
+        })
+    });
+    let w = ApiWrite::Event {
+        name: "n.qoslet-x-1".into(),
+        namespace: "default".into(),
+        object: EventObject {
+            kind: "Node".into(),
+            namespace: None,
+            name: "n".into(),
+            uid: "u".into(),
+        },
+        reason: "MemoryPressureThresholdMet".into(),
+        message: "m".into(),
+        type_: "Warning".into(),
+        node: "n".into(),
+        at: "2026-11-30T10:05:00Z".into(),
+        count: 3,
+    };
+    assert_eq!(deliver(&client, &w).await, Delivery::Done);
+    let reqs = api.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(
+        (reqs[1].method.as_str(), reqs[1].path()),
+        ("PATCH", "/api/v1/namespaces/default/events/n.qoslet-x-1")
+    );
+    assert_eq!(reqs[1].content_type, "application/merge-patch+json");
+    assert_eq!(
+        reqs[1].body,
+        json!({"count": 3, "message": "m", "lastTimestamp": "2026-11-30T10:05:00Z"})
+    );
+}
+
+/// The taint is added beside the node's other taints, with the resourceVersion it was computed
+/// from; present already, nothing is written.
+#[tokio::test]
+async fn the_pressure_taint_keeps_other_taints_and_is_optimistic() {
+    let (client, api) = mock::client(|r| {
+        Some(match r.method.as_str() {
+            "GET" => (
+                200,
+                json!({"kind": "Node", "apiVersion": "v1",
+                "metadata": {"name": "node-a", "resourceVersion": "42"},
+                "spec": {"taints": [{"key": "other", "effect": "NoExecute"}]}}),
+            ),
+            _ => (
+                200,
+                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}}),
+            ),
+        })
+    });
+    let on = ApiWrite::NodeTaint {
+        node: "node-a".into(),
+        on: true,
+    };
+    assert_eq!(deliver(&client, &on).await, Delivery::Done);
+    let reqs = api.requests();
+    assert_eq!(reqs[1].method, "PATCH");
+    assert_eq!(reqs[1].path(), "/api/v1/nodes/node-a");
+    assert_eq!(
+        reqs[1].body,
+        json!({"metadata": {"resourceVersion": "42"}, "spec": {"taints": [
+            {"key": "other", "effect": "NoExecute"},
+            {"key": TAINT_KEY, "effect": "NoSchedule"}]}})
+    );
+    let off = ApiWrite::NodeTaint {
+        node: "node-a".into(),
+        on: false,
+    };
+    assert_eq!(deliver(&client, &off).await, Delivery::Done);
+    assert_eq!(api.requests().len(), 3, "absent already: only the GET");
 }
 
 #[tokio::test]
@@ -191,7 +269,6 @@ fn writes_survive_a_round_trip_through_json() {
     let w = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 3,
-        hard: true,
     };
     let text = serde_json::to_string(&w).unwrap();
     assert_eq!(serde_json::from_str::<ApiWrite>(&text).unwrap(), w);

@@ -156,7 +156,9 @@ fn grace_periods() {
     assert_eq!(eviction_grace_secs(true, 30, 10), 0);
     assert_eq!(eviction_grace_secs(false, 30, 10), 10);
     assert_eq!(eviction_grace_secs(false, 5, 10), 5);
-    assert_eq!(eviction_grace_secs(false, 30, 0), 30);
+    // The kubelet's default evictionMaxPodGracePeriod (0): the runtime's floor, not the pod's.
+    assert_eq!(eviction_grace_secs(false, 30, 0), MIN_GRACE_SECS);
+    assert_eq!(eviction_grace_secs(false, 0, 10), MIN_GRACE_SECS);
 }
 
 #[test]
