@@ -14,18 +14,17 @@
 //!   alert rules through promtool.
 //! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/` (not part of `test`).
+//! - `cluster up|down|test`: a real one-node Kubernetes cluster with qoslet installed on it,
+//!   and the tests against it (its own CI step, not part of `test`).
 
 mod apt;
 mod bench;
 mod cargo;
+mod cluster;
 mod container;
 mod cross;
 mod deploy;
 mod fuzz;
-#[expect(
-    dead_code,
-    reason = "the real cluster (cargo xtask cluster) and the install tools (kustomize, helm) build on it"
-)]
 mod gotools;
 mod image;
 mod lint;
@@ -94,6 +93,10 @@ enum Cmd {
     ValidateDeploy,
     /// The deploy checks of `test` alone: validation, image and container test, Prometheus test.
     DeployTest,
+    /// A real one-node Kubernetes cluster (parts built from the Go module proxy) with qoslet
+    /// installed as the README says, and the tests against it.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
 }
 
 #[derive(clap::Args)]
@@ -163,6 +166,7 @@ fn run(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Cluster(cmd) => cluster::run(&cmd),
         Cmd::ValidateDeploy => deploy::validate(&deploy::ensure_tools()?),
         Cmd::DeployTest => {
             let tc = toolchain::ensure()?;
