@@ -54,12 +54,16 @@ async fn cluster() -> Cluster {
         .expect("QOSLET_CLUSTER names the cluster.json of `cargo xtask cluster up`");
     let info: Info = serde_json::from_str(&fs::read_to_string(&file).expect("cluster.json"))
         .expect("cluster.json parses");
-    let kubeconfig = Kubeconfig::read_from(&info.kubeconfig).expect("admin kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let client = client(&info.kubeconfig)
         .await
-        .expect("kubeconfig");
-    let client = Client::try_from(config).expect("client");
+        .expect("a client from the admin kubeconfig");
     Cluster { info, client }
+}
+
+async fn client(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error>> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
 }
 
 async fn wait_for<T, F: Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
@@ -77,6 +81,7 @@ async fn wait_for<T, F: Future<Output = Option<T>>>(what: &str, mut f: impl FnMu
 struct TestNamespace {
     name: String,
     client: Client,
+    kubeconfig: PathBuf,
 }
 
 impl TestNamespace {
@@ -100,6 +105,7 @@ impl TestNamespace {
         Self {
             name,
             client: c.client.clone(),
+            kubeconfig: c.info.kubeconfig.clone(),
         }
     }
 
@@ -110,17 +116,21 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        let client = self.client.clone();
         let name = self.name.clone();
-        // Drop runs inside the test's runtime: delete from a thread of its own.
+        let kubeconfig = self.kubeconfig.clone();
+        // Drop runs inside the test's runtime, which the client's worker needs: a thread with
+        // a runtime and a client of its own deletes the namespace (and its pods).
         let _ = std::thread::spawn(move || {
             tokio::runtime::Runtime::new()
                 .unwrap()
                 .block_on(async move {
+                    let Ok(client) = client(&kubeconfig).await else {
+                        return;
+                    };
                     let _ = Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::default())
                         .await;
-                })
+                });
         })
         .join();
     }
@@ -271,7 +281,7 @@ fn cgroup_value(hierarchy: &str, cgroup: &str, file: &str) -> Option<i64> {
         .parse()
         .unwrap_or_else(|e| panic!("{}: {text}: {e}", path.display()));
     // v1's unlimited memory is the largest page-aligned value; a quota of -1 is none.
-    (v >= 0 && v < (1 << 62)).then_some(v)
+    (0..(1 << 62)).contains(&v).then_some(v)
 }
 
 /// What `qoslet plan --output json` computes for `pods`, with the node's KubeletConfiguration
@@ -431,7 +441,11 @@ async fn eviction_besteffort_hog_goes_before_the_kubelet_and_the_kernel() {
     let hog_uid = uid(&pods[1]);
     let api = ns.pods();
     let evicted = wait_for("the hog's pod Failed/Evicted", || async {
-        let p = api.get("hog").await.ok()?;
+        let p = api.get_opt("hog").await.ok()?;
+        // The kubelet's evictions keep the pod object (a controller deletes it later).
+        let p = p.unwrap_or_else(|| {
+            panic!("the hog's pod was deleted: an eviction must leave it Failed/Evicted")
+        });
         let s = p.status.clone()?;
         (s.phase.as_deref() == Some("Failed")).then_some(p)
     })
