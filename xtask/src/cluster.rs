@@ -38,7 +38,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::{apt, cargo, image, toolchain};
+use crate::{apt, cargo, container, image, toolchain};
 
 /// The node's name and IP (a documentation range: nothing real is behind it).
 pub const NODE: &str = "qoslet-node";
@@ -454,12 +454,21 @@ state = "{state}"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{opt}"
 
+# ctr's imports unpack through the transfer service, for the snapshotter the CRI uses.
+[plugins."io.containerd.transfer.v1.local"]
+  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+    platform = "linux/{arch}"
+    snapshotter = "native"
+
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "native"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause}"
 
 [plugins."io.containerd.cri.v1.runtime"]
+  # Root here may lack CAP_SYS_RESOURCE: no oom_score_adj below containerd's own (the
+  # sandbox's -998, Guaranteed containers' -997), which runc could not set.
+  restrict_oom_score_adj = {restrict_oom}
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -478,6 +487,11 @@ state = "{state}"
             state = c.p("containerd/state"),
             opt = c.p("containerd/opt"),
             pause = images::PAUSE,
+            restrict_oom = !container::has_bounding_cap(container::CAP_SYS_RESOURCE),
+            arch = match std::env::consts::ARCH {
+                "aarch64" => "arm64",
+                _ => "amd64",
+            },
             cni = c.bins.cni.display(),
             net_d = c.p("cni/net.d"),
         ),
@@ -740,11 +754,33 @@ fn node_root_overlay(c: &Cluster) -> Result<PathBuf> {
         "metadata": {"name": cm["metadata"]["name"], "namespace": cm["metadata"]["namespace"]},
         "data": {"config.yaml": format!("{config}nodeRootCgroup: /{}/node\n", c.name)},
     });
+    let mut patches = vec![serde_json::json!({"patch": serde_yaml_ng::to_string(&patch)?})];
+    if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
+        // Not in this machine's bounding set, so runc cannot grant it (the agent then keeps
+        // its own oom_score_adj and 1 s PSI windows need it: it says so in its log).
+        let ds: serde_json::Value =
+            serde_yaml_ng::from_str(&fs::read_to_string(base.join("daemonset.yaml"))?)?;
+        let add = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+            ["add"];
+        let i = add
+            .as_array()
+            .and_then(|a| a.iter().position(|c| c == "SYS_RESOURCE"))
+            .context("the DaemonSet adds no SYS_RESOURCE")?;
+        let path = format!("/spec/template/spec/containers/0/securityContext/capabilities/add/{i}");
+        patches.push(serde_json::json!({
+            "target": {"kind": "DaemonSet", "name": ds["metadata"]["name"]},
+            "patch": serde_json::to_string(&serde_json::json!([
+                {"op": "test", "path": path, "value": "SYS_RESOURCE"},
+                {"op": "remove", "path": path},
+            ]))?,
+        }));
+    }
     let kustomization = serde_json::json!({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [base],
-        "patches": [{"patch": serde_yaml_ng::to_string(&patch)?}],
+        // kustomize takes a base by relative path only.
+        "resources": [relative(&c.path("deploy"), &base)],
+        "patches": patches,
     });
     let dir = c.path("deploy");
     fs::create_dir_all(&dir)?;
@@ -753,6 +789,15 @@ fn node_root_overlay(c: &Cluster) -> Result<PathBuf> {
         serde_yaml_ng::to_string(&kustomization)?,
     )?;
     Ok(dir)
+}
+
+/// `to` as a path relative to the directory `from` (both absolute).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out: PathBuf = from[common..].iter().map(|_| "..").collect();
+    out.extend(&to[common..]);
+    out
 }
 
 /// The prometheus-operator release whose CRDs the cluster installs.
@@ -947,4 +992,24 @@ fn test() -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_climb_to_the_common_ancestor() {
+        assert_eq!(
+            relative(
+                Path::new("/w/target/cluster/1/deploy"),
+                Path::new("/w/deploy/kubernetes")
+            ),
+            PathBuf::from("../../../../deploy/kubernetes")
+        );
+        assert_eq!(
+            relative(Path::new("/a"), Path::new("/a/b")),
+            PathBuf::from("b")
+        );
+    }
 }

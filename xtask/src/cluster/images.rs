@@ -33,22 +33,17 @@ pub fn build(tc: &Toolchain, out: &Path) -> Result<Vec<PathBuf>> {
         "FROM scratch\nCOPY pause /pause\nENTRYPOINT [\"/pause\"]\n",
     )?;
 
+    // The hog uses std alone: rustc builds it in a second, where a cargo build of its
+    // package would build the agent and every test dependency for musl first.
     vm::ensure_musl_target()?;
-    cargo::run(
-        tc,
-        &[
-            "build",
-            "-p",
-            "qoslet-tests",
-            "--bin",
-            "qoslet-test-hog",
-            "--target",
-            vm::MUSL_TARGET,
-        ],
+    let hog = out.join("qoslet-test-hog");
+    apt::run(
+        Command::new("rustc")
+            .args(["--edition", "2024", "-O", "--target", vm::MUSL_TARGET, "-o"])
+            .arg(&hog)
+            .arg(cargo::workspace_root().join("tests/src/bin/qoslet-test-hog.rs"))
+            .env("PATH", &tc.path_env),
     )?;
-    let hog = cargo::target_dir()
-        .join(vm::MUSL_TARGET)
-        .join("debug/qoslet-test-hog");
     image::check_static(&hog)?;
     let test_ctx = out.join("test");
     fresh_dir(&test_ctx)?;
