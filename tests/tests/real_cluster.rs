@@ -12,7 +12,6 @@
 //! the DaemonSet's service account, and qoslet's log has no 403.
 
 use std::{
-    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -331,72 +330,119 @@ fn plan_cgroup(c: &Cluster, entry: &Value) -> String {
     }
 }
 
+/// The pods the kubelet runs on the node (not terminated or being deleted).
+async fn node_pods(c: &Cluster) -> Vec<Pod> {
+    let all: Api<Pod> = Api::all(c.client.clone());
+    let list = all
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", c.info.node)))
+        .await
+        .expect("the node's pods");
+    list.items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|ph| ph == "Running" || ph == "Pending")
+        })
+        .collect()
+}
+
+/// Each kubelet-written value with qoslet plan's: (what, plan, kubelet).
+type Comparison = Vec<(String, Option<i64>, Option<i64>)>;
+
+fn compare(c: &Cluster, plan: &Value, pods: &[Pod]) -> Comparison {
+    let mut out = Vec::new();
+    let n = &plan["node"];
+    for tier in ["kubepods", "burstable", "besteffort"] {
+        let e = &n[tier];
+        let cg = plan_cgroup(c, e);
+        out.push((
+            format!("{tier} cpu.shares"),
+            e["cpu_shares"].as_i64(),
+            cgroup_value("cpu", &cg, "cpu.shares"),
+        ));
+        if tier == "kubepods" {
+            out.push((
+                format!("{tier} memory.limit_in_bytes"),
+                e["memory_limit_bytes"].as_i64(),
+                cgroup_value("memory", &cg, "memory.limit_in_bytes"),
+            ));
+            out.push((
+                format!("{tier} pids.max"),
+                e["pids_max"].as_i64(),
+                cgroup_value("pids", &cg, "pids.max"),
+            ));
+        }
+    }
+    let plans = plan["pods"].as_array().cloned().unwrap_or_default();
+    for p in pods {
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        let Some(e) = plans.iter().find(|e| e["uid"] == uid(p).as_str()) else {
+            out.push((format!("{name}: not in the plan"), None, Some(0)));
+            continue;
+        };
+        let cg = plan_cgroup(c, e);
+        for (what, hierarchy, file, key) in [
+            ("cpu.shares", "cpu", "cpu.shares", "cpu_shares"),
+            (
+                "cpu.cfs_quota_us",
+                "cpu",
+                "cpu.cfs_quota_us",
+                "cpu_quota_us",
+            ),
+            (
+                "memory.limit_in_bytes",
+                "memory",
+                "memory.limit_in_bytes",
+                "memory_limit_bytes",
+            ),
+            ("pids.max", "pids", "pids.max", "pids_max"),
+        ] {
+            out.push((
+                format!("{name} {what}"),
+                e[key].as_i64(),
+                cgroup_value(hierarchy, &cg, file),
+            ));
+        }
+    }
+    out
+}
+
 #[tokio::test]
 #[ignore = "needs a real cluster: cargo xtask cluster test"]
 async fn kubelet_cgroup_values_equal_qoslet_plan() {
     let c = cluster().await;
     let ns = TestNamespace::create(&c, "qoslet-e2e-plan").await;
-    let pods = create_running(&ns, three_qos_pods()).await;
+    create_running(&ns, three_qos_pods()).await;
     let work = qoslet_tests::TempDir::new();
-    let plan = plan(&c, &pods, &work.path).await;
-    let mut compared = BTreeMap::new();
-    let mut check = |what: String, plan: Option<i64>, kubelet: Option<i64>| {
-        assert_eq!(plan, kubelet, "{what}: qoslet plan vs the kubelet's cgroup");
-        compared.insert(what, kubelet);
-    };
-    let n = &plan["node"];
-    for tier in ["kubepods", "burstable", "besteffort"] {
-        let e = &n[tier];
-        let cg = plan_cgroup(&c, e);
-        check(
-            format!("{tier} cpu.shares"),
-            e["cpu_shares"].as_i64(),
-            cgroup_value("cpu", &cg, "cpu.shares"),
-        );
-        if tier == "kubepods" {
-            check(
-                format!("{tier} memory.limit_in_bytes"),
-                e["memory_limit_bytes"].as_i64(),
-                cgroup_value("memory", &cg, "memory.limit_in_bytes"),
-            );
-            check(
-                format!("{tier} pids.max"),
-                e["pids_max"].as_i64(),
-                cgroup_value("pids", &cg, "pids.max"),
-            );
+    // Every pod of the node (qoslet's own too: the QoS tiers sum them all), as the kubelet
+    // has them once it has synced its QoS cgroups after the last change (it does so on pod
+    // changes and once a minute): the same values, or the last difference at the deadline.
+    let deadline = Instant::now() + WAIT;
+    let compared = loop {
+        let pods = node_pods(&c).await;
+        let plan = plan(&c, &pods, &work.path).await;
+        let cmp = compare(&c, &plan, &pods);
+        if cmp.iter().all(|(_, p, k)| p == k) && pods.len() >= 4 {
+            break cmp;
         }
+        assert!(
+            Instant::now() < deadline,
+            "qoslet plan vs the kubelet's cgroups, differing: {:#?}",
+            cmp.iter().filter(|(_, p, k)| p != k).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    println!("kubelet == qoslet plan, {} values:", compared.len());
+    for (what, _, v) in &compared {
+        println!("  {what}: {v:?}");
     }
-    let plans = plan["pods"].as_array().expect("pods in the plan");
-    assert_eq!(plans.len(), pods.len(), "{plan}");
-    for p in &pods {
-        let e = plans
-            .iter()
-            .find(|e| e["uid"] == uid(p).as_str())
-            .expect("the pod in the plan");
-        let cg = plan_cgroup(&c, e);
-        let name = p.metadata.name.as_deref().unwrap();
-        check(
-            format!("{name} cpu.shares"),
-            e["cpu_shares"].as_i64(),
-            cgroup_value("cpu", &cg, "cpu.shares"),
-        );
-        check(
-            format!("{name} cpu.cfs_quota_us"),
-            e["cpu_quota_us"].as_i64(),
-            cgroup_value("cpu", &cg, "cpu.cfs_quota_us"),
-        );
-        check(
-            format!("{name} memory.limit_in_bytes"),
-            e["memory_limit_bytes"].as_i64(),
-            cgroup_value("memory", &cg, "memory.limit_in_bytes"),
-        );
-        check(
-            format!("{name} pids.max"),
-            e["pids_max"].as_i64(),
-            cgroup_value("pids", &cg, "pids.max"),
-        );
-    }
-    println!("kubelet == qoslet plan: {compared:#?}");
 }
 
 /// The kernel's OOM kills in the node's cgroup (v1 `memory.oom_control`, hierarchical).
@@ -440,16 +486,50 @@ async fn eviction_besteffort_hog_goes_before_the_kubelet_and_the_kernel() {
     .await;
     let hog_uid = uid(&pods[1]);
     let api = ns.pods();
-    let evicted = wait_for("the hog's pod Failed/Evicted", || async {
-        let p = api.get_opt("hog").await.ok()?;
-        // The kubelet's evictions keep the pod object (a controller deletes it later).
-        let p = p.unwrap_or_else(|| {
-            panic!("the hog's pod was deleted: an eviction must leave it Failed/Evicted")
-        });
-        let s = p.status.clone()?;
-        (s.phase.as_deref() == Some("Failed")).then_some(p)
+    // Evicted: the pod Failed, or (an eviction through the Eviction API) gone.
+    let after = wait_for("the hog's eviction", || async {
+        match api.get_opt("hog").await.ok()? {
+            None => Some(None),
+            Some(p) => (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(Some(p)),
+        }
     })
     .await;
+    // Before the kernel: no OOM kill in the node's cgroup, the hog not OOMKilled.
+    assert_eq!(
+        node_oom_kills(&c),
+        oom_before,
+        "the kernel OOM-killed in the node's cgroup"
+    );
+    // Before the kubelet: it evicts nothing (its node has the machine's memory) and would say
+    // so in an event of its own.
+    let events: Api<Event> = Api::namespaced(c.client.clone(), &ns.name);
+    let evs = events.list(&ListParams::default()).await.unwrap();
+    let evictions: Vec<&Event> = evs
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Evicted"))
+        .collect();
+    assert!(
+        evictions.iter().all(|e| {
+            e.source.as_ref().and_then(|s| s.component.as_deref()) != Some("kubelet")
+                && e.reporting_component.as_deref() != Some("kubelet")
+        }),
+        "the kubelet evicted: {evictions:#?}"
+    );
+    assert!(!evictions.is_empty(), "no Evicted event: {:#?}", evs.items);
+    let bystander = api.get("bystander").await.unwrap();
+    assert_eq!(
+        bystander.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "the Guaranteed bystander"
+    );
+    // As the kubelet's evictions end: the pod object stays (a controller deletes it later),
+    // Failed with reason Evicted and a DisruptionTarget condition.
+    let evicted = after.unwrap_or_else(|| {
+        panic!(
+            "the hog's pod was deleted: an eviction must leave it Failed/Evicted, as the kubelet's do"
+        )
+    });
     let s = evicted.status.clone().unwrap();
     assert_eq!(uid(&evicted), hog_uid, "the same pod object");
     assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:#?}");
@@ -477,32 +557,6 @@ async fn eviction_besteffort_hog_goes_before_the_kubelet_and_the_kernel() {
             .and_then(|t| t.reason.clone());
         assert_ne!(reason.as_deref(), Some("OOMKilled"), "{cs:#?}");
     }
-    assert_eq!(
-        node_oom_kills(&c),
-        oom_before,
-        "the kernel OOM-killed in the node's cgroup"
-    );
-    // qoslet's, not the kubelet's: the kubelet evicts nothing (its node has the machine's
-    // memory) and says so in an event of its own.
-    let events: Api<Event> = Api::namespaced(c.client.clone(), &ns.name);
-    let evs = events.list(&ListParams::default()).await.unwrap();
-    let evictions: Vec<&Event> = evs
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("Evicted"))
-        .collect();
-    assert!(
-        evictions.iter().all(|e| {
-            e.source.as_ref().and_then(|s| s.component.as_deref()) != Some("kubelet")
-                && e.reporting_component.as_deref() != Some("kubelet")
-        }),
-        "the kubelet evicted: {evictions:#?}"
-    );
-    let bystander = api.get("bystander").await.unwrap();
-    assert_eq!(
-        bystander.status.and_then(|s| s.phase).as_deref(),
-        Some("Running")
-    );
 }
 
 #[tokio::test]
