@@ -958,6 +958,8 @@ fn test() -> Result<()> {
         "--",
         "--ignored",
         "--test-threads=1",
+        // Their summaries (the values compared, the log checked) are the run's record.
+        "--nocapture",
     ];
     // Built outside the namespace (cargo may fetch), run inside (the API server is there).
     cargo::run(
