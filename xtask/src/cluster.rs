@@ -90,7 +90,13 @@ pub fn run(cmd: &ClusterCmd) -> Result<()> {
             let brought_up = if current()?.is_some() {
                 false
             } else {
-                up()?;
+                if let Err(e) = up() {
+                    // `cluster up` leaves a failed cluster for a look; a test run cleans up.
+                    if !keep && let Err(d) = down() {
+                        eprintln!("xtask: cluster down after the failed up: {d:#}");
+                    }
+                    return Err(e);
+                }
                 true
             };
             let r = test();
