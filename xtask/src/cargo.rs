@@ -84,7 +84,30 @@ pub fn test_keeping(
     args: &[&str],
     marker: Option<&str>,
 ) -> Result<(TestCounts, Vec<String>)> {
-    let mut cmd = command(tc, args);
+    summed(command(tc, args), marker)
+}
+
+/// [`test`] with `wrapper` before cargo (e.g. `nsenter --net=...`) and extra environment.
+pub fn test_through(
+    tc: &Toolchain,
+    wrapper: &[String],
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<TestCounts> {
+    let inner = command(tc, args);
+    let (first, rest) = wrapper.split_first().context("an empty wrapper")?;
+    let mut cmd = Command::new(first);
+    cmd.args(rest)
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .current_dir(workspace_root())
+        .env("PATH", &tc.path_env)
+        .env_remove("CARGO_MANIFEST_DIR")
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    summed(cmd, None).map(|(counts, _)| counts)
+}
+
+fn summed(mut cmd: Command, marker: Option<&str>) -> Result<(TestCounts, Vec<String>)> {
     cmd.stdout(Stdio::piped());
     let mut child = cmd.spawn().with_context(|| format!("running {cmd:?}"))?;
     let stdout = child.stdout.take().context("cargo stdout")?;

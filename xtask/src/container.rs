@@ -256,9 +256,9 @@ fn logs() -> String {
         .unwrap_or_default()
 }
 
-const CAP_SYS_RESOURCE: u32 = 24;
+pub const CAP_SYS_RESOURCE: u32 = 24;
 
-fn has_bounding_cap(bit: u32) -> bool {
+pub fn has_bounding_cap(bit: u32) -> bool {
     fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -16,10 +16,13 @@
 //! - `deploy-test`: the deploy checks of `test` alone (validation, image, container, Prometheus).
 //! - `helm-install`, `helm-uninstall`: the Helm chart on a cluster, with the pinned helm.
 //! - `fuzz`: the cargo-fuzz targets of `fuzz/` (not part of `test`).
+//! - `cluster up|down|test`: a real one-node Kubernetes cluster with qoslet installed on it,
+//!   and the tests against it (its own CI step, not part of `test`).
 
 mod apt;
 mod bench;
 mod cargo;
+mod cluster;
 mod container;
 mod cross;
 mod deploy;
@@ -118,6 +121,10 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         netns: Option<String>,
     },
+    /// A real one-node Kubernetes cluster (parts built from the Go module proxy) with qoslet
+    /// installed as the README says, and the tests against it.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
 }
 
 #[derive(clap::Args)]
@@ -187,6 +194,7 @@ fn run(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Cluster(cmd) => cluster::run(&cmd),
         Cmd::ValidateDeploy => validate_deploy(&toolchain::ensure()?),
         Cmd::DeployTest => {
             let tc = toolchain::ensure()?;

@@ -1,0 +1,654 @@
+//! qoslet on a real one-node Kubernetes cluster: `cargo xtask cluster test` brings up etcd,
+//! kube-apiserver (Node,RBAC), the controller manager, the scheduler, containerd and the
+//! kubelet on this machine, installs qoslet with `kubectl apply -k` from its image, and runs
+//! these tests in the cluster's network namespace with `QOSLET_CLUSTER` naming the cluster's
+//! `cluster.json` (see xtask/src/cluster.rs). Without it they are ignored.
+//!
+//! Checked against what the real parts show: qoslet finds every pod's cgroups (its /status
+//! reads each pod's working set from them); the kubelet's own cgroup values equal `qoslet
+//! plan`'s for the same pods; a BestEffort memory hog is evicted by qoslet before the kubelet
+//! and before the kernel (no OOM kill in the node's cgroup) and ends as the kubelet's evictions
+//! do (phase Failed, reason Evicted, not restarted); the API server enforces the RBAC through
+//! the DaemonSet's service account, and qoslet's log has no 403.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    coordination::v1::Lease,
+    core::v1::{Event, Namespace, Node, Pod},
+};
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, ListParams, LogParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+/// xtask's `cluster.json`.
+#[derive(Deserialize)]
+struct Info {
+    kubeconfig: PathBuf,
+    node: String,
+    kubelet_config: PathBuf,
+    cgroup_root: String,
+    qoslet: PathBuf,
+}
+
+struct Cluster {
+    info: Info,
+    client: Client,
+}
+
+async fn cluster() -> Cluster {
+    let file = std::env::var("QOSLET_CLUSTER")
+        .expect("QOSLET_CLUSTER names the cluster.json of `cargo xtask cluster up`");
+    let info: Info = serde_json::from_str(&fs::read_to_string(&file).expect("cluster.json"))
+        .expect("cluster.json parses");
+    let client = client(&info.kubeconfig)
+        .await
+        .expect("a client from the admin kubeconfig");
+    Cluster { info, client }
+}
+
+async fn client(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error>> {
+    let kubeconfig = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+async fn wait_for<T, F: Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A namespace of the test's own, deleted when dropped (pods and all), waiting until it is gone.
+struct TestNamespace {
+    name: String,
+    client: Client,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    async fn create(c: &Cluster, prefix: &str) -> Self {
+        let name = format!("{prefix}-{}", std::process::id());
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(c.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create the test namespace");
+        // The service account controller makes `default`, which pods need.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(c.client.clone(), &name);
+        wait_for("the default service account", || async {
+            sa.get_opt("default").await.ok().flatten()
+        })
+        .await;
+        Self {
+            name,
+            client: c.client.clone(),
+            kubeconfig: c.info.kubeconfig.clone(),
+        }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let kubeconfig = self.kubeconfig.clone();
+        // Drop runs inside the test's runtime, which the client's worker needs: a thread with
+        // a runtime and a client of its own deletes the namespace (and its pods).
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new()
+                .unwrap()
+                .block_on(async move {
+                    let Ok(client) = client(&kubeconfig).await else {
+                        return;
+                    };
+                    let api = Api::<Namespace>::all(client);
+                    let _ = api.delete(&name, &DeleteParams::default()).await;
+                    // Gone before the next test, whose node then has only its own pods.
+                    let deadline = Instant::now() + WAIT;
+                    while Instant::now() < deadline
+                        && api.get_opt(&name).await.is_ok_and(|n| n.is_some())
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                });
+        })
+        .join();
+    }
+}
+
+/// A pod of the test image (busybox and the hog, see xtask/src/cluster/images.rs).
+fn pod(name: &str, script: &str, resources: Value, restart: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/qoslet-test:latest",
+                "imagePullPolicy": "Never",
+                "command": ["/bin/busybox", "sh", "-c", script],
+                "resources": resources,
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn create_running(ns: &TestNamespace, pods: Vec<Pod>) -> Vec<Pod> {
+    let api = ns.pods();
+    for p in &pods {
+        api.create(&PostParams::default(), p)
+            .await
+            .expect("create pod");
+    }
+    let mut out = Vec::new();
+    for p in pods {
+        let name = p.metadata.name.clone().unwrap();
+        out.push(
+            wait_for(&format!("pod {name} Running"), || async {
+                let p = api.get(&name).await.ok()?;
+                (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+            })
+            .await,
+        );
+    }
+    out
+}
+
+/// qoslet's pod on the node, once Ready.
+async fn qoslet_pod(c: &Cluster) -> Pod {
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), "qoslet-system");
+    wait_for("qoslet's pod Ready", || async {
+        let list = api
+            .list(&ListParams::default().labels("app.kubernetes.io/name=qoslet"))
+            .await
+            .ok()?;
+        list.items.into_iter().find(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+    })
+    .await
+}
+
+/// GET `path` from qoslet's metrics port (the test runs in the cluster's network namespace,
+/// where the pod network is).
+fn qoslet_get(pod: &Pod, path: &str) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
+    qoslet_tests::http_get(format!("{ip}:9479").parse().ok()?, path)
+}
+
+fn uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap()
+}
+
+fn three_qos_pods() -> Vec<Pod> {
+    vec![
+        pod(
+            "guaranteed",
+            "sleep 3600",
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}),
+            "Always",
+        ),
+        pod(
+            "burstable",
+            "sleep 3600",
+            json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "300m", "memory": "128Mi"}}),
+            "Always",
+        ),
+        pod("besteffort", "sleep 3600", json!({}), "Always"),
+    ]
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn cgroups_of_every_pod_are_found() {
+    let c = cluster().await;
+    let ns = TestNamespace::create(&c, "qoslet-e2e-cgroups").await;
+    let pods = create_running(&ns, three_qos_pods()).await;
+    let q = qoslet_pod(&c).await;
+    // Each pod, qoslet's own included, with a working set read from its cgroup.
+    let mut want: Vec<(String, String)> = pods
+        .iter()
+        .map(|p| (ns.name.clone(), p.metadata.name.clone().unwrap()))
+        .collect();
+    want.push(("qoslet-system".into(), q.metadata.name.clone().unwrap()));
+    let status: Value = wait_for("every pod in qoslet's /status with its working set", || {
+        let q = q.clone();
+        let want = want.clone();
+        async move {
+            let s: Value = serde_json::from_str(&qoslet_get(&q, "/status")?).ok()?;
+            let rows = s["pods"].as_array()?;
+            want.iter()
+                .all(|(ns, name)| {
+                    rows.iter().any(|r| {
+                        r["namespace"] == ns.as_str()
+                            && r["name"] == name.as_str()
+                            && r["working_set_bytes"].as_u64().is_some_and(|b| b > 0)
+                    })
+                })
+                .then_some(s)
+        }
+    })
+    .await;
+    let metrics = qoslet_get(&q, "/metrics").expect("metrics");
+    for p in &pods {
+        assert!(
+            metrics.contains(&format!("uid=\"{}\"", uid(p))),
+            "no per-pod metrics for {}: {status}",
+            p.metadata.name.as_deref().unwrap()
+        );
+    }
+}
+
+/// A cgroup file's value; the kernel's "no limit" as `None`.
+fn cgroup_value(hierarchy: &str, cgroup: &str, file: &str) -> Option<i64> {
+    let path = Path::new("/sys/fs/cgroup")
+        .join(hierarchy)
+        .join(cgroup.trim_start_matches('/'))
+        .join(file);
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = text.trim();
+    if text == "max" {
+        return None;
+    }
+    let v: i64 = text
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {text}: {e}", path.display()));
+    // v1's unlimited memory is the largest page-aligned value; a quota of -1 is none.
+    (0..(1 << 62)).contains(&v).then_some(v)
+}
+
+/// What `qoslet plan --output json` computes for `pods`, with the node's KubeletConfiguration
+/// and the capacity the kubelet reports for it.
+async fn plan(c: &Cluster, pods: &[Pod], work: &Path) -> Value {
+    let node = Api::<Node>::all(c.client.clone())
+        .get(&c.info.node)
+        .await
+        .expect("node");
+    let cap = node.status.and_then(|s| s.capacity).expect("node capacity");
+    let pid_max = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
+    let capacity = format!(
+        "cpu={},memory={},pids={}",
+        cap["cpu"].0,
+        cap["memory"].0,
+        pid_max.trim()
+    );
+    let file = work.join("pods.yaml");
+    let docs: Vec<String> = pods
+        .iter()
+        .map(|p| serde_yaml_ng::to_string(p).unwrap())
+        .collect();
+    fs::write(&file, docs.join("---\n")).unwrap();
+    let out = Command::new(&c.info.qoslet)
+        .arg("plan")
+        .arg("--kubelet-config")
+        .arg(&c.info.kubelet_config)
+        .args(["--capacity", &capacity, "--output", "json"])
+        .arg(&file)
+        .output()
+        .expect("qoslet plan");
+    assert!(
+        out.status.success(),
+        "qoslet plan: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("plan JSON")
+}
+
+/// The cgroup path of a plan entry, below the hierarchy's root.
+fn plan_cgroup(c: &Cluster, entry: &Value) -> String {
+    let cg = entry["cgroup"].as_str().expect("cgroup in the plan");
+    if cg.starts_with(&c.info.cgroup_root) {
+        cg.to_owned()
+    } else {
+        format!("{}/{}", c.info.cgroup_root, cg.trim_start_matches('/'))
+    }
+}
+
+/// The pods the kubelet runs on the node (not terminated or being deleted).
+async fn node_pods(c: &Cluster) -> Vec<Pod> {
+    let all: Api<Pod> = Api::all(c.client.clone());
+    let list = all
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", c.info.node)))
+        .await
+        .expect("the node's pods");
+    list.items
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|ph| ph == "Running" || ph == "Pending")
+        })
+        .collect()
+}
+
+/// Each kubelet-written value with qoslet plan's: (what, plan, kubelet).
+type Comparison = Vec<(String, Option<i64>, Option<i64>)>;
+
+fn compare(c: &Cluster, plan: &Value, pods: &[Pod]) -> Comparison {
+    let mut out = Vec::new();
+    let n = &plan["node"];
+    for tier in ["kubepods", "burstable", "besteffort"] {
+        let e = &n[tier];
+        let cg = plan_cgroup(c, e);
+        out.push((
+            format!("{tier} cpu.shares"),
+            e["cpu_shares"].as_i64(),
+            cgroup_value("cpu", &cg, "cpu.shares"),
+        ));
+        if tier == "kubepods" {
+            out.push((
+                format!("{tier} memory.limit_in_bytes"),
+                e["memory_limit_bytes"].as_i64(),
+                cgroup_value("memory", &cg, "memory.limit_in_bytes"),
+            ));
+            out.push((
+                format!("{tier} pids.max"),
+                e["pids_max"].as_i64(),
+                cgroup_value("pids", &cg, "pids.max"),
+            ));
+        }
+    }
+    let plans = plan["pods"].as_array().cloned().unwrap_or_default();
+    for p in pods {
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+        let Some(e) = plans.iter().find(|e| e["uid"] == uid(p).as_str()) else {
+            out.push((format!("{name}: not in the plan"), None, Some(0)));
+            continue;
+        };
+        let cg = plan_cgroup(c, e);
+        for (what, hierarchy, file, key) in [
+            ("cpu.shares", "cpu", "cpu.shares", "cpu_shares"),
+            (
+                "cpu.cfs_quota_us",
+                "cpu",
+                "cpu.cfs_quota_us",
+                "cpu_quota_us",
+            ),
+            (
+                "memory.limit_in_bytes",
+                "memory",
+                "memory.limit_in_bytes",
+                "memory_limit_bytes",
+            ),
+            ("pids.max", "pids", "pids.max", "pids_max"),
+        ] {
+            out.push((
+                format!("{name} {what}"),
+                e[key].as_i64(),
+                cgroup_value(hierarchy, &cg, file),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn kubelet_cgroup_values_equal_qoslet_plan() {
+    let c = cluster().await;
+    let ns = TestNamespace::create(&c, "qoslet-e2e-plan").await;
+    create_running(&ns, three_qos_pods()).await;
+    let work = qoslet_tests::TempDir::new();
+    // Every pod of the node (qoslet's own too: the QoS tiers sum them all), as the kubelet
+    // has them once it has synced its QoS cgroups after the last change (it does so on pod
+    // changes and once a minute): the same values, or the last difference at the deadline.
+    let deadline = Instant::now() + WAIT;
+    let compared = loop {
+        let pods = node_pods(&c).await;
+        let plan = plan(&c, &pods, &work.path).await;
+        let cmp = compare(&c, &plan, &pods);
+        if cmp.iter().all(|(_, p, k)| p == k) && pods.len() >= 4 {
+            break cmp;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "qoslet plan vs the kubelet's cgroups, differing: {:#?}",
+            cmp.iter().filter(|(_, p, k)| p != k).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    println!("kubelet == qoslet plan, {} values:", compared.len());
+    for (what, _, v) in &compared {
+        println!("  {what}: {v:?}");
+    }
+}
+
+/// The kernel's OOM kills in the node's cgroup (v1 `memory.oom_control`, hierarchical).
+fn node_oom_kills(c: &Cluster) -> u64 {
+    let f = Path::new("/sys/fs/cgroup/memory")
+        .join(c.info.cgroup_root.trim_start_matches('/'))
+        .join("memory.oom_control");
+    let text = fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("oom_kill in memory.oom_control")
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn eviction_besteffort_hog_goes_before_the_kubelet_and_the_kernel() {
+    let c = cluster().await;
+    let _q = qoslet_pod(&c).await;
+    let ns = TestNamespace::create(&c, "qoslet-e2e-evict").await;
+    let oom_before = node_oom_kills(&c);
+    let pods = create_running(
+        &ns,
+        vec![
+            pod(
+                "bystander",
+                "sleep 3600",
+                json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "50m", "memory": "32Mi"}}),
+                "Always",
+            ),
+            // Paced past the node's 2 GiB, so that a threshold 100 MiB below it is crossed
+            // about two seconds before the limit would be.
+            pod(
+                "hog",
+                "echo go | /bin/qoslet-test-hog 4000 50",
+                json!({}),
+                "Always",
+            ),
+        ],
+    )
+    .await;
+    let hog_uid = uid(&pods[1]);
+    let api = ns.pods();
+    // Evicted: the pod Failed, or (an eviction through the Eviction API) gone.
+    let after = wait_for("the hog's eviction", || async {
+        match api.get_opt("hog").await.ok()? {
+            None => Some(None),
+            Some(p) => (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(Some(p)),
+        }
+    })
+    .await;
+    // Before the kernel: no OOM kill in the node's cgroup, the hog not OOMKilled.
+    assert_eq!(
+        node_oom_kills(&c),
+        oom_before,
+        "the kernel OOM-killed in the node's cgroup"
+    );
+    // Before the kubelet: it evicts nothing (its node has the machine's memory) and would say
+    // so in an event of its own.
+    let events: Api<Event> = Api::namespaced(c.client.clone(), &ns.name);
+    let evs = events.list(&ListParams::default()).await.unwrap();
+    let evictions: Vec<&Event> = evs
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Evicted"))
+        .collect();
+    assert!(
+        evictions.iter().all(|e| {
+            e.source.as_ref().and_then(|s| s.component.as_deref()) != Some("kubelet")
+                && e.reporting_component.as_deref() != Some("kubelet")
+        }),
+        "the kubelet evicted: {evictions:#?}"
+    );
+    assert!(!evictions.is_empty(), "no Evicted event: {:#?}", evs.items);
+    let bystander = api.get("bystander").await.unwrap();
+    assert_eq!(
+        bystander.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "the Guaranteed bystander"
+    );
+    // As the kubelet's evictions end: the pod object stays (a controller deletes it later),
+    // Failed with reason Evicted and a DisruptionTarget condition.
+    let evicted = after.unwrap_or_else(|| {
+        panic!(
+            "the hog's pod was deleted: an eviction must leave it Failed/Evicted, as the kubelet's do"
+        )
+    });
+    let s = evicted.status.clone().unwrap();
+    assert_eq!(uid(&evicted), hog_uid, "the same pod object");
+    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:#?}");
+    assert!(
+        s.conditions.as_ref().is_some_and(|cs| cs
+            .iter()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")),
+        "no DisruptionTarget condition: {s:#?}"
+    );
+    // Not restarted (restartPolicy Always would restart a container the kubelet saw die).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let p = api.get("hog").await.expect("the evicted pod stays");
+    let s = p.status.unwrap();
+    assert_eq!(s.phase.as_deref(), Some("Failed"), "{s:#?}");
+    for cs in s.container_statuses.unwrap_or_default() {
+        assert_eq!(cs.restart_count, 0, "{cs:#?}");
+        assert!(
+            cs.state.as_ref().is_none_or(|st| st.running.is_none()),
+            "running again: {cs:#?}"
+        );
+        let reason = cs
+            .state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .and_then(|t| t.reason.clone());
+        assert_ne!(reason.as_deref(), Some("OOMKilled"), "{cs:#?}");
+    }
+}
+
+/// A log line that reports a 403 (the number alone, not inside a larger one) or "forbidden".
+fn denial(line: &str) -> bool {
+    let b = line.as_bytes();
+    let digit_at = |i: Option<usize>| i.and_then(|i| b.get(i)).is_some_and(u8::is_ascii_digit);
+    let status = line
+        .match_indices("403")
+        .any(|(i, _)| !digit_at(i.checked_sub(1)) && !digit_at(Some(i + 3)));
+    status || line.to_ascii_lowercase().contains("forbidden")
+}
+
+#[test]
+fn denials_are_told_from_numbers() {
+    assert!(denial("API write failed: 403 Forbidden"));
+    assert!(denial("status=403"));
+    assert!(denial("pods is forbidden: User cannot list"));
+    assert!(!denial("observed=103440384 threshold=104857600"));
+    assert!(!denial("uid=4031"));
+}
+
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn rbac_is_enforced_and_qoslet_is_never_denied() {
+    let c = cluster().await;
+    let q = qoslet_pod(&c).await;
+    let sa = "system:serviceaccount:qoslet-system:qoslet";
+    let review = |verb: &str, resource: &str, group: &str| SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(sa.into()),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                "system:serviceaccounts:qoslet-system".into(),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some(resource.into()),
+                group: Some(group.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(c.client.clone());
+    let allowed = |r: SubjectAccessReview| r.status.is_some_and(|s| s.allowed);
+    for (verb, resource, group, want) in [
+        ("list", "pods", "", true),
+        ("watch", "nodes", "", true),
+        ("get", "secrets", "", false),
+        ("delete", "nodes", "", false),
+        ("create", "deployments", "apps", false),
+    ] {
+        let r = reviews
+            .create(&PostParams::default(), &review(verb, resource, group))
+            .await
+            .expect("SubjectAccessReview");
+        assert_eq!(
+            allowed(r),
+            want,
+            "{sa} {verb} {group}/{resource} allowed by the API server"
+        );
+    }
+    // qoslet's own requests went through: it holds its lease and is ready.
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "qoslet-system");
+    let list = leases.list(&ListParams::default()).await.unwrap();
+    assert!(
+        !list.items.is_empty(),
+        "no lease of qoslet's in qoslet-system"
+    );
+    let ready = qoslet_get(&q, "/readyz").unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "qoslet-system");
+    let log = pods
+        .logs(q.metadata.name.as_deref().unwrap(), &LogParams::default())
+        .await
+        .expect("qoslet's log");
+    let denied: Vec<&str> = log.lines().filter(|l| denial(l)).collect();
+    assert!(
+        denied.is_empty(),
+        "qoslet was denied by the API server:\n{}",
+        denied.join("\n")
+    );
+    println!(
+        "qoslet log: {} lines, none denied; /readyz: {}",
+        log.lines().count(),
+        ready.trim()
+    );
+}

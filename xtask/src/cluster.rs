@@ -1,0 +1,1023 @@
+//! `cargo xtask cluster up|down|test`: a real one-node Kubernetes cluster on this machine, and
+//! qoslet installed on it as the README says.
+//!
+//! Every part is real and built here (see `parts`): etcd, kube-apiserver (authorization
+//! Node,RBAC), kube-controller-manager, kube-scheduler, containerd with runc, the CNI bridge, and
+//! the kubelet. What keeps it off the shared machine's own state:
+//! - a network namespace of its own (`qoslet-cluster-<id>`): the node IP (192.0.2.1) and the
+//!   `kubernetes` Service's ClusterIP (198.51.100.1, where the API server listens on 443, so pods
+//!   reach it without kube-proxy) are addresses of its loopback; the pods' bridge and routes are
+//!   in it too;
+//! - a mount namespace of its own for containerd and the kubelet, in which `/var/lib`, `/var/log`
+//!   and `/run` are directories of the cluster's (so `/var/lib/kubelet/config.yaml`, the path
+//!   the DaemonSet mounts, is the cluster's kubelet configuration, and nothing lands in the
+//!   host's), and the three kernel tunables the kubelet would otherwise set machine-wide
+//!   (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`) read as the values it
+//!   wants;
+//! - a cgroup of its own in every hierarchy: `/<name>/node` is the kubelet's cgroupRoot, with a
+//!   memory limit (the node's memory as qoslet sees it), `/<name>/system` holds the daemons;
+//!   `down` kills every process in `/<name>` and removes it.
+//!
+//! The state lives in `target/cluster/<id>`; `target/cluster/current` names the cluster that is
+//! up, and `cluster.json` in its directory tells the tests (`tests/tests/real_cluster.rs`) where
+//! everything is.
+
+mod images;
+mod parts;
+mod pki;
+
+use std::{
+    fs,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::{apt, cargo, container, image, toolchain};
+
+/// The node's name and IP (a documentation range: nothing real is behind it).
+pub const NODE: &str = "qoslet-node";
+const NODE_IP: &str = "192.0.2.1";
+const SERVICE_RANGE: &str = "198.51.100.0/24";
+/// The `kubernetes` Service's ClusterIP: the first address of the service range.
+const API_IP: &str = "198.51.100.1";
+const POD_SUBNET: &str = "203.0.113.0/24";
+/// The node's memory as qoslet sees it (the limit of the kubelet's cgroupRoot).
+const NODE_MEMORY: u64 = 2 << 30;
+const CA_FILE: &str = "pki/ca.crt";
+
+#[derive(clap::Subcommand)]
+pub enum ClusterCmd {
+    /// Build the parts (once), start the cluster and install qoslet as the README says.
+    Up,
+    /// Stop everything and remove the cluster's processes, cgroups, namespaces and files.
+    Down,
+    /// The tests of tests/tests/real_cluster.rs against the cluster (brought up and down
+    /// around them unless one is up).
+    Test {
+        /// Leave a cluster this command brought up running.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// What the tests read (`cluster.json`).
+#[derive(Serialize, Deserialize)]
+struct Info {
+    name: String,
+    dir: PathBuf,
+    netns: String,
+    kubeconfig: PathBuf,
+    node: String,
+    /// The kubelet's configuration file as the host sees it.
+    kubelet_config: PathBuf,
+    /// The kubelet's cgroupRoot.
+    cgroup_root: String,
+    /// The agent binary inside the image (for `qoslet plan`).
+    qoslet: PathBuf,
+}
+
+pub fn run(cmd: &ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Up => up().map(drop),
+        ClusterCmd::Down => down(),
+        ClusterCmd::Test { keep } => {
+            let brought_up = if current()?.is_some() {
+                false
+            } else {
+                if let Err(e) = up() {
+                    // `cluster up` leaves a failed cluster for a look; a test run cleans up.
+                    if !keep && let Err(d) = down() {
+                        eprintln!("xtask: cluster down after the failed up: {d:#}");
+                    }
+                    return Err(e);
+                }
+                true
+            };
+            let r = test();
+            if brought_up
+                && !keep
+                && let Err(e) = down()
+            {
+                eprintln!("xtask: cluster down after the test: {e:#}");
+            }
+            r
+        }
+    }
+}
+
+fn state_dir() -> PathBuf {
+    cargo::target_dir().join("cluster")
+}
+
+/// The directory of the cluster that is up (or half up), if any.
+fn current() -> Result<Option<PathBuf>> {
+    match fs::read_to_string(state_dir().join("current")) {
+        Ok(s) => Ok(Some(PathBuf::from(s.trim()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+struct Cluster {
+    name: String,
+    dir: PathBuf,
+    bins: parts::Bins,
+}
+
+impl Cluster {
+    fn netns(&self) -> String {
+        self.name.clone()
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    fn p(&self, rel: &str) -> String {
+        self.path(rel).display().to_string()
+    }
+
+    /// `program` in the cluster's network namespace (and, with `mount`, its mount namespace).
+    fn inside(&self, mount: bool, program: &Path) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.netns()));
+        if mount {
+            cmd.arg(format!("--mount={}", self.p("mnt.ns")));
+        }
+        cmd.arg("--").arg(program);
+        cmd
+    }
+
+    fn kubectl(&self) -> Command {
+        let mut cmd = self.inside(false, &self.bins.kubectl());
+        cmd.arg("--kubeconfig")
+            .arg(self.path("pki/admin.kubeconfig"));
+        cmd
+    }
+
+    /// Starts a daemon in the namespaces, in `/<name>/system`, logging to `logs/<name>.log`.
+    fn start(&self, name: &str, program: &Path, args: &[String]) -> Result<()> {
+        let log = fs::File::create(self.path(&format!("logs/{name}.log")))?;
+        let mut cmd = self.inside(true, program);
+        cmd.args(args)
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                    self.bins.containerd.display(),
+                    self.bins.kubernetes.display()
+                ),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        // nsenter execs the program: this pid is the daemon's.
+        let pid = child.id();
+        for h in hierarchies()? {
+            fs::write(
+                h.join(&self.name).join("system/cgroup.procs"),
+                pid.to_string(),
+            )
+            .with_context(|| format!("moving {name} into {}", h.display()))?;
+        }
+        println!("cluster: started {name} (pid {pid})");
+        Ok(())
+    }
+
+    fn log_tail(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.path(&format!("logs/{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+/// Mount points of the cgroup hierarchies (each v1 one and the v2 one).
+fn hierarchies() -> Result<Vec<PathBuf>> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let fstype = post.split_whitespace().next()?;
+            let point = pre.split_whitespace().nth(4)?;
+            (matches!(fstype, "cgroup" | "cgroup2") && point.starts_with("/sys/fs/cgroup"))
+                .then(|| PathBuf::from(point))
+        })
+        .collect())
+}
+
+fn wait(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    Ok(())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn up() -> Result<Info> {
+    if current()?.is_some() {
+        println!("cluster: a cluster is up; taking it down first");
+        down()?;
+    }
+    let t0 = Instant::now();
+    let bins = parts::ensure()?;
+    let tc = toolchain::ensure()?;
+    let qoslet_image = image::build(&tc)?;
+    let images_dir = state_dir().join("images");
+    let mut archives = images::build(&tc, &images_dir)?;
+    archives.push(qoslet_image.archive.clone());
+    println!("cluster: parts and images ready in {:.0?}", t0.elapsed());
+
+    let t = Instant::now();
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let id = format!("{secs:x}");
+    let name = format!("qoslet-cluster-{id}");
+    let dir = state_dir().join(&id);
+    fs::create_dir_all(&dir)?;
+    fs::write(state_dir().join("current"), dir.display().to_string())?;
+    let c = Cluster {
+        name: name.clone(),
+        dir: dir.clone(),
+        bins,
+    };
+    let info = Info {
+        name: name.clone(),
+        dir: dir.clone(),
+        netns: c.netns(),
+        kubeconfig: c.path("pki/admin.kubeconfig"),
+        node: NODE.into(),
+        kubelet_config: c.path("var-lib/kubelet/config.yaml"),
+        cgroup_root: format!("/{name}/node"),
+        qoslet: cargo::target_dir()
+            .join(crate::vm::MUSL_TARGET)
+            .join("release/qoslet"),
+    };
+    fs::write(c.path("cluster.json"), serde_json::to_string_pretty(&info)?)?;
+    for d in [
+        "logs",
+        "pki",
+        "etcd",
+        "var-lib/kubelet",
+        "var-lib/qoslet",
+        "var-lib/cni",
+        "var-log",
+        "run",
+        "sysctl",
+        "containerd/root",
+        "containerd/state",
+        "cni/net.d",
+    ] {
+        fs::create_dir_all(c.path(d))?;
+    }
+    cgroups(&name)?;
+    namespaces(&c)?;
+    certificates(&c)?;
+    write_configs(&c)?;
+    start_control_plane(&c)?;
+    start_node(&c, &archives)?;
+    println!("cluster: {name} up in {:.0?}", t.elapsed());
+    install_qoslet(&c)?;
+    println!(
+        "cluster: up in {:.0?} in all; kubectl: nsenter --net=/run/netns/{} {} --kubeconfig {}",
+        t0.elapsed(),
+        c.netns(),
+        c.bins.kubectl().display(),
+        info.kubeconfig.display()
+    );
+    Ok(info)
+}
+
+/// `/<name>/{node,system}` in every hierarchy; the node's memory limit.
+fn cgroups(name: &str) -> Result<()> {
+    for h in hierarchies()? {
+        let v2 = h.join("cgroup.controllers").exists();
+        for rel in ["", "/node", "/system"] {
+            let dir = h.join(format!("{name}{rel}"));
+            fs::create_dir_all(&dir)?;
+            // A new v1 cpuset has no CPUs or memory nodes: a task cannot join it until they
+            // are copied from the parent.
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                if !v2 && dir.join(f).exists() {
+                    let parent = fs::read_to_string(dir.parent().unwrap_or(&h).join(f))?;
+                    fs::write(dir.join(f), parent.trim())?;
+                }
+            }
+            if v2 && rel.is_empty() {
+                // The node's subtree needs its controllers (the root's are enabled or not
+                // ours to change).
+                for ctl in ["cpu", "cpuset", "memory", "pids", "io", "hugetlb"] {
+                    let _ = fs::write(dir.join("cgroup.subtree_control"), format!("+{ctl}"));
+                }
+            }
+        }
+        let node = h.join(format!("{name}/node"));
+        if node.join("memory.limit_in_bytes").exists() {
+            fs::write(node.join("memory.limit_in_bytes"), NODE_MEMORY.to_string())?;
+        } else if v2 && node.join("memory.max").exists() {
+            fs::write(node.join("memory.max"), NODE_MEMORY.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    apt::run(Command::new("ip").args(args))
+}
+
+fn namespaces(c: &Cluster) -> Result<()> {
+    let ns = c.netns();
+    ip(&["netns", "add", &ns])?;
+    for args in [
+        vec!["link", "set", "lo", "up"],
+        vec!["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"],
+        vec!["addr", "add", &format!("{API_IP}/32"), "dev", "lo"],
+    ] {
+        let mut a = vec!["-n", &ns];
+        a.extend(args);
+        ip(&a)?;
+    }
+    // The kubelet sets these machine-wide unless they already hold its values (and stops if
+    // it cannot): in its mount namespace they are files with those values.
+    let mut script = String::from("set -e\n");
+    for (tunable, want) in [
+        ("vm/overcommit_memory", "1"),
+        ("kernel/panic", "10"),
+        ("kernel/panic_on_oops", "1"),
+    ] {
+        let file = c.path(&format!("sysctl/{}", tunable.replace('/', ".")));
+        fs::write(&file, format!("{want}\n"))?;
+        script.push_str(&format!(
+            "mount --bind {} /proc/sys/{tunable}\n",
+            file.display()
+        ));
+    }
+    for (host, ours) in [
+        ("/var/lib", "var-lib"),
+        ("/var/log", "var-log"),
+        ("/run", "run"),
+    ] {
+        script.push_str(&format!("mount --bind {} {host}\n", c.p(ours)));
+    }
+    fs::write(c.path("mnt.ns"), "")?;
+    apt::run(
+        Command::new("unshare")
+            .arg(format!("--mount={}", c.p("mnt.ns")))
+            .args(["--propagation", "private", "--", "sh", "-c", &script]),
+    )
+}
+
+fn certificates(c: &Cluster) -> Result<()> {
+    let dir = c.path("pki");
+    pki::ca(&dir)?;
+    let sans: Vec<String> = [
+        format!("IP:{NODE_IP}"),
+        format!("IP:{API_IP}"),
+        "IP:127.0.0.1".into(),
+        "DNS:kubernetes".into(),
+        "DNS:kubernetes.default".into(),
+        "DNS:kubernetes.default.svc".into(),
+        "DNS:kubernetes.default.svc.cluster.local".into(),
+        "DNS:localhost".into(),
+    ]
+    .into();
+    pki::leaf(
+        &dir,
+        &pki::Identity {
+            file: "apiserver",
+            user: "kube-apiserver",
+            group: None,
+        },
+        &sans,
+    )?;
+    for (file, user, group) in [
+        (
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            Some("system:masters"),
+        ),
+        ("admin", "qoslet-admin", Some("system:masters")),
+        ("controller-manager", "system:kube-controller-manager", None),
+        ("scheduler", "system:kube-scheduler", None),
+        (
+            "kubelet",
+            &format!("system:node:{NODE}"),
+            Some("system:nodes"),
+        ),
+    ] {
+        pki::leaf(&dir, &pki::Identity { file, user, group }, &[])?;
+        if file != "apiserver-kubelet-client" {
+            kubeconfig(c, file)?;
+        }
+    }
+    pki::service_account_key(&dir)
+}
+
+/// `pki/<who>.kubeconfig`: the API server through the node IP, `who`'s certificate.
+fn kubeconfig(c: &Cluster, who: &str) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: qoslet\n  cluster:\n    server: https://{NODE_IP}:443\n    certificate-authority: {ca}\nusers:\n- name: {who}\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: qoslet\n  context:\n    cluster: qoslet\n    user: {who}\ncurrent-context: qoslet\n",
+        ca = c.p(CA_FILE),
+        crt = c.p(&format!("pki/{who}.crt")),
+        key = c.p(&format!("pki/{who}.key")),
+    );
+    fs::write(c.path(&format!("pki/{who}.kubeconfig")), text)?;
+    Ok(())
+}
+
+fn write_configs(c: &Cluster) -> Result<()> {
+    let sock = c.p("containerd/containerd.sock");
+    fs::write(
+        c.path("containerd/config.toml"),
+        format!(
+            r#"version = 3
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{sock}"
+
+[ttrpc]
+  address = "{sock}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+
+# ctr's imports unpack through the transfer service, for the snapshotter the CRI uses.
+[plugins."io.containerd.transfer.v1.local"]
+  [[plugins."io.containerd.transfer.v1.local".unpack_config]]
+    platform = "linux/{arch}"
+    snapshotter = "native"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Root here may lack CAP_SYS_RESOURCE: no oom_score_adj below containerd's own (the
+  # sandbox's -998, Guaranteed containers' -997), which runc could not set.
+  restrict_oom_score_adj = {restrict_oom}
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni}"]
+    conf_dir = "{net_d}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+"#,
+            root = c.p("containerd/root"),
+            state = c.p("containerd/state"),
+            opt = c.p("containerd/opt"),
+            pause = images::PAUSE,
+            restrict_oom = !container::has_bounding_cap(container::CAP_SYS_RESOURCE),
+            arch = match std::env::consts::ARCH {
+                "aarch64" => "arm64",
+                _ => "amd64",
+            },
+            cni = c.bins.cni.display(),
+            net_d = c.p("cni/net.d"),
+        ),
+    )?;
+    fs::write(
+        c.path("cni/net.d/10-qoslet.conflist"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "qoslet-cluster",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": "qcbr0",
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": c.p("var-lib/cni/networks"),
+                },
+            }],
+        }))?,
+    )?;
+    fs::write(c.path("run/resolv.conf"), "nameserver 127.0.0.1\n")?;
+    // Paths as the kubelet sees them in its mount namespace (/var/lib, /var/log and /run are
+    // the cluster's) or as the host sees them (pki, containerd: not remounted).
+    fs::write(
+        c.path("var-lib/kubelet/config.yaml"),
+        format!(
+            r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine's cgroups are hybrid (v1 controllers), which the kubelet refuses unless told.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /{name}/node
+cgroupsPerQOS: true
+enforceNodeAllocatable: [pods]
+systemReserved: {{cpu: 100m, memory: 128Mi}}
+kubeReserved: {{cpu: 100m, memory: 128Mi}}
+podPidsLimit: 1024
+evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
+# The images were imported (there is no registry): never collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+containerRuntimeEndpoint: unix://{sock}
+address: {NODE_IP}
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+failSwapOn: false
+resolvConf: /run/resolv.conf
+clusterDomain: cluster.local
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization: {{mode: Webhook}}
+"#,
+            name = c.name,
+            ca = c.p(CA_FILE),
+        ),
+    )?;
+    Ok(())
+}
+
+fn start_control_plane(c: &Cluster) -> Result<()> {
+    let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    c.start(
+        "etcd",
+        &c.bins.etcd(),
+        &[
+            "--name=default".into(),
+            format!("--data-dir={}", c.p("etcd")),
+            "--listen-client-urls=http://127.0.0.1:2379".into(),
+            "--advertise-client-urls=http://127.0.0.1:2379".into(),
+            "--listen-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+            "--initial-cluster=default=http://127.0.0.1:2380".into(),
+            // A test cluster's data need not survive a crash of the machine.
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ],
+    )?;
+    let pki = |f: &str| c.p(&format!("pki/{f}"));
+    c.start(
+        "kube-apiserver",
+        &c.bins.kube("kube-apiserver"),
+        &[
+            "--etcd-servers=http://127.0.0.1:2379".into(),
+            "--bind-address=0.0.0.0".into(),
+            "--secure-port=443".into(),
+            format!("--advertise-address={NODE_IP}"),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--allow-privileged=true".into(),
+            format!("--client-ca-file={}", pki("ca.crt")),
+            format!("--tls-cert-file={}", pki("apiserver.crt")),
+            format!("--tls-private-key-file={}", pki("apiserver.key")),
+            format!(
+                "--kubelet-client-certificate={}",
+                pki("apiserver-kubelet-client.crt")
+            ),
+            format!("--kubelet-client-key={}", pki("apiserver-kubelet-client.key")),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            format!("--service-account-key-file={}", pki("sa.pub")),
+            format!("--service-account-signing-key-file={}", pki("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            // The gang-aware Workload API (scheduling.k8s.io v1beta1 Workload and PodGroup,
+            // v1alpha3 CompositePodGroup) that qoslet's gang-aware eviction reads.
+            "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true,CompositePodGroup=true".into(),
+            "--runtime-config=scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true".into(),
+            format!("--cert-dir={}", pki("apiserver-certs")),
+            "--profiling=false".into(),
+        ],
+    )?;
+    wait("the API server's /readyz", Duration::from_secs(180), || {
+        succeeds(c.kubectl().args(["get", "--raw", "/readyz"]))
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("kube-apiserver")))?;
+    println!("cluster: API server ready");
+    let kc = |who: &str| pki(&format!("{who}.kubeconfig"));
+    let mut kcm = s(&[
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        "--controllers=*,-nodeipam",
+    ]);
+    kcm.extend([
+        format!("--kubeconfig={}", kc("controller-manager")),
+        format!("--authentication-kubeconfig={}", kc("controller-manager")),
+        format!("--authorization-kubeconfig={}", kc("controller-manager")),
+        format!("--service-account-private-key-file={}", pki("sa.key")),
+        format!("--root-ca-file={}", pki("ca.crt")),
+        format!("--cluster-signing-cert-file={}", pki("ca.crt")),
+        format!("--cluster-signing-key-file={}", pki("ca.key")),
+    ]);
+    c.start(
+        "kube-controller-manager",
+        &c.bins.kube("kube-controller-manager"),
+        &kcm,
+    )?;
+    let mut sched = s(&["--bind-address=127.0.0.1", "--leader-elect=false"]);
+    sched.extend([
+        format!("--kubeconfig={}", kc("scheduler")),
+        format!("--authentication-kubeconfig={}", kc("scheduler")),
+        format!("--authorization-kubeconfig={}", kc("scheduler")),
+    ]);
+    c.start("kube-scheduler", &c.bins.kube("kube-scheduler"), &sched)
+}
+
+fn start_node(c: &Cluster, archives: &[PathBuf]) -> Result<()> {
+    let sock = c.p("containerd/containerd.sock");
+    c.start(
+        "containerd",
+        &c.bins.containerd.join("containerd"),
+        &["--config".into(), c.p("containerd/config.toml")],
+    )?;
+    let ctr = |args: &[&str]| {
+        let mut cmd = c.inside(true, &c.bins.containerd.join("ctr"));
+        cmd.args(["--address", &sock, "--namespace", "k8s.io"])
+            .args(args);
+        cmd
+    };
+    wait("containerd", Duration::from_secs(60), || {
+        succeeds(&mut ctr(&["version"]))
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("containerd")))?;
+    for a in archives {
+        let t = Instant::now();
+        apt::run(ctr(&["images", "import", "--snapshotter", "native"]).arg(a))?;
+        println!("cluster: imported {} in {:.1?}", a.display(), t.elapsed());
+    }
+    c.start(
+        "kubelet",
+        &c.bins.kube("kubelet"),
+        &[
+            "--config=/var/lib/kubelet/config.yaml".into(),
+            format!("--kubeconfig={}", c.p("pki/kubelet.kubeconfig")),
+            format!("--hostname-override={NODE}"),
+            format!("--node-ip={NODE_IP}"),
+        ],
+    )?;
+    wait("the node to be Ready", Duration::from_secs(240), || {
+        c.kubectl()
+            .args([
+                "get",
+                "node",
+                NODE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ])
+            .output()
+            .is_ok_and(|o| o.stdout == b"True")
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("kubelet")))?;
+    println!("cluster: node {NODE} Ready");
+    Ok(())
+}
+
+/// The README's install: the image is in containerd already; `kubectl apply -k
+/// deploy/kubernetes` with the prometheus-operator CRDs its monitoring objects need.
+fn install_qoslet(c: &Cluster) -> Result<()> {
+    let t = Instant::now();
+    let crds = prometheus_operator_crds()?;
+    for crd in &crds {
+        apt::run(c.kubectl().args(["apply", "--server-side", "-f"]).arg(crd))?;
+    }
+    for crd in ["servicemonitors", "prometheusrules"] {
+        apt::run(c.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            &format!("crd/{crd}.monitoring.coreos.com"),
+        ]))?;
+    }
+    let overlay = node_root_overlay(c)?;
+    apt::run(c.kubectl().arg("apply").arg("-k").arg(&overlay))?;
+    apt::run(c.kubectl().args([
+        "-n",
+        "qoslet-system",
+        "rollout",
+        "status",
+        "daemonset/qoslet",
+        "--timeout=300s",
+    ]))
+    .inspect_err(|_| {
+        let _ = c
+            .kubectl()
+            .args(["-n", "qoslet-system", "describe", "pods"])
+            .status();
+        let _ = c
+            .kubectl()
+            .args([
+                "-n",
+                "qoslet-system",
+                "logs",
+                "daemonset/qoslet",
+                "--tail=30",
+            ])
+            .status();
+    })?;
+    println!("cluster: qoslet's DaemonSet Ready in {:.0?}", t.elapsed());
+    Ok(())
+}
+
+/// A kustomization whose base is deploy/kubernetes and whose one change is the cgroup that is
+/// the node: on a real node it is the machine (qoslet's default), here a cgroup of a shared
+/// machine with a memory limit (`nodeRootCgroup`, the kubelet's cgroupRoot).
+fn node_root_overlay(c: &Cluster) -> Result<PathBuf> {
+    let base = cargo::workspace_root().join("deploy/kubernetes");
+    let cm: serde_json::Value =
+        serde_yaml_ng::from_str(&fs::read_to_string(base.join("configmap.yaml"))?)?;
+    let config = cm["data"]["config.yaml"]
+        .as_str()
+        .context("deploy/kubernetes/configmap.yaml has no config.yaml")?;
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": cm["metadata"]["name"], "namespace": cm["metadata"]["namespace"]},
+        "data": {"config.yaml": format!("{config}nodeRootCgroup: /{}/node\n", c.name)},
+    });
+    let mut patches = vec![serde_json::json!({"patch": serde_yaml_ng::to_string(&patch)?})];
+    if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
+        // Not in this machine's bounding set, so runc cannot grant it (the agent then keeps
+        // its own oom_score_adj and 1 s PSI windows need it: it says so in its log).
+        let ds: serde_json::Value =
+            serde_yaml_ng::from_str(&fs::read_to_string(base.join("daemonset.yaml"))?)?;
+        let add = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+            ["add"];
+        let i = add
+            .as_array()
+            .and_then(|a| a.iter().position(|c| c == "SYS_RESOURCE"))
+            .context("the DaemonSet adds no SYS_RESOURCE")?;
+        let path = format!("/spec/template/spec/containers/0/securityContext/capabilities/add/{i}");
+        patches.push(serde_json::json!({
+            "target": {"kind": "DaemonSet", "name": ds["metadata"]["name"]},
+            "patch": serde_json::to_string(&serde_json::json!([
+                {"op": "test", "path": path, "value": "SYS_RESOURCE"},
+                {"op": "remove", "path": path},
+            ]))?,
+        }));
+    }
+    let kustomization = serde_json::json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        // kustomize takes a base by relative path only.
+        "resources": [relative(&c.path("deploy"), &base)],
+        "patches": patches,
+    });
+    let dir = c.path("deploy");
+    fs::create_dir_all(&dir)?;
+    fs::write(
+        dir.join("kustomization.yaml"),
+        serde_yaml_ng::to_string(&kustomization)?,
+    )?;
+    Ok(dir)
+}
+
+/// `to` as a path relative to the directory `from` (both absolute).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out: PathBuf = from[common..].iter().map(|_| "..").collect();
+    out.extend(&to[common..]);
+    out
+}
+
+/// The prometheus-operator release whose CRDs the cluster installs.
+const PROMETHEUS_OPERATOR: &str = "v0.85.0";
+
+/// ServiceMonitor's and PrometheusRule's CRDs, from the prometheus-operator Go module (the
+/// files its releases ship, in the module's `example/prometheus-operator-crd`).
+fn prometheus_operator_crds() -> Result<Vec<PathBuf>> {
+    let out = crate::gotools::go()?
+        .args([
+            "mod",
+            "download",
+            "-json",
+            &format!("github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR}"),
+        ])
+        .env("GOFLAGS", "")
+        .output()
+        .context("go mod download")?;
+    if !out.status.success() {
+        bail!(
+            "go mod download prometheus-operator: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let dir = PathBuf::from(v["Dir"].as_str().context("no Dir")?);
+    Ok(["servicemonitors", "prometheusrules"]
+        .iter()
+        .map(|k| {
+            dir.join(format!(
+                "example/prometheus-operator-crd/monitoring.coreos.com_{k}.yaml"
+            ))
+        })
+        .collect())
+}
+
+fn down() -> Result<()> {
+    let Some(dir) = current()? else {
+        println!("cluster: none is up");
+        return Ok(());
+    };
+    let info: Option<Info> = fs::read_to_string(dir.join("cluster.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok());
+    if let Some(info) = &info {
+        kill_all(&info.name)?;
+        // The mount namespace goes with its last process and this bind of it.
+        let ns = dir.join("mnt.ns");
+        if is_mount_point(&ns)? {
+            apt::run(Command::new("umount").arg("--lazy").arg(&ns))?;
+        }
+        if Path::new("/run/netns").join(&info.netns).exists() {
+            ip(&["netns", "del", &info.netns])?;
+        }
+        remove_cgroups(&info.name)?;
+    }
+    for m in mounts_beneath(&dir)? {
+        let _ = Command::new("umount").arg("--lazy").arg(&m).status();
+    }
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::remove_file(state_dir().join("current"))?;
+    println!("cluster: {} down", dir.display());
+    Ok(())
+}
+
+/// Every directory of `/<name>` in `h`, children before parents.
+fn subtree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = fs::read_dir(root) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(subtree(&e.path()));
+            }
+        }
+    }
+    if root.is_dir() {
+        out.push(root.to_owned());
+    }
+    out
+}
+
+/// SIGKILL to every process in `/<name>` of every hierarchy until none is left.
+fn kill_all(name: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut pids = Vec::new();
+        for h in hierarchies()? {
+            for d in subtree(&h.join(name)) {
+                let procs = fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("processes left in /{name}: {pids:?}");
+        }
+        for pid in pids {
+            // SAFETY: kill(2) takes plain integers; the pid was read from the cluster's own
+            // cgroups, so nothing outside the cluster is signalled.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn remove_cgroups(name: &str) -> Result<()> {
+    for h in hierarchies()? {
+        for d in subtree(&h.join(name)) {
+            // A cgroup whose last task just died may be busy for a moment.
+            let mut tries = 0;
+            while let Err(e) = fs::remove_dir(&d) {
+                tries += 1;
+                if tries > 50 {
+                    return Err(e).with_context(|| format!("removing {}", d.display()));
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mounts_beneath(dir: &Path) -> Result<Vec<PathBuf>> {
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut out: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(PathBuf::from))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    // Deepest first.
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    Ok(out)
+}
+
+fn is_mount_point(p: &Path) -> Result<bool> {
+    Ok(mounts_beneath(p)?.iter().any(|m| m == p))
+}
+
+fn test() -> Result<()> {
+    let dir = current()?.context("no cluster is up")?;
+    let info: Info = serde_json::from_str(&fs::read_to_string(dir.join("cluster.json"))?)?;
+    let tc = toolchain::ensure()?;
+    let t = Instant::now();
+    let args = [
+        "test",
+        "-p",
+        "qoslet-tests",
+        "--test",
+        "real_cluster",
+        "--",
+        "--ignored",
+        "--test-threads=1",
+        // Their summaries (the values compared, the log checked) are the run's record.
+        "--nocapture",
+    ];
+    // Built outside the namespace (cargo may fetch), run inside (the API server is there).
+    cargo::run(
+        &tc,
+        &[
+            "test",
+            "-p",
+            "qoslet-tests",
+            "--test",
+            "real_cluster",
+            "--no-run",
+        ],
+    )?;
+    let counts = cargo::test_through(
+        &tc,
+        &[
+            "nsenter".into(),
+            format!("--net=/run/netns/{}", info.netns),
+            "--".into(),
+        ],
+        &args,
+        &[(
+            "QOSLET_CLUSTER".into(),
+            dir.join("cluster.json").display().to_string(),
+        )],
+    )?;
+    println!("cluster test: {} in {:.0?}", counts.summary(), t.elapsed());
+    if !counts.ok || counts.passed == 0 {
+        bail!(
+            "the real-cluster tests failed (logs: {})",
+            dir.join("logs").display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_climb_to_the_common_ancestor() {
+        assert_eq!(
+            relative(
+                Path::new("/w/target/cluster/1/deploy"),
+                Path::new("/w/deploy/kubernetes")
+            ),
+            PathBuf::from("../../../../deploy/kubernetes")
+        );
+        assert_eq!(
+            relative(Path::new("/a"), Path::new("/a/b")),
+            PathBuf::from("b")
+        );
+    }
+}
