@@ -21,25 +21,34 @@ fn schedstat(pid: u32) -> (u64, u64) {
     (f.next().expect("on-CPU"), f.next().expect("run delay"))
 }
 
+/// Waits until `pid` is in `state` (a letter of `/proc/PID/stat`) running `comm` (any when
+/// `None`).
+async fn wait_for_state(pid: u32, state: char, comm: Option<&str>) {
+    for _ in 0..1000 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // `pid (comm) S ...`: the state follows the last ')'.
+        let in_state = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with(state));
+        let running = comm.is_none_or(|c| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|s| s.trim() == c)
+        });
+        if in_state && running {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{pid} never reached state {state} in {comm:?}");
+}
+
 /// Stops `pid` and waits until it is stopped. A stopped task has no slice in progress: schedstat
 /// counts a running slice before it ends, the program at the switch, so a snapshot taken while a
 /// still-starting shell ran (seen on the 6.12 VM) started the two accounts apart.
 async fn stopped(pid: u32) {
     // SAFETY: our own child.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-    for _ in 0..500 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // `pid (comm) S ...`: the state follows the last ')'.
-        if stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('T'))
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{pid} did not stop");
+    wait_for_state(pid, 'T', None).await;
 }
 
 /// Waits until `pid` runs `sleep` and sleeps in it. A task that blocks leaves the CPU through
@@ -47,20 +56,7 @@ async fn stopped(pid: u32) {
 /// while it waits on a run queue is dequeued without a switch: the kernel adds that wait to
 /// `run_delay`, the program never sees it (seen on a loaded host: 20 ms apart).
 async fn asleep(pid: u32) {
-    for _ in 0..1000 {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if comm.trim() == "sleep"
-            && stat
-                .rsplit(')')
-                .next()
-                .is_some_and(|rest| rest.trim_start().starts_with('S'))
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{pid} did not go to sleep");
+    wait_for_state(pid, 'S', Some("sleep")).await;
 }
 
 /// `a` within `pct` percent (and 2 ms) of `b`.
