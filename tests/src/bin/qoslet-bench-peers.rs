@@ -575,12 +575,47 @@ impl Node {
                 get("qoslet_eviction_decision_latency_seconds_count"),
             ) && count > 0.0
             {
+                // Its parts: wake-up seen -> pass, -> action, -> first signal.
+                let stages: Vec<String> = ["wake", "decide", "kill"]
+                    .iter()
+                    .map(|s| {
+                        let series = |part: &str| {
+                            get(&format!(
+                                "qoslet_eviction_stage_latency_seconds_{part}{{stage=\"{s}\"}}"
+                            ))
+                        };
+                        match (series("sum"), series("count")) {
+                            (Some(sum), Some(n)) if n > 0.0 => {
+                                format!("{s}_mean_ms={:.1}", sum / n * 1e3)
+                            }
+                            _ => format!("{s}_mean_ms=-"),
+                        }
+                    })
+                    .collect();
                 println!(
-                    "QOSLET-VM-PEERS-DECISION system={:?} decisions={count} mean_ms={:.1}",
+                    "QOSLET-VM-PEERS-DECISION system={:?} decisions={count} mean_ms={:.1} {}",
                     self.system,
-                    sum / count * 1e3
+                    sum / count * 1e3,
+                    stages.join(" ")
                 );
             }
+            // After the first signal: until the victim's processes are gone and its memory is
+            // back, as the manager saw it (its "Released." log lines).
+            let log = fs::read_to_string(format!("{RUN}/{:?}/qoslet.log", self.system))
+                .unwrap_or_default();
+            let released: Vec<String> = log
+                .lines()
+                .filter(|l| l.contains("Released."))
+                .filter_map(|l| {
+                    let v = l.split("release_ms=").nth(1)?.split_whitespace().next()?;
+                    v.parse::<f64>().ok().map(|ms| format!("{ms:.0}"))
+                })
+                .collect();
+            println!(
+                "QOSLET-VM-PEERS-RELEASE system={:?} first_signal_to_released_ms=[{}]",
+                self.system,
+                released.join(",")
+            );
         }
         if let Some(mut e) = self.earlyoom.take() {
             let _ = e.kill();
