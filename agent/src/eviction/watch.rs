@@ -7,7 +7,8 @@
 //! - v2: inotify on `memory.events` (high/max/oom changes; the kubelet has no v2 notifier);
 //! - the v2 root (the whole machine as the node) has no `memory.events` and no notification of
 //!   its own: the sensors' wake-ups (the PSI trigger on `/proc/pressure/memory`, see
-//!   [`Wake::from_sensor`]) and the level check;
+//!   [`Wake::from_sensor`]) and the level check, which there reads the working set itself from
+//!   `/proc/meminfo` ([`MemoryCgroup::level_usage`]);
 //! - all: a cheap level check of the usage (one read), because usage can sit above the
 //!   notification level on page cache and a notification only fires on a crossing. Its interval
 //!   follows the headroom, as earlyoom's does (`sleep_time_ms`: the free memory above its
@@ -114,7 +115,8 @@ pub enum WatchError {
 pub struct WatchConfig {
     pub node_root: MemoryCgroup,
     /// Usage in bytes at which to wake: capacity minus the largest memory.available amount.
-    /// Usage >= working set, so it crosses no later than the signal does.
+    /// Usage >= working set, so it crosses no later than the signal does (on the v2 root the
+    /// working set itself is compared: [`MemoryCgroup::level_usage`]).
     pub level_bytes: i64,
     /// The level check's shortest interval (at or above the level); it lengthens with the
     /// headroom up to [`LEVEL_CHECK_MAX`]. `None` for notifications only.
@@ -244,7 +246,7 @@ async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
             },
             _ = async { tokio::time::sleep_until(next_check.expect("guarded")).await }, if next_check.is_some() => {
                 let shortest = cfg.poll.expect("a level check has an interval");
-                let usage = cfg.node_root.usage();
+                let usage = cfg.node_root.level_usage();
                 let headroom = usage.as_ref().map_or(0, |u| cfg.level_bytes.saturating_sub(*u));
                 next_check = Some(tokio::time::Instant::now() + level_check_interval(headroom, shortest));
                 // Keep waking while above: usage may sit above the level on page cache while the

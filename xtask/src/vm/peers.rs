@@ -24,9 +24,10 @@ const KERNEL: &str = "6.12";
 /// The node's memory: fixed, so every system and run sees the same machine.
 const MEMORY_MIB: u32 = 1024;
 /// The whole VM run: boot and setup, then about 4 min per repetition of every row (measured:
-/// 508 s for 2), with room for TCG on a busy machine.
+/// 508 s for 2, before each repetition restarted every system's node), with room for TCG on a
+/// busy machine.
 fn timeout(repetitions: u64) -> Duration {
-    Duration::from_secs((5 + 6 * repetitions) * 60)
+    Duration::from_secs((5 + 7 * repetitions) * 60)
 }
 const DRIVER: &str = "qoslet-bench-peers";
 
