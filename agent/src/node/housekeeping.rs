@@ -14,7 +14,9 @@ use tracing::warn;
 use super::{Node, sensing::SensorControl};
 use crate::{
     cgroup,
-    eviction::{Decision, NodeCondition, thresholds::Observations, thresholds::threshold_amount},
+    eviction::{
+        Decision, NodeCondition, Stages, thresholds::Observations, thresholds::threshold_amount,
+    },
     server::metrics::{
         ConditionLabels, EvictionLabels, PodLabels, ProgramLabels, RingLabels, SignalLabels,
         StageLabels, ThresholdLabels,
@@ -146,7 +148,7 @@ impl Node {
                 .eviction_decision_latency
                 .observe(l.as_secs_f64());
         }
-        for (stage, d) in d.stages.iter().flat_map(|s| s.labelled()) {
+        for (stage, d) in d.stages.iter().flat_map(Stages::labelled) {
             self.report
                 .state
                 .metrics
