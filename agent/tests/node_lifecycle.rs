@@ -267,10 +267,23 @@ fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
 
 #[test]
 fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod() {
+    crash_and_restart("crash", false);
+}
+
+/// The eviction's kill goes out before the state file is written (and the mark on the pod's
+/// cgroup v2 directory just before it): a crash between the two leaves the state file without
+/// the eviction. Emptying its evictions after the crash makes that state, and the restart must
+/// still find the eviction (on the pod's cgroup) and never start the pod again.
+#[test]
+fn a_crash_between_the_kill_and_the_state_file_loses_no_eviction() {
+    crash_and_restart("lost-state", true);
+}
+
+fn crash_and_restart(tag: &str, forget_state: bool) {
     if !root_or_skip() {
         return;
     }
-    let node = TestNode::new("crash");
+    let node = TestNode::new(tag);
     node.pod("sleeper", "Always", "exec sleep 3600");
     // A Never pod that allocates until it is evicted (the node: 1Gi, hard threshold 256Mi).
     node.pod("hog", "Never", "sleep 2; exec tail /dev/zero");
@@ -286,6 +299,15 @@ fn after_sigkill_a_restart_stops_the_orphans_and_never_restarts_an_evicted_pod()
         alive(orphan),
         "SIGKILL leaves the pods running, unsupervised"
     );
+    if forget_state {
+        let file = node
+            .work
+            .join("state")
+            .join(format!("node-{}.json", node.node_root));
+        let mut state: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+        state["evicted"] = serde_json::json!({});
+        fs::write(&file, serde_json::to_vec(&state).unwrap()).unwrap();
+    }
 
     let mut second = node.start("second.log");
     wait_until("sleeper Running again", Duration::from_secs(30), || {

@@ -94,7 +94,8 @@ impl EvictedStatus {
 /// What an action did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// When the first signal went out; `None` if the pod had no process left.
+    /// When the first signal (or the cgroup kill) went out; `None` if nothing was sent (no
+    /// process left and no `cgroup.kill`).
     pub first_signal_at: Option<Instant>,
     pub signalled: usize,
     pub status: EvictedStatus,
@@ -196,6 +197,49 @@ fn say_no_cgroup_kill(unified: &std::path::Path) {
     });
 }
 
+/// Frees the memory of killed processes from this process's side (`process_mrelease(2)`, Linux
+/// 5.15+, the call Android's lmkd makes after its kills), on a blocking thread: a process killed
+/// under memory pressure frees its memory only once it is scheduled and runs its exit, which a
+/// busy CPU delays; the call unmaps its anonymous memory at once, as the kernel's OOM reaper does
+/// for its own victims. Best effort: a process already gone, or a kernel without the call, leaves
+/// the freeing to the process's exit.
+fn reap(pids: Vec<i32>) {
+    if pids.is_empty() {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn_blocking(move || {
+        for pid in pids {
+            // SAFETY: pidfd_open(2) with no flags; the result is checked before it is used.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            if fd < 0 {
+                continue;
+            }
+            let fd = fd as i32;
+            // SAFETY: process_mrelease(2) on the pidfd just opened; it only frees the memory of a
+            // process that is dying (EINVAL otherwise), so a reused pid is left alone.
+            let r = unsafe { libc::syscall(libc::SYS_process_mrelease, fd, 0) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ENOSYS) {
+                    say_no_mrelease();
+                }
+            }
+            // SAFETY: closing the pidfd this loop opened and nothing else holds.
+            unsafe { libc::close(fd) };
+        }
+    });
+}
+
+fn say_no_mrelease() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::info!("No process_mrelease (Linux before 5.15): an evicted process's memory comes back when it exits.");
+    });
+}
+
 impl EvictionAction for CgroupKill {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
@@ -220,13 +264,16 @@ impl EvictionAction for CgroupKill {
             }
             exists
         });
-        if let Some(u) = cgroups.unified.as_ref().filter(|_| has_kill)
-            && !procs(cgroups)?.is_empty()
-        {
-            first_signal_at.get_or_insert_with(Instant::now);
+        if let Some(u) = cgroups.unified.as_ref().filter(|_| has_kill) {
+            // The kill first, with nothing read before it: the kernel kills every process of the
+            // cgroup and its descendants, a fork racing it included.
+            let at = Instant::now();
             let path = u.join("cgroup.kill");
             super::held::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
-            signalled += 1;
+            first_signal_at.get_or_insert(at);
+            let pids = procs(cgroups)?;
+            signalled += pids.len();
+            reap(pids);
         }
         let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
         loop {

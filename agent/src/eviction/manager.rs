@@ -20,7 +20,7 @@ use super::{
     node::NodeSignals,
     select::{Order, Sample, choose},
     signals::{MemoryCgroup, SignalError, read_procs},
-    stats::{Decision, EvictionStats},
+    stats::{Decision, EvictionStats, Stages},
     thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
     watch::Wake,
 };
@@ -341,6 +341,7 @@ impl<A: EvictionAction> Manager<A> {
                     })
             }
         });
+        let acting = Instant::now();
         let results = futures::future::join_all(evictions).await;
         self.evicted.extend(choice.pods.iter().cloned());
         let mut first_signal: Option<Instant> = None;
@@ -366,6 +367,11 @@ impl<A: EvictionAction> Manager<A> {
             unit,
             reason: choice.reason.to_string(),
             latency: first_signal.map(|f| f.saturating_duration_since(seen)),
+            stages: first_signal.map(|f| Stages {
+                wake: now.saturating_duration_since(seen),
+                decide: acting.saturating_duration_since(now),
+                kill: f.saturating_duration_since(acting),
+            }),
             first_signal_at: first_signal,
             statuses,
         };
@@ -385,6 +391,9 @@ impl<A: EvictionAction> Manager<A> {
         let unit_pods: Vec<&ManagedPod> = choice.pods.iter().map(|k| pods[k]).collect();
         self.wait_released(&threshold, &unit_pods, choice.frees, resource)
             .await;
+        if let Some(f) = first_signal {
+            tracing::info!(pods = ?names, release_ms = f.elapsed().as_secs_f64() * 1e3, "Released.");
+        }
         Ok(Some(decision))
     }
 

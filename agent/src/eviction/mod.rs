@@ -22,5 +22,5 @@ pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;
 pub use select::Order;
 pub use signals::MemoryCgroup;
-pub use stats::{Decision, EvictionStats, Histogram};
+pub use stats::{Decision, EvictionStats, Histogram, Stages};
 pub use watch::{Wake, WakeSource, WatchConfig, spawn_watcher};

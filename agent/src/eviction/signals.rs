@@ -104,6 +104,23 @@ impl MemoryCgroup {
         }
     }
 
+    /// What the watchers compare with their level, in one read: the usage file; on the v2 root
+    /// the working set itself, `MemTotal - MemFree - Inactive(file)` of `/proc/meminfo`. The
+    /// root's usage counts the whole page cache, so on a node with a warm cache it would sit
+    /// above any level and wake the manager at every check.
+    pub fn level_usage(&self) -> Result<i64, SignalError> {
+        match read_i64(&self.usage_file()) {
+            Err(e) if self.is_v2_root(&e) => {
+                let text = read(Path::new(MEMINFO))?;
+                meminfo_working_set_of(&text).ok_or_else(|| SignalError::Parse {
+                    path: MEMINFO.into(),
+                    content: text,
+                })
+            }
+            other => other,
+        }
+    }
+
     /// Whether `e` (from reading one of its memory files) says this is the root of a cgroup v2
     /// hierarchy, which has none (only the root lacks `cgroup.type`).
     fn is_v2_root(&self, e: &SignalError) -> bool {
@@ -222,13 +239,22 @@ fn meminfo_usage() -> Result<i64, SignalError> {
     })
 }
 
+/// A `/proc/meminfo` field in KiB.
+fn meminfo_kib(text: &str, key: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 fn meminfo_usage_of(text: &str) -> Option<i64> {
-    let kib = |key: &str| -> Option<i64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    };
+    let kib = |key| meminfo_kib(text, key);
     Some((kib("MemTotal")? - kib("MemFree")?) * 1024)
+}
+
+/// `MemTotal - MemFree - Inactive(file)`, never negative.
+fn meminfo_working_set_of(text: &str) -> Option<i64> {
+    let kib = |key| meminfo_kib(text, key);
+    Some(((kib("MemTotal")? - kib("MemFree")? - kib("Inactive(file)")?) * 1024).max(0))
 }
 
 fn read(path: &Path) -> Result<String, SignalError> {
@@ -326,6 +352,17 @@ mod tests {
             Some(800 * 1024)
         );
         assert_eq!(meminfo_usage_of("MemFree: 1 kB\n"), None);
+        // The watcher's level on the root: the working set, page cache on the inactive list out.
+        assert_eq!(
+            meminfo_working_set_of(
+                "MemTotal:       1000 kB\nMemFree:         200 kB\nInactive(anon):   7 kB\nInactive(file):   300 kB\n"
+            ),
+            Some(500 * 1024)
+        );
+        assert_eq!(
+            meminfo_working_set_of("MemTotal: 1000 kB\nMemFree: 200 kB\n"),
+            None
+        );
         let dir = std::env::temp_dir().join(format!("qoslet-signals-root-{}", std::process::id()));
         let root = dir.join("root");
         let child = dir.join("child");

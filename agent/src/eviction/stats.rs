@@ -63,9 +63,33 @@ pub struct Decision {
     pub reason: String,
     /// Signal crossing seen -> first signal sent; `None` when nothing was signalled.
     pub latency: Option<Duration>,
+    /// The latency's parts; `None` when nothing was signalled.
+    pub stages: Option<Stages>,
     /// When the first signal went out.
     pub first_signal_at: Option<Instant>,
     pub statuses: Vec<(PodKey, EvictedStatus)>,
+}
+
+/// The parts of a decision's latency, in order; they add up to [`Decision::latency`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stages {
+    /// The wake-up seen -> the pass started (the channel and the manager's scheduling).
+    pub wake: Duration,
+    /// The pass started -> the action called (signals read, thresholds, ranking).
+    pub decide: Duration,
+    /// The action called -> the first signal sent (the cgroup kill).
+    pub kill: Duration,
+}
+
+impl Stages {
+    /// Each stage with its metric label.
+    pub fn labelled(&self) -> [(&'static str, Duration); 3] {
+        [
+            ("wake", self.wake),
+            ("decide", self.decide),
+            ("kill", self.kill),
+        ]
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -5,9 +5,16 @@
 //!   `memory.usage_in_bytes`), the kernel's own mechanism, which the kubelet also uses
 //!   (pkg/kubelet/eviction/threshold_notifier_linux.go);
 //! - v2: inotify on `memory.events` (high/max/oom changes; the kubelet has no v2 notifier);
-//! - the v2 root (the whole machine as the node) has no `memory.events`: the level check alone;
-//! - both: a cheap level check of the usage file every `poll` (one read), because usage can sit
-//!   above the notification level on page cache and a notification only fires on a crossing.
+//! - the v2 root (the whole machine as the node) has no `memory.events` and no notification of
+//!   its own: the sensors' wake-ups (the PSI trigger on `/proc/pressure/memory`, see
+//!   [`Wake::from_sensor`]) and the level check, which there reads the working set itself from
+//!   `/proc/meminfo` ([`MemoryCgroup::level_usage`]);
+//! - all: a cheap level check of the usage (one read), because usage can sit above the
+//!   notification level on page cache and a notification only fires on a crossing. Its interval
+//!   follows the headroom, as earlyoom's does (`sleep_time_ms`: the free memory above its
+//!   threshold over a fill rate of 6000 MiB/s, clamped): memory cannot run out sooner than the
+//!   headroom at that rate, so a node far from its level is read once a second and one near it
+//!   every `poll`.
 //!
 //! The watcher only wakes the manager; the manager reads every signal afresh.
 
@@ -22,14 +29,14 @@ use thiserror::Error;
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
 use super::signals::MemoryCgroup;
-use crate::sensors::SensorEvent;
+use crate::sensors::{SensorEvent, event::PressureScope};
 
 /// Where a wake-up came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum WakeSource {
     /// A memcg event of the eBPF sensors (high, max, oom) on the node root or kubepods.
     Memcg,
-    /// A PSI trigger.
+    /// A PSI trigger (the system's or the node root's).
     Pressure,
     /// `memory.events` changed (v2).
     MemoryEvents,
@@ -69,12 +76,19 @@ impl Wake {
         }
     }
 
-    /// A wake-up for a memcg event of one of `memcg_ids` (the node root and kubepods).
+    /// A wake-up for a memcg event of one of `memcg_ids` (the node root and kubepods), or for a
+    /// PSI memory trigger of the system or of one of them.
     pub fn from_sensor(e: &SensorEvent, memcg_ids: &[u64]) -> Option<Self> {
         match e {
             SensorEvent::Memcg { memcg_id, .. } if memcg_ids.contains(memcg_id) => {
                 Some(Self::now(WakeSource::Memcg))
             }
+            SensorEvent::MemoryPressure {
+                scope: PressureScope::System,
+            } => Some(Self::now(WakeSource::Pressure)),
+            SensorEvent::MemoryPressure {
+                scope: PressureScope::Cgroup(id),
+            } if memcg_ids.contains(id) => Some(Self::now(WakeSource::Pressure)),
             _ => None,
         }
     }
@@ -101,10 +115,26 @@ pub enum WatchError {
 pub struct WatchConfig {
     pub node_root: MemoryCgroup,
     /// Usage in bytes at which to wake: capacity minus the largest memory.available amount.
-    /// Usage >= working set, so it crosses no later than the signal does.
+    /// Usage >= working set, so it crosses no later than the signal does (on the v2 root the
+    /// working set itself is compared: [`MemoryCgroup::level_usage`]).
     pub level_bytes: i64,
-    /// The level check interval; `None` for notifications only.
+    /// The level check's shortest interval (at or above the level); it lengthens with the
+    /// headroom up to [`LEVEL_CHECK_MAX`]. `None` for notifications only.
     pub poll: Option<Duration>,
+}
+
+/// The level check's longest interval (earlyoom's `max_sleep`).
+pub const LEVEL_CHECK_MAX: Duration = Duration::from_secs(1);
+/// The fastest memory is assumed to fill, bytes per second: earlyoom's `mem_fill_rate` (6000
+/// MiB/s, "seen with stress -m 4 --vm-bytes 4G").
+const FILL_RATE: u64 = 6000 << 20;
+
+/// How long the level check may sleep with `headroom` bytes below the level: the time memory
+/// takes to fill it at [`FILL_RATE`], between `shortest` and [`LEVEL_CHECK_MAX`].
+pub fn level_check_interval(headroom: i64, shortest: Duration) -> Duration {
+    let headroom = u64::try_from(headroom).unwrap_or(0);
+    let fill = Duration::from_secs_f64(headroom as f64 / FILL_RATE as f64);
+    fill.clamp(shortest, LEVEL_CHECK_MAX.max(shortest))
 }
 
 fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> WatchError {
@@ -133,7 +163,7 @@ pub fn spawn_watcher(
 enum Notifier {
     Threshold(AsyncFd<OwnedFd>),
     Events(AsyncFd<OwnedFd>),
-    /// The v2 root: no notification, the level check only.
+    /// The v2 root: no notification of its own (the sensors' PSI wake-ups and the level check).
     None,
 }
 
@@ -202,10 +232,8 @@ fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, WatchError
 }
 
 async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
-    let mut tick = cfg.poll.map(tokio::time::interval);
-    if let Some(t) = &mut tick {
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    }
+    // The first check at once; each check sets the next one's time from the headroom it saw.
+    let mut next_check = cfg.poll.map(|_| tokio::time::Instant::now());
     loop {
         let source = tokio::select! {
             n = notifier.next() => match n {
@@ -216,11 +244,14 @@ async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
                     None
                 }
             },
-            _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => {
+            _ = async { tokio::time::sleep_until(next_check.expect("guarded")).await }, if next_check.is_some() => {
+                let shortest = cfg.poll.expect("a level check has an interval");
+                let usage = cfg.node_root.level_usage();
+                let headroom = usage.as_ref().map_or(0, |u| cfg.level_bytes.saturating_sub(*u));
+                next_check = Some(tokio::time::Instant::now() + level_check_interval(headroom, shortest));
                 // Keep waking while above: usage may sit above the level on page cache while the
                 // working set climbs, and the manager decides on fresh stats each time.
-                let above = cfg.node_root.usage().is_ok_and(|u| u >= cfg.level_bytes);
-                above.then_some(WakeSource::UsageLevel)
+                usage.is_ok_and(|u| u >= cfg.level_bytes).then_some(WakeSource::UsageLevel)
             }
         };
         if let Some(source) = source {
@@ -258,4 +289,43 @@ fn threshold_eventfd(dir: &std::path::Path, level: i64) -> Result<AsyncFd<OwnedF
     // The kernel holds its own reference to the usage file; ours may close.
     drop(usage);
     register(efd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MI: i64 = 1 << 20;
+
+    #[test]
+    fn the_level_check_sleeps_in_proportion_to_the_headroom() {
+        let shortest = Duration::from_millis(10);
+        // At or past the level: the shortest interval.
+        assert_eq!(level_check_interval(0, shortest), shortest);
+        assert_eq!(level_check_interval(-5 * MI, shortest), shortest);
+        // 600 MiB at 6000 MiB/s: 100 ms, earlyoom's figure for the same headroom.
+        assert_eq!(
+            level_check_interval(600 * MI, shortest),
+            Duration::from_millis(100)
+        );
+        // 30 MiB would fill in 5 ms: never below the shortest.
+        assert_eq!(level_check_interval(30 * MI, shortest), shortest);
+        // A large node far from its level: once a second.
+        assert_eq!(level_check_interval(64 << 30, shortest), LEVEL_CHECK_MAX);
+        // A shortest interval above the maximum wins.
+        let slow = Duration::from_secs(2);
+        assert_eq!(level_check_interval(64 << 30, slow), slow);
+    }
+
+    #[test]
+    fn psi_triggers_of_the_system_and_the_node_wake_the_manager() {
+        let node = [7, 9];
+        let wake = |scope| {
+            Wake::from_sensor(&SensorEvent::MemoryPressure { scope }, &node).map(|w| w.source)
+        };
+        assert_eq!(wake(PressureScope::System), Some(WakeSource::Pressure));
+        assert_eq!(wake(PressureScope::Cgroup(9)), Some(WakeSource::Pressure));
+        // A pod's own pressure is not the node's.
+        assert_eq!(wake(PressureScope::Cgroup(42)), None);
+    }
 }

@@ -1,11 +1,20 @@
-//! The node's eviction action. Before anything is killed, the eviction is written to the state
-//! file (so a crash from here on never starts the pod again) and the executor hears of it (so it
-//! does not restart the pod, and reports it Failed with reason `Evicted`); then the mode's action
-//! does the work (the cgroup kill; in a cluster also the API's eviction).
+//! The node's eviction action: the kill first, the bookkeeping after it.
+//!
+//! Where the pod has a cgroup v2 directory the only step before the mode's action (the cgroup
+//! kill; in a cluster also the API's eviction) is an [`EvictionMark`] on that directory, one
+//! syscall, which a restart after a crash reads back (`run.rs` `stop_leftovers`). The executor
+//! hears of the eviction (so it does not restart the pod, and reports it Failed with reason
+//! `Evicted`) and the state file is written, synced, while the action waits for the pod's
+//! processes to go: the action's future is polled first, and runs up to its kill before it first
+//! waits. A pod without a v2 directory cannot be marked: its eviction is written to the state
+//! file before the action, as before.
 
 use std::sync::{Arc, Mutex};
 
-use super::{seams::PodExecutor, state::StateFile};
+use super::{
+    seams::PodExecutor,
+    state::{EvictionMark, StateFile},
+};
 use crate::eviction::{EvictionAction, EvictionRequest, Outcome, action::ActionError};
 
 pub struct ExecutorEviction<E, A> {
@@ -24,25 +33,44 @@ impl<E, A> ExecutorEviction<E, A> {
     }
 }
 
+/// Records the eviction in the state file; `durable` waits for the disk.
+fn record(state: &Mutex<StateFile>, req: &EvictionRequest, durable: bool) {
+    let mut state = crate::lock(state);
+    state.record_evicted(&req.pod, req.revision, &req.message);
+    if let Err(e) = state.save(durable) {
+        tracing::warn!(pod = %req.pod, error = %e, "Could not write the eviction to the state file.");
+    }
+}
+
 impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A> {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
-        {
-            let mut state = crate::lock(&self.state);
-            state.record_evicted(&req.pod, req.revision, &req.message);
+        let marked = req.cgroups.unified.as_ref().is_some_and(|dir| {
+            let mark = EvictionMark::new(&req.pod, req.revision, &req.message);
+            mark.write(dir)
+                .inspect_err(|e| tracing::debug!(pod = %req.pod, error = %e, "Could not mark the pod's cgroup; the state file is written before the kill."))
+                .is_ok()
+        });
+        if !marked {
             // Page cache only: no disk wait before the kill (the node syncs it right after).
-            if let Err(e) = state.save(false) {
-                tracing::warn!(pod = %req.pod, error = %e, "Could not record the eviction before acting; a crash now would start the pod again.");
-            }
+            record(&self.state, req, false);
         }
-        // The executor's own stop may signal the pod first (the standalone runtime does); then
-        // the action finds it gone and sent nothing: the first signal went out here.
-        let marked = std::time::Instant::now();
-        self.executor
-            .mark_evicted(&req.pod, &req.message, req.grace);
-        let mut outcome = self.action.evict(req).await?;
+        let bookkeeping = async {
+            // The executor's own stop may signal the pod too (the standalone runtime does).
+            let told = std::time::Instant::now();
+            self.executor
+                .mark_evicted(&req.pod, &req.message, req.grace);
+            if marked {
+                let (state, req) = (self.state.clone(), req.clone());
+                // fsync off the runtime's threads; the mark covers the time until it is done.
+                let _ = tokio::task::spawn_blocking(move || record(&state, &req, true)).await;
+            }
+            told
+        };
+        // `join` polls the action first: its kill goes out before the bookkeeping starts.
+        let (outcome, told) = futures::future::join(self.action.evict(req), bookkeeping).await;
+        let mut outcome = outcome?;
         if self.executor.signals_on_evict() {
-            outcome.first_signal_at =
-                Some(outcome.first_signal_at.map_or(marked, |t| t.min(marked)));
+            outcome.first_signal_at = Some(outcome.first_signal_at.map_or(told, |t| t.min(told)));
         }
         Ok(outcome)
     }

@@ -14,10 +14,12 @@ use tracing::warn;
 use super::{Node, sensing::SensorControl};
 use crate::{
     cgroup,
-    eviction::{Decision, NodeCondition, thresholds::Observations, thresholds::threshold_amount},
+    eviction::{
+        Decision, NodeCondition, Stages, thresholds::Observations, thresholds::threshold_amount,
+    },
     server::metrics::{
         ConditionLabels, EvictionLabels, PodLabels, ProgramLabels, RingLabels, SignalLabels,
-        ThresholdLabels,
+        StageLabels, ThresholdLabels,
     },
 };
 
@@ -145,6 +147,16 @@ impl Node {
                 .metrics
                 .eviction_decision_latency
                 .observe(l.as_secs_f64());
+        }
+        for (stage, d) in d.stages.iter().flat_map(Stages::labelled) {
+            self.report
+                .state
+                .metrics
+                .eviction_stage_latency
+                .get_or_create(&StageLabels {
+                    stage: stage.into(),
+                })
+                .observe(d.as_secs_f64());
         }
         self.save_state();
     }

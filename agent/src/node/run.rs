@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use super::{
     ExecutorEviction, Node, NodeParts,
     seams::{PodExecutor, PodSource},
-    state::{NodeLock, StateError, StateFile},
+    state::{EvictionMark, NodeLock, StateError, StateFile},
     summary::{CgroupSummary, StatsCgroup},
     trees,
 };
@@ -260,7 +260,8 @@ where
         let watch_cfg = WatchConfig {
             node_root: node_root_memory.clone(),
             level_bytes: manager_cfg.watch_level(cfg.settings.capacity.memory_bytes),
-            poll: Some(Duration::from_millis(100)),
+            // At the level: earlyoom's 100 ms divided by ten; far from it, up to 1 s.
+            poll: Some(Duration::from_millis(10)),
         };
         if let Err(e) = crate::eviction::watch::spawn_watcher(watch_cfg, wake_tx.clone()) {
             warn!(error = %e, "Memory watcher unavailable; eviction runs on sensor events and housekeeping.");
@@ -394,7 +395,9 @@ impl Signals {
 /// After a crash (SIGKILL, power loss) the earlier run's pods may still run in the cgroups it
 /// created, unsupervised: qoslet cannot adopt a process it did not start (it would never learn
 /// its exit status), so it stops them and removes their cgroups; the pass then starts the pods
-/// again. Evicted pods stay evicted: that is in the state file too.
+/// again. Evicted pods stay evicted: that is in the state file, or (after a crash between an
+/// eviction's kill and the state file's write) in the [`EvictionMark`] on the pod's cgroup v2
+/// directory, read back here before the cgroup is removed.
 async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
     let mut paths = persisted.created_cgroups();
     if paths.is_empty() {
@@ -436,6 +439,16 @@ async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
             }
         }
     }
+    let mut recovered = 0;
+    for p in unified
+        .iter()
+        .flat_map(|&t| paths.iter().map(move |p| fs.display_path(t, p)))
+    {
+        if let Some(mark) = EvictionMark::read(&p) {
+            persisted.record_evicted(&mark.key(), mark.spec, &mark.message);
+            recovered += 1;
+        }
+    }
     let mut removed = 0;
     for p in &paths {
         let gone = fs.trees().map(|t| fs.rmdir(t, p)).all(|r| r.is_ok());
@@ -445,6 +458,7 @@ async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
         cgroups = paths.len(),
         stopped,
         removed,
+        recovered,
         "Stopped what an earlier run of qoslet left running and removed its cgroups."
     );
     persisted.set_created_cgroups(&Default::default());

@@ -8,6 +8,12 @@
 //!   twice) and the pod and container cgroups qoslet created (a restart after SIGKILL finds the
 //!   earlier run's pods and stops them), as JSON under the state directory. Written whole to a
 //!   temporary file, synced, then renamed, so a crash leaves the old file or the new one.
+//! - [`EvictionMark`]: an eviction, written as an extended attribute on the pod's own cgroup v2
+//!   directory just before its `cgroup.kill` (one syscall: the state file is written after the
+//!   kill, off its path). The kernel keeps the mark while the cgroup exists, which a crash of
+//!   qoslet does not change, so a restart reads the marks of the earlier run's cgroups back into
+//!   the state before it removes them: a crash between the kill and the state file loses no
+//!   eviction.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -237,6 +243,92 @@ impl StateFile {
         self.synced = durable;
         Ok(())
     }
+}
+
+/// An eviction as marked on the pod's cgroup v2 directory (see the module's comment).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictionMark {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// [`spec_hash`] of the pod when it was evicted.
+    pub spec: u64,
+    pub message: String,
+}
+
+/// The extended attribute that holds an [`EvictionMark`] (cgroup v2 takes `user.` attributes
+/// since Linux 5.7).
+const MARK_ATTR: &std::ffi::CStr = c"user.qoslet.evicted";
+/// A mark is a few hundred bytes; a larger attribute is not one of ours.
+const MARK_MAX: usize = 4096;
+
+impl EvictionMark {
+    pub fn new(key: &PodKey, spec: u64, message: &str) -> Self {
+        Self {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            uid: key.uid.clone(),
+            spec,
+            // Bounded, so the mark always fits (the kubelet's message is about 120 bytes).
+            message: message.chars().take(1024).collect(),
+        }
+    }
+
+    pub fn key(&self) -> PodKey {
+        PodKey {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
+
+    /// Marks the cgroup v2 directory `dir`.
+    pub fn write(&self, dir: &Path) -> io::Result<()> {
+        let body = serde_json::to_vec(self).map_err(io::Error::other)?;
+        let path = c_path(dir)?;
+        // SAFETY: a NUL-terminated path and name, and a buffer of the length given.
+        let r = unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                MARK_ATTR.as_ptr(),
+                body.as_ptr().cast(),
+                body.len(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The mark on `dir`, if it has a valid one.
+    pub fn read(dir: &Path) -> Option<Self> {
+        let path = c_path(dir).ok()?;
+        let mut buf = vec![0u8; MARK_MAX];
+        // SAFETY: a NUL-terminated path and name, and a buffer of the length given.
+        let n = unsafe {
+            libc::getxattr(
+                path.as_ptr(),
+                MARK_ATTR.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let n = usize::try_from(n).ok()?;
+        let mark: Self = serde_json::from_slice(&buf[..n]).ok()?;
+        // Only an evicted record comes of it, keyed by a valid uid; names are bounded as the
+        // API bounds them.
+        let valid = crate::cgroup::name::validate_uid(&mark.uid).is_ok()
+            && mark.namespace.len() <= 253
+            && mark.name.len() <= 253;
+        valid.then_some(mark)
+    }
+}
+
+fn c_path(dir: &Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
 /// A hash of the pod's spec, stable across runs of the same build.

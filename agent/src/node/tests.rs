@@ -432,6 +432,11 @@ fn decision(pods: &[(&str, &str)]) -> Decision {
         unit: None,
         reason: "usage above request".into(),
         latency: Some(Duration::from_millis(1)),
+        stages: Some(crate::eviction::Stages {
+            wake: Duration::from_micros(200),
+            decide: Duration::from_micros(300),
+            kill: Duration::from_micros(500),
+        }),
         first_signal_at: None,
         statuses: Vec::new(),
     }
@@ -613,6 +618,23 @@ async fn a_hundred_evictions_are_all_counted() {
     assert_eq!(
         metric(&state, "qoslet_eviction_decision_latency_seconds_count"),
         PODS as f64
+    );
+    // Each of the latency's stages once per decision, adding up to it.
+    let stage = |s: &str, part: &str| {
+        metric(
+            &state,
+            &format!("qoslet_eviction_stage_latency_seconds_{part}{{stage=\"{s}\"}}"),
+        )
+    };
+    let mut sum = 0.0;
+    for s in ["wake", "decide", "kill"] {
+        assert_eq!(stage(s, "count"), PODS as f64, "{s}");
+        sum += stage(s, "sum");
+    }
+    let total = metric(&state, "qoslet_eviction_decision_latency_seconds_sum");
+    assert!(
+        (sum - total).abs() < 1e-6,
+        "stages {sum} s, total {total} s"
     );
 }
 
@@ -837,4 +859,114 @@ fn a_steady_drift_is_logged_once_and_again_when_it_changes() {
         metric(&state, "qoslet_cgroup_drift_total") >= 3.0,
         "every drift is still counted"
     );
+}
+
+/// What the state file and the executor held when the action killed, and whether the pod's cgroup
+/// v2 directory was marked by then.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct AtKill {
+    recorded: bool,
+    executor_told: bool,
+    marked: bool,
+}
+
+/// An action that notes what was done before its kill, then waits as a kill waits for the
+/// processes to exit.
+struct NotingKill {
+    state: Arc<Mutex<StateFile>>,
+    exec: Arc<FakeExecutor>,
+    seen: Arc<Mutex<Option<AtKill>>>,
+}
+
+impl EvictionAction for NotingKill {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        let at = AtKill {
+            recorded: self.state.lock().unwrap().evicted().any(|k| k == req.pod),
+            executor_told: self.exec.evicted.lock().unwrap().contains(&req.pod),
+            marked: req
+                .cgroups
+                .unified
+                .as_ref()
+                .and_then(|d| state::EvictionMark::read(d))
+                .is_some(),
+        };
+        *self.seen.lock().unwrap() = Some(at);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(Outcome {
+            first_signal_at: Some(Instant::now()),
+            signalled: 1,
+            status: EvictedStatus::new(req.message.clone()),
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction() {
+    let tree = Tree0::new("kill-first");
+    let pod_dir = tree.0.join("podaaaa");
+    std::fs::create_dir_all(&pod_dir).unwrap();
+    let key = PodKey {
+        namespace: "default".into(),
+        name: "a".into(),
+        uid: UID_A.into(),
+    };
+    let req = |unified: Option<PathBuf>| EvictionRequest {
+        pod: key.clone(),
+        cgroups: crate::eviction::PodCgroups {
+            procs: vec![pod_dir.clone()],
+            unified,
+        },
+        grace: Duration::ZERO,
+        message: "The node was low on resource: memory. ".into(),
+        signal: "memory.available".into(),
+        hard: true,
+        unit: None,
+        revision: 42,
+    };
+    let run = |r: EvictionRequest| async move {
+        let state = Arc::new(Mutex::new(StateFile::in_memory()));
+        let exec = Arc::new(FakeExecutor::default());
+        let seen = Arc::new(Mutex::new(None));
+        let action = NotingKill {
+            state: state.clone(),
+            exec: exec.clone(),
+            seen: seen.clone(),
+        };
+        let e = ExecutorEviction::new(exec.clone(), action, state.clone());
+        e.evict(&r).await.unwrap();
+        let seen = seen.lock().unwrap().expect("the action ran");
+        let after = (
+            state.lock().unwrap().evicted().any(|k| k == r.pod),
+            exec.evicted.lock().unwrap().contains(&r.pod),
+        );
+        (seen, after)
+    };
+
+    // A cgroup v2 directory: marked before the kill, nothing else; after it the executor knows
+    // and the state file has it.
+    let (seen, after) = run(req(Some(pod_dir.clone()))).await;
+    assert_eq!(
+        seen,
+        AtKill {
+            recorded: false,
+            executor_told: false,
+            marked: true
+        }
+    );
+    assert_eq!(after, (true, true));
+    // The mark is what a restart reads if the state file never got it.
+    let mark = state::EvictionMark::read(&pod_dir).expect("the pod's cgroup is marked");
+    assert_eq!((mark.key(), mark.spec), (key.clone(), 42));
+
+    // No v2 directory, nothing to mark: the state file has it before the kill.
+    let (seen, after) = run(req(None)).await;
+    assert_eq!(
+        seen,
+        AtKill {
+            recorded: true,
+            executor_told: false,
+            marked: false
+        }
+    );
+    assert_eq!(after, (true, true));
 }

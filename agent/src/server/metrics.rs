@@ -75,6 +75,12 @@ pub struct EvictionLabels {
     pub qos_class: String,
 }
 
+/// A part of the eviction decision latency: `wake`, `decide`, `kill`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProgramLabels {
     pub program: String,
@@ -270,6 +276,7 @@ pub struct Metrics {
     pub oom_kills: Family<ContainerLabels, Counter>,
     pub evictions: Family<EvictionLabels, Counter>,
     pub eviction_decision_latency: Histogram,
+    pub eviction_stage_latency: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub runqueue_latency: Family<PodLabels, KernelHistogram>,
     pub reconcile_duration: Histogram,
     pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
@@ -364,6 +371,15 @@ impl Metrics {
             "From a threshold crossing seen to the first signal sent to the victim",
             Unit::Seconds,
             eviction_decision_latency.clone(),
+        );
+        let eviction_stage_latency = Family::<StageLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        reg.add_with_unit(
+            "qoslet_eviction_stage_latency",
+            "The decision latency's parts: wake (wake-up seen to pass started), decide (to the action called), kill (to the first signal)",
+            Unit::Seconds,
+            eviction_stage_latency.clone(),
         );
         let runqueue_latency = Family::default();
         reg.add_with_unit(
@@ -481,6 +497,7 @@ impl Metrics {
             oom_kills,
             evictions,
             eviction_decision_latency,
+            eviction_stage_latency,
             runqueue_latency,
             reconcile_duration,
             ebpf_program_run,

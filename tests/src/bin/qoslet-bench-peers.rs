@@ -1,7 +1,8 @@
 //! Peers bench driver: runs inside the 6.12 VM that `cargo xtask bench peers` boots (the whole VM
-//! is the node, pure cgroup v2, no swap), never on a host. For each system in turn (qoslet as
-//! shipped, qoslet with the kubelet's 10 s housekeeping and no event wake-ups, earlyoom, the
-//! kernel alone) it runs the same workloads as pods of the standalone node, and prints one
+//! is the node, pure cgroup v2, no swap), never on a host. In each repetition, for each system in
+//! turn (qoslet as shipped, qoslet with the kubelet's 10 s housekeeping and no event wake-ups,
+//! earlyoom, the kernel alone) it runs the same workloads as pods of the standalone node, and
+//! prints one
 //! markdown table per scenario on lines starting with `QOSLET-VM-PEERS| `.
 //!
 //! The pods always run under qoslet's standalone node, so every system sees the same processes
@@ -35,6 +36,8 @@ const SAMPLE: Duration = Duration::from_millis(10);
 const AFTER_CROSSING: Duration = Duration::from_secs(14);
 /// A victim's memory is back when its pod holds less than this share of its peak.
 const BACK_FRACTION: f64 = 0.1;
+/// A victim's memory starts to come back when its pod holds less than this share of its peak.
+const DROP_FRACTION: f64 = 0.95;
 const ROLES: &[&str] = &["guaranteed", "burstable", "be-hog", "bu-hog"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -289,6 +292,9 @@ struct Outcome {
     false_kills: u64,
     /// Crossing -> the first victim's memory back.
     back: Option<Duration>,
+    /// Crossing -> the first victim's memory starting to come back (the kill took effect): the
+    /// part of `back` before the release.
+    drop: Option<Duration>,
     /// MiB/s of the hogs together over the last second before the crossing.
     ramp: Option<f64>,
     protected_alive: bool,
@@ -336,10 +342,12 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
     let mut results: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
     let mut failed: BTreeMap<(usize, usize), usize> = BTreeMap::new();
     let mut run_no = 0;
-    for (si, system) in System::ALL.iter().enumerate() {
-        let mut node = Node::start(*system)?;
-        for (ci, sc) in scenarios.iter().enumerate() {
-            for rep in 0..reps {
+    // Each repetition runs every system in turn, so a change in the host's load (and with it
+    // TCG's speed) over the bench falls on every system alike.
+    for rep in 0..reps {
+        for (si, system) in System::ALL.iter().enumerate() {
+            let mut node = Node::start(*system)?;
+            for (ci, sc) in scenarios.iter().enumerate() {
                 run_no += 1;
                 let o = match run_once(&mut node, sc, run_no, idle_available) {
                     Ok(o) => o,
@@ -370,7 +378,7 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                     }
                 };
                 println!(
-                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} vmstat_oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} ramp_mib_s={} protected_alive={} setup_s={:.1} observed_s={:.1} teardown_s={:.1} start_available_mib={} peaks_mib={:?} t={:.0}s",
+                    "QOSLET-VM-PEERS-RUN system={:?} scenario={} rep={rep} crossed={} oom_kills={} vmstat_oom_kills={} victims={:?} wrong={} false_kills={} back_ms={} drop_ms={} ramp_mib_s={} protected_alive={} setup_s={:.1} observed_s={:.1} teardown_s={:.1} start_available_mib={} peaks_mib={:?} t={:.0}s",
                     system,
                     sc.key,
                     o.crossed,
@@ -380,6 +388,8 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                     o.wrong,
                     o.false_kills,
                     o.back
+                        .map_or("-".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e3)),
+                    o.drop
                         .map_or("-".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e3)),
                     o.ramp.map_or("-".into(), |r| format!("{r:.0}")),
                     o.protected_alive,
@@ -392,8 +402,8 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                 );
                 results.entry((ci, si)).or_default().push(o);
             }
+            node.stop();
         }
-        node.stop();
     }
     let report = render(
         &scenarios,
@@ -456,6 +466,8 @@ impl Node {
             .args(["--log-dir", &format!("{RUN}/logs")])
             .args(["--shutdown-grace-seconds", "2"])
             .env("RUST_LOG", "info")
+            // Plain log lines: the driver reads its eviction lines back.
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -575,11 +587,49 @@ impl Node {
                 get("qoslet_eviction_decision_latency_seconds_count"),
             ) && count > 0.0
             {
+                // Its parts: wake-up seen -> pass, -> action, -> first signal.
+                let stages: Vec<String> = ["wake", "decide", "kill"]
+                    .iter()
+                    .map(|s| {
+                        let series = |part: &str| {
+                            get(&format!(
+                                "qoslet_eviction_stage_latency_seconds_{part}{{stage=\"{s}\"}}"
+                            ))
+                        };
+                        match (series("sum"), series("count")) {
+                            (Some(sum), Some(n)) if n > 0.0 => {
+                                format!("{s}_mean_ms={:.1}", sum / n * 1e3)
+                            }
+                            _ => format!("{s}_mean_ms=-"),
+                        }
+                    })
+                    .collect();
                 println!(
-                    "QOSLET-VM-PEERS-DECISION system={:?} decisions={count} mean_ms={:.1}",
+                    "QOSLET-VM-PEERS-DECISION system={:?} decisions={count} mean_ms={:.1} {}",
                     self.system,
-                    sum / count * 1e3
+                    sum / count * 1e3,
+                    stages.join(" ")
                 );
+            }
+            // After the first signal: until the victim's processes are gone and its memory is
+            // back, as the manager saw it (its "Released." log lines).
+            let log = fs::read_to_string(format!("{RUN}/{:?}/qoslet.log", self.system))
+                .unwrap_or_default();
+            let released: Vec<String> = log
+                .lines()
+                .filter(|l| l.contains("Released."))
+                .filter_map(|l| {
+                    let v = l.split("release_ms=").nth(1)?.split_whitespace().next()?;
+                    v.parse::<f64>().ok().map(|ms| format!("{ms:.0}"))
+                })
+                .collect();
+            println!(
+                "QOSLET-VM-PEERS-RELEASE system={:?} first_signal_to_released_ms=[{}]",
+                self.system,
+                released.join(",")
+            );
+            for l in log.lines().filter(|l| l.contains("Evicting to relieve")) {
+                println!("QOSLET-VM-PEERS-EVICTING system={:?} {l}", self.system);
             }
         }
         if let Some(mut e) = self.earlyoom.take() {
@@ -939,7 +989,8 @@ fn judge(
     }
     // A victim: a pod whose cgroup emptied (or went) during the run. Its memory is back at the
     // first sample after its peak where it holds under a tenth of that peak, or nothing.
-    let mut firsts: Vec<(usize, usize)> = Vec::new(); // (sample index of back, pod index)
+    // (sample index of back, of the drop, pod index)
+    let mut firsts: Vec<(usize, usize, usize)> = Vec::new();
     for (i, pod) in pods.iter().enumerate() {
         let seen = samples.iter().any(|s| s.pods[i].is_some());
         let gone = samples.last().is_some_and(|s| s.pods[i].is_none());
@@ -960,7 +1011,15 @@ fn judge(
             .skip(peak_k)
             .find(|(_, s)| s.pods[i].is_none_or(|m| (m as f64) < peak as f64 * BACK_FRACTION))
             .map_or(samples.len() - 1, |(k, _)| k);
-        firsts.push((back_k, i));
+        // Its memory starts to come back: the first sample after the peak a twentieth below it
+        // (the victim is running its exit, or being reaped).
+        let drop_k = samples
+            .iter()
+            .enumerate()
+            .skip(peak_k)
+            .find(|(_, s)| s.pods[i].is_none_or(|m| (m as f64) < peak as f64 * DROP_FRACTION))
+            .map_or(back_k, |(k, _)| k);
+        firsts.push((back_k, drop_k, i));
         o.victims.push(
             pod.name
                 .rsplit_once('-')
@@ -984,10 +1043,11 @@ fn judge(
         }
     }
     firsts.sort();
-    if let (Some(c), Some(&(back_k, _))) = (crossing, firsts.first())
+    if let (Some(c), Some(&(back_k, drop_k, _))) = (crossing, firsts.first())
         && back_k >= c
     {
         o.back = Some(samples[back_k].at.duration_since(samples[c].at));
+        o.drop = Some(samples[drop_k.max(c)].at.duration_since(samples[c].at));
     }
     o
 }
@@ -1016,9 +1076,9 @@ fn render(
         let _ = writeln!(out, "### {}\n", sc.title);
         let _ = writeln!(
             out,
-            "| system | runs (failed) | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | ramp reached MiB/s (median) |"
+            "| system | runs (failed) | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | of which before its memory starts falling, p50 ms | ramp reached MiB/s (median) |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
         let mut figures: Vec<[Option<f64>; 5]> = Vec::new();
         for (si, system) in System::ALL.iter().enumerate() {
             let runs = results.get(&(ci, si)).cloned().unwrap_or_default();
@@ -1027,6 +1087,11 @@ fn render(
                 .filter_map(|o| o.back.map(|d| d.as_secs_f64() * 1e3))
                 .collect();
             backs.sort_by(f64::total_cmp);
+            let mut drops: Vec<f64> = runs
+                .iter()
+                .filter_map(|o| o.drop.map(|d| d.as_secs_f64() * 1e3))
+                .collect();
+            drops.sort_by(f64::total_cmp);
             let mut ramps: Vec<f64> = runs.iter().filter_map(|o| o.ramp).collect();
             ramps.sort_by(f64::total_cmp);
             let oom: u64 = runs.iter().map(|o| o.oom_kills).sum();
@@ -1043,7 +1108,7 @@ fn render(
                 .count();
             let _ = writeln!(
                 out,
-                "| {} | {} ({}) | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} |",
+                "| {} | {} ({}) | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} | {} |",
                 system.name(),
                 runs.len(),
                 failed.get(&(ci, si)).copied().unwrap_or(0),
@@ -1060,6 +1125,7 @@ fn render(
                     String::new()
                 },
                 fmt(max, 0),
+                fmt(median(&drops), 0),
                 fmt(median(&ramps), 0),
             );
             figures.push([
@@ -1087,13 +1153,13 @@ fn render(
         }
         let _ = writeln!(
             out,
-            "| qoslet / best peer | | {} | {} | {} | | {} | {} | |\n",
+            "| qoslet / best peer | | {} | {} | {} | | {} | {} | | |\n",
             ratio[0], ratio[1], ratio[2], ratio[3], ratio[4]
         );
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak. Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
     out

@@ -23,8 +23,12 @@ const MAIN: &str = include_str!("peers.sh");
 const KERNEL: &str = "6.12";
 /// The node's memory: fixed, so every system and run sees the same machine.
 const MEMORY_MIB: u32 = 1024;
-/// The whole VM run; the bench itself is sized to stay well under it.
-const TIMEOUT: Duration = Duration::from_secs(13 * 60);
+/// The whole VM run: boot and setup, then about 4 min per repetition of every row (measured:
+/// 508 s for 2, before each repetition restarted every system's node), with room for TCG on a
+/// busy machine.
+fn timeout(repetitions: u64) -> Duration {
+    Duration::from_secs((5 + 7 * repetitions) * 60)
+}
 const DRIVER: &str = "qoslet-bench-peers";
 
 pub fn run(tc: &Toolchain) -> Result<String> {
@@ -59,6 +63,14 @@ pub fn run(tc: &Toolchain) -> Result<String> {
     fs::create_dir_all(&out_dir)?;
     let conf = out_dir.join("peers.conf");
     let mut text = String::new();
+    let repetitions: u64 = match std::env::var("QOSLET_BENCH_PEERS_REPETITIONS") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|&n| (1..=50).contains(&n))
+            .context("QOSLET_BENCH_PEERS_REPETITIONS must be a number from 1 to 50")?,
+        Err(_) => 2,
+    };
     for (var, key) in [
         ("QOSLET_BENCH_PEERS_REPETITIONS", "repetitions"),
         ("QOSLET_BENCH_PEERS_SCENARIOS", "scenarios"),
@@ -92,7 +104,7 @@ pub fn run(tc: &Toolchain) -> Result<String> {
         &kernel.vmlinuz,
         &initrd,
         MEMORY_MIB,
-        TIMEOUT,
+        timeout(repetitions),
         &log,
         "peers",
         &extra,
