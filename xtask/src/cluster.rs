@@ -38,7 +38,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::{apt, cargo, container, image, toolchain};
+use crate::{apt, cargo, container, deploy, image, toolchain};
 
 /// The node's name and IP (a documentation range: nothing real is behind it).
 pub const NODE: &str = "qoslet-node";
@@ -999,6 +999,43 @@ fn test() -> Result<()> {
             dir.join("logs").display()
         );
     }
+    helm_install(&info)
+}
+
+/// The README's other install path on the same cluster: the kustomize install removed, `helm
+/// upgrade --install` of deploy/helm/qoslet (the pinned helm, `--wait`) must bring qoslet's
+/// DaemonSet pod to Ready again.
+fn helm_install(info: &Info) -> Result<()> {
+    let t = Instant::now();
+    let bins = parts::ensure()?;
+    apt::run(
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", info.netns))
+            .arg("--")
+            .arg(bins.kubectl())
+            .arg("--kubeconfig")
+            .arg(&info.kubeconfig)
+            .args(["delete", "--wait=true", "--timeout=300s", "-k"])
+            .arg(info.dir.join("deploy")),
+    )?;
+    let mut set = vec![("config.nodeRootCgroup", info.cgroup_root.as_str())];
+    // As the kustomization's overlay does (`node_root_overlay`): a capability outside this
+    // machine's bounding set cannot be granted.
+    let capabilities = "{BPF,PERFMON,SYS_ADMIN,KILL,DAC_OVERRIDE}";
+    if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
+        set.push(("capabilities", capabilities));
+    }
+    deploy::install(&deploy::Install {
+        kubeconfig: &info.kubeconfig,
+        set: &set,
+        values: &[],
+        wait: Some(Duration::from_secs(300)),
+        netns: Some(&info.netns),
+    })?;
+    println!(
+        "cluster test: helm install of deploy/helm/qoslet: qoslet's DaemonSet Ready in {:.0?}",
+        t.elapsed()
+    );
     Ok(())
 }
 
