@@ -36,6 +36,7 @@ use crate::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
         PodCgroups, Wake, watch::WatchConfig,
     },
+    policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
     sensors::{SensorMode, Sensors, SensorsConfig},
     server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
@@ -190,7 +191,7 @@ where
         StateFile::in_memory()
     };
     if enforce && executor.creates_container_cgroups() {
-        stop_leftovers(&fs, &mut persisted).await;
+        stop_leftovers(&fs, cfg.naming.driver, &mut persisted).await;
     }
 
     // The BestEffort tier is qoslet's where it runs the pods itself; the kubelet's otherwise,
@@ -397,8 +398,10 @@ impl Signals {
 /// its exit status), so it stops them and removes their cgroups; the pass then starts the pods
 /// again. Evicted pods stay evicted: that is in the state file, or (after a crash between an
 /// eviction's kill and the state file's write) in the [`EvictionMark`] on the pod's cgroup v2
-/// directory, read back here before the cgroup is removed.
-async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
+/// directory, read back here before the cgroup is removed. A mark counts only on the cgroup of
+/// the pod it names: a pod's processes that can write their own cgroup's attributes cannot keep
+/// another pod from starting again.
+async fn stop_leftovers(fs: &CgroupFs, driver: CgroupDriver, persisted: &mut StateFile) {
     let mut paths = persisted.created_cgroups();
     if paths.is_empty() {
         return;
@@ -440,14 +443,19 @@ async fn stop_leftovers(fs: &CgroupFs, persisted: &mut StateFile) {
         }
     }
     let mut recovered = 0;
-    for p in unified
+    for (t, p) in unified
         .iter()
-        .flat_map(|&t| paths.iter().map(move |p| fs.display_path(t, p)))
+        .flat_map(|&t| paths.iter().map(move |p| (t, p)))
     {
-        if let Some(mark) = EvictionMark::read(&p) {
-            persisted.record_evicted(&mark.key(), mark.spec, &mark.message);
-            recovered += 1;
+        let Some(mark) = EvictionMark::read(&fs.display_path(t, p)) else {
+            continue;
+        };
+        if cgroup::name::check_pod_component(p, driver, &mark.uid).is_err() {
+            warn!(cgroup = %p, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
+            continue;
         }
+        persisted.record_evicted(&mark.key(), mark.spec, &mark.message);
+        recovered += 1;
     }
     let mut removed = 0;
     for p in &paths {
