@@ -95,7 +95,7 @@ impl Wake {
 }
 
 #[derive(Debug, Error)]
-pub enum WatchError {
+pub enum MemoryWatchError {
     #[error("{what} failed")]
     Sys {
         what: &'static str,
@@ -137,15 +137,15 @@ pub fn level_check_interval(headroom: i64, shortest: Duration) -> Duration {
     fill.clamp(shortest, LEVEL_CHECK_MAX.max(shortest))
 }
 
-fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> WatchError {
-    move |source| WatchError::Sys { what, source }
+fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> MemoryWatchError {
+    move |source| MemoryWatchError::Sys { what, source }
 }
 
 /// Starts the watcher; it stops when the receiver is dropped.
 pub fn spawn_watcher(
     cfg: WatchConfig,
     tx: mpsc::Sender<Wake>,
-) -> Result<JoinHandle<()>, WatchError> {
+) -> Result<JoinHandle<()>, MemoryWatchError> {
     let notifier = match &cfg.node_root {
         MemoryCgroup::V1(dir) => Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?),
         MemoryCgroup::V2(dir)
@@ -197,18 +197,18 @@ async fn drain(fd: &AsyncFd<OwnedFd>, source: WakeSource) -> Result<WakeSource, 
 }
 
 /// Registers an owned descriptor with the runtime.
-fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, WatchError> {
+fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
     // SAFETY: the AsyncFd owns the descriptor, so it stays open and unchanged while registered.
     unsafe { AsyncFd::register(fd) }
         .map_err(|e| sys("registering with the runtime")(e.into_parts().1))
 }
 
 /// An inotify descriptor watching `file` for modifications (memory.events changes).
-fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, WatchError> {
+fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
     // SAFETY: inotify_init1(2) with valid flags; the result is checked before it is owned.
     let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
     if raw < 0 {
-        return Err(WatchError::Sys {
+        return Err(MemoryWatchError::Sys {
             what: "inotify_init1",
             source: std::io::Error::last_os_error(),
         });
@@ -216,14 +216,14 @@ fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, WatchError
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|e| {
-        WatchError::Sys {
+        MemoryWatchError::Sys {
             what: "inotify path",
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
         }
     })?;
     // SAFETY: a valid descriptor and a NUL-terminated path.
     if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) } < 0 {
-        return Err(WatchError::Register {
+        return Err(MemoryWatchError::Register {
             path: file.to_owned(),
             source: std::io::Error::last_os_error(),
         });
@@ -267,11 +267,14 @@ async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
 }
 
 /// Registers `memory.usage_in_bytes >= level` (either crossing) on a v1 memory cgroup.
-fn threshold_eventfd(dir: &std::path::Path, level: i64) -> Result<AsyncFd<OwnedFd>, WatchError> {
+fn threshold_eventfd(
+    dir: &std::path::Path,
+    level: i64,
+) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
     // SAFETY: eventfd(2) with valid flags; the result is checked before it is owned.
     let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if raw < 0 {
-        return Err(WatchError::Sys {
+        return Err(MemoryWatchError::Sys {
             what: "eventfd",
             source: std::io::Error::last_os_error(),
         });
@@ -282,7 +285,7 @@ fn threshold_eventfd(dir: &std::path::Path, level: i64) -> Result<AsyncFd<OwnedF
         .map_err(sys("opening memory.usage_in_bytes"))?;
     let control = dir.join("cgroup.event_control");
     let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), level.max(0));
-    fs::write(&control, line).map_err(|source| WatchError::Register {
+    fs::write(&control, line).map_err(|source| MemoryWatchError::Register {
         path: control,
         source,
     })?;

@@ -1,7 +1,7 @@
 //! The CPU-pressure controller in the node: each housekeeping tick it reads the run-queue
 //! histograms of the protected pods' containers only (Guaranteed, plus Burstable when
 //! configured: one map lookup per container), turns their growth since the last tick into a
-//! window p99, and steps the controller (agent/src/policy/cpu_pressure.rs). A level change runs
+//! window p99, and steps the level stepper (agent/src/policy/cpu_pressure.rs). A level change runs
 //! a pass, whose plan gets the level's lever on the BestEffort tier: the reconciler is the only
 //! writer, and in observe mode it reports the drift instead of writing. The cpuset lever also
 //! goes on the tier's pods and containers in a v1 cpuset hierarchy, where a child keeps its own
@@ -19,13 +19,11 @@ use tracing::info;
 
 use super::{Node, sensing::SensorControl};
 use crate::{
-    cgroup::{
-        CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller as V1Controller,
-    },
+    cgroup::{CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller},
     policy::{
         cpu::QUOTA_PERIOD_US,
         cpu_pressure::{
-            Available, Controller, CpuPressureConfig, Histogram, Level, Lever, Step, Window,
+            Available, CpuPressureConfig, Histogram, Level, LevelStepper, Lever, Step, Window,
             granted_millis, histogram_delta, parse_psi_some_total, psi_share, quantile,
         },
         cpuset::CpuSet,
@@ -35,9 +33,9 @@ use crate::{
     server::metrics::{QosLabels, StepLabels},
 };
 
-/// The controller and what it remembers between windows.
+/// The level stepper and what it remembers between windows.
 pub(super) struct CpuPressure {
-    controller: Controller,
+    stepper: LevelStepper,
     /// Each protected container's cumulative histogram at the last tick.
     last_hist: BTreeMap<u64, Histogram>,
     /// Where the node's CPU PSI is read (only with a PSI target).
@@ -61,7 +59,7 @@ impl CpuPressure {
                 .unwrap_or_else(|| PathBuf::from("/proc/pressure/cpu"))
         });
         Self {
-            controller: Controller::new(cfg),
+            stepper: LevelStepper::new(cfg),
             last_hist: BTreeMap::new(),
             psi_file,
             psi_last: None,
@@ -71,7 +69,7 @@ impl CpuPressure {
     }
 
     fn lever(&self, cpu_millis: i64, pod_cpus: &CpuSet) -> Lever {
-        self.controller.lever(
+        self.stepper.lever(
             cpu_millis,
             pod_cpus,
             QUOTA_PERIOD_US,
@@ -92,13 +90,13 @@ impl CpuPressure {
 /// The tree holding the cpu controller's files (v2, or the v1 cpu hierarchy on hybrid hosts).
 fn cpu_tree(fs: &CgroupFs) -> Option<Tree> {
     fs.trees()
-        .find(|t| matches!(t, Tree::V2 | Tree::V1(V1Controller::Cpu)))
+        .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Cpu)))
 }
 
 /// The tree holding the cpuset controller's files (v2, or the v1 cpuset hierarchy).
 fn cpuset_tree(fs: &CgroupFs) -> Option<Tree> {
     fs.trees()
-        .find(|t| matches!(t, Tree::V2 | Tree::V1(V1Controller::Cpuset)))
+        .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Cpuset)))
 }
 
 /// The BestEffort tier's path, when the plan has one.
@@ -118,7 +116,7 @@ fn pod_cpus(plan: &Plan) -> CpuSet {
 }
 
 impl Node {
-    /// One window of the controller; true when its level changed (a pass applies it) or a pass
+    /// One window of the level stepper; true when its level changed (a pass applies it) or a pass
     /// is due to settle the last change.
     pub(super) fn cpu_pressure_tick(&mut self, sensors: &impl SensorControl) -> bool {
         let Some(cp) = self.cpu_pressure.as_mut() else {
@@ -142,7 +140,7 @@ impl Node {
                 });
             }
         }
-        let cfg = cp.controller.config().clone();
+        let cfg = cp.stepper.config().clone();
         let mut by_class: BTreeMap<QosClass, Histogram> = BTreeMap::new();
         let mut seen = BTreeMap::new();
         for entry in self.tracked.pods.values() {
@@ -188,7 +186,7 @@ impl Node {
             psi_some: cp.psi_window(),
         };
         let step = cp
-            .controller
+            .stepper
             .observe(&window, cp.available.unwrap_or_default());
         let cpu_millis = self
             .plan
@@ -201,7 +199,7 @@ impl Node {
             .as_ref()
             .map_or_else(|| self.settings.capacity.cpus.clone(), pod_cpus);
         let lever = cp.lever(cpu_millis, &pod_cpus);
-        let level = cp.controller.level();
+        let level = cp.stepper.level();
         if matches!(step, Some(Step::Release { .. })) {
             cp.settle = true;
         }
@@ -272,7 +270,7 @@ impl Node {
         );
     }
 
-    /// Puts the controller's lever on the BestEffort tier's desired settings.
+    /// Puts the level's lever on the BestEffort tier's desired settings.
     pub(super) fn constrain_besteffort(&self, plan: &Plan, desired: &mut DesiredState) {
         let Some(cp) = &self.cpu_pressure else {
             return;
@@ -315,10 +313,10 @@ impl Node {
         s.cpu_quota_us = lever.quota_us;
     }
 
-    /// The controller's level (tests).
+    /// The level (tests).
     #[cfg(test)]
     pub(super) fn cpu_pressure_level(&self) -> Option<Level> {
-        self.cpu_pressure.as_ref().map(|c| c.controller.level())
+        self.cpu_pressure.as_ref().map(|c| c.stepper.level())
     }
 }
 

@@ -181,9 +181,10 @@ pub struct Lever {
     pub cpus: Option<CpuSet>,
 }
 
-/// The state machine.
+/// The state machine that steps the BestEffort tier's level: up on a pressured window, down
+/// after a run of calm ones (longer after a release that did not hold).
 #[derive(Debug, Clone)]
-pub struct Controller {
+pub struct LevelStepper {
     cfg: CpuPressureConfig,
     level: Level,
     /// Calm windows in a row so far.
@@ -194,7 +195,7 @@ pub struct Controller {
     since_release: Option<u32>,
 }
 
-impl Controller {
+impl LevelStepper {
     pub fn new(cfg: CpuPressureConfig) -> Self {
         let required = cfg.calm_windows.max(1);
         Self {

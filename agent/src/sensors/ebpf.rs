@@ -18,7 +18,7 @@ use super::{
     privilege,
     slots::SlotTable,
     table::{
-        Attach, AttachedProgram, Hook, Outcome, Program, Requirement, Sensor, SensorSwitches,
+        Attach, AttachedProgram, Attachment, Hook, Program, Requirement, Sensor, SensorSwitches,
         attach_sensors,
     },
     tracefs,
@@ -54,7 +54,7 @@ pub struct EbpfSensors {
     stats: Option<OwnedFd>,
     attached: Vec<AttachedProgram>,
     /// How each sensor of the table came out.
-    outcomes: Vec<(&'static Sensor, Outcome)>,
+    outcomes: Vec<(&'static Sensor, Attachment)>,
     /// Hooks that were tried and skipped, with the reason.
     skipped: Vec<String>,
     /// The watched cgroup ids and where their CPU statistics live; each `WATCH_FILTER` word is
@@ -192,7 +192,7 @@ impl EbpfSensors {
     }
 
     /// Each sensor of [`SENSORS`](super::table::SENSORS) and how it came out, in table order.
-    pub fn outcomes(&self) -> &[(&'static Sensor, Outcome)] {
+    pub fn outcomes(&self) -> &[(&'static Sensor, Attachment)] {
         &self.outcomes
     }
 

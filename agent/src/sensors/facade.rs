@@ -29,7 +29,7 @@ use super::{
     owners::CgroupOwners,
     psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
-    table::{Fallback, Outcome, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches},
+    table::{Attachment, Fallback, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches},
 };
 
 /// What to start.
@@ -140,7 +140,7 @@ pub struct SensorCounters {
 }
 
 #[derive(Default)]
-struct WatchState {
+struct CgroupWatches {
     cgroups: HashMap<u64, WatchedCgroup>,
     polled: HashMap<u64, MemoryEventsWatch>,
     /// The polled cgroup of each inotify watch.
@@ -150,7 +150,7 @@ struct WatchState {
 
 struct Shared {
     ebpf: Mutex<Option<EbpfSensors>>,
-    watch: Mutex<WatchState>,
+    watch: Mutex<CgroupWatches>,
     owners: Mutex<CgroupOwners>,
     scores: Mutex<ExpectedScores>,
     counters: SensorCounters,
@@ -256,7 +256,7 @@ impl Sensors {
             });
         let shared = Arc::new(Shared {
             ebpf: Mutex::new(ebpf),
-            watch: Mutex::new(WatchState::default()),
+            watch: Mutex::new(CgroupWatches::default()),
             owners: Mutex::new(CgroupOwners::default()),
             scores: Mutex::new(ExpectedScores::default()),
             counters: SensorCounters::default(),
@@ -411,16 +411,16 @@ impl Drop for Sensors {
 fn unloaded_outcomes(
     switches: &SensorSwitches,
     why_not: Option<&str>,
-) -> Vec<(&'static Sensor, Outcome)> {
+) -> Vec<(&'static Sensor, Attachment)> {
     SENSORS
         .iter()
         .map(|s| {
             let outcome = if switches.is_on(s.name) {
-                Outcome::Unhooked {
+                Attachment::Unhooked {
                     reason: why_not.unwrap_or("eBPF unavailable").to_owned(),
                 }
             } else {
-                Outcome::SwitchedOff
+                Attachment::SwitchedOff
             };
             (s, outcome)
         })
@@ -429,12 +429,12 @@ fn unloaded_outcomes(
 
 /// The one-line-per-sensor decision: the table's sensors as attaching left them, then
 /// `memory_pressure` (PSI, no program). `psi` is whether the kernel has PSI.
-pub(super) fn decide(outcomes: &[(&'static Sensor, Outcome)], psi: bool) -> Vec<SensorStatus> {
+pub(super) fn decide(outcomes: &[(&'static Sensor, Attachment)], psi: bool) -> Vec<SensorStatus> {
     let mut statuses: Vec<SensorStatus> = outcomes
         .iter()
         .map(|(sensor, outcome)| {
             let reason = match outcome {
-                Outcome::Hooked(programs) => {
+                Attachment::Hooked(programs) => {
                     let hooks: Vec<&str> = programs.iter().map(|p| p.hook.as_str()).collect();
                     return SensorStatus {
                         name: sensor.name,
@@ -443,8 +443,8 @@ pub(super) fn decide(outcomes: &[(&'static Sensor, Outcome)], psi: bool) -> Vec<
                         reason: None,
                     };
                 }
-                Outcome::Unhooked { reason } => reason.clone(),
-                Outcome::SwitchedOff => SWITCHED_OFF.to_owned(),
+                Attachment::Unhooked { reason } => reason.clone(),
+                Attachment::SwitchedOff => SWITCHED_OFF.to_owned(),
             };
             let fallback = match sensor.fallback {
                 Fallback::Always(text) => Some(text),
@@ -480,7 +480,7 @@ impl Shared {
     fn read_memory_events(&self, read: &MemoryRead, out: &mut Vec<SensorEvent>) {
         let boot_ns = boot_ns();
         let mut w = lock(&self.watch);
-        let WatchState {
+        let CgroupWatches {
             polled,
             polled_by_wd,
             ..
@@ -584,7 +584,7 @@ impl Shared {
         self.forget(id);
     }
 
-    fn unregister_memory_events(&self, w: &mut WatchState, watch: &MemoryEventsWatch) {
+    fn unregister_memory_events(&self, w: &mut CgroupWatches, watch: &MemoryEventsWatch) {
         if let Some(wd) = watch.notify_wd {
             w.polled_by_wd.remove(&wd);
         }

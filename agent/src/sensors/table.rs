@@ -274,7 +274,7 @@ pub trait Attach {
 
 /// How one sensor came out of attaching.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Attachment {
     /// On the programs of its first choice that attached completely.
     Hooked(Vec<AttachedProgram>),
     /// No choice attached: why, for each choice in order.
@@ -287,7 +287,7 @@ pub enum Outcome {
 /// Every sensor's outcome, in [`SENSORS`] order, and the programs attached.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attached {
-    pub outcomes: Vec<(&'static Sensor, Outcome)>,
+    pub outcomes: Vec<(&'static Sensor, Attachment)>,
     pub programs: Vec<AttachedProgram>,
     /// Programs tried and not attached, with the reason.
     pub skipped: Vec<String>,
@@ -312,9 +312,9 @@ pub fn attach_sensors(
         let outcome = if switches.is_on(sensor.name) {
             attach_one(sensor, kernel, &mut out)
         } else {
-            Outcome::SwitchedOff
+            Attachment::SwitchedOff
         };
-        if let (true, Outcome::Unhooked { reason }) = (sensor.essential, &outcome) {
+        if let (true, Attachment::Unhooked { reason }) = (sensor.essential, &outcome) {
             return Err(EssentialMissing {
                 sensor: sensor.name,
                 reason: reason.clone(),
@@ -325,7 +325,7 @@ pub fn attach_sensors(
     Ok(out)
 }
 
-fn attach_one(sensor: &Sensor, kernel: &mut impl Attach, out: &mut Attached) -> Outcome {
+fn attach_one(sensor: &Sensor, kernel: &mut impl Attach, out: &mut Attached) -> Attachment {
     let mut reasons = Vec::new();
     for choice in sensor.choices {
         let mut attached = Vec::new();
@@ -349,7 +349,7 @@ fn attach_one(sensor: &Sensor, kernel: &mut impl Attach, out: &mut Attached) -> 
                     })
                     .collect();
                 out.programs.extend(hooked.iter().cloned());
-                return Outcome::Hooked(hooked);
+                return Attachment::Hooked(hooked);
             }
             Some(why) => {
                 for p in attached {
@@ -359,7 +359,7 @@ fn attach_one(sensor: &Sensor, kernel: &mut impl Attach, out: &mut Attached) -> 
             }
         }
     }
-    Outcome::Unhooked {
+    Attachment::Unhooked {
         reason: reasons.join("; "),
     }
 }

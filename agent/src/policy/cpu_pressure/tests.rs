@@ -39,7 +39,7 @@ fn cfg(calm_windows: u32) -> CpuPressureConfig {
     }
 }
 
-fn run(c: &mut Controller, windows: &[Window], idle: Available) -> Vec<Level> {
+fn run(c: &mut LevelStepper, windows: &[Window], idle: Available) -> Vec<Level> {
     windows
         .iter()
         .map(|w| {
@@ -51,7 +51,7 @@ fn run(c: &mut Controller, windows: &[Window], idle: Available) -> Vec<Level> {
 
 #[test]
 fn pressure_steps_up_one_level_per_window_and_stops_at_the_floor() {
-    let mut c = Controller::new(cfg(3));
+    let mut c = LevelStepper::new(cfg(3));
     let levels = run(&mut c, &[hot(); 5], IDLE);
     assert_eq!(
         levels,
@@ -67,7 +67,7 @@ fn pressure_steps_up_one_level_per_window_and_stops_at_the_floor() {
 
 #[test]
 fn without_cpu_idle_the_first_step_is_the_cap() {
-    let mut c = Controller::new(cfg(1));
+    let mut c = LevelStepper::new(cfg(1));
     assert_eq!(
         c.observe(&hot(), NONE),
         Some(Step::Engage {
@@ -86,14 +86,14 @@ fn without_cpu_idle_the_first_step_is_the_cap() {
 
 #[test]
 fn the_floor_does_not_engage_again() {
-    let mut c = Controller::new(cfg(3));
+    let mut c = LevelStepper::new(cfg(3));
     run(&mut c, &[hot(); 3], IDLE);
     assert_eq!(c.observe(&hot(), IDLE), None);
 }
 
 #[test]
 fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
-    let mut c = Controller::new(cfg(3));
+    let mut c = LevelStepper::new(cfg(3));
     run(&mut c, &[hot(); 3], IDLE);
     // Two calm, one hot (stays at the floor), then three calm: one release.
     let levels = run(
@@ -131,7 +131,7 @@ fn release_needs_calm_windows_in_a_row_and_goes_one_level_at_a_time() {
 
 #[test]
 fn pressure_soon_after_a_release_doubles_the_calm_run_up_to_the_maximum() {
-    let mut c = Controller::new(cfg(2));
+    let mut c = LevelStepper::new(cfg(2));
     assert_eq!(c.required_calm(), 2);
     c.observe(&hot(), IDLE);
     run(&mut c, &[calm(), calm()], IDLE);
@@ -154,7 +154,7 @@ fn pressure_soon_after_a_release_doubles_the_calm_run_up_to_the_maximum() {
 
 #[test]
 fn late_pressure_after_a_release_does_not_back_off() {
-    let mut c = Controller::new(cfg(2));
+    let mut c = LevelStepper::new(cfg(2));
     c.observe(&hot(), IDLE);
     run(&mut c, &[calm(), calm()], IDLE);
     run(&mut c, &[calm(), calm()], IDLE);
@@ -164,7 +164,7 @@ fn late_pressure_after_a_release_does_not_back_off() {
 
 #[test]
 fn windows_without_enough_wakeups_are_calm_and_never_engage() {
-    let mut c = Controller::new(cfg(1));
+    let mut c = LevelStepper::new(cfg(1));
     assert_eq!(c.observe(&Window::default(), IDLE), None);
     c.observe(&hot(), IDLE);
     assert_eq!(
@@ -178,7 +178,7 @@ fn windows_without_enough_wakeups_are_calm_and_never_engage() {
 
 #[test]
 fn the_target_itself_is_calm() {
-    let c = Controller::new(cfg(1));
+    let c = LevelStepper::new(cfg(1));
     let at = Window {
         latency_p99: Some(5 * MS),
         psi_some: None,
@@ -196,8 +196,8 @@ fn psi_counts_only_with_a_target() {
         latency_p99: None,
         psi_some: Some(0.9),
     };
-    assert!(!Controller::new(cfg(1)).pressured(&busy));
-    let c = Controller::new(CpuPressureConfig {
+    assert!(!LevelStepper::new(cfg(1)).pressured(&busy));
+    let c = LevelStepper::new(CpuPressureConfig {
         psi_some_target: Some(0.5),
         ..cfg(1)
     });
@@ -334,7 +334,7 @@ fn psi_some_total_is_parsed() {
 
 #[test]
 fn with_cpusets_the_tier_leaves_cpus_to_the_protected_pods_before_any_cap() {
-    let mut c = Controller::new(cfg(1));
+    let mut c = LevelStepper::new(cfg(1));
     assert_eq!(
         run(&mut c, &[hot(); 4], ALL),
         [Level::Idle, Level::Cpuset, Level::Cap, Level::Floor]
@@ -344,7 +344,7 @@ fn with_cpusets_the_tier_leaves_cpus_to_the_protected_pods_before_any_cap() {
         [Level::Cap, Level::Cpuset, Level::Idle, Level::None]
     );
     // Without cpu.idle the cpuset is the first step.
-    let mut c = Controller::new(cfg(1));
+    let mut c = LevelStepper::new(cfg(1));
     let no_idle = Available {
         idle: false,
         cpuset: true,
