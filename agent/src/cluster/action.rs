@@ -17,21 +17,12 @@
 //! also takes the unit's members on other nodes, resolved to their UIDs when the decision is made
 //! and evicted through the Eviction API.
 
-use std::sync::Arc;
-
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    Api, Client,
-    api::{ApiResource, DynamicObject, ListParams},
-    runtime::reflector::Store,
-};
+use std::{sync::Arc, time::Duration};
 
 use super::{
     queue::WriteQueue,
-    source,
-    writes::{self, ApiWrite, EventObject, PodRef, now},
+    unit::UnitMembers,
+    writes::{ApiWrite, EventObject, now},
 };
 use crate::{
     config::{EvictionMethod, GangEviction},
@@ -40,58 +31,10 @@ use crate::{
         action::{ActionError, EvictedStatus},
     },
     policy::pod::PodKey,
-    workload::{self, Forest, Kind, UnitRoot, disruption_unit},
 };
 
 /// How long the decision waits for the API server to name a unit's members on other nodes.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The node's pods, to find a unit's groups.
-#[derive(Clone)]
-pub struct Gangs {
-    pub pods: Store<Pod>,
-}
-
-impl Gangs {
-    /// The PodGroups of the `disruptionMode: all` unit `key` belongs to (every leaf below the
-    /// highest `all` ancestor), or `None` when the pod goes alone. `namespace_objects` are the
-    /// namespace's workload objects, listed when the decision is made (the source watches only
-    /// the node's pods' ancestors, not their sibling groups on other nodes).
-    pub fn unit_groups(
-        &self,
-        key: &PodKey,
-        namespace_objects: &[(ApiResource, Vec<Arc<DynamicObject>>)],
-    ) -> Option<Vec<String>> {
-        let pod = self
-            .pods
-            .find(|p| p.metadata.uid.as_deref() == Some(key.uid.as_str()))?;
-        let ns = key.namespace.as_str();
-        let loaded = source::loaded_all(&[pod], namespace_objects);
-        let objects = loaded
-            .objects
-            .iter()
-            .filter_map(|raw| workload::decode(raw).ok());
-        let forest = Forest::new(ns, objects);
-        let unit = disruption_unit(&forest, &key.name)?;
-        let UnitRoot::Group(top) = unit.root else {
-            return None;
-        };
-        let groups: Vec<String> = forest
-            .subtree(&top)
-            .into_iter()
-            .filter(|r| r.kind == Kind::PodGroup)
-            .map(|r| r.name)
-            .collect();
-        (!groups.is_empty()).then_some(groups)
-    }
-}
-
-/// The unit members on other nodes: the API client and where to find their groups.
-#[derive(Clone)]
-pub struct UnitMembers {
-    pub client: Client,
-    pub gangs: Gangs,
-}
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -129,11 +72,7 @@ impl ApiEviction {
     /// delivery order.
     pub fn writes(&self, req: &EvictionRequest, at: &str) -> Vec<(String, ApiWrite)> {
         let p = &req.pod;
-        let pod = PodRef {
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            uid: p.uid.clone(),
-        };
+        let pod = p.clone();
         let first = if self.kills_locally(req) {
             (
                 format!("evicted-{}", p.uid),
@@ -179,29 +118,11 @@ impl ApiEviction {
     /// The unit's live members on other nodes, by UID, now; empty when the pod goes alone or
     /// the API server cannot say in time (they are then left, and a later decision on their own
     /// nodes handles them).
-    async fn remote_members(&self, req: &EvictionRequest) -> Vec<PodRef> {
+    async fn remote_members(&self, req: &EvictionRequest) -> Vec<PodKey> {
         let (Some(m), Some(_)) = (&self.members, &req.unit) else {
             return Vec::new();
         };
-        let ns = req.pod.namespace.as_str();
-        let resolve = async {
-            let mut listed = Vec::new();
-            for ar in source::workload_resources() {
-                let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), ns, &ar);
-                let objs = match api.list(&ListParams::default().match_any()).await {
-                    Ok(l) => l.items.into_iter().map(Arc::new).collect(),
-                    // CompositePodGroups (alpha) may not be served.
-                    Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-                    Err(e) => return Err(e),
-                };
-                listed.push((ar, objs));
-            }
-            let Some(groups) = m.gangs.unit_groups(&req.pod, &listed) else {
-                return Ok(Vec::new());
-            };
-            writes::unit_members(&m.client, ns, &groups, &self.node).await
-        };
-        match tokio::time::timeout(RESOLVE_TIMEOUT, resolve).await {
+        match tokio::time::timeout(RESOLVE_TIMEOUT, m.resolve(&req.pod, &self.node)).await {
             Ok(Ok(members)) => members,
             Ok(Err(e)) => {
                 tracing::warn!(pod = %req.pod, error = %e, "Could not list the unit's members on other nodes; they are not evicted.");
@@ -232,7 +153,7 @@ fn grace_secs(req: &EvictionRequest) -> u32 {
 }
 
 /// The Eviction API writes for a unit's members on other nodes.
-pub fn member_writes(members: &[PodRef], grace_secs: u32) -> Vec<(String, ApiWrite)> {
+pub fn member_writes(members: &[PodKey], grace_secs: u32) -> Vec<(String, ApiWrite)> {
     members
         .iter()
         .map(|pod| {

@@ -1,13 +1,21 @@
 //! Request-level API tests, as kube's own `kube/src/mock_tests.rs`: a [`Client`] over
 //! `tower_test::mock::pair`, and a task that records every request it receives and answers it
 //! through a test's responder. A request the responder does not answer is held open, as a quiet
-//! watch is.
+//! watch is. [`Routes`] is the responder most tests need: answers by method and path.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
 use http::{Request, Response, StatusCode};
 use kube::{Client, client::Body};
 use serde_json::{Value, json};
+
+use super::queue::WriteQueue;
 
 /// One request as the API server received it.
 #[derive(Debug, Clone)]
@@ -25,11 +33,44 @@ impl Recorded {
     }
 
     pub fn query(&self, key: &str) -> Option<String> {
-        let q = self.uri.split_once('?')?.1;
+        self.query_pairs()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// Every `key=value` of the query, in order (kube ends a path without parameters with an
+    /// empty query, `?`, which carries none).
+    pub fn query_pairs(&self) -> Vec<(String, String)> {
+        let q = self.uri.split_once('?').map_or("", |(_, q)| q);
         q.split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.to_owned())
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (k.to_owned(), v.to_owned())
+            })
+            .collect()
+    }
+
+    /// Whether this is a watch (`watch=true`) rather than a list or a get.
+    pub fn is_watch(&self) -> bool {
+        self.query("watch").as_deref() == Some("true")
+    }
+
+    /// Asserts the whole request: method, path, no query, content type and body.
+    #[track_caller]
+    pub fn assert_is(&self, method: &str, path: &str, content_type: &str, body: &Value) {
+        assert_eq!(
+            (
+                self.method.as_str(),
+                self.path(),
+                self.query_pairs(),
+                self.content_type.as_str()
+            ),
+            (method, path, vec![], content_type),
+            "{self:?}"
+        );
+        assert_eq!(&self.body, body, "{} {}", self.method, self.path());
     }
 }
 
@@ -125,6 +166,68 @@ pub fn client(respond: impl FnMut(&Recorded) -> Reply + Send + 'static) -> (Clie
     (client, Mock { log, _task: task })
 }
 
+type Respond = Box<dyn FnMut(&Recorded) -> Reply + Send>;
+
+/// Answers by method and path: the first route that matches answers (a route may hold the
+/// request open by answering `None`); a watch no route takes is held open, as a quiet watch is;
+/// anything else is a 404 with the API server's Status.
+#[derive(Default)]
+pub struct Routes(Vec<(String, String, Respond)>);
+
+impl Routes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `method` (`*`: any) on `path` (ending in `*`: every path with that prefix) answers as
+    /// `respond` says, watches too (a watch the route answers `None` goes on to the next).
+    pub fn route(
+        mut self,
+        method: &str,
+        path: &str,
+        respond: impl FnMut(&Recorded) -> Reply + Send + 'static,
+    ) -> Self {
+        self.0.push((method.into(), path.into(), Box::new(respond)));
+        self
+    }
+
+    /// `method path` answers `code` with `body`, every time.
+    pub fn on(self, method: &str, path: &str, code: u16, body: Value) -> Self {
+        self.route(method, path, move |_| Some((code, body.clone())))
+    }
+
+    /// `GET path` (not a watch) answers a list of `kind` at resourceVersion `rv`.
+    pub fn list(self, path: &str, kind: &str, rv: &str, items: Vec<Value>) -> Self {
+        let body = list(kind, rv, items);
+        self.route("GET", path, move |r| {
+            (!r.is_watch()).then(|| (200, body.clone()))
+        })
+    }
+
+    fn respond(&mut self, r: &Recorded) -> Reply {
+        let matches = |pattern: &str, value: &str| match pattern.strip_suffix('*') {
+            Some(prefix) => value.starts_with(prefix),
+            None => pattern == value,
+        };
+        for (method, path, respond) in &mut self.0 {
+            if matches(method, &r.method) && matches(path, r.path()) {
+                if let Some(reply) = respond(r) {
+                    return Some(reply);
+                }
+                if !r.is_watch() {
+                    return None;
+                }
+            }
+        }
+        (!r.is_watch()).then(|| (404, status(404, "NotFound", "no route")))
+    }
+
+    /// A client answered by these routes.
+    pub fn client(mut self) -> (Client, Mock) {
+        client(move |r| self.respond(r))
+    }
+}
+
 /// The API server's Status body for an error.
 pub fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({
@@ -146,4 +249,34 @@ pub fn events(events: &[(&str, Value)]) -> Value {
             .map(|(t, o)| json!({"type": t, "object": o}).to_string() + "\n")
             .collect(),
     )
+}
+
+/// A fresh directory under the system's temporary one, unique to this process and call, removed
+/// on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "qoslet-cluster-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A write queue in a fresh directory; the queue's files go with the [`TempDir`].
+pub fn queue(tag: &str) -> (TempDir, Arc<WriteQueue>) {
+    let dir = TempDir::new(tag);
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    (dir, q)
 }

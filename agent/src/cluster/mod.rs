@@ -5,15 +5,20 @@
 //! [`executor`] finds the cgroups the kubelet and the container runtime made (qoslet starts
 //! nothing, creates no cgroup, and writes only the areas `enforce` lists); [`action`] evicts as
 //! the kubelet's eviction manager does (the local kill, then phase Failed, reason Evicted on
-//! `pods/status`) and tells the API server through [`queue`], which survives the API server's
-//! absence and qoslet's restarts; [`report`] keeps qoslet's node conditions, events, taint and
-//! lease. [`run`] wires them into the mode-independent [`crate::node`].
+//! `pods/status`), with [`unit`] naming a unit's members on other nodes, and tells the API server
+//! through [`queue`], which survives the API server's absence and qoslet's restarts and delivers
+//! each [`writes::ApiWrite`] as one typed kube call; [`report`] keeps qoslet's node conditions,
+//! events, taint and lease. [`run`] wires them into the mode-independent [`crate::node`].
+//!
+//! Data flows one way: `source` → `unit` → `action` → `queue` → `writes`; `report` →
+//! `queue`. No module reads back from one downstream of it.
 
 pub mod action;
 pub mod executor;
 pub mod queue;
 pub mod report;
 pub mod source;
+pub mod unit;
 pub mod writes;
 
 #[cfg(test)]
@@ -31,7 +36,7 @@ use thiserror::Error;
 
 pub use action::ApiEviction;
 pub use executor::KubeletExecutor;
-pub use source::{ApiSource, GangAwareness, SourceClosed, WatchState, WatchStates};
+pub use source::{ApiSource, ApiWatchState, ApiWatchStates, GangAwareness, SourceClosed};
 
 use crate::{
     cgroup::{
@@ -157,6 +162,9 @@ pub async fn configz(client: &Client, node: &str) -> Result<KubeletConfig, Clust
         node: node.into(),
         source,
     };
+    // The one raw request of cluster mode: kube has no typed call for a path behind the node
+    // proxy (the kubelet's own endpoint), and `Api::<Node>::get_subresource` would decode the
+    // answer as a Node.
     let req = http::Request::get(format!("/api/v1/nodes/{node}/proxy/configz"))
         .body(Vec::new())
         .map_err(|e| err(Box::new(e)))?;
@@ -222,6 +230,7 @@ async fn serve_while_starting(
         readiness: crate::server::readiness::Readiness::default(),
         status: crate::server::status::StatusStore::default(),
         summary: Box::new(node::summary::CgroupSummary::new(Default::default())),
+        conditions: Default::default(),
     });
     state.readiness.register("api");
     state.readiness.set(
@@ -345,9 +354,9 @@ pub async fn run(
         &opts.node_name,
         qc.eviction_method,
         qc.gang_eviction,
-        Some(action::UnitMembers {
+        Some(unit::UnitMembers {
             client: client.clone(),
-            gangs: source.gangs(),
+            pods: source.pod_store(),
         }),
     );
     let executor = Arc::new(KubeletExecutor::new(runtime));
@@ -406,17 +415,91 @@ mod tests {
 
     #[tokio::test]
     async fn configz_goes_through_the_node_proxy() {
-        let (client, api) = mock::client(|_| {
-            Some((
+        let (client, api) = mock::Routes::new()
+            .on(
+                "GET",
+                "/api/v1/nodes/node-a/proxy/configz",
                 200,
                 serde_json::json!({"kubeletconfig": {"cgroupDriver": "cgroupfs"}}),
-            ))
-        });
+            )
+            .client();
         let kc = configz(&client, "node-a").await.unwrap();
         assert_eq!(kc.cgroup_driver.as_deref(), Some("cgroupfs"));
+        assert_eq!(api.requests().len(), 1);
+    }
+
+    /// The sibling modules a module's code (comments and tests left out) names through
+    /// `super::` or `crate::cluster::`.
+    fn uses(text: &str) -> Vec<String> {
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let ident = |s: &str| -> String {
+            s.trim_start()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut out = std::collections::BTreeSet::new();
+        for prefix in ["super::", "crate::cluster::"] {
+            for (i, _) in code.match_indices(prefix) {
+                let rest = &code[i + prefix.len()..];
+                let Some(block) = rest.strip_prefix('{') else {
+                    out.insert(ident(rest));
+                    continue;
+                };
+                // `super::{a::X, b, c::{..}}`: the names at the braces' top level.
+                let (mut depth, mut item) = (0, String::new());
+                for c in block.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            out.insert(ident(&item));
+                            item.clear();
+                            continue;
+                        }
+                        _ => {}
+                    }
+                    item.push(c);
+                }
+                out.insert(ident(&item));
+            }
+        }
+        out.into_iter().filter(|m| !m.is_empty()).collect()
+    }
+
+    /// Data flows one way, source → unit → action → queue → writes: no module uses one
+    /// downstream of it (source once used action's `Gangs`, action source's objects).
+    #[test]
+    fn the_cluster_modules_depend_one_way() {
+        let modules = [
+            ("source", include_str!("source.rs")),
+            ("unit", include_str!("unit.rs")),
+            ("action", include_str!("action.rs")),
+            ("queue", include_str!("queue.rs")),
+            ("writes", include_str!("writes.rs")),
+            ("report", include_str!("report.rs")),
+        ];
+        let got: Vec<(&str, Vec<String>)> = modules.iter().map(|(m, t)| (*m, uses(t))).collect();
+        let want =
+            |m: &'static str, uses: &[&str]| (m, uses.iter().map(ToString::to_string).collect());
         assert_eq!(
-            api.requests()[0].path(),
-            "/api/v1/nodes/node-a/proxy/configz"
+            got,
+            [
+                want("source", &[]),
+                want("unit", &["source"]),
+                want("action", &["queue", "unit", "writes"]),
+                want("queue", &["writes"]),
+                want("writes", &[]),
+                want("report", &["queue", "source", "writes"]),
+            ]
         );
     }
 }

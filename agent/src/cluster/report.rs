@@ -3,7 +3,8 @@
 //! `MemoryPressure`), a Node Event when a threshold is met, and a per-node Lease
 //! (`coordination.k8s.io/v1`, `qoslet-NODE`) renewed as a heartbeat. Conditions and events go
 //! through the persistent queue; the lease is only worth its current value and is not queued.
-//! `/readyz` gets one line for the API watches.
+//! The conditions arrive as the node publishes them ([`AgentState::conditions`]); `/readyz` gets
+//! one line for the API watches.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,17 +16,14 @@ use k8s_openapi::{
 use kube::{Api, Client, api::PostParams};
 
 use super::{
-    queue::WriteQueue,
-    source::{GangAwareness, WatchStates},
+    queue::{Dropped, WriteQueue},
+    source::{ApiWatchStates, GangAwareness},
     writes::{ApiWrite, EventObject, now},
 };
 use crate::{
     eviction::NodeCondition,
     lock,
-    server::{
-        AgentState,
-        metrics::{ApiWriteLabels, ConditionLabels},
-    },
+    server::{AgentState, metrics::ApiWriteLabels},
 };
 
 /// How long a lease holds without renewal; renewed every quarter of it (as the kubelet's).
@@ -157,6 +155,80 @@ impl LeaseKeeper {
     }
 }
 
+/// What the API server was last told about the node's conditions and qoslet's taint; each
+/// change of the node's conditions becomes the writes that tell it.
+pub struct ConditionReport {
+    node: String,
+    node_uid: String,
+    /// `taintOnPressure`.
+    taint: bool,
+    /// The start of this process, in seconds: names this run's events.
+    run: u64,
+    /// Per condition type (memory, PID): the status last written.
+    last: [Option<bool>; 2],
+    /// Per condition type: how often it became true in this run.
+    counts: [i32; 2],
+    tainted: Option<bool>,
+}
+
+impl ConditionReport {
+    pub fn new(node: &str, node_uid: &str, taint: bool, run: u64) -> Self {
+        Self {
+            node: node.into(),
+            node_uid: node_uid.into(),
+            taint,
+            run,
+            last: [None, None],
+            counts: [0, 0],
+            tainted: None,
+        }
+    }
+
+    /// The writes, as (id, key, write), that bring the API server to `conditions` (the node's
+    /// conditions now, at `at`): a condition whose status changed (every one the first time),
+    /// its event when it became true, and the taint when pressure began or ended.
+    pub fn writes(
+        &mut self,
+        conditions: &[NodeCondition],
+        at: &str,
+    ) -> Vec<(String, &'static str, ApiWrite)> {
+        let mut out = Vec::new();
+        for (i, c) in [NodeCondition::MemoryPressure, NodeCondition::PidPressure]
+            .into_iter()
+            .enumerate()
+        {
+            let on = conditions.contains(&c);
+            if self.last[i] == Some(on) {
+                continue;
+            }
+            self.last[i] = Some(on);
+            if on {
+                self.counts[i] = self.counts[i].saturating_add(1);
+            }
+            let writes = condition_writes(
+                &self.node,
+                &self.node_uid,
+                c,
+                on,
+                at,
+                self.run,
+                self.counts[i],
+            );
+            out.extend(writes.into_iter().map(|(id, w)| (id, "node", w)));
+        }
+        let pressure = self.last.contains(&Some(true));
+        if self.taint && self.tainted != Some(pressure) {
+            self.tainted = Some(pressure);
+            let w = ApiWrite::NodeTaint {
+                node: self.node.clone(),
+                on: pressure,
+            };
+            out.push(("node-taint".into(), "node-taint", w));
+        }
+        out
+    }
+}
+
 /// The reporter's parts.
 pub struct Reporter {
     pub client: Client,
@@ -164,7 +236,7 @@ pub struct Reporter {
     pub node_uid: String,
     pub lease_namespace: String,
     pub queue: Arc<WriteQueue>,
-    pub watches: WatchStates,
+    pub watches: ApiWatchStates,
     pub gang: Arc<std::sync::Mutex<GangAwareness>>,
     /// Write conditions, events and the lease (not in observe mode).
     pub write: bool,
@@ -173,114 +245,99 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// Runs until aborted, with the agent's state: readiness and conditions every second,
-    /// the lease every `LEASE_SECS / 4`.
+    /// Runs until aborted, with the agent's state: the node's conditions as they change (the
+    /// node publishes them on [`AgentState::conditions`]), readiness and the queue's drops
+    /// every second, the lease every `LEASE_SECS / 4`.
     pub async fn run(self, state: Arc<AgentState>) {
         state.readiness.register("api");
-        let mut last: [Option<bool>; 2] = [None, None];
-        let mut counts = [0i32; 2];
-        let mut tainted: Option<bool> = None;
+        // The lease on its own: a renewal the API server is slow to answer holds up nothing.
+        tokio::join!(self.report(&state), self.keep_lease());
+    }
+
+    async fn report(&self, state: &AgentState) {
+        let mut conditions = state.conditions.subscribe();
+        // The conditions as they are at start are written too.
+        conditions.mark_changed();
         let run = u64::try_from(Timestamp::now().as_second()).unwrap_or(0);
+        let mut report = ConditionReport::new(&self.node, &self.node_uid, self.taint, run);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let lease_every = Duration::from_secs((LEASE_SECS / 4) as u64);
-        let mut lease_due = tokio::time::Instant::now();
-        let mut lease_failing = false;
-        let mut lease = LeaseKeeper::new(&self.client, &self.lease_namespace, &self.node);
         let mut pods_synced = false;
         loop {
-            tick.tick().await;
-            // Ready once the pods have been listed; a later outage shows in the line only.
-            pods_synced |= self.watches.synced();
-            state.readiness.set(
-                "api",
-                pods_synced,
-                format!("watches: {}", self.watches.summary()),
-            );
-            let gang = *lock(&self.gang);
-            state
-                .metrics
-                .gang_awareness
-                .set(i64::from(gang != GangAwareness::Off));
-            let dropped = self.queue.take_dropped();
-            for ((write, code), n) in dropped.rejected {
-                state
-                    .metrics
-                    .api_writes_dropped
-                    .get_or_create(&ApiWriteLabels {
-                        write: write.into(),
-                        reason: format!("rejected-{code}"),
-                    })
-                    .inc_by(n);
-            }
-            for (reason, n) in [("expired", dropped.expired), ("overflow", dropped.overflow)] {
-                if n > 0 {
+            tokio::select! {
+                Ok(()) = conditions.changed(), if self.write => {
+                    let now_on = conditions.borrow_and_update().clone();
+                    for (id, key, w) in report.writes(&now_on, &now()) {
+                        if let Err(e) = self.queue.push(&id, key, w) {
+                            tracing::error!(error = %e, "Could not queue a node condition or the node's taint.");
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    // Ready once the pods have been listed; a later outage shows in the line only.
+                    pods_synced |= self.watches.synced();
+                    state.readiness.set(
+                        "api",
+                        pods_synced,
+                        format!("watches: {}", self.watches.summary()),
+                    );
+                    let gang = *lock(&self.gang);
                     state
                         .metrics
-                        .api_writes_dropped
-                        .get_or_create(&ApiWriteLabels {
-                            write: String::new(),
-                            reason: reason.into(),
-                        })
-                        .inc_by(n);
+                        .gang_awareness
+                        .set(i64::from(gang != GangAwareness::Off));
+                    count_dropped(state, self.queue.take_dropped());
                 }
             }
-            if !self.write {
-                continue;
+        }
+    }
+
+    async fn keep_lease(&self) {
+        if !self.write {
+            return;
+        }
+        let mut lease = LeaseKeeper::new(&self.client, &self.lease_namespace, &self.node);
+        let mut every = tokio::time::interval(Duration::from_secs((LEASE_SECS / 4) as u64));
+        let mut failing = false;
+        loop {
+            every.tick().await;
+            match lease.renew().await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("The qoslet lease is renewed again.");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "Could not renew the qoslet lease; retrying.");
+                }
+                Err(_) => {}
             }
-            for (i, c) in [NodeCondition::MemoryPressure, NodeCondition::PidPressure]
-                .into_iter()
-                .enumerate()
-            {
-                let on = state
-                    .metrics
-                    .node_condition
-                    .get_or_create(&ConditionLabels {
-                        condition: c.as_str().into(),
-                    })
-                    .get()
-                    == 1;
-                if last[i] == Some(on) {
-                    continue;
-                }
-                last[i] = Some(on);
-                if on {
-                    counts[i] = counts[i].saturating_add(1);
-                }
-                let at = now();
-                let writes =
-                    condition_writes(&self.node, &self.node_uid, c, on, &at, run, counts[i]);
-                for (id, w) in writes {
-                    if let Err(e) = self.queue.push(&id, "node", w) {
-                        tracing::error!(error = %e, "Could not queue a node condition.");
-                    }
-                }
-            }
-            let pressure = last.contains(&Some(true));
-            if self.taint && tainted != Some(pressure) {
-                tainted = Some(pressure);
-                let w = ApiWrite::NodeTaint {
-                    node: self.node.clone(),
-                    on: pressure,
-                };
-                if let Err(e) = self.queue.push("node-taint", "node-taint", w) {
-                    tracing::error!(error = %e, "Could not queue the node's taint.");
-                }
-            }
-            if tokio::time::Instant::now() >= lease_due {
-                lease_due = tokio::time::Instant::now() + lease_every;
-                match lease.renew().await {
-                    Ok(()) if lease_failing => {
-                        lease_failing = false;
-                        tracing::info!("The qoslet lease is renewed again.");
-                    }
-                    Ok(()) => {}
-                    Err(e) if !lease_failing => {
-                        lease_failing = true;
-                        tracing::warn!(error = %e, "Could not renew the qoslet lease; retrying.");
-                    }
-                    Err(_) => {}
-                }
-            }
+        }
+    }
+}
+
+/// The writes the queue gave up on, as `qoslet_api_writes_dropped_total`.
+fn count_dropped(state: &AgentState, dropped: Dropped) {
+    for ((write, code), n) in dropped.rejected {
+        state
+            .metrics
+            .api_writes_dropped
+            .get_or_create(&ApiWriteLabels {
+                write: write.into(),
+                reason: format!("rejected-{code}"),
+            })
+            .inc_by(n);
+    }
+    for (reason, n) in [("expired", dropped.expired), ("overflow", dropped.overflow)] {
+        if n > 0 {
+            state
+                .metrics
+                .api_writes_dropped
+                .get_or_create(&ApiWriteLabels {
+                    write: String::new(),
+                    reason: reason.into(),
+                })
+                .inc_by(n);
         }
     }
 }
@@ -360,6 +417,146 @@ mod tests {
             reqs[2].body["spec"]["renewTime"],
             reqs[1].body["spec"]["renewTime"]
         );
+    }
+
+    /// Each change of the node's conditions, and only a change, becomes writes: the condition,
+    /// its event when it became true (counted on in this run), and the taint while any is true.
+    #[test]
+    fn each_change_of_the_conditions_is_written_once() {
+        let mut report = ConditionReport::new("node-a", "uid-n", true, 5);
+        let ids = |w: Vec<(String, &'static str, ApiWrite)>| -> Vec<String> {
+            w.into_iter().map(|(id, _, _)| id).collect()
+        };
+        assert_eq!(
+            ids(report.writes(&[], "t0")),
+            [
+                "node-condition-QosletMemoryPressure",
+                "node-condition-QosletPIDPressure",
+                "node-taint"
+            ],
+            "at start, both conditions false and no taint"
+        );
+        assert!(report.writes(&[], "t1").is_empty(), "nothing changed");
+        let on = report.writes(&[NodeCondition::MemoryPressure], "t2");
+        assert_eq!(
+            ids(on.clone()),
+            [
+                "node-condition-QosletMemoryPressure",
+                "node-event-QosletMemoryPressure-5",
+                "node-taint"
+            ]
+        );
+        assert!(matches!(on[2].2, ApiWrite::NodeTaint { on: true, .. }));
+        let both = [NodeCondition::MemoryPressure, NodeCondition::PidPressure];
+        assert_eq!(
+            ids(report.writes(&both, "t3")),
+            [
+                "node-condition-QosletPIDPressure",
+                "node-event-QosletPIDPressure-5"
+            ],
+            "tainted already"
+        );
+        assert_eq!(
+            ids(report.writes(&[], "t4")).len(),
+            3,
+            "both false, untainted"
+        );
+        let again = report.writes(&[NodeCondition::MemoryPressure], "t5");
+        let ApiWrite::Event { count, .. } = &again[1].2 else {
+            panic!("{again:?}")
+        };
+        assert_eq!(*count, 2, "the second time in this run");
+        let mut untainted = ConditionReport::new("node-a", "uid-n", false, 5);
+        assert!(
+            untainted
+                .writes(&[NodeCondition::MemoryPressure], "t")
+                .iter()
+                .all(|(_, _, w)| !matches!(w, ApiWrite::NodeTaint { .. }))
+        );
+    }
+
+    fn agent_state() -> Arc<AgentState> {
+        Arc::new(AgentState {
+            metrics: crate::server::Metrics::new(),
+            readiness: crate::server::Readiness::default(),
+            status: crate::server::StatusStore::default(),
+            summary: Box::new(crate::node::summary::CgroupSummary::new(Default::default())),
+            conditions: Default::default(),
+        })
+    }
+
+    /// The reporter hears the node's conditions on the agent's state as they change and queues
+    /// them at once; the `qoslet_node_condition` gauge is not read.
+    #[tokio::test]
+    async fn the_reporter_reacts_to_the_published_conditions() {
+        let (_dir, queue) = mock::queue("report");
+        let (client, _api) = mock::Routes::new()
+            .on("GET", "*", 404, status(404, "NotFound", "no lease"))
+            .route("POST", "*", |r| Some((201, r.body.clone())))
+            .client();
+        let state = agent_state();
+        let reporter = Reporter {
+            client,
+            node: "node-a".into(),
+            node_uid: "uid-n".into(),
+            lease_namespace: "kube-node-lease".into(),
+            queue: queue.clone(),
+            watches: ApiWatchStates::default(),
+            gang: Arc::new(std::sync::Mutex::new(GangAwareness::On)),
+            write: true,
+            taint: false,
+        };
+        let task = tokio::spawn(reporter.run(state.clone()));
+        let memory_status = || {
+            queue.pending().into_iter().find_map(|(id, w)| match w {
+                ApiWrite::NodeCondition { status, .. }
+                    if id == "node-condition-QosletMemoryPressure" =>
+                {
+                    Some(status)
+                }
+                _ => None,
+            })
+        };
+        let wait_for = |want: bool, within: Duration| {
+            let (queue, memory_status) = (&queue, &memory_status);
+            async move {
+                let deadline = tokio::time::Instant::now() + within;
+                while memory_status() != Some(want) {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "{:?}",
+                        queue.pending()
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        wait_for(false, Duration::from_secs(5)).await;
+        // The gauge alone says nothing to the reporter, over several of its seconds.
+        state
+            .metrics
+            .node_condition
+            .get_or_create(&crate::server::metrics::ConditionLabels {
+                condition: NodeCondition::MemoryPressure.as_str().into(),
+            })
+            .set(1);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(memory_status(), Some(false));
+        // Published, it is queued well within the second the reporter used to poll at.
+        let published = std::time::Instant::now();
+        state
+            .conditions
+            .send_replace(vec![NodeCondition::MemoryPressure]);
+        wait_for(true, Duration::from_millis(500)).await;
+        let took = published.elapsed();
+        assert!(
+            queue
+                .pending()
+                .iter()
+                .any(|(id, _)| id.starts_with("node-event-QosletMemoryPressure-"))
+        );
+        task.abort();
+        eprintln!("published condition queued after {took:?}");
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub struct SourceClosed;
 
 /// What one watch is doing, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchState {
+pub enum ApiWatchState {
     /// Listing (first list, or a relist after `410 Gone` or a restart).
     Listing,
     /// Listed and watching.
@@ -67,22 +67,22 @@ pub enum WatchState {
 
 /// The state of every watch, by name (`pods`, `node`, `workloads`, ...).
 #[derive(Debug, Clone, Default)]
-pub struct WatchStates(Arc<Mutex<BTreeMap<&'static str, WatchState>>>);
+pub struct ApiWatchStates(Arc<Mutex<BTreeMap<&'static str, ApiWatchState>>>);
 
-impl WatchStates {
-    pub fn get(&self) -> BTreeMap<&'static str, WatchState> {
+impl ApiWatchStates {
+    pub fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
         lock(&self.0).clone()
     }
 
     /// Sets a state; true when it changed.
-    fn set(&self, name: &'static str, state: WatchState) -> bool {
+    fn set(&self, name: &'static str, state: ApiWatchState) -> bool {
         lock(&self.0).insert(name, state.clone()) != Some(state)
     }
 
     /// The pod watch listed at least once and not failing now: all readiness needs (the Node
     /// object is only read at start; workload objects are optional).
     pub fn synced(&self) -> bool {
-        lock(&self.0).get("pods") == Some(&WatchState::Synced)
+        lock(&self.0).get("pods") == Some(&ApiWatchState::Synced)
     }
 
     /// One line for `/readyz`: `pods synced, node listing, ...`.
@@ -90,9 +90,9 @@ impl WatchStates {
         lock(&self.0)
             .iter()
             .map(|(n, s)| match s {
-                WatchState::Listing => format!("{n} listing"),
-                WatchState::Synced => format!("{n} synced"),
-                WatchState::Failing(e) => format!("{n} failing ({e})"),
+                ApiWatchState::Listing => format!("{n} listing"),
+                ApiWatchState::Synced => format!("{n} synced"),
+                ApiWatchState::Failing(e) => format!("{n} failing ({e})"),
             })
             .collect::<Vec<_>>()
             .join(", ")
@@ -188,7 +188,7 @@ pub struct ApiSource {
     gang: Arc<Mutex<GangAwareness>>,
     tx: watch::Sender<u64>,
     changes: watch::Receiver<u64>,
-    states: WatchStates,
+    states: ApiWatchStates,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -253,7 +253,7 @@ impl ApiSource {
     /// first complete list.
     pub fn start(client: Client, node_name: &str, opts: ValidationOptions) -> Self {
         let (tx, changes) = watch::channel(0u64);
-        let states = WatchStates::default();
+        let states = ApiWatchStates::default();
         let mut tasks = Vec::new();
         let (pods, t) = spawn_watch(
             Some("pods"),
@@ -363,15 +363,13 @@ impl ApiSource {
         self.node.state().into_iter().next()
     }
 
-    pub fn watch_states(&self) -> WatchStates {
+    pub fn watch_states(&self) -> ApiWatchStates {
         self.states.clone()
     }
 
-    /// Readers of the pod and workload stores: the eviction action finds a unit's groups there.
-    pub fn gangs(&self) -> super::action::Gangs {
-        super::action::Gangs {
-            pods: self.pods.clone(),
-        }
+    /// A reader of the node's pods (the eviction action finds a pod's unit from it).
+    pub fn pod_store(&self) -> Store<Pod> {
+        self.pods.clone()
     }
 
     /// Resolves when a watch delivered a change; returns the diff (possibly empty when nothing
@@ -418,7 +416,7 @@ fn spawn_watch<K>(
     cfg: watcher::Config,
     dyntype: K::DynamicType,
     tx: watch::Sender<u64>,
-    states: WatchStates,
+    states: ApiWatchStates,
 ) -> (Store<K>, JoinHandle<()>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -426,8 +424,8 @@ where
 {
     let writer = Writer::new(dyntype);
     let reader = writer.as_reader();
-    let set = move |state: WatchState| name.is_some_and(|n| states.set(n, state));
-    set(WatchState::Listing);
+    let set = move |state: ApiWatchState| name.is_some_and(|n| states.set(n, state));
+    set(ApiWatchState::Listing);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(reflector::reflector(
             writer,
@@ -436,17 +434,17 @@ where
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(Event::Init) => {
-                    set(WatchState::Listing);
+                    set(ApiWatchState::Listing);
                 }
                 Ok(Event::InitApply(_)) => {}
                 Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
-                    if set(WatchState::Synced) {
+                    if set(ApiWatchState::Synced) {
                         tracing::info!(watch = name, "API watch synced.");
                     }
                     tx.send_modify(|n| *n += 1);
                 }
                 Err(e) => match name {
-                    Some(_) if set(WatchState::Failing(e.to_string())) => {
+                    Some(_) if set(ApiWatchState::Failing(e.to_string())) => {
                         tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
                     }
                     Some(_) => {}

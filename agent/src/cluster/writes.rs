@@ -1,17 +1,13 @@
-//! The API writes of cluster mode, each a small request builder and one delivery step.
+//! The API writes of cluster mode and their delivery, each one of kube's typed calls.
 //!
-//! Builders return plain `http::Request`s so request-level tests see exactly what the API server
-//! would (the eviction body in particular: kube's `Api::evict` sends `delete_options` in snake
-//! case, which the API server does not read, so the grace period would be lost; it is built here
-//! as a `policy/v1` Eviction). [`deliver`] sends one [`ApiWrite`] and says whether it is done,
-//! to be retried, or refused for good: answers that mean "already done" (the pod is gone, the
-//! event exists) count as done, so a write delivered twice after a crash has no second effect;
-//! a failed UID precondition (422 for a status patch, 409 for an eviction) and every other
-//! permanent 4xx is [`Delivery::Rejected`], never retried.
+//! [`deliver`] sends one [`ApiWrite`] and says whether it is done, to be retried, or refused for
+//! good: answers that mean "already done" (the pod is gone, the event exists) count as done, so
+//! a write delivered twice after a crash has no second effect; a failed UID precondition (422
+//! for a status patch, 409 for an eviction) and every other permanent 4xx is
+//! [`Delivery::Rejected`], never retried.
 
 use std::time::SystemTime;
 
-use http::Request;
 use k8s_openapi::{
     api::{
         core::v1::{Event, EventSource, Node, ObjectReference, Pod, Taint},
@@ -22,22 +18,16 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{Patch, PatchParams, PostParams},
     core::Status,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::policy::pod::PodKey;
+
 /// The component that writes events, conditions and the lease.
 pub const COMPONENT: &str = "qoslet";
-
-/// A pod by name and UID: every write about a pod is for that UID only.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
 
 /// One write to the API server, as queued (and persisted) until delivered. Every write about a
 /// pod names its UID, which the API server checks: a pod re-created under the same name is never
@@ -51,14 +41,14 @@ pub enum ApiWrite {
     /// restarted; the pod object stays (the kubelet never deletes it either).
     #[serde(rename_all = "camelCase")]
     PodEvicted {
-        pod: PodRef,
+        pod: PodKey,
         message: String,
         at: String,
     },
     /// The Eviction API (`evictionMethod: api`, and a unit's members on other nodes): honours
     /// PodDisruptionBudgets; a 429 is retried.
     #[serde(rename_all = "camelCase")]
-    Evict { pod: PodRef, grace_secs: u32 },
+    Evict { pod: PodKey, grace_secs: u32 },
     /// A Warning Event on a pod or the node.
     #[serde(rename_all = "camelCase")]
     Event {
@@ -145,43 +135,19 @@ fn time(at: &str) -> Option<Time> {
     at.parse::<Timestamp>().ok().map(Time)
 }
 
-fn json_request(
-    method: http::Method,
-    uri: String,
-    content_type: &str,
-    body: &impl Serialize,
-) -> Request<Vec<u8>> {
-    Request::builder()
-        .method(method)
-        .uri(uri)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .body(serde_json::to_vec(body).unwrap_or_default())
-        .unwrap_or_default()
-}
-
-fn pod_path(p: &PodRef) -> String {
-    format!("/api/v1/namespaces/{}/pods/{}", p.namespace, p.name)
-}
-
-/// `POST pods/{name}/eviction` with a `policy/v1` Eviction: grace and a UID precondition.
-pub fn eviction_request(pod: &PodRef, grace_secs: u32) -> Request<Vec<u8>> {
-    let body = Eviction {
+/// The `policy/v1` Eviction of `pods/{name}/eviction`: grace and a UID precondition.
+pub fn eviction_body(pod: &PodKey, grace_secs: u32) -> Eviction {
+    Eviction {
         metadata: ObjectMeta {
             name: Some(pod.name.clone()),
             namespace: Some(pod.namespace.clone()),
             ..ObjectMeta::default()
         },
         delete_options: Some(delete_options(pod, grace_secs)),
-    };
-    json_request(
-        http::Method::POST,
-        format!("{}/eviction", pod_path(pod)),
-        "application/json",
-        &body,
-    )
+    }
 }
 
-fn delete_options(pod: &PodRef, grace_secs: u32) -> DeleteOptions {
+fn delete_options(pod: &PodKey, grace_secs: u32) -> DeleteOptions {
     DeleteOptions {
         grace_period_seconds: Some(grace_secs.into()),
         preconditions: Some(Preconditions {
@@ -195,7 +161,7 @@ fn delete_options(pod: &PodRef, grace_secs: u32) -> DeleteOptions {
 /// The strategic merge patch of `pods/status` the kubelet's status manager sends after an
 /// eviction (pkg/util/pod `PatchPodStatus`: `metadata.uid` in the patch is the precondition; the
 /// API server answers 422, uid immutable, when the pod is another one now).
-pub fn pod_evicted_patch(pod: &PodRef, message: &str, at: &str) -> serde_json::Value {
+pub fn pod_evicted_patch(pod: &PodKey, message: &str, at: &str) -> serde_json::Value {
     json!({
         "metadata": {"uid": pod.uid},
         "status": {
@@ -260,75 +226,23 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
     })
 }
 
-pub fn event_request(w: &ApiWrite) -> Option<Request<Vec<u8>>> {
-    let e = event_body(w)?;
-    let ns = e.metadata.namespace.clone().unwrap_or_default();
-    Some(json_request(
-        http::Method::POST,
-        format!("/api/v1/namespaces/{ns}/events"),
-        "application/json",
-        &e,
-    ))
-}
-
-/// A strategic merge patch of `nodes/status` with one condition of qoslet's own type (merged by
-/// type: the kubelet's conditions are left alone).
-pub fn node_condition_request(
-    node: &str,
+/// The strategic merge patch of `nodes/status` with one condition of qoslet's own type (merged
+/// by type: the kubelet's conditions are left alone).
+pub fn node_condition_patch(
     type_: &str,
     status: bool,
     reason: &str,
     message: &str,
     at: &str,
-) -> Request<Vec<u8>> {
-    let body = json!({"status": {"conditions": [{
+) -> serde_json::Value {
+    json!({"status": {"conditions": [{
         "type": type_,
         "status": if status { "True" } else { "False" },
         "reason": reason,
         "message": message,
         "lastHeartbeatTime": at,
         "lastTransitionTime": at,
-    }]}});
-    json_request(
-        http::Method::PATCH,
-        format!("/api/v1/nodes/{node}/status"),
-        "application/strategic-merge-patch+json",
-        &body,
-    )
-}
-
-/// `GET namespaces/{ns}/pods`: the live pods of `groups` on other nodes, resolved when the
-/// eviction is decided (a pod created later under a member's name is not evicted).
-pub async fn unit_members(
-    client: &Client,
-    namespace: &str,
-    groups: &[String],
-    node: &str,
-) -> Result<Vec<PodRef>, kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pods = api.list(&kube::api::ListParams::default()).await?;
-    Ok(pods
-        .items
-        .into_iter()
-        .filter(|p| {
-            let spec = p.spec.as_ref();
-            let group = spec
-                .and_then(|s| s.scheduling_group.as_ref())
-                .and_then(|g| g.pod_group_name.as_deref());
-            let elsewhere = spec.and_then(|s| s.node_name.as_deref()) != Some(node);
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            elsewhere
-                && group.is_some_and(|g| groups.iter().any(|x| x == g))
-                && !matches!(phase, Some("Succeeded" | "Failed"))
-        })
-        .filter_map(|p| {
-            Some(PodRef {
-                namespace: namespace.to_owned(),
-                name: p.metadata.name?,
-                uid: p.metadata.uid?,
-            })
-        })
-        .collect())
+    }]}})
 }
 
 /// The HTTP status of a failed request, when the API server answered.
@@ -337,10 +251,6 @@ fn code(e: &kube::Error) -> Option<u16> {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
     }
-}
-
-async fn send(client: &Client, req: Request<Vec<u8>>) -> Result<(), kube::Error> {
-    client.request_text(req).await.map(drop)
 }
 
 /// How a failed request ends: 404 (the object is gone) is done; 408 and 429 and every 5xx or
@@ -356,27 +266,43 @@ fn failed(what: &str, e: &kube::Error) -> Delivery {
     }
 }
 
+/// How a write's answer sorts. The typed calls decode the object the API server answers with;
+/// an answer that does not decode still came with a 2xx (an error status is
+/// [`kube::Error::Api`]), so the write was taken: done, as a raw request's was.
+fn sorted<T>(what: &str, answer: Result<T, kube::Error>) -> Delivery {
+    match answer {
+        Ok(_) | Err(kube::Error::SerdeError(_)) => Delivery::Done,
+        Err(e) => failed(what, &e),
+    }
+}
+
 /// Sends one write.
 pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
     match w {
         ApiWrite::PodEvicted { pod, message, at } => {
             let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
             let patch = Patch::Strategic(pod_evicted_patch(pod, message, at));
-            match api
-                .patch_status(&pod.name, &PatchParams::default(), &patch)
-                .await
-            {
-                Ok(_) => Delivery::Done,
-                Err(e) => failed("pod status", &e),
-            }
+            sorted(
+                "pod status",
+                api.patch_status(&pod.name, &PatchParams::default(), &patch)
+                    .await,
+            )
         }
-        ApiWrite::Evict { pod, grace_secs } => match client
-            .request::<Status>(eviction_request(pod, *grace_secs))
-            .await
-        {
-            Ok(_) => Delivery::Done,
-            Err(e) => failed("eviction", &e),
-        },
+        // Not `Api::evict`: kube (5.0) sends its `delete_options` in snake case, which the API
+        // server does not read, so the grace period and the UID precondition would be lost. The
+        // same POST with a `policy/v1` Eviction as the body.
+        ApiWrite::Evict { pod, grace_secs } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+            let answer = api
+                .create_subresource::<_, Status>(
+                    "eviction",
+                    &pod.name,
+                    &PostParams::default(),
+                    &eviction_body(pod, *grace_secs),
+                )
+                .await;
+            sorted("eviction", answer)
+        }
         ApiWrite::Event {
             name,
             namespace,
@@ -385,27 +311,26 @@ pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
             count,
             ..
         } => {
-            let Some(req) = event_request(w) else {
+            let Some(event) = event_body(w) else {
                 return Delivery::Done;
             };
-            match send(client, req).await {
-                Ok(()) => Delivery::Done,
+            let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+            match api.create(&PostParams::default(), &event).await {
                 // The Event exists: the first delivery of this one (done), or an earlier one of
                 // the same series, whose count this repeat carries on.
                 Err(e) if code(&e) == Some(409) && *count <= 1 => Delivery::Done,
                 Err(e) if code(&e) == Some(409) => {
-                    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
                     let patch = Patch::Merge(json!({
                         "count": count,
                         "message": message,
                         "lastTimestamp": at,
                     }));
-                    match api.patch(name, &PatchParams::default(), &patch).await {
-                        Ok(_) => Delivery::Done,
-                        Err(e) => failed("event repeat", &e),
-                    }
+                    sorted(
+                        "event repeat",
+                        api.patch(name, &PatchParams::default(), &patch).await,
+                    )
                 }
-                Err(e) => failed("event", &e),
+                answer => sorted("event", answer),
             }
         }
         ApiWrite::NodeCondition {
@@ -415,15 +340,15 @@ pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
             reason,
             message,
             at,
-        } => match send(
-            client,
-            node_condition_request(node, type_, *status, reason, message, at),
-        )
-        .await
-        {
-            Ok(()) => Delivery::Done,
-            Err(e) => failed("node condition", &e),
-        },
+        } => {
+            let api: Api<Node> = Api::all(client.clone());
+            let patch = Patch::Strategic(node_condition_patch(type_, *status, reason, message, at));
+            sorted(
+                "node condition",
+                api.patch_status(node, &PatchParams::default(), &patch)
+                    .await,
+            )
+        }
         ApiWrite::NodeTaint { node, on } => set_taint(client, node, *on).await,
     }
 }
@@ -456,9 +381,8 @@ async fn set_taint(client: &Client, node: &str, on: bool) -> Delivery {
         "spec": {"taints": taints},
     }));
     match api.patch(node, &PatchParams::default(), &patch).await {
-        Ok(_) => Delivery::Done,
         Err(e) if code(&e) == Some(409) => Delivery::Retry(format!("node taint: {e}")),
-        Err(e) => failed("node taint", &e),
+        answer => sorted("node taint", answer),
     }
 }
 

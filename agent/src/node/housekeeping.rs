@@ -191,7 +191,8 @@ impl Node {
             .update(|s| s.node.memory_available_bytes = available);
     }
 
-    /// The node conditions changed: metrics, status and (for admission) a pass.
+    /// The node conditions changed: metrics, status, the published conditions (cluster mode
+    /// reports them to the API) and (for admission) a pass.
     pub fn on_conditions(&self, conditions: &[NodeCondition]) {
         for c in [NodeCondition::MemoryPressure, NodeCondition::PidPressure] {
             self.report
@@ -203,6 +204,13 @@ impl Node {
                 })
                 .set(conditions.contains(&c).into());
         }
+        self.report.state.conditions.send_if_modified(|now| {
+            let changed = now.as_slice() != conditions;
+            if changed {
+                *now = conditions.to_vec();
+            }
+            changed
+        });
     }
 
     /// Persists what must survive a crash; a failure is logged, the node goes on.

@@ -149,6 +149,7 @@ where
         readiness: Readiness::default(),
         status: StatusStore::default(),
         summary: Box::new(summary.clone()),
+        conditions: Default::default(),
     });
     for s in ["sensors", "reconciler", "eviction"] {
         state.readiness.register(s);

@@ -255,6 +255,7 @@ fn build_node_with(
         readiness: Readiness::default(),
         status: StatusStore::default(),
         summary: Box::new(CgroupSummary::new(Default::default())),
+        conditions: Default::default(),
     });
     let (node, inventory) = Node::new(NodeParts {
         settings,
@@ -969,4 +970,20 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         }
     );
     assert_eq!(after, (true, true));
+}
+
+/// The node publishes its conditions on the agent's state as they change (cluster mode's
+/// reporter reacts to them; no metric is polled), and only when they change.
+#[tokio::test]
+async fn conditions_are_published_as_they_change() {
+    let tree = Tree0::new("conditions-published");
+    let (node, _inventory, state) = build_node(&tree);
+    let mut rx = state.conditions.subscribe();
+    node.on_conditions(&[NodeCondition::MemoryPressure]);
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(*rx.borrow_and_update(), [NodeCondition::MemoryPressure]);
+    node.on_conditions(&[NodeCondition::MemoryPressure]);
+    assert!(!rx.has_changed().unwrap(), "the same conditions again");
+    node.on_conditions(&[]);
+    assert!(rx.borrow_and_update().is_empty());
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     api::core::v1 as core, apimachinery::pkg::api::resource::Quantity as K8sQuantity,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{
@@ -21,8 +21,9 @@ const SYSTEM_NODE_CRITICAL_PRIORITY: i32 = SYSTEM_CRITICAL_PRIORITY + 1000;
 
 /// A pod's identity on the node: namespace and name, plus the uid (for manifest pods without
 /// one, derived from namespace and name as the kubelet does for static pods). The one key every
-/// part of qoslet uses: source, plan, cgroups, executor, eviction.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// part of qoslet uses: source, plan, cgroups, executor, eviction, and the API writes queued
+/// about a pod (stored with them, so it reads back).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PodKey {
     pub namespace: String,
     pub name: String,

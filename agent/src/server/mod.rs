@@ -31,6 +31,9 @@ pub struct AgentState {
     pub readiness: Readiness,
     pub status: StatusStore,
     pub summary: Box<dyn SummarySource>,
+    /// The node conditions whose eviction thresholds are met, published by the node as they
+    /// change (cluster mode's reporter turns them into the API's node conditions).
+    pub conditions: tokio::sync::watch::Sender<Vec<crate::eviction::NodeCondition>>,
 }
 
 #[derive(Debug, Error)]

@@ -83,6 +83,7 @@ async fn serves_the_plan_as_metrics_and_readiness_per_subsystem() {
         readiness: Readiness::default(),
         status: StatusStore::default(),
         summary: Box::new(NoSummary),
+        conditions: Default::default(),
     });
     state.metrics.set_plan(&plan);
     state.readiness.register("sensors");
@@ -261,6 +262,7 @@ async fn idle_connections_are_capped_and_closed() {
         readiness: Readiness::default(),
         status: StatusStore::default(),
         summary: Box::new(NoSummary),
+        conditions: Default::default(),
     });
     let limits = ServeLimits {
         max_connections: 4,

@@ -1,11 +1,23 @@
 use std::time::Duration;
 
-use kube::runtime::{reflector::store::Writer, watcher::Event};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Client,
+    api::{ApiResource, DynamicObject},
+    runtime::{
+        reflector::{Store, store::Writer},
+        watcher::Event,
+    },
+};
 use serde_json::{Value, json};
 
 use super::*;
 use crate::{
-    cluster::{mock, source::workload_resources, writes::deliver},
+    cluster::{
+        mock::{self, Mock, Routes, TempDir},
+        source::workload_resources,
+        writes::deliver,
+    },
     eviction::PodCgroups,
 };
 
@@ -47,8 +59,8 @@ fn dynamic(ar: &ApiResource, v: Value) -> DynamicObject {
     serde_json::from_value(v).unwrap_or_else(|e| panic!("{ar:?}: {e}"))
 }
 
-/// The node's pod m1 of PodGroup `a`.
-fn gangs() -> Gangs {
+/// Where the unit's members are found: the API server, and the node's pod m1 of PodGroup `a`.
+fn members(client: Client) -> UnitMembers {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "m1", "namespace": "ns", "uid": UID},
         "spec": {"nodeName": "node-a", "schedulingGroup": {"podGroupName": "a"},
@@ -56,7 +68,8 @@ fn gangs() -> Gangs {
         "status": {"phase": "Running"},
     }))
     .unwrap();
-    Gangs {
+    UnitMembers {
+        client,
         pods: store((), vec![pod]),
     }
 }
@@ -104,22 +117,10 @@ fn namespace_objects() -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
         .collect()
 }
 
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-fn temp(name: &str) -> TempDir {
-    let p = std::env::temp_dir().join(format!("qoslet-action-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&p);
-    TempDir(p)
-}
-
-#[test]
-fn a_unit_member_finds_the_whole_unit() {
-    let g = gangs();
-    let mut groups = g
+#[tokio::test]
+async fn a_unit_member_finds_the_whole_unit() {
+    let (client, _api) = Routes::new().client();
+    let mut groups = members(client)
         .unit_groups(&req(true, false).pod, &namespace_objects())
         .unwrap();
     groups.sort();
@@ -131,8 +132,7 @@ fn a_unit_member_finds_the_whole_unit() {
 /// threshold, the kubelet's way at a hard one.
 #[test]
 fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
-    let dir = temp("writes");
-    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    let (_dir, q) = mock::queue("action-writes");
     let ids = |a: &ApiEviction, hard: bool| -> Vec<String> {
         a.writes(&req(true, hard), "2026-11-30T10:00:00Z")
             .into_iter()
@@ -173,36 +173,60 @@ fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
     assert_eq!(event_name("m1", UID), "m1.qoslet-evicted-00000000");
 }
 
-/// The API server's answers for the unit test below: the namespace's workload objects and pods.
-fn unit_api(r: &mock::Recorded) -> mock::Reply {
+/// The API server of the unit tests below: the namespace's workload objects and pods; writes
+/// succeed.
+fn unit_api() -> Routes {
     let [w, pg, cpg] = namespace_json();
-    let items = |kind: &str, items: Vec<Value>| (200, mock::list(kind, "9", items));
-    Some(match (r.method.as_str(), r.path()) {
-        ("GET", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/workloads") => items("Workload", w),
-        ("GET", "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups") => items("PodGroup", pg),
-        ("GET", "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/compositepodgroups") => {
-            items("CompositePodGroup", cpg)
-        }
-        ("GET", "/api/v1/namespaces/ns/pods") => items(
+    let pod = |name: &str, uid: &str, node: &str, group: &str| {
+        json!({"metadata": {"name": name, "namespace": "ns", "uid": uid},
+         "spec": {"nodeName": node, "schedulingGroup": {"podGroupName": group}, "containers": []}})
+    };
+    let v1beta1 = "/apis/scheduling.k8s.io/v1beta1/namespaces/ns";
+    Routes::new()
+        .list(&format!("{v1beta1}/workloads"), "Workload", "9", w)
+        .list(&format!("{v1beta1}/podgroups"), "PodGroup", "9", pg)
+        .list(
+            "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/compositepodgroups",
+            "CompositePodGroup",
+            "9",
+            cpg,
+        )
+        .list(
+            "/api/v1/namespaces/ns/pods",
             "Pod",
+            "9",
             vec![
-                json!({"metadata": {"name": "m1", "namespace": "ns", "uid": UID},
-                 "spec": {"nodeName": "node-a", "schedulingGroup": {"podGroupName": "a"}, "containers": []}}),
-                json!({"metadata": {"name": "m2", "namespace": "ns", "uid": "u2"},
-                 "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "b"}, "containers": []}}),
-                json!({"metadata": {"name": "x", "namespace": "ns", "uid": "u3"},
-                 "spec": {"nodeName": "node-b", "schedulingGroup": {"podGroupName": "other"}, "containers": []}}),
+                pod("m1", UID, "node-a", "a"),
+                pod("m2", "u2", "node-b", "b"),
+                pod("x", "u3", "node-b", "other"),
             ],
-        ),
-        ("PATCH", _) => (
+        )
+        .on(
+            "PATCH",
+            "*",
             200,
             json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "m1"}}),
-        ),
-        _ => (
-            200,
+        )
+        .on(
+            "POST",
+            "*",
+            201,
             json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
-        ),
-    })
+        )
+}
+
+/// A cluster eviction (`evictionMethod: kubelet`) with `gang`, its queue and the API server.
+fn evicting(gang: GangEviction) -> (ApiEviction, Arc<WriteQueue>, TempDir, Client, Mock) {
+    let (dir, q) = mock::queue("action");
+    let (client, api) = unit_api().client();
+    let a = ApiEviction::new(
+        q.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        gang,
+        Some(members(client.clone())),
+    );
+    (a, q, dir, client, api)
 }
 
 /// gangEviction: unit resolves the members on other nodes to their UIDs when the eviction is
@@ -210,19 +234,7 @@ fn unit_api(r: &mock::Recorded) -> mock::Reply {
 /// b, under the same `all` composite) goes, x (an unrelated group) stays.
 #[tokio::test]
 async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
-    let dir = temp("deliver");
-    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
-    let (client, api) = mock::client(unit_api);
-    let a = ApiEviction::new(
-        q.clone(),
-        "node-a",
-        EvictionMethod::Kubelet,
-        GangEviction::Unit,
-        Some(UnitMembers {
-            client: client.clone(),
-            gangs: gangs(),
-        }),
-    );
+    let (a, q, _dir, client, api) = evicting(GangEviction::Unit);
     let out = a.evict(&req(true, true)).await.unwrap();
     assert_eq!(out.signalled, 0, "no process in an empty cgroup set");
     let pending: Vec<String> = q.pending().into_iter().map(|(id, _)| id).collect();
@@ -234,13 +246,41 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
             "evict-u2".into()
         ]
     );
-    let resolved = api.requests().len();
+    // The lists the decision made: the namespace's three workload kinds (from the API server's
+    // cache) and its pods.
+    // (method, path, query)
+    type Call = (String, String, Vec<(String, String)>);
+    let lists: Vec<Call> = api
+        .requests()
+        .into_iter()
+        .map(|r| (r.method.clone(), r.path().to_owned(), r.query_pairs()))
+        .collect();
+    let cached = || {
+        vec![
+            ("resourceVersion".to_owned(), "0".to_owned()),
+            ("resourceVersionMatch".to_owned(), "NotOlderThan".to_owned()),
+        ]
+    };
+    let get = |p: &str, q| ("GET".to_owned(), p.to_owned(), q);
     assert_eq!(
-        resolved,
-        4,
-        "three workload kinds and the pods: {:?}",
-        api.requests()
+        lists,
+        [
+            get(
+                "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/workloads",
+                cached()
+            ),
+            get(
+                "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups",
+                cached()
+            ),
+            get(
+                "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/compositepodgroups",
+                cached()
+            ),
+            get("/api/v1/namespaces/ns/pods", vec![]),
+        ]
     );
+    let resolved = lists.len();
     let task = tokio::spawn(q.clone().run(move |w| {
         let c = client.clone();
         async move { deliver(&c, &w).await }
@@ -272,25 +312,20 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
         .into_iter()
         .find(|r| r.path().ends_with("m2/eviction"))
         .unwrap();
-    assert_eq!(m2.body["deleteOptions"]["preconditions"]["uid"], "u2");
+    m2.assert_is(
+        "POST",
+        "/api/v1/namespaces/ns/pods/m2/eviction",
+        "application/json",
+        &json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": "m2", "namespace": "ns"},
+            "deleteOptions": {"gracePeriodSeconds": 0, "preconditions": {"uid": "u2"}}}),
+    );
 }
 
 /// gangEviction: node (the default) writes nothing about other nodes' pods and asks nothing.
 #[tokio::test]
 async fn by_default_only_this_nodes_pod_is_written() {
-    let dir = temp("node-only");
-    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
-    let (client, api) = mock::client(unit_api);
-    let a = ApiEviction::new(
-        q.clone(),
-        "node-a",
-        EvictionMethod::Kubelet,
-        GangEviction::Node,
-        Some(UnitMembers {
-            client,
-            gangs: gangs(),
-        }),
-    );
+    let (a, q, _dir, _client, api) = evicting(GangEviction::Node);
     a.evict(&req(true, false)).await.unwrap();
     assert_eq!(q.pending().len(), 2);
     assert!(api.requests().is_empty(), "{:?}", api.requests());

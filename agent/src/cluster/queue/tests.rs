@@ -1,32 +1,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
-use crate::cluster::writes::PodRef;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "qoslet-queue-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use crate::{cluster::mock::TempDir, policy::pod::PodKey};
 
 fn evict(name: &str) -> ApiWrite {
     ApiWrite::Evict {
-        pod: PodRef {
+        pod: PodKey {
             namespace: "ns".into(),
             name: name.into(),
             uid: "u".into(),
@@ -61,7 +40,7 @@ where
 
 #[tokio::test]
 async fn a_write_is_persisted_retried_and_removed_once_delivered() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
     q.push("evict-a", "pod-a", evict("a")).unwrap();
     assert_eq!(files(&dir.0), ["evict-a.json"]);
@@ -85,7 +64,7 @@ async fn a_write_is_persisted_retried_and_removed_once_delivered() {
 
 #[tokio::test]
 async fn pending_writes_survive_a_restart_in_their_order() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     {
         let q = WriteQueue::open(&dir.0).unwrap();
         q.push("w-b", "pod-b", evict("b")).unwrap();
@@ -114,7 +93,7 @@ async fn pending_writes_survive_a_restart_in_their_order() {
 
 #[tokio::test]
 async fn writes_of_one_object_keep_their_order_and_others_do_not_wait() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
     q.push("a-1", "pod-a", evict("a1")).unwrap();
     q.push("a-2", "pod-a", evict("a2")).unwrap();
@@ -147,7 +126,7 @@ async fn writes_of_one_object_keep_their_order_and_others_do_not_wait() {
 
 #[tokio::test]
 async fn pushing_an_id_again_replaces_the_pending_write() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     let q = WriteQueue::open(&dir.0).unwrap();
     q.push("cond", "node", evict("old")).unwrap();
     q.push("cond", "node", evict("new")).unwrap();
@@ -159,7 +138,7 @@ async fn pushing_an_id_again_replaces_the_pending_write() {
 /// status, and does not hold back the next write of the same object.
 #[tokio::test]
 async fn a_rejected_write_is_dropped_counted_and_does_not_block() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
     q.push("a-1", "pod-a", evict("a1")).unwrap();
     q.push("a-2", "pod-a", evict("a2")).unwrap();
@@ -199,7 +178,7 @@ async fn a_rejected_write_is_dropped_counted_and_does_not_block() {
 /// by a run long ago) is dropped when the queue opens, never sent.
 #[tokio::test]
 async fn the_queue_is_bounded_and_old_writes_expire() {
-    let dir = TempDir::new();
+    let dir = TempDir::new("queue");
     let q = WriteQueue::open(&dir.0).unwrap();
     for i in 0..=MAX_PENDING {
         q.push(&format!("w-{i}"), &format!("k-{i}"), evict("x"))

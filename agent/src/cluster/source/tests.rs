@@ -3,7 +3,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::cluster::mock::{self, Recorded, events, list, status};
+use crate::cluster::mock::{self, Routes, events, list, status};
 
 fn pod(name: &str, uid: &str, phase: &str, group: Option<&str>) -> Value {
     let mut spec = json!({"nodeName": "node-a", "containers": [{"name": "c", "image": "busybox"}]});
@@ -38,8 +38,14 @@ fn discovery(resources: &[&str]) -> Value {
 const UID_A: &str = "00000000-0000-0000-0000-00000000000a";
 const UID_B: &str = "00000000-0000-0000-0000-00000000000b";
 
-fn is_watch(r: &Recorded) -> bool {
-    r.query("watch").as_deref() == Some("true")
+/// The node's pods and the Node itself, as the API server lists them.
+fn node_a(pods: Vec<Value>, node: Value) -> Routes {
+    Routes::new().list("/api/v1/pods", "Pod", "5", pods).list(
+        "/api/v1/nodes",
+        "Node",
+        "5",
+        vec![node],
+    )
 }
 
 fn names(p: &PodSet) -> Vec<String> {
@@ -48,47 +54,36 @@ fn names(p: &PodSet) -> Vec<String> {
 
 #[tokio::test]
 async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
-    let (client, api) = mock::client(|r| {
-        if is_watch(r) {
-            return None;
-        }
-        Some(match r.path() {
-            "/api/v1/pods" => (
-                200,
-                list(
-                    "Pod",
-                    "5",
-                    vec![
-                        pod("a", UID_A, "Running", Some("g")),
-                        pod("done", UID_B, "Succeeded", None),
-                    ],
-                ),
-            ),
-            "/api/v1/nodes" => (
-                200,
-                list(
-                    "Node",
-                    "5",
-                    vec![json!({"metadata": {"name": "node-a", "uid": "n1"}})],
-                ),
-            ),
-            "/apis/scheduling.k8s.io/v1beta1" => (200, discovery(&["workloads", "podgroups"])),
-            // The API server applies the field selector: only the named object.
-            "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups" => {
-                let all = [pod_group("g"), pod_group("unrelated")];
-                let want = r.query("fieldSelector").unwrap_or_default();
-                let items = all
-                    .into_iter()
-                    .filter(|o| {
-                        want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
-                    })
-                    .collect();
-                (200, list("PodGroup", "5", items))
-            }
-            p if p.starts_with("/apis/scheduling.k8s.io/") => (200, list("X", "5", vec![])),
-            _ => (404, status(404, "NotFound", "no")),
-        })
-    });
+    let (client, api) = node_a(
+        vec![
+            pod("a", UID_A, "Running", Some("g")),
+            pod("done", UID_B, "Succeeded", None),
+        ],
+        json!({"metadata": {"name": "node-a", "uid": "n1"}}),
+    )
+    .on(
+        "GET",
+        "/apis/scheduling.k8s.io/v1beta1",
+        200,
+        discovery(&["workloads", "podgroups"]),
+    )
+    // The API server applies the field selector: only the named object.
+    .route(
+        "GET",
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups",
+        |r| {
+            let want = r.query("fieldSelector").unwrap_or_default();
+            let items = [pod_group("g"), pod_group("unrelated")]
+                .into_iter()
+                .filter(|o| {
+                    want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
+                })
+                .collect();
+            (!r.is_watch()).then(|| (200, list("PodGroup", "5", items)))
+        },
+    )
+    .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
+    .client();
     let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
     let first = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
         .await
@@ -131,7 +126,7 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     let reqs = api.requests();
     for r in reqs
         .iter()
-        .filter(|r| !is_watch(r) && r.path().ends_with('s'))
+        .filter(|r| !r.is_watch() && r.path().ends_with('s'))
     {
         assert_eq!(r.query("resourceVersion").as_deref(), Some("0"), "{r:?}");
     }
@@ -154,13 +149,13 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     );
     // The pod watch resumes from the list's resourceVersion with bookmarks.
     api.wait_for("the pod watch", |l| {
-        l.iter().any(|r| r.path() == "/api/v1/pods" && is_watch(r))
+        l.iter().any(|r| r.path() == "/api/v1/pods" && r.is_watch())
     })
     .await;
     let w = api
         .requests()
         .into_iter()
-        .find(|r| r.path() == "/api/v1/pods" && is_watch(r))
+        .find(|r| r.path() == "/api/v1/pods" && r.is_watch())
         .unwrap();
     assert_eq!(w.query("resourceVersion").as_deref(), Some("5"));
     assert_eq!(w.query("allowWatchBookmarks").as_deref(), Some("true"));
@@ -174,7 +169,7 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
 async fn a_410_gone_relists_and_the_diff_shows_it() {
     let mut pod_lists = 0;
     let mut pod_watches = 0;
-    let (client, api) = mock::client(move |r| match (r.path(), is_watch(r)) {
+    let (client, api) = mock::client(move |r| match (r.path(), r.is_watch()) {
         ("/api/v1/pods", false) => {
             pod_lists += 1;
             let items = if pod_lists == 1 {
@@ -219,7 +214,7 @@ async fn a_410_gone_relists_and_the_diff_shows_it() {
     let lists = api
         .requests()
         .iter()
-        .filter(|r| r.path() == "/api/v1/pods" && !is_watch(r))
+        .filter(|r| r.path() == "/api/v1/pods" && !r.is_watch())
         .count();
     assert_eq!(lists, 2, "one list, one relist after 410");
     assert!(src.watch_states().summary().contains("pods synced"));
@@ -234,22 +229,12 @@ async fn an_invalid_pod_is_reported_and_skipped() {
         None,
     );
     bad["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "lots"}});
-    let (client, _api) = mock::client(move |r| {
-        if is_watch(r) {
-            return None;
-        }
-        Some(match r.path() {
-            "/api/v1/pods" => (
-                200,
-                list(
-                    "Pod",
-                    "1",
-                    vec![pod("a", UID_A, "Running", None), bad.clone()],
-                ),
-            ),
-            _ => (200, list("X", "1", vec![])),
-        })
-    });
+    let (client, _api) = node_a(
+        vec![pod("a", UID_A, "Running", None), bad],
+        json!({"metadata": {"name": "node-a"}}),
+    )
+    .list("/apis/*", "X", "1", vec![])
+    .client();
     let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
     let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
         .await
@@ -268,29 +253,12 @@ async fn an_invalid_pod_is_reported_and_skipped() {
 /// the pods still managed, and readiness needs the pod watch only.
 #[tokio::test]
 async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
-    let (client, api) = mock::client(|r| {
-        if is_watch(r) {
-            return None;
-        }
-        Some(match r.path() {
-            "/api/v1/pods" => (
-                200,
-                list("Pod", "5", vec![pod("a", UID_A, "Running", Some("g"))]),
-            ),
-            "/api/v1/nodes" => (
-                200,
-                list("Node", "5", vec![json!({"metadata": {"name": "node-a"}})]),
-            ),
-            _ => (
-                404,
-                status(
-                    404,
-                    "NotFound",
-                    "the server could not find the requested resource",
-                ),
-            ),
-        })
-    });
+    // Nothing else is served: discovery and every workload kind answer 404.
+    let (client, api) = node_a(
+        vec![pod("a", UID_A, "Running", Some("g"))],
+        json!({"metadata": {"name": "node-a"}}),
+    )
+    .client();
     let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
     tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
         .await

@@ -1,76 +1,124 @@
-use serde_json::json;
+//! Each write as the API server receives it (method, path, query, content type and body,
+//! exactly), and how its answers sort into done, retry and rejected.
+
+use serde_json::{Value, json};
 
 use super::*;
-use crate::cluster::mock::{self, status};
+use crate::cluster::mock::{Mock, Recorded, Routes, status};
 
-fn pod() -> PodRef {
-    PodRef {
+const UID: &str = "00000000-0000-0000-0000-00000000000a";
+
+fn pod() -> PodKey {
+    PodKey {
         namespace: "ns".into(),
         name: "hog".into(),
-        uid: "00000000-0000-0000-0000-00000000000a".into(),
+        uid: UID.into(),
     }
 }
 
+/// Delivers `w` to an API server that answers every request `code` with `body`.
+async fn deliver_to(code: u16, body: Value, w: &ApiWrite) -> (Delivery, Mock) {
+    let (client, api) = Routes::new().on("*", "*", code, body).client();
+    (deliver(&client, w).await, api)
+}
+
+/// The one request the API server received.
+fn only(api: &Mock) -> Recorded {
+    let reqs = api.requests();
+    assert_eq!(reqs.len(), 1, "{reqs:#?}");
+    reqs[0].clone()
+}
+
+fn evicted() -> ApiWrite {
+    ApiWrite::PodEvicted {
+        pod: pod(),
+        message: "The node was low on resource: memory.".into(),
+        at: "2026-11-30T10:00:00Z".into(),
+    }
+}
+
+fn pod_event(count: i32) -> ApiWrite {
+    ApiWrite::Event {
+        name: "hog.qoslet-1".into(),
+        namespace: "ns".into(),
+        object: EventObject {
+            kind: "Pod".into(),
+            namespace: Some("ns".into()),
+            name: "hog".into(),
+            uid: UID.into(),
+        },
+        reason: "Evicted".into(),
+        message:
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
+                .into(),
+        type_: "Warning".into(),
+        node: "node-a".into(),
+        at: "2026-11-30T10:00:00Z".into(),
+        count,
+    }
+}
+
+fn condition() -> ApiWrite {
+    ApiWrite::NodeCondition {
+        node: "node-a".into(),
+        type_: "QosletMemoryPressure".into(),
+        status: true,
+        reason: "ThresholdMet".into(),
+        message: "memory.available<100Mi".into(),
+        at: "2026-11-30T10:00:00Z".into(),
+    }
+}
+
+/// Not kube's `Api::evict` body (snake case `delete_options`): the `policy/v1` Eviction, whose
+/// grace and UID precondition the API server reads.
 #[tokio::test]
 async fn a_soft_eviction_posts_a_policy_v1_eviction_with_grace_and_uid() {
-    let (client, api) = mock::client(|_| Some((201, status(201, "", ""))));
     let w = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 30,
     };
-    assert_eq!(deliver(&client, &w).await, Delivery::Done);
-    let r = &api.requests()[0];
-    assert_eq!(r.method, "POST");
-    assert_eq!(r.path(), "/api/v1/namespaces/ns/pods/hog/eviction");
-    assert_eq!(
-        r.body,
-        json!({
+    let (got, api) = deliver_to(201, status(201, "", ""), &w).await;
+    assert_eq!(got, Delivery::Done);
+    only(&api).assert_is(
+        "POST",
+        "/api/v1/namespaces/ns/pods/hog/eviction",
+        "application/json",
+        &json!({
             "apiVersion": "policy/v1", "kind": "Eviction",
             "metadata": {"name": "hog", "namespace": "ns"},
-            "deleteOptions": {"gracePeriodSeconds": 30, "preconditions": {"uid": pod().uid}},
-        })
+            "deleteOptions": {"gracePeriodSeconds": 30, "preconditions": {"uid": UID}},
+        }),
     );
 }
 
 #[tokio::test]
 async fn a_pdb_429_is_retried_and_nothing_is_ever_deleted() {
-    let (client, api) = mock::client(|_| {
-        Some((
-            429,
-            status(
-                429,
-                "TooManyRequests",
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-            ),
-        ))
-    });
     let w = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 0,
     };
-    assert!(matches!(deliver(&client, &w).await, Delivery::Retry(_)));
-    let reqs = api.requests();
-    assert_eq!(reqs.len(), 1, "no delete after a refusal: {reqs:?}");
+    let refusal = status(
+        429,
+        "TooManyRequests",
+        "Cannot evict pod as it would violate the pod's disruption budget.",
+    );
+    let (got, api) = deliver_to(429, refusal, &w).await;
+    assert!(matches!(got, Delivery::Retry(_)), "{got:?}");
+    assert_eq!(only(&api).method, "POST", "no delete after a refusal");
 }
 
 /// 404: the pod is gone, done. A failed UID precondition (409 from the Eviction API, 422 from
 /// a status patch: uid is immutable) and any other permanent 4xx: rejected, never retried.
-/// 408, 429, 5xx and an unreachable server: retried.
+/// 408, 429, 5xx and an unreachable server: retried. The same for every write.
 #[tokio::test]
 async fn answers_sort_into_done_rejected_and_retry() {
     let evict = ApiWrite::Evict {
         pod: pod(),
         grace_secs: 0,
     };
-    let evicted = ApiWrite::PodEvicted {
-        pod: pod(),
-        message: "m".into(),
-        at: "2026-11-30T10:00:00Z".into(),
-    };
-    for w in [&evict, &evicted] {
+    for w in [&evict, &evicted(), &condition()] {
         for code in [400u16, 403, 404, 408, 409, 410, 422, 429, 500, 503] {
-            let (client, _api) = mock::client(move |_| Some((code, status(code, "x", "x"))));
-            let got = deliver(&client, w).await;
+            let (got, _api) = deliver_to(code, status(code, "x", "x"), w).await;
             match code {
                 404 => assert_eq!(got, Delivery::Done, "{code}"),
                 408 | 429 | 500 | 503 => {
@@ -85,94 +133,78 @@ async fn answers_sort_into_done_rejected_and_retry() {
     }
 }
 
+/// The typed calls decode the API server's answer; a 2xx whose body is not the object still
+/// means the write was taken: done, not retried.
+#[tokio::test]
+async fn a_2xx_that_does_not_decode_is_done() {
+    for w in [&evicted(), &condition(), &pod_event(1)] {
+        let (got, api) = deliver_to(200, json!("not an object"), w).await;
+        assert_eq!(got, Delivery::Done, "{w:?}");
+        assert_eq!(api.requests().len(), 1);
+    }
+}
+
 /// The status the kubelet's eviction manager leaves (pkg/kubelet/eviction/eviction_manager.go
 /// `evictPod`), sent as its status manager sends it (pkg/util/pod `PatchPodStatus`: a strategic
 /// merge patch with `metadata.uid` as the precondition).
 #[tokio::test]
 async fn an_evicted_pod_is_failed_evicted_with_the_disruption_target_on_pod_status() {
-    let (client, api) = mock::client(|_| {
-        Some((
-            200,
-            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}}),
-        ))
-    });
-    let w = ApiWrite::PodEvicted {
-        pod: pod(),
-        message: "The node was low on resource: memory.".into(),
-        at: "2026-11-30T10:00:00Z".into(),
-    };
-    assert_eq!(deliver(&client, &w).await, Delivery::Done);
-    let r = &api.requests()[0];
-    assert_eq!(r.method, "PATCH");
-    assert_eq!(r.path(), "/api/v1/namespaces/ns/pods/hog/status");
-    assert_eq!(r.content_type, "application/strategic-merge-patch+json");
-    assert_eq!(
-        r.body,
-        json!({"metadata": {"uid": pod().uid}, "status": {
+    let answer = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}});
+    let (got, api) = deliver_to(200, answer, &evicted()).await;
+    assert_eq!(got, Delivery::Done);
+    only(&api).assert_is(
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/hog/status",
+        "application/strategic-merge-patch+json",
+        &json!({"metadata": {"uid": UID}, "status": {
             "phase": "Failed", "reason": "Evicted",
             "message": "The node was low on resource: memory.",
             "conditions": [{
             "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
             "message": "The node was low on resource: memory.",
-            "lastTransitionTime": "2026-11-30T10:00:00Z"}]}})
+            "lastTransitionTime": "2026-11-30T10:00:00Z"}]}}),
     );
 }
 
 #[tokio::test]
 async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
-    let (client, api) = mock::client(|_| Some((409, status(409, "AlreadyExists", "exists"))));
-    let w = ApiWrite::Event {
-        name: "hog.qoslet-1".into(),
-        namespace: "ns".into(),
-        object: EventObject {
-            kind: "Pod".into(),
-            namespace: Some("ns".into()),
-            name: "hog".into(),
-            uid: pod().uid,
-        },
-        reason: "Evicted".into(),
-        message:
-            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
-                .into(),
-        type_: "Warning".into(),
-        node: "node-a".into(),
-        at: "2026-11-30T10:00:00Z".into(),
-        count: 1,
-    };
-    assert_eq!(deliver(&client, &w).await, Delivery::Done);
-    assert_eq!(api.requests().len(), 1, "a duplicate of the first is done");
-    let r = &api.requests()[0];
-    assert_eq!(r.method, "POST");
-    assert_eq!(r.path(), "/api/v1/namespaces/ns/events");
-    let b = &r.body;
-    assert_eq!(b["metadata"]["name"], "hog.qoslet-1");
-    assert_eq!(b["type"], "Warning");
-    assert_eq!(b["reason"], "Evicted");
-    assert_eq!(
-        b["involvedObject"],
-        json!({"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": pod().uid})
+    let exists = status(409, "AlreadyExists", "exists");
+    let (got, api) = deliver_to(409, exists, &pod_event(1)).await;
+    assert_eq!(got, Delivery::Done, "a duplicate of the first is done");
+    only(&api).assert_is(
+        "POST",
+        "/api/v1/namespaces/ns/events",
+        "application/json",
+        &json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "hog.qoslet-1", "namespace": "ns"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": UID},
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi.",
+            "type": "Warning",
+            "source": {"component": "qoslet", "host": "node-a"},
+            "reportingComponent": "qoslet",
+            "reportingInstance": "node-a",
+            "firstTimestamp": "2026-11-30T10:00:00Z",
+            "lastTimestamp": "2026-11-30T10:00:00Z",
+            "count": 1,
+        }),
     );
-    assert_eq!(
-        b["source"],
-        json!({"component": "qoslet", "host": "node-a"})
-    );
-    assert_eq!(b["firstTimestamp"], "2026-11-30T10:00:00Z");
-    assert_eq!(b["count"], 1);
 }
 
 /// A repeat of an Event that exists updates its count and last timestamp: one Event per series.
 #[tokio::test]
 async fn a_repeated_event_counts_on_the_existing_one() {
-    let (client, api) = mock::client(|r| {
-        Some(match r.method.as_str() {
-            "POST" => (409, status(409, "AlreadyExists", "exists")),
-            _ => (
-                200,
-                json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "n.qoslet-x-1"},
-                "involvedObject": {}}),
-            ),
-        })
-    });
+    let (client, api) = Routes::new()
+        .on("POST", "*", 409, status(409, "AlreadyExists", "exists"))
+        .on(
+            "PATCH",
+            "*",
+            200,
+            json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "n.qoslet-x-1"},
+            "involvedObject": {}}),
+        )
+        .client();
     let w = ApiWrite::Event {
         name: "n.qoslet-x-1".into(),
         namespace: "default".into(),
@@ -193,47 +225,63 @@ async fn a_repeated_event_counts_on_the_existing_one() {
     let reqs = api.requests();
     assert_eq!(reqs.len(), 2, "{reqs:?}");
     assert_eq!(
-        (reqs[1].method.as_str(), reqs[1].path()),
-        ("PATCH", "/api/v1/namespaces/default/events/n.qoslet-x-1")
+        (reqs[0].method.as_str(), reqs[0].path()),
+        ("POST", "/api/v1/namespaces/default/events")
     );
-    assert_eq!(reqs[1].content_type, "application/merge-patch+json");
-    assert_eq!(
-        reqs[1].body,
-        json!({"count": 3, "message": "m", "lastTimestamp": "2026-11-30T10:05:00Z"})
+    assert_eq!(reqs[0].body["count"], 3);
+    reqs[1].assert_is(
+        "PATCH",
+        "/api/v1/namespaces/default/events/n.qoslet-x-1",
+        "application/merge-patch+json",
+        &json!({"count": 3, "message": "m", "lastTimestamp": "2026-11-30T10:05:00Z"}),
     );
 }
 
 /// The taint is added beside the node's other taints, with the resourceVersion it was computed
-/// from; present already, nothing is written.
+/// from; present already, nothing is written. A conflict (the node was written in between) is
+/// retried.
 #[tokio::test]
 async fn the_pressure_taint_keeps_other_taints_and_is_optimistic() {
-    let (client, api) = mock::client(|r| {
-        Some(match r.method.as_str() {
-            "GET" => (
-                200,
-                json!({"kind": "Node", "apiVersion": "v1",
-                "metadata": {"name": "node-a", "resourceVersion": "42"},
-                "spec": {"taints": [{"key": "other", "effect": "NoExecute"}]}}),
-            ),
-            _ => (
-                200,
-                json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}}),
-            ),
+    let mut patches = 0;
+    let (client, api) = Routes::new()
+        .on(
+            "GET",
+            "/api/v1/nodes/node-a",
+            200,
+            json!({"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": "node-a", "resourceVersion": "42"},
+            "spec": {"taints": [{"key": "other", "effect": "NoExecute"}]}}),
+        )
+        .route("PATCH", "/api/v1/nodes/node-a", move |_| {
+            patches += 1;
+            Some(if patches == 1 {
+                (
+                    200,
+                    json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}}),
+                )
+            } else {
+                (409, status(409, "Conflict", "the object has been modified"))
+            })
         })
-    });
+        .client();
     let on = ApiWrite::NodeTaint {
         node: "node-a".into(),
         on: true,
     };
     assert_eq!(deliver(&client, &on).await, Delivery::Done);
     let reqs = api.requests();
-    assert_eq!(reqs[1].method, "PATCH");
-    assert_eq!(reqs[1].path(), "/api/v1/nodes/node-a");
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
     assert_eq!(
-        reqs[1].body,
-        json!({"metadata": {"resourceVersion": "42"}, "spec": {"taints": [
+        (reqs[0].method.as_str(), reqs[0].path()),
+        ("GET", "/api/v1/nodes/node-a")
+    );
+    reqs[1].assert_is(
+        "PATCH",
+        "/api/v1/nodes/node-a",
+        "application/merge-patch+json",
+        &json!({"metadata": {"resourceVersion": "42"}, "spec": {"taints": [
             {"key": "other", "effect": "NoExecute"},
-            {"key": TAINT_KEY, "effect": "NoSchedule"}]}})
+            {"key": TAINT_KEY, "effect": "NoSchedule"}]}}),
     );
     let off = ApiWrite::NodeTaint {
         node: "node-a".into(),
@@ -241,29 +289,30 @@ async fn the_pressure_taint_keeps_other_taints_and_is_optimistic() {
     };
     assert_eq!(deliver(&client, &off).await, Delivery::Done);
     assert_eq!(api.requests().len(), 3, "absent already: only the GET");
+    assert!(matches!(
+        deliver(&client, &on).await,
+        Delivery::Retry(m) if m.contains("409")
+    ));
 }
 
 #[tokio::test]
 async fn a_node_condition_patches_node_status_with_its_own_type() {
-    let (client, api) = mock::client(|_| Some((200, json!({"kind": "Node"}))));
-    let w = ApiWrite::NodeCondition {
-        node: "node-a".into(),
-        type_: "QosletMemoryPressure".into(),
-        status: true,
-        reason: "ThresholdMet".into(),
-        message: "memory.available<100Mi".into(),
-        at: "2026-11-30T10:00:00Z".into(),
-    };
-    assert_eq!(deliver(&client, &w).await, Delivery::Done);
-    let r = &api.requests()[0];
-    assert_eq!(r.method, "PATCH");
-    assert_eq!(r.path(), "/api/v1/nodes/node-a/status");
-    assert_eq!(r.content_type, "application/strategic-merge-patch+json");
-    let c = &r.body["status"]["conditions"][0];
-    assert_eq!(c["type"], "QosletMemoryPressure");
-    assert_eq!(c["status"], "True");
+    let answer = json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"}});
+    let (got, api) = deliver_to(200, answer, &condition()).await;
+    assert_eq!(got, Delivery::Done);
+    only(&api).assert_is(
+        "PATCH",
+        "/api/v1/nodes/node-a/status",
+        "application/strategic-merge-patch+json",
+        &json!({"status": {"conditions": [{
+            "type": "QosletMemoryPressure", "status": "True", "reason": "ThresholdMet",
+            "message": "memory.available<100Mi",
+            "lastHeartbeatTime": "2026-11-30T10:00:00Z",
+            "lastTransitionTime": "2026-11-30T10:00:00Z"}]}}),
+    );
 }
 
+/// A write queued before this version (its pod as `{namespace, name, uid}`) reads back.
 #[test]
 fn writes_survive_a_round_trip_through_json() {
     let w = ApiWrite::Evict {
@@ -271,6 +320,10 @@ fn writes_survive_a_round_trip_through_json() {
         grace_secs: 3,
     };
     let text = serde_json::to_string(&w).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"write": "evict", "pod": {"namespace": "ns", "name": "hog", "uid": UID}, "graceSecs": 3})
+    );
     assert_eq!(serde_json::from_str::<ApiWrite>(&text).unwrap(), w);
     assert!(now().ends_with('Z'), "{}", now());
 }
