@@ -48,6 +48,18 @@ fn node_a(pods: Vec<Value>, node: Value) -> Routes {
     )
 }
 
+/// Takes the source's changes until `done` holds (5 s at most).
+async fn changes_until(src: &mut ApiSource, what: &str, done: impl Fn(&ApiSource) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done(src) {
+        assert!(tokio::time::Instant::now() < deadline, "{what} never came");
+        tokio::time::timeout(Duration::from_secs(5), src.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
 fn names(p: &PodSet) -> Vec<String> {
     p.pods.keys().map(|k| k.name.clone()).collect()
 }
@@ -107,17 +119,7 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     assert_eq!(src.pods().pods.keys().next().unwrap().uid, UID_A);
     assert_eq!(first.pods_added.len(), 1);
     // The PodGroup the pod references arrives (now or with the next change); the other does not.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while src.pods().objects.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "PodGroup never arrived"
-        );
-        tokio::time::timeout(Duration::from_secs(5), src.changed())
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    changes_until(&mut src, "the PodGroup", |s| !s.pods().objects.is_empty()).await;
     let objects: Vec<&String> = src.pods().objects.keys().map(|k| &k.2).collect();
     assert_eq!(objects, ["g"]);
     assert_eq!(*src.gang_awareness().lock().unwrap(), GangAwareness::On);
@@ -264,17 +266,10 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
         .await
         .unwrap()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while *src.gang_awareness().lock().unwrap() != GangAwareness::Off {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gang-awareness not decided"
-        );
-        tokio::time::timeout(Duration::from_secs(5), src.changed())
-            .await
-            .unwrap()
-            .unwrap();
-    }
+    changes_until(&mut src, "gang-awareness off", |s| {
+        *s.gang_awareness().lock().unwrap() == GangAwareness::Off
+    })
+    .await;
     assert_eq!(names(src.pods()), ["a"]);
     assert!(src.pods().objects.is_empty());
     let states = src.watch_states();
