@@ -72,12 +72,11 @@ impl ApiEviction {
     /// delivery order.
     pub fn writes(&self, req: &EvictionRequest, at: &str) -> Vec<(String, ApiWrite)> {
         let p = &req.pod;
-        let pod = p.clone();
         let first = if self.kills_locally(req) {
             (
                 format!("evicted-{}", p.uid),
                 ApiWrite::PodEvicted {
-                    pod: pod.clone(),
+                    pod: p.clone(),
                     message: req.message.clone(),
                     at: at.into(),
                 },
@@ -86,7 +85,7 @@ impl ApiEviction {
             (
                 format!("evict-{}", p.uid),
                 ApiWrite::Evict {
-                    pod: pod.clone(),
+                    pod: p.clone(),
                     grace_secs: grace_secs(req),
                 },
             )
@@ -118,7 +117,7 @@ impl ApiEviction {
     /// The unit's live members on other nodes, by UID, now; empty when the pod goes alone or
     /// the API server cannot say in time (they are then left, and a later decision on their own
     /// nodes handles them).
-    async fn remote_members(&self, req: &EvictionRequest) -> Vec<PodKey> {
+    async fn members_elsewhere(&self, req: &EvictionRequest) -> Vec<PodKey> {
         let (Some(m), Some(_)) = (&self.members, &req.unit) else {
             return Vec::new();
         };
@@ -186,11 +185,11 @@ impl EvictionAction for ApiEviction {
         // not the local kill empties the cgroups.
         self.push(req, self.writes(req, &now()));
         if self.kills_locally(req) {
-            let (local, members) = tokio::join!(self.kill.evict(req), self.remote_members(req));
+            let (local, members) = tokio::join!(self.kill.evict(req), self.members_elsewhere(req));
             self.push(req, member_writes(&members, grace_secs(req)));
             local
         } else {
-            let members = self.remote_members(req).await;
+            let members = self.members_elsewhere(req).await;
             self.push(req, member_writes(&members, grace_secs(req)));
             Ok(Outcome {
                 first_signal_at: None,
