@@ -8,7 +8,8 @@
 //! reads each pod's working set from them); the kubelet's own cgroup values equal `qoslet
 //! plan`'s for the same pods; a BestEffort memory hog is evicted by qoslet before the kubelet
 //! and before the kernel (no OOM kill in the node's cgroup) and ends as the kubelet's evictions
-//! do (phase Failed, reason Evicted, not restarted); the API server enforces the RBAC through
+//! do (phase Failed, reason Evicted, not restarted), with qoslet's Events and node conditions on
+//! the API server; the API server enforces the RBAC through
 //! the DaemonSet's service account, and qoslet's log has no 403.
 
 use std::{
@@ -523,6 +524,42 @@ async fn eviction_besteffort_hog_goes_before_the_kubelet_and_the_kernel() {
         "the kubelet evicted: {evictions:#?}"
     );
     assert!(!evictions.is_empty(), "no Evicted event: {:#?}", evs.items);
+    // The threshold the hog met, as qoslet tells it: its Node Event (`events`) and its own
+    // condition types on `nodes/status`, never the kubelet's.
+    let node = c.info.node.as_str();
+    let node_event = wait_for("qoslet's Node Event of memory pressure", || async {
+        let evs = Api::<Event>::namespaced(c.client.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        evs.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("MemoryPressureThresholdMet")
+                && e.involved_object.kind.as_deref() == Some("Node")
+                && e.involved_object.name.as_deref() == Some(node)
+        })
+    })
+    .await;
+    assert_eq!(
+        node_event.source.and_then(|s| s.component).as_deref(),
+        Some("qoslet")
+    );
+    let conditions: Vec<String> = Api::<Node>::all(c.client.clone())
+        .get(node)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    for t in ["QosletMemoryPressure", "QosletPIDPressure"] {
+        assert!(conditions.iter().any(|c| c == t), "no {t}: {conditions:?}");
+    }
+    println!(
+        "node event: {}; node conditions: {conditions:?}",
+        node_event.message.unwrap_or_default()
+    );
     let bystander = api.get("bystander").await.unwrap();
     assert_eq!(
         bystander.status.and_then(|s| s.phase).as_deref(),
