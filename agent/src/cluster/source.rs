@@ -40,8 +40,9 @@ use crate::{
     lock,
     source::{
         PodSet,
+        build::{Runner, build_for},
         manifest::{Loaded, RawObject},
-        watch::{Diff, Runner, build_for},
+        podset::Diff,
     },
     workload::ValidationOptions,
 };

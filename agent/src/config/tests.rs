@@ -1,4 +1,15 @@
+use std::{path::Path, time::Duration};
+
 use super::*;
+use crate::policy::{
+    cpu::WeightFormula,
+    cpu_pressure::CpuPressureConfig,
+    cpuset::CpuSet,
+    settings::{
+        Capacity, CgroupDriver, MemoryQos, MemoryReservationPolicy, NodeSettings,
+        ReservedCpusConflict,
+    },
+};
 
 fn capacity() -> Capacity {
     Capacity {
