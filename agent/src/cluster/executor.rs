@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::sync::Notify;
 
 use crate::{
-    cgroup::{ContainerIds, ContainerRuntime},
+    cgroup::{ContainerIds, ContainerRuntime, Runner},
     eviction::NodeCondition,
     lock,
     node::{
@@ -107,8 +107,8 @@ impl KubeletExecutor {
 }
 
 impl PodExecutor for KubeletExecutor {
-    fn creates_container_cgroups(&self) -> bool {
-        false
+    fn runner(&self) -> Runner {
+        Runner::Kubelet
     }
 
     fn accepts(&self, _pod: &core::Pod) -> Result<(), String> {
@@ -150,11 +150,6 @@ impl PodExecutor for KubeletExecutor {
 
     async fn changed(&self) {
         self.changed.notified().await;
-    }
-
-    /// The kubelet's pods are signalled by the eviction action's cgroup kill, not here.
-    fn signals_on_evict(&self) -> bool {
-        false
     }
 
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) {

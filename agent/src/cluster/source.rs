@@ -9,7 +9,7 @@
 //! a node's cost does not grow with the cluster's gangs; they are dynamic objects, decoded by the
 //! same workload decoder as manifests. A cluster that does not serve the Workload API (API
 //! discovery says so) turns gang-awareness off ([`GangAwareness::Off`]): pods go alone.
-//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build_for`]):
+//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build`]):
 //! every value from the API is validated exactly as a file's, and the [`Diff`] is computed the
 //! same way.
 
@@ -37,10 +37,11 @@ use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
+    cgroup::Runner,
     lock,
     source::{
         PodSet,
-        build::{Runner, build_for},
+        build::build,
         manifest::{Loaded, RawObject},
         podset::Diff,
     },
@@ -395,7 +396,7 @@ impl ApiSource {
         if gang == GangAwareness::On {
             self.watch_objects(&wanted);
         }
-        let (next, diff) = build_for(
+        let (next, diff) = build(
             loaded,
             &self.state,
             &self.opts,

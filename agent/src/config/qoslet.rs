@@ -9,6 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::{
+    cgroup::Mode,
     policy::{
         cpu::WeightFormula, cpu_pressure::CpuPressureConfig, duration::parse_duration_nanos,
         quantity::Quantity, settings::ReservedCpusConflict, version::KubeVersion,
@@ -18,15 +19,6 @@ use crate::{
 };
 
 use super::{ConfigError, QOSLET_API_VERSION, read};
-
-/// `enforce` writes cgroups and evicts; `observe` computes and reports only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    #[default]
-    Enforce,
-    Observe,
-}
 
 /// eBPF on/off, globally and per sensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,9 +77,10 @@ pub struct QosletConfiguration {
     /// cpu.weight formula for container cgroups (the runtime's).
     #[serde(default = "default_container_weight_formula")]
     pub container_weight_formula: WeightFormula,
-    /// Evict whole gangs (or spare surplus members) instead of breaking them.
-    #[serde(default = "yes")]
-    pub gang_aware_eviction: bool,
+    /// Deprecated spelling of [`Self::gang_eviction`]: `false` is `gangEviction: none`. Read,
+    /// warned about and folded into `gang_eviction` by [`Self::parse`]; never written.
+    #[serde(default, rename = "gangAwareEviction", skip_serializing)]
+    pub deprecated_gang_aware_eviction: Option<bool>,
     /// The largest manifest file the standalone source reads, in bytes (default 4 MiB); larger
     /// files are refused with a problem line.
     #[serde(default = "default_max_manifest_bytes")]
@@ -133,9 +126,10 @@ pub struct QosletConfiguration {
     /// the kubelet's cgroups and reports drift). Ignored by the standalone node, which writes all.
     #[serde(default)]
     pub enforce: Vec<EnforceArea>,
-    /// Cluster mode: a gang with `disruptionMode: all` is evicted on this node only (`node`, the
-    /// default: each node writes its own pods) or with its members on other nodes too, through
-    /// the Eviction API (`unit`).
+    /// How eviction treats gangs: `none` breaks them (pods are ranked alone, as the kubelet
+    /// does); `node` (the default) evicts whole gangs, or spares surplus members, with a
+    /// `disruptionMode: all` unit's members on this node; `unit` (cluster mode) also evicts its
+    /// members on other nodes, through the Eviction API.
     #[serde(default)]
     pub gang_eviction: GangEviction,
     /// Cluster mode: how a pod is evicted (`kubelet`: as the kubelet's eviction manager; `api`:
@@ -278,11 +272,15 @@ impl Default for CpuPressureConfiguration {
     }
 }
 
-/// How far a `disruptionMode: all` gang is evicted in cluster mode.
+/// `gangEviction`: whether eviction is gang-aware, and how far a `disruptionMode: all` gang is
+/// evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GangEviction {
-    /// The unit's pods on this node.
+    /// Gangs are not considered: each pod is ranked and evicted alone (the kubelet's order).
+    /// Not `off`, which YAML 1.1 readers (Helm, kubectl) turn into a boolean.
+    None,
+    /// Gang-aware, the unit's pods on this node.
     #[default]
     Node,
     /// The whole unit: members on other nodes through the Eviction API.
@@ -395,7 +393,7 @@ impl Default for QosletConfiguration {
             ebpf: EbpfConfig::default(),
             weight_formula: WeightFormula::KubeletLinear,
             container_weight_formula: default_container_weight_formula(),
-            gang_aware_eviction: true,
+            deprecated_gang_aware_eviction: None,
             max_manifest_bytes: DEFAULT_MAX_BYTES,
             housekeeping_interval: default_housekeeping(),
             eviction_wakeups: EvictionWakeups::default(),
@@ -466,7 +464,7 @@ impl QosletConfiguration {
             message,
         };
         check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
-        let qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        let mut qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
         if qc.kind != "QosletConfiguration" {
             return Err(invalid(
                 "kind",
@@ -488,6 +486,18 @@ impl QosletConfiguration {
             .map_err(|e| invalid("ebpf.sensors", e.to_string()))?;
         if let Err((field, message)) = qc.cpu_pressure.policy() {
             return Err(invalid(&format!("cpuPressure.{field}"), message));
+        }
+        if let Some(aware) = qc.deprecated_gang_aware_eviction.take() {
+            tracing::warn!(file = %file.display(), "gangAwareEviction is deprecated: write gangEviction (none, node or unit) instead.");
+            if !aware {
+                if qc.gang_eviction == GangEviction::Unit {
+                    return Err(invalid(
+                        "gangAwareEviction",
+                        "false contradicts gangEviction: unit".into(),
+                    ));
+                }
+                qc.gang_eviction = GangEviction::None;
+            }
         }
         Ok(qc)
     }

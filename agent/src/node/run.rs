@@ -7,13 +7,7 @@
 //! the eviction manager, the memory watcher, the sensors' readers and the HTTP server run on
 //! their own tasks and reach the node through channels only.
 
-use std::{
-    io,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{io, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use thiserror::Error;
 use tokio::{
@@ -30,7 +24,10 @@ use super::{
     trees,
 };
 use crate::{
-    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, fs::OpenRootError},
+    cgroup::{
+        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, Naming, Runner,
+        fs::OpenRootError,
+    },
     config::QosletConfiguration,
     eviction::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
@@ -87,7 +84,8 @@ pub struct RunConfig {
     pub mode: Mode,
     pub mounts: Mounts,
     pub node_root: CgroupPath,
-    pub naming: Naming,
+    /// How the container runtime names container cgroups.
+    pub runtime: ContainerRuntime,
     pub validation: ValidationOptions,
     pub addr: SocketAddr,
     /// `addr` bound already by the mode (cluster mode answers `/healthz` on it while it waits
@@ -96,8 +94,6 @@ pub struct RunConfig {
     /// How long pods get to stop at shutdown, and how long a pass or an eviction in progress
     /// may take to finish.
     pub shutdown_grace: Duration,
-    /// Where the state file lives; `None` keeps no state (observe mode).
-    pub state_dir: Option<PathBuf>,
     /// Called once the agent's state exists, before the first pass: a mode's own tasks (cluster
     /// mode: the API watch readiness, node conditions and the lease) read and report through it.
     pub on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
@@ -186,17 +182,18 @@ where
     release_freed_memory();
 
     let mut persisted = if enforce {
-        StateFile::load(cfg.state_dir.as_deref(), &cfg.node_root)
+        StateFile::load(Some(&cfg.qc.state_dir), &cfg.node_root)
     } else {
         StateFile::in_memory()
     };
-    if enforce && executor.creates_container_cgroups() {
-        stop_leftovers(&fs, cfg.naming.driver, &mut persisted).await;
+    let runner = executor.runner();
+    if enforce && runner == Runner::Qoslet {
+        stop_leftovers(&fs, cfg.settings.cgroup_driver, &mut persisted).await;
     }
 
     // The BestEffort tier is qoslet's where it runs the pods itself; the kubelet's otherwise,
     // so there writing it is opt-in (the `cpuPressure` area of `enforce`).
-    let owns_tier = executor.creates_container_cgroups()
+    let owns_tier = runner == Runner::Qoslet
         || cfg
             .qc
             .enforce
@@ -225,7 +222,13 @@ where
     }
     let (mut node, inventory_rx) = Node::new(NodeParts {
         settings: cfg.settings.clone(),
-        naming: cfg.naming,
+        naming: Naming {
+            driver: cfg.settings.cgroup_driver,
+            runtime: cfg.runtime,
+            node_root: cfg.node_root.clone(),
+            runner,
+            enforce: cfg.qc.enforce.iter().map(|a| a.area()).collect(),
+        },
         fs,
         mode: cfg.mode,
         validation: cfg.validation,

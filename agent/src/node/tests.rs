@@ -43,6 +43,7 @@ pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
         previous,
         &ValidationOptions::default(),
         BTreeSet::new(),
+        Runner::Qoslet,
     )
     .0
 }
@@ -91,18 +92,44 @@ struct Applied {
     containers: BTreeMap<String, Vec<PathBuf>>,
 }
 
-#[derive(Default)]
+/// An executor of either shape: standalone-shaped ([`Runner::Qoslet`], the default: container
+/// cgroups created, an evicted pod signalled by the executor) or cluster-shaped
+/// ([`FakeExecutor::kubelet`]: cgroups found, the kill is the action's).
 struct FakeExecutor {
+    runner: Runner,
     /// A pod name this executor cannot run.
     refuse: Option<&'static str>,
     applied: Mutex<BTreeMap<String, Applied>>,
     applies: Mutex<usize>,
     evicted: Mutex<Vec<PodKey>>,
+    stopped: Mutex<Option<Duration>>,
+}
+
+impl Default for FakeExecutor {
+    fn default() -> Self {
+        Self {
+            runner: Runner::Qoslet,
+            refuse: None,
+            applied: Mutex::default(),
+            applies: Mutex::default(),
+            evicted: Mutex::default(),
+            stopped: Mutex::default(),
+        }
+    }
+}
+
+impl FakeExecutor {
+    fn kubelet() -> Self {
+        Self {
+            runner: Runner::Kubelet,
+            ..Self::default()
+        }
+    }
 }
 
 impl PodExecutor for FakeExecutor {
-    fn creates_container_cgroups(&self) -> bool {
-        true
+    fn runner(&self) -> Runner {
+        self.runner
     }
 
     fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
@@ -154,11 +181,9 @@ impl PodExecutor for FakeExecutor {
         self.evicted.lock().unwrap().push(key.clone());
     }
 
-    fn signals_on_evict(&self) -> bool {
-        false
+    async fn stop_all(&self, grace: Duration) {
+        *self.stopped.lock().unwrap() = Some(grace);
     }
-
-    async fn stop_all(&self, _: Duration) {}
 }
 
 #[derive(Default)]
@@ -262,8 +287,8 @@ fn build_node_with(
             driver: CgroupDriver::Cgroupfs,
             runtime: ContainerRuntime::Standalone,
             node_root: CgroupPath::root(),
-            create_containers: true,
-            owner: crate::cgroup::desired::Owner::Qoslet,
+            runner: Runner::Qoslet,
+            enforce: Default::default(),
         },
         fs,
         mode,

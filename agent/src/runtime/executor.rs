@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1 as core;
 
 use super::{ContainerCgroups, PodRuntimeSpec, Runtime};
 use crate::{
-    cgroup::ContainerIds,
+    cgroup::{ContainerIds, Runner},
     eviction::{Admission, NodeCondition, admit},
     node::{PlannedPod, PodExecutor, PodStatus},
     policy::pod::PodKey,
@@ -16,8 +16,8 @@ use crate::{
 };
 
 impl PodExecutor for Runtime {
-    fn creates_container_cgroups(&self) -> bool {
-        true
+    fn runner(&self) -> Runner {
+        Runner::Qoslet
     }
 
     fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
@@ -87,11 +87,6 @@ impl PodExecutor for Runtime {
 
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) {
         Runtime::mark_evicted(self, key, message, grace);
-    }
-
-    /// The runtime stops an evicted pod itself: SIGTERM to its containers at once.
-    fn signals_on_evict(&self) -> bool {
-        true
     }
 
     async fn stop_all(&self, grace: Duration) {

@@ -12,6 +12,7 @@ use super::{
     manifest::{Loaded, RawObject},
 };
 use crate::{
+    cgroup::Runner,
     runtime::spec::PodRuntimeSpec,
     workload::{
         self, Forest, Object, ValidationOptions, apply_updates,
@@ -21,27 +22,10 @@ use crate::{
 
 use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_key};
 
-/// Who runs the pods a source yields, which decides one check at the door: qoslet's own runtime
-/// needs every container's `command` (it has no images); under the kubelet the image's
-/// entrypoint is the kubelet's business. Every other check is the same for both sources.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Runner {
-    Qoslet,
-    Kubelet,
-}
-
-/// The pure part of `watch::load_dir`: decoding, immutability, validation and the diff.
+/// Decoding, admission, immutability, validation and the diff, for pods run by `runner`: one
+/// check at the door depends on it (qoslet's own runtime needs every container's `command`;
+/// under the kubelet the image's entrypoint is the kubelet's business).
 pub fn build(
-    loaded: Loaded,
-    previous: &PodSet,
-    opts: &ValidationOptions,
-    problems: BTreeSet<String>,
-) -> (PodSet, Diff) {
-    build_for(loaded, previous, opts, problems, Runner::Qoslet)
-}
-
-/// [`build`] for pods run by `runner`.
-pub fn build_for(
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,
@@ -177,7 +161,13 @@ mod tests {
         for (name, text) in files {
             parse_documents(Path::new(name), text, &mut loaded);
         }
-        build(loaded, prev, &ValidationOptions::default(), BTreeSet::new())
+        build(
+            loaded,
+            prev,
+            &ValidationOptions::default(),
+            BTreeSet::new(),
+            Runner::Qoslet,
+        )
     }
 
     fn pod(name: &str, cmd: &str) -> String {

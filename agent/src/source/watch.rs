@@ -18,6 +18,7 @@ use super::{
     manifest::{Loaded, expand, is_manifest_file, parse_documents},
 };
 use crate::{
+    cgroup::Runner,
     inotify::InotifyFd,
     policy::pod::PodKey,
     workload::{Object, ValidationOptions},
@@ -30,7 +31,7 @@ use super::{
 
 /// The directory could not be read or watched.
 #[derive(Debug, Error)]
-pub enum WatchError {
+pub enum ManifestDirError {
     #[error("{dir}: cannot read the manifest directory: {source}")]
     Read {
         dir: PathBuf,
@@ -51,9 +52,10 @@ pub fn load_dir(
     dir: &Path,
     previous: &PodSet,
     opts: &ValidationOptions,
+    runner: Runner,
     max_bytes: u64,
-) -> Result<(PodSet, Diff), WatchError> {
-    let files = expand(dir).map_err(|e| WatchError::Read {
+) -> Result<(PodSet, Diff), ManifestDirError> {
+    let files = expand(dir).map_err(|e| ManifestDirError::Read {
         dir: dir.to_path_buf(),
         source: e.source,
     })?;
@@ -71,7 +73,7 @@ pub fn load_dir(
             }
         }
     }
-    let (mut next, _) = build(loaded, previous, opts, problems);
+    let (mut next, _) = build(loaded, previous, opts, problems, runner);
     next.broken_files.extend(unreadable);
     let diff = diff(previous, &next);
     Ok((next, diff))
@@ -122,6 +124,7 @@ pub struct ManifestWatch {
     dir_name: std::ffi::OsString,
     debounce: Duration,
     opts: ValidationOptions,
+    runner: Runner,
     state: PodSet,
     /// A change was seen: reload at the first instant, or at the second (`MAX_SETTLE` after the
     /// burst's first event), whichever comes first.
@@ -133,14 +136,16 @@ pub struct ManifestWatch {
 }
 
 impl ManifestWatch {
-    /// Starts watching `dir`; call [`ManifestWatch::reload`] for the initial load. A burst of
-    /// events closer together than `debounce` causes one reload. Needs a tokio runtime.
+    /// Starts watching `dir` for pods `runner` runs (the executor's); call
+    /// [`ManifestWatch::reload`] for the initial load. A burst of events closer together than
+    /// `debounce` causes one reload. Needs a tokio runtime.
     pub fn new(
         dir: &Path,
         debounce: Duration,
         opts: ValidationOptions,
-    ) -> Result<Self, WatchError> {
-        let watch_err = |source: io::Error| WatchError::Watch {
+        runner: Runner,
+    ) -> Result<Self, ManifestDirError> {
+        let watch_err = |source: io::Error| ManifestDirError::Watch {
             dir: dir.to_path_buf(),
             source,
         };
@@ -166,6 +171,7 @@ impl ManifestWatch {
             dir_name,
             debounce,
             opts,
+            runner,
             state: PodSet::default(),
             pending: None,
             parse_grace: PARSE_GRACE,
@@ -193,8 +199,14 @@ impl ManifestWatch {
 
     /// Reloads the directory now; the diff is against the last load. Objects of a file that no
     /// longer parses are kept for the parse grace period.
-    pub fn reload(&mut self) -> Result<Diff, WatchError> {
-        let (mut next, _) = load_dir(&self.dir, &self.state, &self.opts, self.max_bytes)?;
+    pub fn reload(&mut self) -> Result<Diff, ManifestDirError> {
+        let (mut next, _) = load_dir(
+            &self.dir,
+            &self.state,
+            &self.opts,
+            self.runner,
+            self.max_bytes,
+        )?;
         self.keep_broken(&mut next, Instant::now());
         let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
@@ -254,7 +266,7 @@ impl ManifestWatch {
     /// Waits for a change to a manifest file (or the end of a parse grace period), lets the
     /// burst settle, reloads and returns the diff (possibly empty when the files' contents did
     /// not change). Cancel-safe.
-    pub async fn changed(&mut self) -> Result<Diff, WatchError> {
+    pub async fn changed(&mut self) -> Result<Diff, ManifestDirError> {
         loop {
             let wake = match (self.pending, self.grace_deadline()) {
                 (Some((quiet, cap)), grace) => {
@@ -287,7 +299,7 @@ impl ManifestWatch {
     /// Waits for inotify events; true when one concerns a manifest file or the directory.
     /// Re-adds the directory's watch when the directory comes back. Nothing is awaited after
     /// the events are read, so dropping the future loses none.
-    async fn relevant_events(&mut self) -> Result<bool, WatchError> {
+    async fn relevant_events(&mut self) -> Result<bool, ManifestDirError> {
         loop {
             let mut guard = self.fd.readable().await.map_err(|e| self.watch_err(e))?;
             let events =
@@ -332,8 +344,8 @@ impl ManifestWatch {
         }
     }
 
-    fn watch_err(&self, source: io::Error) -> WatchError {
-        WatchError::Watch {
+    fn watch_err(&self, source: io::Error) -> ManifestDirError {
+        ManifestDirError::Watch {
             dir: self.dir.clone(),
             source,
         }
@@ -341,13 +353,13 @@ impl ManifestWatch {
 }
 
 impl crate::node::PodSource for ManifestWatch {
-    type Error = WatchError;
+    type Error = ManifestDirError;
 
     fn pods(&self) -> &PodSet {
         self.state()
     }
 
-    fn changed(&mut self) -> impl Future<Output = Result<Diff, WatchError>> + Send {
+    fn changed(&mut self) -> impl Future<Output = Result<Diff, ManifestDirError>> + Send {
         ManifestWatch::changed(self)
     }
 }

@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    cgroup::{CgroupPath, Naming, desired::Owner, desired_state},
+    cgroup::{CgroupPath, Naming, Runner, desired_state},
     policy::{
         cpuset::CpuSet,
         plan::plan_node,
@@ -153,8 +153,8 @@ fn the_container_cgroup_is_named_as_the_kubelet_and_runtime_name_it() {
             driver,
             runtime,
             node_root: CgroupPath::root(),
-            create_containers: false,
-            owner: Owner::Kubelet(Default::default()),
+            runner: Runner::Kubelet,
+            enforce: Default::default(),
         };
         let d = desired_state(&plan, &naming, &container_ids(&set, runtime));
         let paths: Vec<String> = d.cgroups.iter().map(|c| c.path.to_string()).collect();
