@@ -17,7 +17,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    ExecutorEviction, Node, NodeParts,
+    ExecutorEviction, Node, NodeParts, SensorControl,
     seams::{PodExecutor, PodSource},
     state::{EvictionMark, NodeLock, StateError, StateFile},
     summary::{CgroupSummary, StatsCgroup},
@@ -35,7 +35,7 @@ use crate::{
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
-    sensors::{SensorMode, Sensors, SensorsConfig},
+    sensors::{SensorEvent, SensorMode, Sensors, SensorsConfig},
     server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
     workload::ValidationOptions,
 };
@@ -102,7 +102,7 @@ pub struct RunConfig {
 /// Runs the node until SIGINT, SIGTERM or SIGHUP; then drains and stops.
 pub async fn run<S, E, A>(
     cfg: RunConfig,
-    mut source: S,
+    source: S,
     executor: Arc<E>,
     action: A,
 ) -> Result<(), NodeError>
@@ -110,6 +110,46 @@ where
     S: PodSource,
     E: PodExecutor,
     A: EvictionAction + 'static,
+{
+    let mut signals = Signals::new()?;
+    let enforce = cfg.mode == Mode::Enforce;
+    if enforce && !cgroup::oom::can_lower_scores() {
+        warn!(
+            "qoslet lacks CAP_SYS_RESOURCE: negative oom_score_adj (Guaranteed pods' -997, qoslet's own -999) cannot be set; give the DaemonSet that capability."
+        );
+    }
+    if enforce && let Err(e) = cgroup::set_own_oom_score() {
+        warn!(error = %e, "Could not set qoslet's own oom_score_adj to -999.");
+    }
+    let ebpf = SensorsConfig::from(&cfg.qc.ebpf);
+    let sensors = move |state: &AgentState| {
+        let (sensors, events) = Sensors::start(ebpf);
+        report_sensors(state, &sensors);
+        release_freed_memory();
+        (sensors, events)
+    };
+    drive(cfg, source, executor, action, sensors, async move {
+        signals.next().await
+    })
+    .await
+}
+
+/// The loop of [`run`] with the machine's parts handed in: `sensors` starts the sensors once the
+/// agent's state exists (the kernel's, or a fake), and `stop` resolves with the reason the node
+/// stops (a signal). The node's tests run it over a cgroup tree in a temporary directory.
+pub(super) async fn drive<S, E, A, C>(
+    cfg: RunConfig,
+    mut source: S,
+    executor: Arc<E>,
+    action: A,
+    sensors: impl FnOnce(&AgentState) -> (C, mpsc::Receiver<SensorEvent>),
+    stop: impl Future<Output = &'static str>,
+) -> Result<(), NodeError>
+where
+    S: PodSource,
+    E: PodExecutor,
+    A: EvictionAction + 'static,
+    C: SensorControl,
 {
     let enforce = cfg.mode == Mode::Enforce;
     let fs =
@@ -122,14 +162,6 @@ where
     } else {
         None
     };
-    if enforce && !cgroup::oom::can_lower_scores() {
-        warn!(
-            "qoslet lacks CAP_SYS_RESOURCE: negative oom_score_adj (Guaranteed pods' -997, qoslet's own -999) cannot be set; give the DaemonSet that capability."
-        );
-    }
-    if enforce && let Err(e) = cgroup::set_own_oom_score() {
-        warn!(error = %e, "Could not set qoslet's own oom_score_adj to -999.");
-    }
 
     let node_root_memory = trees::memory_cgroup(
         memory_tree,
@@ -176,10 +208,7 @@ where
     let server_task = tokio::spawn(serve);
     info!(addr = %local, mode = ?cfg.mode, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
 
-    let mut signals = Signals::new()?;
-    let (sensors, mut sensor_events) = Sensors::start(SensorsConfig::from(&cfg.qc.ebpf));
-    report_sensors(&state, &sensors);
-    release_freed_memory();
+    let (sensors, mut sensor_events) = sensors(&state);
 
     let mut persisted = if enforce {
         StateFile::load(Some(&cfg.qc.state_dir), &cfg.node_root)
@@ -291,9 +320,10 @@ where
         tokio::time::interval(cfg.qc.housekeeping_interval.max(Duration::from_millis(100)));
     let mut conditions_rx = conditions.clone();
     info!("qoslet node is running; SIGINT, SIGTERM or SIGHUP stops it.");
+    let mut stop = std::pin::pin!(stop);
     loop {
         tokio::select! {
-            signal = signals.next() => {
+            signal = &mut stop => {
                 info!(signal, "Stopping on a signal.");
                 break;
             }

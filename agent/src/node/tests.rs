@@ -139,7 +139,12 @@ impl PodExecutor for FakeExecutor {
         }
     }
 
+    /// Standalone-shaped: named by container name. Cluster-shaped: none, as before the kubelet
+    /// reports the containers' ids.
     fn container_ids(&self, pods: &PodSet) -> crate::cgroup::ContainerIds {
+        if self.runner == Runner::Kubelet {
+            return Default::default();
+        }
         pods.pods
             .iter()
             .flat_map(|(k, p)| {
@@ -995,3 +1000,5 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
     );
     assert_eq!(after, (true, true));
 }
+
+mod run_loop;
