@@ -40,7 +40,7 @@ use crate::{
         action::{ActionError, EvictedStatus},
     },
     policy::pod::PodKey,
-    workload::{self, Forest, Kind, UnitRoot, disruption_unit},
+    workload::{Forest, Kind, UnitRoot, disruption_unit},
 };
 
 /// How long the decision waits for the API server to name a unit's members on other nodes.
@@ -70,7 +70,15 @@ impl Gangs {
         let objects = loaded
             .objects
             .iter()
-            .filter_map(|raw| workload::decode(raw).ok());
+            .filter_map(|raw| crate::source::admit::admit(raw).ok())
+            .map(|a| a.object)
+            .chain(
+                loaded
+                    .pods
+                    .into_iter()
+                    .filter_map(|(o, p)| crate::source::admit::admit_pod(p, o).ok())
+                    .map(|a| a.object),
+            );
         let forest = Forest::new(ns, objects);
         let unit = disruption_unit(&forest, &key.name)?;
         let UnitRoot::Group(top) = unit.root else {
@@ -165,7 +173,7 @@ impl ApiEviction {
                         name: p.name.clone(),
                         uid: p.uid.clone(),
                     },
-                    reason: "Evicted".into(),
+                    reason: crate::eviction::action::EVICTED.into(),
                     message: req.message.clone(),
                     type_: "Warning".into(),
                     node: self.node.clone(),

@@ -25,7 +25,7 @@ use crate::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
     },
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
-    source::PodSet,
+    source::{ManifestPod, PodSet},
 };
 
 /// The container runtime a Node reports (`status.nodeInfo.containerRuntimeVersion`, e.g.
@@ -111,7 +111,7 @@ impl PodExecutor for KubeletExecutor {
         Runner::Kubelet
     }
 
-    fn accepts(&self, _pod: &core::Pod) -> Result<(), String> {
+    fn accepts(&self, _pod: &ManifestPod) -> Result<(), String> {
         // The kubelet runs whatever the API server accepted.
         Ok(())
     }
@@ -125,10 +125,9 @@ impl PodExecutor for KubeletExecutor {
         let next: BTreeMap<PodKey, PodStatus> = pods
             .iter()
             .map(|p| {
-                let mut s = pod_status(&p.key, p.pod, &p.container_cgroups);
+                let mut s = pod_status(&p.key, &p.pod.pod, &p.container_cgroups);
                 if let Some(m) = evicted.get(&p.key) {
-                    s.reason = Some("Evicted".into());
-                    s.message = Some(m.clone());
+                    s.set_evicted(m);
                     s.terminating = true;
                 }
                 (p.key.clone(), s)
@@ -156,8 +155,7 @@ impl PodExecutor for KubeletExecutor {
         tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
         lock(&self.evicted).insert(key.clone(), message.into());
         if let Some(s) = lock(&self.statuses).get_mut(key) {
-            s.reason = Some("Evicted".into());
-            s.message = Some(message.into());
+            s.set_evicted(message);
             s.terminating = true;
         }
         self.changed.notify_one();

@@ -5,14 +5,12 @@
 
 use std::{collections::BTreeMap, future::Future, path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1 as core;
-
 use super::pod_status::PodStatus;
 use crate::{
     cgroup::{ContainerIds, Runner},
     eviction::NodeCondition,
     policy::{pod::PodKey, qos::QosClass},
-    source::{Diff, PodSet},
+    source::{Diff, ManifestPod, PodSet},
 };
 
 /// Where pods and Workload / PodGroup / CompositePodGroup objects come from: a manifest
@@ -32,7 +30,8 @@ pub trait PodSource: Send {
 #[derive(Debug, Clone)]
 pub struct PlannedPod<'a> {
     pub key: PodKey,
-    pub pod: &'a core::Pod,
+    /// The pod, with its views computed at admission.
+    pub pod: &'a ManifestPod,
     pub qos_class: QosClass,
     /// Static, mirror or priority >= system-cluster-critical: admitted under pressure.
     pub critical: bool,
@@ -54,7 +53,7 @@ pub trait PodExecutor: Send + Sync + 'static {
 
     /// Whether this executor can run the pod at all (the standalone runtime needs a command in
     /// every container, for one); a pod it refuses is reported once and not planned.
-    fn accepts(&self, pod: &core::Pod) -> Result<(), String>;
+    fn accepts(&self, pod: &ManifestPod) -> Result<(), String>;
 
     /// The ids container cgroups are named by, per (pod uid, container name).
     fn container_ids(&self, pods: &PodSet) -> ContainerIds;

@@ -9,8 +9,6 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1 as core;
-
 use super::*;
 use crate::{
     cgroup::{CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
@@ -132,8 +130,8 @@ impl PodExecutor for FakeExecutor {
         self.runner
     }
 
-    fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
-        match (self.refuse, pod.metadata.name.as_deref()) {
+    fn accepts(&self, pod: &crate::source::ManifestPod) -> Result<(), String> {
+        match (self.refuse, pod.pod.metadata.name.as_deref()) {
             (Some(r), Some(n)) if r == n => Err(format!("Pod/default/{n}: cannot run it")),
             _ => Ok(()),
         }

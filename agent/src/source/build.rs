@@ -5,11 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1 as core;
-
 use super::{
-    admit::{Admitted, admit, unique_uids},
-    manifest::{Loaded, RawObject},
+    admit::{Admitted, AdmittedPod, admit, admit_pod, unique_uids},
+    manifest::Loaded,
 };
 use crate::{
     cgroup::Runner,
@@ -40,12 +38,21 @@ pub fn build(
     // Admission (source/admit.rs), then a Pod has to be runnable by the runtime; one pod per UID.
     let mut admitted = Vec::new();
     for raw in &loaded.objects {
-        match decode(raw, runner) {
+        match admit(raw).map_err(lines).and_then(|a| runnable(a, runner)) {
             Ok(a) => admitted.push(a),
             Err(lines) => {
                 problems.extend(lines);
                 broken_files.insert(raw.file.clone());
             }
+        }
+    }
+    for (origin, pod) in loaded.pods {
+        match admit_pod(pod, origin)
+            .map_err(lines)
+            .and_then(|a| runnable(a, runner))
+        {
+            Ok(a) => admitted.push(a),
+            Err(lines) => problems.extend(lines),
         }
     }
     let holders = previous
@@ -58,10 +65,8 @@ pub fn build(
             .iter()
             .map(ToString::to_string),
     );
-    let decoded: Vec<(Object, Option<core::Pod>)> = admitted
-        .into_iter()
-        .map(|a| (a.object, a.pod.map(|p| p.pod)))
-        .collect();
+    let decoded: Vec<(Object, Option<AdmittedPod>)> =
+        admitted.into_iter().map(|a| (a.object, a.pod)).collect();
     // Immutability: only objects still present can be updated; the rest are removals.
     let new_keys: BTreeSet<ObjectKey> = decoded.iter().map(|(o, _)| object_key(o)).collect();
     let old: Vec<Object> = previous
@@ -73,7 +78,7 @@ pub fn build(
     for r in &applied.rejected {
         problems.insert(format!("{} (the previous object is kept)", r.problem));
     }
-    let mut api_pods: BTreeMap<ObjectKey, (Object, core::Pod)> = BTreeMap::new();
+    let mut api_pods: BTreeMap<ObjectKey, (Object, AdmittedPod)> = BTreeMap::new();
     for (o, p) in decoded {
         if let Some(p) = p {
             api_pods.entry(object_key(&o)).or_insert((o, p));
@@ -104,9 +109,11 @@ pub fn build(
                 // An accepted update (or addition) is the new decoded object; a rejected one
                 // leaves the old hierarchy view, so keep the old API object with it.
                 let entry = match api_pods.get(&key) {
-                    Some((new, pod)) if *new == o => ManifestPod {
-                        pod: pod.clone(),
+                    Some((new, a)) if *new == o => ManifestPod {
+                        pod: a.pod.clone(),
                         object: o,
+                        view: a.view.clone(),
+                        runtime: a.runtime.clone(),
                     },
                     _ => match old_pods.get(&key) {
                         Some(old) => (*old).clone(),
@@ -131,20 +138,23 @@ pub fn build(
     (next, diff)
 }
 
-/// Admission, and for a Pod that qoslet's own runtime runs, a spec that runtime can run.
-fn decode(raw: &RawObject, runner: Runner) -> Result<Admitted, Vec<String>> {
-    let lines = |ps: Vec<Problem>| ps.iter().map(ToString::to_string).collect::<Vec<_>>();
-    let a = admit(raw).map_err(lines)?;
+fn lines(ps: Vec<Problem>) -> Vec<String> {
+    ps.iter().map(ToString::to_string).collect()
+}
+
+/// For a Pod that qoslet's own runtime runs, the spec that runtime runs, computed here once.
+fn runnable(mut a: Admitted, runner: Runner) -> Result<Admitted, Vec<String>> {
     if runner == Runner::Qoslet
-        && let Some(p) = &a.pod
+        && let Some(p) = &mut a.pod
     {
-        PodRuntimeSpec::from_pod(&p.pod).map_err(|e| {
+        let spec = PodRuntimeSpec::from_pod(&p.pod).map_err(|e| {
             lines(vec![Problem::on(
                 &a.object,
                 Rule::Schema,
                 format!("{}: {}", e.field, e.message),
             )])
         })?;
+        p.runtime = Some(spec);
     }
     Ok(a)
 }
@@ -154,7 +164,11 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::{policy::pod::PodKey, source::manifest::parse_documents};
+    use crate::{
+        policy::pod::{PodKey, PodSpecView},
+        source::manifest::parse_documents,
+        workload::Origin,
+    };
 
     fn load(files: &[(&str, &str)], prev: &PodSet) -> (PodSet, Diff) {
         let mut loaded = Loaded::default();
@@ -344,5 +358,63 @@ mod tests {
         assert_eq!(d4.objects_removed.len(), 1);
         assert_eq!(names(&d4.pods_removed), ["m2"]);
         assert_eq!(names(&d1.pods_added), ["m1"]);
+    }
+
+    /// The API's pods go to admission typed, with no document in between; the views are
+    /// computed there once and carried, and a manifest's pod decodes to the same thing.
+    #[test]
+    fn typed_pods_are_admitted_as_they_are_and_carry_their_views() {
+        let uid = "6f1e3c1a-0b7a-4c1e-9a51-2f8d3c4b5a60";
+        let doc = |name: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, uid: {uid}}}\nspec:\n  containers: [{{name: c, command: [sleep], resources: {{requests: {{memory: 64Mi}}}}}}]\n"
+            )
+        };
+        let typed = |name: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_yaml_ng::from_str(&doc(name)).unwrap()
+        };
+        let api = |runner| {
+            let mut loaded = Loaded::default();
+            for (index, name) in ["a", "Bad_Name"].into_iter().enumerate() {
+                let origin = Origin {
+                    file: "api".into(),
+                    index,
+                };
+                loaded.pods.push((origin, typed(name)));
+            }
+            build(
+                loaded,
+                &PodSet::default(),
+                &ValidationOptions::default(),
+                BTreeSet::new(),
+                runner,
+            )
+        };
+
+        let (set, diff) = api(Runner::Kubelet);
+        assert_eq!(names(&diff.pods_added), ["a"]);
+        assert_eq!(diff.new_problems.len(), 1, "{:?}", diff.new_problems);
+        assert!(
+            diff.new_problems[0].starts_with("api: Pod/default/Bad_Name: name-dns-subdomain"),
+            "{:?}",
+            diff.new_problems
+        );
+        assert!(set.broken_files.is_empty(), "the API has no file to hold");
+        let a = set.pods.values().next().unwrap();
+        assert_eq!(a.pod, typed("a"));
+        assert_eq!(a.view, PodSpecView::from_pod(&typed("a")).unwrap());
+        assert_eq!(a.runtime, None, "the kubelet runs it");
+
+        let (set, _) = api(Runner::Qoslet);
+        let a = set.pods.values().next().unwrap();
+        assert_eq!(
+            a.runtime,
+            Some(PodRuntimeSpec::from_pod(&typed("a")).unwrap()),
+            "qoslet's runtime gets its spec from the door"
+        );
+
+        let (manifest, _) = load(&[("a.yaml", &doc("a"))], &PodSet::default());
+        let m = manifest.pods.values().next().unwrap();
+        assert_eq!((&m.pod, &m.view, &m.runtime), (&a.pod, &a.view, &a.runtime));
     }
 }

@@ -9,18 +9,25 @@ use std::{
 use k8s_openapi::api::core::v1 as core;
 
 use crate::{
-    policy::pod::PodKey,
+    policy::pod::{PodKey, PodSpecView},
+    runtime::spec::PodRuntimeSpec,
     workload::{self, Forest, Kind, Object, ValidationOptions},
 };
 
 /// A workload object's identity: namespace, kind and name.
 pub type ObjectKey = (String, Kind, String);
 
-/// A pod read from the directory: the API object and its workload-hierarchy view.
+/// A pod a source yields: the API object and what is derived from it, each computed once, at
+/// admission (`source/admit.rs`), and carried to the plan and the executor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManifestPod {
     pub pod: core::Pod,
+    /// Its workload-hierarchy view.
     pub object: Object,
+    /// The policy's view.
+    pub view: PodSpecView,
+    /// What qoslet's own runtime runs; `None` for pods the kubelet runs.
+    pub runtime: Option<PodRuntimeSpec>,
 }
 
 /// The valid objects of the directory, and the problems of the invalid ones.
