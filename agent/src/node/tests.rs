@@ -256,6 +256,29 @@ impl Drop for Tree0 {
     }
 }
 
+impl Tree0 {
+    /// The directory as the one cgroup v2 mount.
+    fn mounts(&self) -> Mounts {
+        Mounts {
+            kind: LayoutKind::Unified,
+            trees: BTreeMap::from([(Tree::V2, self.0.clone())]),
+        }
+    }
+}
+
+/// A 4-CPU, 8 GiB node, cgroupfs driver, the node root as cgroupRoot.
+fn node_settings() -> NodeSettings {
+    let mut settings = NodeSettings::defaults(Capacity {
+        cpu_millis: 4000,
+        memory_bytes: 8 << 30,
+        pids: 4096,
+        cpus: CpuSet::first(4),
+    });
+    settings.cgroup_driver = CgroupDriver::Cgroupfs;
+    settings.cgroup_root = "/".into();
+    settings
+}
+
 fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     build_node_with(tree, None, Mode::Enforce)
 }
@@ -265,19 +288,8 @@ fn build_node_with(
     cpu_pressure: Option<CpuPressureConfig>,
     mode: Mode,
 ) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
-    let mounts = Mounts {
-        kind: LayoutKind::Unified,
-        trees: BTreeMap::from([(Tree::V2, tree.0.clone())]),
-    };
-    let fs = CgroupFs::open(mounts, CgroupPath::root()).unwrap();
-    let mut settings = NodeSettings::defaults(Capacity {
-        cpu_millis: 4000,
-        memory_bytes: 8 << 30,
-        pids: 4096,
-        cpus: CpuSet::first(4),
-    });
-    settings.cgroup_driver = CgroupDriver::Cgroupfs;
-    settings.cgroup_root = "/".into();
+    let fs = CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap();
+    let settings = node_settings();
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
         readiness: Readiness::default(),

@@ -54,14 +54,6 @@ impl EvictionAction for Arc<Recording> {
 const GRACE: Duration = Duration::from_millis(1500);
 
 fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
-    let mut settings = NodeSettings::defaults(Capacity {
-        cpu_millis: 4000,
-        memory_bytes: 8 << 30,
-        pids: 4096,
-        cpus: CpuSet::first(4),
-    });
-    settings.cgroup_driver = CgroupDriver::Cgroupfs;
-    settings.cgroup_root = "/".into();
     let qc = crate::config::QosletConfiguration {
         state_dir: tree.state_dir(),
         housekeeping_interval: Duration::from_millis(100),
@@ -70,13 +62,10 @@ fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
         ..Default::default()
     };
     RunConfig {
-        settings,
+        settings: node_settings(),
         qc,
         mode: Mode::Enforce,
-        mounts: Mounts {
-            kind: LayoutKind::Unified,
-            trees: BTreeMap::from([(Tree::V2, tree.0.clone())]),
-        },
+        mounts: tree.mounts(),
         node_root: CgroupPath::root(),
         runtime,
         validation: ValidationOptions::default(),
