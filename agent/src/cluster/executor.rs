@@ -104,11 +104,15 @@ impl KubeletExecutor {
     pub fn runtime(&self) -> ContainerRuntime {
         self.runtime
     }
+
+    /// Who runs the pods this executor reports on; the API source's door reads it too, before
+    /// the executor exists (it needs the Node's runtime, which the source lists).
+    pub const RUNNER: Runner = Runner::Kubelet;
 }
 
 impl PodExecutor for KubeletExecutor {
     fn runner(&self) -> Runner {
-        Runner::Kubelet
+        Self::RUNNER
     }
 
     fn accepts(&self, _pod: &ManifestPod) -> Result<(), String> {

@@ -37,7 +37,6 @@ use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
-    cgroup::Runner,
     lock,
     source::{
         PodSet,
@@ -401,7 +400,7 @@ impl ApiSource {
             &self.state,
             &self.opts,
             BTreeSet::new(),
-            Runner::Kubelet,
+            super::KubeletExecutor::RUNNER,
         );
         for line in &diff.new_problems {
             tracing::warn!(problem = %line, "API object skipped.");
