@@ -43,7 +43,7 @@ pub(super) struct PodEntry {
     pub(super) runq_p99: Option<f64>,
     /// Working set (bytes) at the last statistics sample.
     pub(super) working_set: Option<u64>,
-    /// The hash of the pod's spec, recorded with an eviction ([`super::state::spec_hash`]).
+    /// The hash of the pod's spec, recorded with an eviction ([`crate::source::spec_hash`]).
     pub(super) spec_hash: u64,
 }
 
@@ -190,7 +190,7 @@ impl Node {
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
-            .filter(|((key, _, mp), _)| !crate::lock(&self.persisted).is_evicted(key, &mp.pod))
+            .filter(|((key, _, mp), _)| !crate::lock(&self.persisted).is_evicted(key, mp.spec_hash))
             .map(|((key, view, pod), p)| PlannedPod {
                 key: key.clone(),
                 pod,
@@ -343,7 +343,7 @@ impl Node {
                         .as_ref()
                         .and_then(|s| s.termination_grace_period_seconds)
                         .unwrap_or(30),
-                    revision: super::state::spec_hash(&pod.pod),
+                    revision: pod.spec_hash,
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,
@@ -417,7 +417,7 @@ impl Node {
                 container_ids,
                 runq_p99,
                 working_set,
-                spec_hash: super::state::spec_hash(&pod.pod),
+                spec_hash: pod.spec_hash,
             },
         );
     }

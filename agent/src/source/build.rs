@@ -18,7 +18,7 @@ use crate::{
     },
 };
 
-use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_key};
+use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_key, spec_hash};
 
 /// Decoding, admission, immutability, validation and the diff, for pods run by `runner`: one
 /// check at the door depends on it (qoslet's own runtime needs every container's `command`;
@@ -114,6 +114,7 @@ pub fn build(
                         object: o,
                         view: a.view.clone(),
                         runtime: a.runtime.clone(),
+                        spec_hash: spec_hash(&a.pod),
                     },
                     _ => match old_pods.get(&key) {
                         Some(old) => (*old).clone(),
@@ -403,6 +404,7 @@ mod tests {
         let a = set.pods.values().next().unwrap();
         assert_eq!(a.pod, typed("a"));
         assert_eq!(a.view, PodSpecView::from_pod(&typed("a")).unwrap());
+        assert_eq!(a.spec_hash, spec_hash(&typed("a")));
         assert_eq!(a.runtime, None, "the kubelet runs it");
 
         let (set, _) = api(Runner::Qoslet);
@@ -415,6 +417,9 @@ mod tests {
 
         let (manifest, _) = load(&[("a.yaml", &doc("a"))], &PodSet::default());
         let m = manifest.pods.values().next().unwrap();
-        assert_eq!((&m.pod, &m.view, &m.runtime), (&a.pod, &a.view, &a.runtime));
+        assert_eq!(
+            (&m.pod, &m.view, &m.runtime, m.spec_hash),
+            (&a.pod, &a.view, &a.runtime, a.spec_hash)
+        );
     }
 }

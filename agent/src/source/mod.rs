@@ -10,4 +10,4 @@ pub mod podset;
 pub mod watch;
 
 pub use build::build;
-pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff};
+pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, spec_hash};

@@ -28,6 +28,18 @@ pub struct ManifestPod {
     pub view: PodSpecView,
     /// What qoslet's own runtime runs; `None` for pods the kubelet runs.
     pub runtime: Option<PodRuntimeSpec>,
+    /// [`spec_hash`] of the pod: recorded with an eviction, a changed spec makes a new pod.
+    pub spec_hash: u64,
+}
+
+/// A hash of the pod's spec, stable across runs of the same build.
+pub fn spec_hash(pod: &core::Pod) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    serde_json::to_vec(&pod.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
 }
 
 /// The valid objects of the directory, and the problems of the invalid ones.

@@ -53,6 +53,7 @@ fn manifest_pod(p: core::Pod) -> ManifestPod {
     let a = crate::source::admit::admit_pod(p, Default::default()).unwrap();
     let admitted = a.pod.unwrap();
     ManifestPod {
+        spec_hash: crate::source::spec_hash(&admitted.pod),
         pod: admitted.pod,
         object: a.object,
         view: admitted.view,
