@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use crate::{
     cgroup::{
-        desired::{Naming, Owner, desired_state},
+        desired::{Naming, desired_state},
         name::{CgroupPath, ContainerRuntime},
     },
     config::{KubeletConfig, QosletConfiguration, node_settings},
@@ -102,8 +102,8 @@ pub fn manifest_plan(data: &[u8]) {
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Standalone,
         node_root: CgroupPath::parse("/fuzz").expect("root"),
-        create_containers: true,
-        owner: Owner::Qoslet,
+        runner: crate::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let d = desired_state(&plan, &naming, &BTreeMap::new());
     // Admission already checked every name the cgroups are built from.

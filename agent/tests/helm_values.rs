@@ -102,7 +102,7 @@ fn values_spell_out_every_setting_with_the_agents_defaults() {
     assert_same(
         &spelled,
         &agent_settings(&full),
-        "values.yaml's config against agent/src/config.rs's QosletConfiguration",
+        "values.yaml's config against agent/src/config/qoslet.rs's QosletConfiguration",
     );
 
     // The defaults are deploy/kubernetes/configmap.yaml's: the agent's own, with its two

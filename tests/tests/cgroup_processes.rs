@@ -94,8 +94,8 @@ fn container_processes_get_the_container_score_including_later_ones() {
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
-        create_containers: true,
-        owner: qoslet::cgroup::desired::Owner::Qoslet,
+        runner: qoslet::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let ids: ContainerIds = [((UID.to_string(), "app".to_string()), ID.to_string())].into();
     let desired = desired_state(&plan, &naming, &ids);
@@ -218,8 +218,8 @@ fn a_memory_limit_below_usage_is_retried_at_the_usage() {
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
-        create_containers: true,
-        owner: qoslet::cgroup::desired::Owner::Qoslet,
+        runner: qoslet::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let ids: ContainerIds = [((UID.to_string(), "app".to_string()), ID.to_string())].into();
     let reconciler = Reconciler::new(root.open(), Mode::Enforce);

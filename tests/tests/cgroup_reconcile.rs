@@ -90,8 +90,8 @@ fn reconcile(
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
-        create_containers: true,
-        owner: qoslet::cgroup::desired::Owner::Qoslet,
+        runner: qoslet::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let desired = desired_state(&plan, &naming, ids);
     Reconciler::new(root.open(), mode).reconcile(&desired)
@@ -621,8 +621,8 @@ fn the_change_feed_reads_only_what_changed_and_still_repairs_drift() {
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::parse(&root.name).unwrap(),
-        create_containers: true,
-        owner: qoslet::cgroup::desired::Owner::Qoslet,
+        runner: qoslet::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let desired = desired_state(&plan, &naming, &ids());
     let mut reconciler = Reconciler::new(root.open(), Mode::Enforce);

@@ -3,7 +3,7 @@
 
 use std::{fs, time::Duration};
 
-use qoslet::{source::watch::ManifestWatch, workload::ValidationOptions};
+use qoslet::{cgroup::Runner, source::watch::ManifestWatch, workload::ValidationOptions};
 use qoslet_tests::TempDir;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -26,6 +26,7 @@ async fn manifest_changes_become_desired_state_diffs() {
         &dir.path,
         Duration::from_millis(100),
         ValidationOptions::default(),
+        Runner::Qoslet,
     )
     .expect("watching the directory");
     let initial = watch.reload().unwrap();

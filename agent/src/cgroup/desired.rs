@@ -16,30 +16,47 @@ use crate::policy::{
     settings::CgroupDriver,
 };
 
-/// How cgroups are named on this node.
+/// How cgroups are named on this node, and who made them.
 #[derive(Debug, Clone)]
 pub struct Naming {
     pub driver: CgroupDriver,
     pub runtime: ContainerRuntime,
     /// The cgroup that holds everything qoslet manages (`/` on a real node).
     pub node_root: CgroupPath,
-    /// Create container cgroups that do not exist (the standalone runtime); in cluster mode the
-    /// runtime creates them and a missing one is simply not started yet.
-    pub create_containers: bool,
-    /// Who made the cgroups and writes them besides qoslet.
-    pub owner: Owner,
+    /// The executor's [`Runner`]: under qoslet every missing cgroup is created and every file
+    /// written; under the kubelet nothing is created and only `enforce`'s files are written.
+    pub runner: Runner,
+    /// What qoslet writes beside the kubelet (QosletConfiguration `enforce`); read only under
+    /// [`Runner::Kubelet`], since qoslet writes everything of its own.
+    pub enforce: BTreeSet<Area>,
 }
 
-/// Who owns the node's cgroup tree.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Owner {
-    /// qoslet (standalone): it creates and writes everything.
-    #[default]
+/// Who runs the pods, and so who makes and writes their cgroups: said once, by the executor
+/// (`node::PodExecutor::runner`), and everything else derives from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runner {
+    /// qoslet's own process runtime (standalone): it creates every cgroup, writes every file,
+    /// needs a `command` in every container (it has no images) and signals an evicted pod
+    /// itself.
     Qoslet,
-    /// The kubelet and the container runtime (cluster mode): they create every cgroup and
-    /// write most files. qoslet creates nothing and only compares (drift), except the areas
-    /// listed, which it writes.
-    Kubelet(BTreeSet<Area>),
+    /// The kubelet and its container runtime (cluster mode): they create every cgroup and write
+    /// most files; qoslet finds the cgroups, compares (drift) and writes only `enforce`'s areas.
+    /// The image's entrypoint is the kubelet's business.
+    Kubelet,
+}
+
+impl Runner {
+    /// Whether the node creates container cgroups (its own runtime) or only finds them.
+    pub fn creates_cgroups(self) -> bool {
+        self == Runner::Qoslet
+    }
+
+    /// Whether the executor's `mark_evicted` itself signals the pod's processes (so the first
+    /// signal of an eviction goes out there): qoslet's runtime stops an evicted pod at once; the
+    /// kubelet's pods are signalled by the eviction action's cgroup kill.
+    pub fn signals_on_evict(self) -> bool {
+        self == Runner::Qoslet
+    }
 }
 
 /// What qoslet may write beside the kubelet (QosletConfiguration `enforce`).
@@ -226,9 +243,9 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
             }),
         }
     }
-    if let Owner::Kubelet(areas) = &naming.owner {
+    if naming.runner == Runner::Kubelet {
         for c in &mut out.cgroups {
-            kubelet_owned(c, areas);
+            kubelet_owned(c, &naming.enforce);
         }
     }
     // Depth-first pre-order: parents before children and each subtree contiguous, so the
@@ -324,7 +341,7 @@ fn pod_cgroups(
         validate_container_id(id, naming.runtime)?;
         let cpath = path.join(&container_component(naming.driver, naming.runtime, id))?;
         let mut cg = container_cgroup(cpath, &pod.uid, c, kubepods_cpus);
-        cg.create = naming.create_containers;
+        cg.create = naming.runner.creates_cgroups();
         out.push(cg);
     }
     Ok(out)

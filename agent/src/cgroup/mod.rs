@@ -27,7 +27,7 @@ pub mod report;
 pub mod value;
 
 pub use capacity::node_root_memory_limit;
-pub use desired::{ContainerIds, DesiredState, Naming, desired_state};
+pub use desired::{ContainerIds, DesiredState, Naming, Runner, desired_state};
 pub use fs::CgroupFs;
 pub use layout::{LayoutKind, Mounts, Tree};
 pub use name::{CgroupPath, ContainerRuntime};

@@ -10,9 +10,12 @@ use super::{
     name::CgroupPath,
 };
 
-/// Enforce writes; observe reports the same writes as drift and writes nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// QosletConfiguration `mode` (and `--observe`): enforce writes cgroups and evicts; observe
+/// computes and reports the same writes as drift, and writes and evicts nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
+    #[default]
     Enforce,
     Observe,
 }

@@ -103,7 +103,7 @@ impl ApiEviction {
                         name: p.name.clone(),
                         uid: p.uid.clone(),
                     },
-                    reason: "Evicted".into(),
+                    reason: crate::eviction::action::EVICTED.into(),
                     message: req.message.clone(),
                     type_: "Warning".into(),
                     node: self.node.clone(),

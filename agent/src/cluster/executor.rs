@@ -18,14 +18,14 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::sync::Notify;
 
 use crate::{
-    cgroup::{ContainerIds, ContainerRuntime},
+    cgroup::{ContainerIds, ContainerRuntime, Runner},
     eviction::NodeCondition,
     lock,
     node::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
     },
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
-    source::PodSet,
+    source::{ManifestPod, PodSet},
 };
 
 /// The container runtime a Node reports (`status.nodeInfo.containerRuntimeVersion`, e.g.
@@ -104,14 +104,18 @@ impl KubeletExecutor {
     pub fn runtime(&self) -> ContainerRuntime {
         self.runtime
     }
+
+    /// Who runs the pods this executor reports on; the API source's door reads it too, before
+    /// the executor exists (it needs the Node's runtime, which the source lists).
+    pub const RUNNER: Runner = Runner::Kubelet;
 }
 
 impl PodExecutor for KubeletExecutor {
-    fn creates_container_cgroups(&self) -> bool {
-        false
+    fn runner(&self) -> Runner {
+        Self::RUNNER
     }
 
-    fn accepts(&self, _pod: &core::Pod) -> Result<(), String> {
+    fn accepts(&self, _pod: &ManifestPod) -> Result<(), String> {
         // The kubelet runs whatever the API server accepted.
         Ok(())
     }
@@ -125,10 +129,9 @@ impl PodExecutor for KubeletExecutor {
         let next: BTreeMap<PodKey, PodStatus> = pods
             .iter()
             .map(|p| {
-                let mut s = pod_status(&p.key, p.pod, &p.container_cgroups);
+                let mut s = pod_status(&p.key, &p.pod.pod, &p.container_cgroups);
                 if let Some(m) = evicted.get(&p.key) {
-                    s.reason = Some("Evicted".into());
-                    s.message = Some(m.clone());
+                    s.set_evicted(m);
                     s.terminating = true;
                 }
                 (p.key.clone(), s)
@@ -152,17 +155,11 @@ impl PodExecutor for KubeletExecutor {
         self.changed.notified().await;
     }
 
-    /// The kubelet's pods are signalled by the eviction action's cgroup kill, not here.
-    fn signals_on_evict(&self) -> bool {
-        false
-    }
-
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) {
         tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
         lock(&self.evicted).insert(key.clone(), message.into());
         if let Some(s) = lock(&self.statuses).get_mut(key) {
-            s.reason = Some("Evicted".into());
-            s.message = Some(message.into());
+            s.set_evicted(message);
             s.terminating = true;
         }
         self.changed.notify_one();

@@ -39,21 +39,13 @@ pub use executor::KubeletExecutor;
 pub use source::{ApiSource, ApiWatchState, ApiWatchStates, GangAwareness, SourceClosed};
 
 use crate::{
-    cgroup::{
-        CgroupPath, ContainerRuntime, Mode, Mounts, Naming, desired::Owner, layout::LayoutError,
-    },
-    config::{
-        CapacityOverride, ConfigError, KUBELET_API_VERSION, KubeletConfig, QosletConfiguration,
-        node_settings,
-    },
-    node::{self, NodeError, PodSource, RunConfig},
+    cgroup::ContainerRuntime,
+    config::{CapacityOverride, KUBELET_API_VERSION, KubeletConfig},
+    node::{self, ModeStart, NodeError, PodSource, StartError, startup::EX_CONFIG},
     policy::settings::Capacity,
     source::{Diff, PodSet},
-    workload::ValidationOptions,
 };
 
-/// sysexits.h: a configuration error.
-pub const EX_CONFIG: u8 = 64;
 /// sysexits.h: a service is unavailable (the API server, at start).
 pub const EX_UNAVAILABLE: u8 = 69;
 
@@ -82,13 +74,7 @@ pub struct ClusterOptions {
 #[derive(Debug, Error)]
 pub enum ClusterError {
     #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error("{file}: QosletConfiguration: {field}: {message}")]
-    Setting {
-        file: String,
-        field: &'static str,
-        message: String,
-    },
+    Start(#[from] StartError),
     #[error("no node name: pass --node-name or set NODE_NAME")]
     NodeName,
     #[error("cannot build the API client")]
@@ -101,8 +87,6 @@ pub enum ClusterError {
     },
     #[error("the API watchers stopped before the first list")]
     Source(#[from] SourceClosed),
-    #[error("cannot detect the cgroup layout")]
-    Layout(#[source] LayoutError),
     #[error("cannot open the API write queue")]
     Queue(#[from] queue::QueueError),
     #[error(transparent)]
@@ -112,9 +96,9 @@ pub enum ClusterError {
 impl ClusterError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Setting { .. } | Self::NodeName | Self::Client(_) => EX_CONFIG,
+            Self::Start(e) => e.exit_code(),
+            Self::NodeName | Self::Client(_) => EX_CONFIG,
             Self::Configz { .. } | Self::Source(_) => EX_UNAVAILABLE,
-            Self::Layout(_) => 72,
             Self::Queue(_) => 71,
             Self::Node(e) => e.exit_code(),
         }
@@ -251,53 +235,26 @@ pub async fn run(
     if opts.node_name.is_empty() {
         return Err(ClusterError::NodeName);
     }
-    let qc = match &opts.config {
-        Some(f) => QosletConfiguration::load(f)?,
-        None => QosletConfiguration::default(),
-    };
-    let config_file = opts
-        .config
-        .as_ref()
-        .map_or_else(|| "(defaults)".to_owned(), |f| f.display().to_string());
-    let setting = |field: &'static str, message: String| ClusterError::Setting {
-        file: config_file.clone(),
-        field,
-        message,
-    };
-    let mode = if opts.observe || qc.mode == crate::config::Mode::Observe {
-        Mode::Observe
-    } else {
-        Mode::Enforce
-    };
-    let addr: SocketAddr = qc
-        .metrics_address
-        .parse()
-        .map_err(|e: std::net::AddrParseError| setting("metricsAddress", e.to_string()))?;
-    let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
-        .map_err(|e| setting("nodeRootCgroup", e.to_string()))?;
-    let (listener, early) = serve_while_starting(addr).await?;
+    let start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
+    let (listener, early) = serve_while_starting(start.addr).await?;
     let client = client(opts.kubeconfig.as_deref()).await?;
     let (kc_file, kc) = match &opts.kubelet_config {
-        KubeletConfigFrom::File(f) => (f.clone(), KubeletConfig::load(f)?),
+        KubeletConfigFrom::File(f) => {
+            (f.clone(), KubeletConfig::load(f).map_err(StartError::from)?)
+        }
         KubeletConfigFrom::Configz => (
             PathBuf::from(format!("/api/v1/nodes/{}/proxy/configz", opts.node_name)),
             configz(&client, &opts.node_name).await?,
         ),
     };
-    let mounts = Mounts::detect().map_err(ClusterError::Layout)?;
-    let root_limit = crate::cgroup::fs::CgroupFs::open(mounts.clone(), node_root.clone())
-        .ok()
-        .and_then(|fs| crate::cgroup::node_root_memory_limit(&fs).ok().flatten());
-    let capacity = capacity(&qc.capacity, root_limit).map_err(|e| setting("capacity", e))?;
-    let mut settings = node_settings(&kc_file, &kc, &qc, capacity)?;
-    if qc.node_root_cgroup.is_some() {
+    let mounts = ModeStart::mounts()?;
+    let mut settings = start.settings(&kc_file, &kc, &mounts, capacity)?;
+    if start.qc.node_root_cgroup.is_some() {
         // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
         // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
         settings.cgroup_root = "/".into();
     }
-    let validation = ValidationOptions {
-        pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
-    };
+    let validation = node::startup::validation(&kc);
 
     let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
@@ -316,16 +273,8 @@ pub async fn run(
     let node_uid = node_obj
         .and_then(|n| n.metadata.uid.clone())
         .unwrap_or_else(|| opts.node_name.clone());
-    let areas = qc.enforce.iter().map(|a| a.area()).collect();
-    let naming = Naming {
-        driver: settings.cgroup_driver,
-        runtime,
-        node_root: node_root.clone(),
-        create_containers: false,
-        owner: Owner::Kubelet(areas),
-    };
-
-    let enforce = mode == Mode::Enforce;
+    let enforce = start.enforce();
+    let qc = &start.qc;
     let queue = Arc::new(queue::WriteQueue::open(&qc.state_dir.join("api-writes"))?);
     let delivery = enforce.then(|| {
         let c = client.clone();
@@ -360,22 +309,10 @@ pub async fn run(
         }),
     );
     let executor = Arc::new(KubeletExecutor::new(runtime));
-    let state_dir = enforce.then(|| qc.state_dir.clone());
     tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
-    let cfg = RunConfig {
-        settings,
-        qc,
-        mode,
-        mounts,
-        node_root,
-        naming,
-        validation,
-        addr,
-        listener: Some(listener),
-        shutdown_grace: opts.shutdown_grace,
-        state_dir,
-        on_start: Some(on_start),
-    };
+    let mut cfg = start.run_config(settings, &kc, mounts, runtime, opts.shutdown_grace);
+    cfg.listener = Some(listener);
+    cfg.on_start = Some(on_start);
     let result = node::run(cfg, source, executor, action).await;
     if let Ok(t) = reporter_rx.await {
         t.abort();

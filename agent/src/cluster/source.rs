@@ -9,7 +9,7 @@
 //! a node's cost does not grow with the cluster's gangs; they are dynamic objects, decoded by the
 //! same workload decoder as manifests. A cluster that does not serve the Workload API (API
 //! discovery says so) turns gang-awareness off ([`GangAwareness::Off`]): pods go alone.
-//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build_for`]):
+//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build`]):
 //! every value from the API is validated exactly as a file's, and the [`Diff`] is computed the
 //! same way.
 
@@ -40,8 +40,9 @@ use crate::{
     lock,
     source::{
         PodSet,
+        build::build,
         manifest::{Loaded, RawObject},
-        watch::{Diff, Runner, build_for},
+        podset::Diff,
     },
     workload::ValidationOptions,
 };
@@ -392,12 +393,12 @@ impl ApiSource {
         if gang == GangAwareness::On {
             self.watch_objects(&wanted);
         }
-        let (next, diff) = build_for(
+        let (next, diff) = build(
             loaded,
             &self.state,
             &self.opts,
             BTreeSet::new(),
-            Runner::Kubelet,
+            super::KubeletExecutor::RUNNER,
         );
         for line in &diff.new_problems {
             tracing::warn!(problem = %line, "API object skipped.");
@@ -473,17 +474,16 @@ pub fn loaded(
         if matches!(phase, Some("Succeeded" | "Failed")) {
             continue;
         }
-        let Ok(value) = serde_json::to_value(&**p) else {
-            continue;
-        };
         let ns = p.metadata.namespace.clone().unwrap_or_default();
-        if let Some(g) = value
-            .pointer("/spec/schedulingGroup/podGroupName")
-            .and_then(|v| v.as_str())
+        if let Some(g) = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_group.as_ref())
+            .and_then(|g| g.pod_group_name.as_ref())
         {
-            wanted.insert((ns.clone(), "PodGroup".into(), g.into()));
+            wanted.insert((ns.clone(), "PodGroup".into(), g.clone()));
         }
-        push(&mut out, "v1", "Pod", value);
+        push_pod(&mut out, p);
     }
     // Objects by (namespace, kind, name), then the closure of the references from the pods up.
     let mut all: BTreeMap<(String, String, String), (String, serde_json::Value)> = BTreeMap::new();
@@ -531,9 +531,7 @@ pub fn loaded_all(
 ) -> Loaded {
     let mut out = Loaded::default();
     for p in pods {
-        if let Ok(v) = serde_json::to_value(&**p) {
-            push(&mut out, "v1", "Pod", v);
-        }
+        push_pod(&mut out, p);
     }
     for (ar, objs) in workloads {
         for o in objs {
@@ -543,6 +541,15 @@ pub fn loaded_all(
         }
     }
     out
+}
+
+/// The API's pods go to admission typed, as they are.
+fn push_pod(out: &mut Loaded, p: &Pod) {
+    let origin = crate::workload::Origin {
+        file: PathBuf::from(ORIGIN),
+        index: out.objects.len() + out.pods.len(),
+    };
+    out.pods.push((origin, p.clone()));
 }
 
 fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::Value) {
@@ -563,7 +570,7 @@ fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::
     let Ok(value) = serde_yaml_ng::to_value(&value) else {
         return;
     };
-    let index = out.objects.len();
+    let index = out.objects.len() + out.pods.len();
     out.objects.push(RawObject {
         file: PathBuf::from(ORIGIN),
         index,

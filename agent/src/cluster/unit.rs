@@ -19,7 +19,7 @@ use kube::{
 use super::source::{loaded_all, workload_resources};
 use crate::{
     policy::pod::PodKey,
-    workload::{self, Forest, Kind, UnitRoot, disruption_unit},
+    workload::{Forest, Kind, UnitRoot, disruption_unit},
 };
 
 /// Where a unit's members on other nodes are found: the API client and the node's pods.
@@ -45,10 +45,19 @@ impl UnitMembers {
             .find(|p| p.metadata.uid.as_deref() == Some(key.uid.as_str()))?;
         let ns = key.namespace.as_str();
         let loaded = loaded_all(&[pod], namespace_objects);
+        // Through admission, as at the source's door: nothing unvalidated reaches the forest.
         let objects = loaded
             .objects
             .iter()
-            .filter_map(|raw| workload::decode(raw).ok());
+            .filter_map(|raw| crate::source::admit::admit(raw).ok())
+            .map(|a| a.object)
+            .chain(
+                loaded
+                    .pods
+                    .into_iter()
+                    .filter_map(|(o, p)| crate::source::admit::admit_pod(p, o).ok())
+                    .map(|a| a.object),
+            );
         let forest = Forest::new(ns, objects);
         let unit = disruption_unit(&forest, &key.name)?;
         let UnitRoot::Group(top) = unit.root else {

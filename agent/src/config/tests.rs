@@ -1,4 +1,16 @@
+use std::{path::Path, time::Duration};
+
 use super::*;
+use crate::cgroup::Mode;
+use crate::policy::{
+    cpu::WeightFormula,
+    cpu_pressure::CpuPressureConfig,
+    cpuset::CpuSet,
+    settings::{
+        Capacity, CgroupDriver, MemoryQos, MemoryReservationPolicy, NodeSettings,
+        ReservedCpusConflict,
+    },
+};
 
 fn capacity() -> Capacity {
     Capacity {
@@ -189,7 +201,7 @@ fn qoslet_configuration_defaults_and_strictness() {
         parsed.container_weight_formula,
         WeightFormula::RuncQuadratic
     );
-    assert!(parsed.gang_aware_eviction && parsed.ebpf.enabled);
+    assert!(parsed.gang_eviction == GangEviction::Node && parsed.ebpf.enabled);
     assert!(!parsed.ebpf.kernel_diagnostics);
     assert_eq!(parsed.housekeeping_interval, Duration::from_secs(1));
     assert_eq!(parsed.eviction_wakeups, EvictionWakeups::Events);
@@ -333,4 +345,25 @@ fn cpu_pressure_configuration_defaults_and_validation() {
             "{text}: {err}"
         );
     }
+}
+
+#[test]
+fn gang_aware_eviction_is_the_deprecated_spelling_of_gang_eviction() {
+    let parse = |t: &str| QosletConfiguration::parse(Path::new("q.yaml"), t);
+    let off = parse("gangAwareEviction: false\n").unwrap();
+    assert_eq!(off.gang_eviction, GangEviction::None);
+    assert_eq!(off, parse("gangEviction: none\n").unwrap());
+    let on = parse("gangAwareEviction: true\ngangEviction: unit\n").unwrap();
+    assert_eq!(on.gang_eviction, GangEviction::Unit);
+    assert_eq!(on.deprecated_gang_aware_eviction, None);
+    let written = serde_yaml_ng::to_string(&on).unwrap();
+    assert!(
+        written.contains("gangEviction: unit") && !written.contains("gangAwareEviction"),
+        "{written}"
+    );
+    let err = parse("gangAwareEviction: false\ngangEviction: unit\n").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "q.yaml: QosletConfiguration: gangAwareEviction: false contradicts gangEviction: unit"
+    );
 }

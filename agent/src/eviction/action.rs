@@ -75,11 +75,16 @@ pub struct PodCondition {
     pub message: String,
 }
 
+/// The reason (pod status, Event) of a pod the node evicted, as the kubelet's eviction manager
+/// writes it (pkg/kubelet/eviction `Reason`). The one spelling: every place that sets or reads
+/// it goes through this (`node::PodStatus::set_evicted`, `is_evicted`).
+pub const EVICTED: &str = "Evicted";
+
 impl EvictedStatus {
     pub fn new(message: String) -> Self {
         Self {
             phase: "Failed",
-            reason: "Evicted",
+            reason: EVICTED,
             conditions: vec![PodCondition {
                 type_: "DisruptionTarget",
                 status: "True",

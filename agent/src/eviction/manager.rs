@@ -86,7 +86,7 @@ impl ManagerConfig {
             pressure_transition: Duration::from_secs(s.eviction_pressure_transition_secs),
             max_pod_grace_secs: s.eviction_max_pod_grace_secs,
             housekeeping: q.housekeeping_interval,
-            order: if q.gang_aware_eviction {
+            order: if q.gang_eviction != crate::config::GangEviction::None {
                 Order::GangAware
             } else {
                 Order::Kubelet

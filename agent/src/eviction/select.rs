@@ -28,7 +28,7 @@ pub struct Sample {
     pub candidate: Candidate,
 }
 
-/// `gangAwareEviction` on or off.
+/// `gangEviction: none`, or gang-aware (`node`, `unit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Order {
     /// One pod at a time in the kubelet's order.

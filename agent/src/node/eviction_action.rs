@@ -69,7 +69,7 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
         // `join` polls the action first: its kill goes out before the bookkeeping starts.
         let (outcome, told) = futures::future::join(self.action.evict(req), bookkeeping).await;
         let mut outcome = outcome?;
-        if self.executor.signals_on_evict() {
+        if self.executor.runner().signals_on_evict() {
             outcome.first_signal_at = Some(outcome.first_signal_at.map_or(told, |t| t.min(told)));
         }
         Ok(outcome)

@@ -19,6 +19,7 @@ mod report;
 mod run;
 mod seams;
 mod sensing;
+pub mod startup;
 pub mod state;
 mod status;
 pub mod summary;
@@ -36,11 +37,13 @@ use std::{
 
 use tokio::sync::watch;
 
+pub use crate::cgroup::Runner;
 pub use eviction_action::ExecutorEviction;
 pub use pod_status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
 pub use run::{NodeError, RunConfig, run};
 pub use seams::{PlannedPod, PodExecutor, PodSource};
 pub use sensing::SensorControl;
+pub use startup::{ModeStart, StartError};
 
 use crate::{
     cgroup::{CgroupFs, Mode, Naming},

@@ -8,7 +8,6 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::core::v1::Pod;
 use tracing::warn;
 
 use super::{
@@ -28,7 +27,7 @@ use crate::{
     },
     sensors::{CgroupOwner, WatchedCgroup},
     server::{metrics::MemcgEventLabels, summary::PodReference},
-    source::PodSet,
+    source::{ManifestPod, PodSet},
     workload::Forest,
 };
 
@@ -44,12 +43,12 @@ pub(super) struct PodEntry {
     pub(super) runq_p99: Option<f64>,
     /// Working set (bytes) at the last statistics sample.
     pub(super) working_set: Option<u64>,
-    /// The hash of the pod's spec, recorded with an eviction ([`super::state::spec_hash`]).
+    /// The hash of the pod's spec, recorded with an eviction ([`crate::source::spec_hash`]).
     pub(super) spec_hash: u64,
 }
 
-/// A source pod the pass can plan: its key, its policy view and the API object.
-type PodView<'a> = (PodKey, PodSpecView, &'a Pod);
+/// A source pod the pass can plan: its key, its policy view (computed at admission) and the pod.
+type PodView<'a> = (PodKey, &'a PodSpecView, &'a ManifestPod);
 
 /// Where the pass puts each pod and container, in every hierarchy.
 struct Placement {
@@ -94,24 +93,21 @@ impl Node {
         self.refresh_inventory(pods, managed);
         self.summary.set_targets(summary);
         self.report
-            .record_plan(&plan, views.iter().map(|(k, v, _)| (k, v)));
+            .record_plan(&plan, views.iter().map(|(k, v, _)| (k, *v)));
         self.cgroups.set_desired(desired);
         self.plan = Some(plan);
         self.refresh_status(conditions, executor.status());
     }
 
-    /// The source's pods as policy views; a pod the policy or the executor cannot read is a
-    /// problem, reported once, and nothing of it is planned.
+    /// The source's pods with their policy views; a pod the executor cannot run is a problem,
+    /// reported once, and nothing of it is planned.
     fn read_pods<'a>(&mut self, pods: &'a PodSet, executor: &impl PodExecutor) -> Vec<PodView<'a>> {
         let mut views = Vec::new();
         let mut problems = Vec::new();
         for (key, mp) in &pods.pods {
-            match PodSpecView::from_pod(&mp.pod) {
-                Ok(v) => match executor.accepts(&mp.pod) {
-                    Ok(()) => views.push((key.clone(), v, &mp.pod)),
-                    Err(e) => problems.push(e),
-                },
-                Err(e) => problems.push(format!("Pod/{}/{}: {e}", key.namespace, key.name)),
+            match executor.accepts(mp) {
+                Ok(()) => views.push((key.clone(), &mp.view, mp)),
+                Err(e) => problems.push(e),
             }
         }
         self.report.problems(&problems);
@@ -125,7 +121,7 @@ impl Node {
         pods: &PodSet,
         executor: &impl PodExecutor,
     ) -> Option<(Plan, DesiredState)> {
-        let pod_views: Vec<PodSpecView> = views.iter().map(|(_, v, _)| v.clone()).collect();
+        let pod_views: Vec<PodSpecView> = views.iter().map(|(_, v, _)| (*v).clone()).collect();
         let plan = match plan_node(&self.settings, &pod_views) {
             Ok(p) => p,
             Err(e) => {
@@ -194,7 +190,7 @@ impl Node {
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
-            .filter(|((key, _, pod), _)| !crate::lock(&self.persisted).is_evicted(key, pod))
+            .filter(|((key, _, mp), _)| !crate::lock(&self.persisted).is_evicted(key, mp.spec_hash))
             .map(|((key, view, pod), p)| PlannedPod {
                 key: key.clone(),
                 pod,
@@ -238,7 +234,7 @@ impl Node {
         let evicted: BTreeSet<PodKey> = executor
             .status()
             .into_iter()
-            .filter(|s| s.reason.as_deref() == Some("Evicted"))
+            .filter(super::PodStatus::is_evicted)
             .map(|s| s.key)
             .chain(crate::lock(&self.persisted).evicted())
             .collect();
@@ -336,16 +332,18 @@ impl Node {
                     priority: view.effective_priority(),
                     critical: view.is_critical(),
                     start_time: pod
+                        .pod
                         .metadata
                         .creation_timestamp
                         .as_ref()
                         .map_or(0, |t| t.0.as_second()),
                     grace_secs: pod
+                        .pod
                         .spec
                         .as_ref()
                         .and_then(|s| s.termination_grace_period_seconds)
                         .unwrap_or(30),
-                    revision: super::state::spec_hash(pod),
+                    revision: pod.spec_hash,
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,
@@ -413,13 +411,13 @@ impl Node {
         self.tracked.pods.insert(
             key.clone(),
             PodEntry {
-                view: view.clone(),
+                view: (*view).clone(),
                 qos: p.qos_class,
                 memory,
                 container_ids,
                 runq_p99,
                 working_set,
-                spec_hash: super::state::spec_hash(pod),
+                spec_hash: pod.spec_hash,
             },
         );
     }

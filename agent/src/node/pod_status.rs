@@ -106,6 +106,18 @@ pub struct PodStatus {
     pub terminating: bool,
 }
 
+impl PodStatus {
+    /// The pod is being evicted: reason `Evicted` and the eviction's message.
+    pub fn set_evicted(&mut self, message: &str) {
+        self.reason = Some(crate::eviction::action::EVICTED.into());
+        self.message = Some(message.into());
+    }
+
+    pub fn is_evicted(&self) -> bool {
+        self.reason.as_deref() == Some(crate::eviction::action::EVICTED)
+    }
+}
+
 /// The reason a container waits before its first start: `PodInitializing` in a pod with init
 /// containers (regular or sidecars), else `ContainerCreating` (pkg/kubelet/kubelet_pods.go
 /// `convertToAPIContainerStatuses`, `defaultWaitingState`).

@@ -7,13 +7,7 @@
 //! the eviction manager, the memory watcher, the sensors' readers and the HTTP server run on
 //! their own tasks and reach the node through channels only.
 
-use std::{
-    io,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{io, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use thiserror::Error;
 use tokio::{
@@ -23,14 +17,17 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    ExecutorEviction, Node, NodeParts,
+    ExecutorEviction, Node, NodeParts, SensorControl,
     seams::{PodExecutor, PodSource},
     state::{EvictionMark, NodeLock, StateError, StateFile},
     summary::{CgroupSummary, StatsCgroup},
     trees,
 };
 use crate::{
-    cgroup::{self, CgroupFs, CgroupPath, Mode, Mounts, Naming, fs::OpenRootError},
+    cgroup::{
+        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, Naming, Runner,
+        fs::OpenRootError,
+    },
     config::QosletConfiguration,
     eviction::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
@@ -38,7 +35,7 @@ use crate::{
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
-    sensors::{SensorMode, Sensors, SensorsConfig},
+    sensors::{SensorEvent, SensorMode, Sensors, SensorsConfig},
     server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
     workload::ValidationOptions,
 };
@@ -87,7 +84,8 @@ pub struct RunConfig {
     pub mode: Mode,
     pub mounts: Mounts,
     pub node_root: CgroupPath,
-    pub naming: Naming,
+    /// How the container runtime names container cgroups.
+    pub runtime: ContainerRuntime,
     pub validation: ValidationOptions,
     pub addr: SocketAddr,
     /// `addr` bound already by the mode (cluster mode answers `/healthz` on it while it waits
@@ -96,8 +94,6 @@ pub struct RunConfig {
     /// How long pods get to stop at shutdown, and how long a pass or an eviction in progress
     /// may take to finish.
     pub shutdown_grace: Duration,
-    /// Where the state file lives; `None` keeps no state (observe mode).
-    pub state_dir: Option<PathBuf>,
     /// Called once the agent's state exists, before the first pass: a mode's own tasks (cluster
     /// mode: the API watch readiness, node conditions and the lease) read and report through it.
     pub on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
@@ -106,7 +102,7 @@ pub struct RunConfig {
 /// Runs the node until SIGINT, SIGTERM or SIGHUP; then drains and stops.
 pub async fn run<S, E, A>(
     cfg: RunConfig,
-    mut source: S,
+    source: S,
     executor: Arc<E>,
     action: A,
 ) -> Result<(), NodeError>
@@ -114,6 +110,46 @@ where
     S: PodSource,
     E: PodExecutor,
     A: EvictionAction + 'static,
+{
+    let mut signals = Signals::new()?;
+    let enforce = cfg.mode == Mode::Enforce;
+    if enforce && !cgroup::oom::can_lower_scores() {
+        warn!(
+            "qoslet lacks CAP_SYS_RESOURCE: negative oom_score_adj (Guaranteed pods' -997, qoslet's own -999) cannot be set; give the DaemonSet that capability."
+        );
+    }
+    if enforce && let Err(e) = cgroup::set_own_oom_score() {
+        warn!(error = %e, "Could not set qoslet's own oom_score_adj to -999.");
+    }
+    let ebpf = SensorsConfig::from(&cfg.qc.ebpf);
+    let sensors = move |state: &AgentState| {
+        let (sensors, events) = Sensors::start(ebpf);
+        report_sensors(state, &sensors);
+        release_freed_memory();
+        (sensors, events)
+    };
+    drive(cfg, source, executor, action, sensors, async move {
+        signals.next().await
+    })
+    .await
+}
+
+/// The loop of [`run`] with the machine's parts handed in: `sensors` starts the sensors once the
+/// agent's state exists (the kernel's, or a fake), and `stop` resolves with the reason the node
+/// stops (a signal). The node's tests run it over a cgroup tree in a temporary directory.
+pub(super) async fn drive<S, E, A, C>(
+    cfg: RunConfig,
+    mut source: S,
+    executor: Arc<E>,
+    action: A,
+    sensors: impl FnOnce(&AgentState) -> (C, mpsc::Receiver<SensorEvent>),
+    stop: impl Future<Output = &'static str>,
+) -> Result<(), NodeError>
+where
+    S: PodSource,
+    E: PodExecutor,
+    A: EvictionAction + 'static,
+    C: SensorControl,
 {
     let enforce = cfg.mode == Mode::Enforce;
     let fs =
@@ -126,14 +162,6 @@ where
     } else {
         None
     };
-    if enforce && !cgroup::oom::can_lower_scores() {
-        warn!(
-            "qoslet lacks CAP_SYS_RESOURCE: negative oom_score_adj (Guaranteed pods' -997, qoslet's own -999) cannot be set; give the DaemonSet that capability."
-        );
-    }
-    if enforce && let Err(e) = cgroup::set_own_oom_score() {
-        warn!(error = %e, "Could not set qoslet's own oom_score_adj to -999.");
-    }
 
     let node_root_memory = trees::memory_cgroup(
         memory_tree,
@@ -181,23 +209,21 @@ where
     let server_task = tokio::spawn(serve);
     info!(addr = %local, mode = ?cfg.mode, "Serving /metrics, /healthz, /readyz, /stats/summary and /status.");
 
-    let mut signals = Signals::new()?;
-    let (sensors, mut sensor_events) = Sensors::start(SensorsConfig::from(&cfg.qc.ebpf));
-    report_sensors(&state, &sensors);
-    release_freed_memory();
+    let (sensors, mut sensor_events) = sensors(&state);
 
     let mut persisted = if enforce {
-        StateFile::load(cfg.state_dir.as_deref(), &cfg.node_root)
+        StateFile::load(Some(&cfg.qc.state_dir), &cfg.node_root)
     } else {
         StateFile::in_memory()
     };
-    if enforce && executor.creates_container_cgroups() {
-        stop_leftovers(&fs, cfg.naming.driver, &mut persisted).await;
+    let runner = executor.runner();
+    if enforce && runner == Runner::Qoslet {
+        stop_leftovers(&fs, cfg.settings.cgroup_driver, &mut persisted).await;
     }
 
     // The BestEffort tier is qoslet's where it runs the pods itself; the kubelet's otherwise,
     // so there writing it is opt-in (the `cpuPressure` area of `enforce`).
-    let owns_tier = executor.creates_container_cgroups()
+    let owns_tier = runner == Runner::Qoslet
         || cfg
             .qc
             .enforce
@@ -226,7 +252,13 @@ where
     }
     let (mut node, inventory_rx) = Node::new(NodeParts {
         settings: cfg.settings.clone(),
-        naming: cfg.naming,
+        naming: Naming {
+            driver: cfg.settings.cgroup_driver,
+            runtime: cfg.runtime,
+            node_root: cfg.node_root.clone(),
+            runner,
+            enforce: cfg.qc.enforce.iter().map(|a| a.area()).collect(),
+        },
         fs,
         mode: cfg.mode,
         validation: cfg.validation,
@@ -289,9 +321,10 @@ where
         tokio::time::interval(cfg.qc.housekeeping_interval.max(Duration::from_millis(100)));
     let mut conditions_rx = conditions.clone();
     info!("qoslet node is running; SIGINT, SIGTERM or SIGHUP stops it.");
+    let mut stop = std::pin::pin!(stop);
     loop {
         tokio::select! {
-            signal = signals.next() => {
+            signal = &mut stop => {
                 info!(signal, "Stopping on a signal.");
                 break;
             }

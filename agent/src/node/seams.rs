@@ -5,14 +5,12 @@
 
 use std::{collections::BTreeMap, future::Future, path::PathBuf, time::Duration};
 
-use k8s_openapi::api::core::v1 as core;
-
 use super::pod_status::PodStatus;
 use crate::{
-    cgroup::ContainerIds,
+    cgroup::{ContainerIds, Runner},
     eviction::NodeCondition,
     policy::{pod::PodKey, qos::QosClass},
-    source::{Diff, PodSet},
+    source::{Diff, ManifestPod, PodSet},
 };
 
 /// Where pods and Workload / PodGroup / CompositePodGroup objects come from: a manifest
@@ -32,7 +30,8 @@ pub trait PodSource: Send {
 #[derive(Debug, Clone)]
 pub struct PlannedPod<'a> {
     pub key: PodKey,
-    pub pod: &'a core::Pod,
+    /// The pod, with its views computed at admission.
+    pub pod: &'a ManifestPod,
     pub qos_class: QosClass,
     /// Static, mirror or priority >= system-cluster-critical: admitted under pressure.
     pub critical: bool,
@@ -47,12 +46,14 @@ pub struct PlannedPod<'a> {
 /// or the kubelet and its container runtime, whose cgroups qoslet only finds (cluster).
 /// Admission and workload gating are the executor's.
 pub trait PodExecutor: Send + Sync + 'static {
-    /// Whether the node creates container cgroups (its own runtime) or only finds them.
-    fn creates_container_cgroups(&self) -> bool;
+    /// Who runs the pods. The one place this is said: the cgroup naming (created or found,
+    /// written or compared), the check at the source's door, crash recovery, the BestEffort
+    /// tier's owner and an eviction's first signal all derive from it.
+    fn runner(&self) -> Runner;
 
     /// Whether this executor can run the pod at all (the standalone runtime needs a command in
     /// every container, for one); a pod it refuses is reported once and not planned.
-    fn accepts(&self, pod: &core::Pod) -> Result<(), String>;
+    fn accepts(&self, pod: &ManifestPod) -> Result<(), String>;
 
     /// The ids container cgroups are named by, per (pod uid, container name).
     fn container_ids(&self, pods: &PodSet) -> ContainerIds;
@@ -70,10 +71,6 @@ pub trait PodExecutor: Send + Sync + 'static {
 
     /// The pod is being evicted: it ends Failed with reason `Evicted` and is not started again.
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration);
-
-    /// Whether [`PodExecutor::mark_evicted`] itself signals the pod's processes (so the first
-    /// signal of an eviction goes out there).
-    fn signals_on_evict(&self) -> bool;
 
     /// At shutdown: stops what the executor started, each pod within the shorter of its own
     /// grace period and `grace`, and waits for them.

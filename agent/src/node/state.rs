@@ -18,12 +18,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::{self, File},
-    hash::{Hash as _, Hasher as _},
     io::{self, Write as _},
     path::{Path, PathBuf},
 };
 
-use k8s_openapi::api::core::v1::Pod;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -157,12 +155,13 @@ impl StateFile {
         }
     }
 
-    /// Whether the pod, with this spec, was evicted.
-    pub fn is_evicted(&self, key: &PodKey, pod: &Pod) -> bool {
+    /// Whether the pod, with the spec whose hash is `spec` ([`crate::source::spec_hash`]), was
+    /// evicted.
+    pub fn is_evicted(&self, key: &PodKey, spec: u64) -> bool {
         self.now
             .evicted
             .get(&key.uid)
-            .is_some_and(|r| r.spec == spec_hash(pod))
+            .is_some_and(|r| r.spec == spec)
     }
 
     /// The evicted pods.
@@ -174,7 +173,7 @@ impl StateFile {
         })
     }
 
-    /// Records an eviction of the pod whose spec has the hash `spec` ([`spec_hash`]).
+    /// Records an eviction of the pod whose spec has the hash `spec` ([`crate::source::spec_hash`]).
     pub fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str) {
         self.now.evicted.insert(
             key.uid.clone(),
@@ -189,16 +188,14 @@ impl StateFile {
 
     /// Forgets evictions of pods that left the source or changed: those are new pods.
     pub fn retain_present(&mut self, pods: &PodSet) {
-        let present: BTreeMap<&str, &Pod> = pods
+        let present: BTreeMap<&str, u64> = pods
             .pods
             .iter()
-            .map(|(k, p)| (k.uid.as_str(), &p.pod))
+            .map(|(k, p)| (k.uid.as_str(), p.spec_hash))
             .collect();
-        self.now.evicted.retain(|uid, r| {
-            present
-                .get(uid.as_str())
-                .is_some_and(|p| spec_hash(p) == r.spec)
-        });
+        self.now
+            .evicted
+            .retain(|uid, r| present.get(uid.as_str()) == Some(&r.spec));
     }
 
     /// The cgroups the earlier run created.
@@ -251,7 +248,7 @@ pub struct EvictionMark {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// [`spec_hash`] of the pod when it was evicted.
+    /// [`crate::source::spec_hash`] of the pod when it was evicted.
     pub spec: u64,
     pub message: String,
 }
@@ -331,15 +328,6 @@ fn c_path(dir: &Path) -> io::Result<std::ffi::CString> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-/// A hash of the pod's spec, stable across runs of the same build.
-pub fn spec_hash(pod: &Pod) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    serde_json::to_vec(&pod.spec)
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,16 +354,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("qoslet-state-{}", std::process::id()));
         let root = CgroupPath::parse("/node-a").unwrap();
         let first = pod_set(&yaml("sleep"), &PodSet::default());
-        let p = &first.pods[&key()].pod;
+        let p = &first.pods[&key()];
         let mut s = StateFile::load(Some(&dir), &root);
-        s.record_evicted(&key(), spec_hash(p), "low on memory");
+        s.record_evicted(&key(), p.spec_hash, "low on memory");
         s.set_created_cgroups(&[CgroupPath::parse("/kubepods/poda").unwrap()].into());
         s.save(true).unwrap();
 
         let mut again = StateFile::load(Some(&dir), &root);
-        assert!(again.is_evicted(&key(), p));
+        assert!(again.is_evicted(&key(), p.spec_hash));
         let changed = pod_set(&yaml("'true'"), &first);
-        assert!(!again.is_evicted(&key(), &changed.pods[&key()].pod));
+        assert_ne!(changed.pods[&key()].spec_hash, p.spec_hash);
+        assert!(!again.is_evicted(&key(), changed.pods[&key()].spec_hash));
         assert_eq!(
             again.created_cgroups(),
             vec![CgroupPath::parse("/kubepods/poda").unwrap()]

@@ -9,8 +9,6 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1 as core;
-
 use super::*;
 use crate::{
     cgroup::{CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
@@ -43,6 +41,7 @@ pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
         previous,
         &ValidationOptions::default(),
         BTreeSet::new(),
+        Runner::Qoslet,
     )
     .0
 }
@@ -91,28 +90,59 @@ struct Applied {
     containers: BTreeMap<String, Vec<PathBuf>>,
 }
 
-#[derive(Default)]
+/// An executor of either shape: standalone-shaped ([`Runner::Qoslet`], the default: container
+/// cgroups created, an evicted pod signalled by the executor) or cluster-shaped
+/// ([`FakeExecutor::kubelet`]: cgroups found, the kill is the action's).
 struct FakeExecutor {
+    runner: Runner,
     /// A pod name this executor cannot run.
     refuse: Option<&'static str>,
     applied: Mutex<BTreeMap<String, Applied>>,
     applies: Mutex<usize>,
     evicted: Mutex<Vec<PodKey>>,
+    stopped: Mutex<Option<Duration>>,
+}
+
+impl Default for FakeExecutor {
+    fn default() -> Self {
+        Self {
+            runner: Runner::Qoslet,
+            refuse: None,
+            applied: Mutex::default(),
+            applies: Mutex::default(),
+            evicted: Mutex::default(),
+            stopped: Mutex::default(),
+        }
+    }
+}
+
+impl FakeExecutor {
+    fn kubelet() -> Self {
+        Self {
+            runner: Runner::Kubelet,
+            ..Self::default()
+        }
+    }
 }
 
 impl PodExecutor for FakeExecutor {
-    fn creates_container_cgroups(&self) -> bool {
-        true
+    fn runner(&self) -> Runner {
+        self.runner
     }
 
-    fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
-        match (self.refuse, pod.metadata.name.as_deref()) {
+    fn accepts(&self, pod: &crate::source::ManifestPod) -> Result<(), String> {
+        match (self.refuse, pod.pod.metadata.name.as_deref()) {
             (Some(r), Some(n)) if r == n => Err(format!("Pod/default/{n}: cannot run it")),
             _ => Ok(()),
         }
     }
 
+    /// Standalone-shaped: named by container name. Cluster-shaped: none, as before the kubelet
+    /// reports the containers' ids.
     fn container_ids(&self, pods: &PodSet) -> crate::cgroup::ContainerIds {
+        if self.runner == Runner::Kubelet {
+            return Default::default();
+        }
         pods.pods
             .iter()
             .flat_map(|(k, p)| {
@@ -154,11 +184,9 @@ impl PodExecutor for FakeExecutor {
         self.evicted.lock().unwrap().push(key.clone());
     }
 
-    fn signals_on_evict(&self) -> bool {
-        false
+    async fn stop_all(&self, grace: Duration) {
+        *self.stopped.lock().unwrap() = Some(grace);
     }
-
-    async fn stop_all(&self, _: Duration) {}
 }
 
 #[derive(Default)]
@@ -228,6 +256,29 @@ impl Drop for Tree0 {
     }
 }
 
+impl Tree0 {
+    /// The directory as the one cgroup v2 mount.
+    fn mounts(&self) -> Mounts {
+        Mounts {
+            kind: LayoutKind::Unified,
+            trees: BTreeMap::from([(Tree::V2, self.0.clone())]),
+        }
+    }
+}
+
+/// A 4-CPU, 8 GiB node, cgroupfs driver, the node root as cgroupRoot.
+fn node_settings() -> NodeSettings {
+    let mut settings = NodeSettings::defaults(Capacity {
+        cpu_millis: 4000,
+        memory_bytes: 8 << 30,
+        pids: 4096,
+        cpus: CpuSet::first(4),
+    });
+    settings.cgroup_driver = CgroupDriver::Cgroupfs;
+    settings.cgroup_root = "/".into();
+    settings
+}
+
 fn build_node(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     build_node_with(tree, None, Mode::Enforce)
 }
@@ -237,19 +288,8 @@ fn build_node_with(
     cpu_pressure: Option<CpuPressureConfig>,
     mode: Mode,
 ) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
-    let mounts = Mounts {
-        kind: LayoutKind::Unified,
-        trees: BTreeMap::from([(Tree::V2, tree.0.clone())]),
-    };
-    let fs = CgroupFs::open(mounts, CgroupPath::root()).unwrap();
-    let mut settings = NodeSettings::defaults(Capacity {
-        cpu_millis: 4000,
-        memory_bytes: 8 << 30,
-        pids: 4096,
-        cpus: CpuSet::first(4),
-    });
-    settings.cgroup_driver = CgroupDriver::Cgroupfs;
-    settings.cgroup_root = "/".into();
+    let fs = CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap();
+    let settings = node_settings();
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
         readiness: Readiness::default(),
@@ -263,8 +303,8 @@ fn build_node_with(
             driver: CgroupDriver::Cgroupfs,
             runtime: ContainerRuntime::Standalone,
             node_root: CgroupPath::root(),
-            create_containers: true,
-            owner: crate::cgroup::desired::Owner::Qoslet,
+            runner: Runner::Qoslet,
+            enforce: Default::default(),
         },
         fs,
         mode,
@@ -987,3 +1027,5 @@ async fn conditions_are_published_as_they_change() {
     node.on_conditions(&[]);
     assert!(rx.borrow_and_update().is_empty());
 }
+
+mod run_loop;

@@ -42,7 +42,7 @@ pub(crate) enum Restart {
 
 /// How supervision ended.
 #[derive(Debug, Clone)]
-pub(crate) enum Outcome {
+pub(crate) enum SupervisionEnd {
     /// The process ended and is not restarted.
     Exited(Termination),
     /// A stop was requested.
@@ -88,14 +88,14 @@ pub(crate) async fn supervise(
     rule: Restart,
     mut stop: StopRx,
     mut started: Option<oneshot::Sender<()>>,
-) -> Outcome {
+) -> SupervisionEnd {
     let mut backoff = Backoff::new(ctx.backoff);
     let mut restarts: u32 = 0;
     let mut held: Option<Held> = None;
     let mut last_create_error = String::new();
     loop {
         if stop.borrow().is_some() {
-            return Outcome::Stopped;
+            return SupervisionEnd::Stopped;
         }
         let started_at = SystemTime::now();
         let run_start = Instant::now();
@@ -119,7 +119,7 @@ pub(crate) async fn supervise(
                 let delay = backoff.next_delay(Duration::ZERO);
                 tokio::select! {
                     _ = sleep(delay) => {}
-                    _ = stop.wait_for(Option::is_some) => return Outcome::Stopped,
+                    _ = stop.wait_for(Option::is_some) => return SupervisionEnd::Stopped,
                 }
                 continue;
             }
@@ -159,7 +159,7 @@ pub(crate) async fn supervise(
                         let t = termination(st, started_at);
                         tracing::info!(pod = %ctx.pod, container = %ctx.spec.name, exit_code = t.exit_code, signal = ?t.signal, "Container stopped.");
                         ctx.update(|c| c.state = ContainerState::Terminated(t));
-                        return Outcome::Stopped;
+                        return SupervisionEnd::Stopped;
                     }
                 };
                 termination(exit, started_at)
@@ -173,7 +173,7 @@ pub(crate) async fn supervise(
             Restart::Never => false,
         };
         if !again {
-            return Outcome::Exited(termination);
+            return SupervisionEnd::Exited(termination);
         }
         let delay = backoff.next_delay(run_start.elapsed());
         ctx.update(|c| {
@@ -185,7 +185,7 @@ pub(crate) async fn supervise(
         });
         tokio::select! {
             _ = sleep(delay) => {}
-            _ = stop.wait_for(Option::is_some) => return Outcome::Stopped,
+            _ = stop.wait_for(Option::is_some) => return SupervisionEnd::Stopped,
         }
         restarts += 1;
         ctx.update(|c| c.restart_count = restarts);

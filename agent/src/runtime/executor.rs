@@ -4,26 +4,26 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1 as core;
-
-use super::{ContainerCgroups, PodRuntimeSpec, Runtime};
+use super::{ContainerCgroups, Runtime};
 use crate::{
-    cgroup::ContainerIds,
+    cgroup::{ContainerIds, Runner},
     eviction::{Admission, NodeCondition, admit},
     node::{PlannedPod, PodExecutor, PodStatus},
     policy::pod::PodKey,
-    source::PodSet,
+    source::{ManifestPod, PodSet},
 };
 
 impl PodExecutor for Runtime {
-    fn creates_container_cgroups(&self) -> bool {
-        true
+    fn runner(&self) -> Runner {
+        Runner::Qoslet
     }
 
-    fn accepts(&self, pod: &core::Pod) -> Result<(), String> {
-        PodRuntimeSpec::from_pod(pod)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    /// Only pods the source's door read for this runtime (`source::build`, [`Runner::Qoslet`]).
+    fn accepts(&self, pod: &ManifestPod) -> Result<(), String> {
+        match pod.runtime {
+            Some(_) => Ok(()),
+            None => Err(not_read(pod)),
+        }
     }
 
     /// The standalone runtime names container cgroups by the container's name.
@@ -58,12 +58,9 @@ impl PodExecutor for Runtime {
         let mut specs = Vec::new();
         let mut may_start = BTreeMap::new();
         for p in pods {
-            let mut spec = match PodRuntimeSpec::from_pod(p.pod) {
-                Ok(s) => s,
-                Err(e) => {
-                    problems.push(e.to_string());
-                    continue;
-                }
+            let Some(mut spec) = p.pod.runtime.clone() else {
+                problems.push(not_read(p.pod));
+                continue;
             };
             for (name, dirs) in p.container_cgroups {
                 spec.set_cgroups(&name, ContainerCgroups { dirs });
@@ -89,12 +86,16 @@ impl PodExecutor for Runtime {
         Runtime::mark_evicted(self, key, message, grace);
     }
 
-    /// The runtime stops an evicted pod itself: SIGTERM to its containers at once.
-    fn signals_on_evict(&self) -> bool {
-        true
-    }
-
     async fn stop_all(&self, grace: Duration) {
         Runtime::stop_all(self, grace).await;
     }
+}
+
+fn not_read(pod: &ManifestPod) -> String {
+    let m = &pod.pod.metadata;
+    format!(
+        "Pod/{}/{}: not read for qoslet's runtime",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
+    )
 }

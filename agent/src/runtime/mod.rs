@@ -217,10 +217,7 @@ impl Runtime {
         let Some(h) = state.pods.get(key) else {
             return false;
         };
-        h.status.update(|s| {
-            s.reason = Some("Evicted".into());
-            s.message = Some(message.into());
-        });
+        h.status.update(|s| s.set_evicted(message));
         tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
         h.stop(Instant::now() + grace);
         true
@@ -281,7 +278,7 @@ fn snapshot(h: &PodHandle) -> PodStatus {
         containers: &s.containers,
         finished: h.is_done(),
     });
-    if s.reason.as_deref() == Some("Evicted") && h.is_done() {
+    if s.is_evicted() && h.is_done() {
         s.phase = PodPhase::Failed;
     }
     if s.reason.is_none() {

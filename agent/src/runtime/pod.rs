@@ -13,7 +13,7 @@ use tokio::{
 use super::{
     backoff::BackoffConfig,
     claims::Claims,
-    container::{ContainerCtx, Outcome, Restart, StopRx, supervise},
+    container::{ContainerCtx, Restart, StopRx, SupervisionEnd, supervise},
     logs::LogDir,
     shared::SharedStatus,
     spec::PodRuntimeSpec,
@@ -151,7 +151,7 @@ async fn body(task: &PodTask, mut stop: StopRx) {
             ContainerKind::App => {}
             ContainerKind::Init => {
                 match supervise(task.ctx(i), init_rule, stop.clone(), None).await {
-                    Outcome::Exited(t) if t.succeeded() => {}
+                    SupervisionEnd::Exited(t) if t.succeeded() => {}
                     _ => {
                         initialised = false;
                         break;

@@ -30,8 +30,9 @@ use super::manifest::RawObject;
 use crate::{
     cgroup::name::validate_uid,
     policy::{pod::PodSpecView, quantity::Quantity},
+    runtime::spec::PodRuntimeSpec,
     workload::{
-        self, DecodeError, Object,
+        self, DecodeError, Kind, Object, Origin,
         problem::{Problem, Rule},
         validate::{is_dns_label, is_dns_subdomain},
     },
@@ -41,49 +42,93 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Admitted {
     pub object: Object,
-    /// For Pods: the API object and the policy's view of it.
+    /// For Pods: the API object and the views derived from it.
     pub pod: Option<AdmittedPod>,
 }
 
+/// A Pod that passed admission, with what is derived from it, computed once here and carried
+/// (`source::ManifestPod`) to the plan and the executor.
 #[derive(Debug, Clone)]
 pub struct AdmittedPod {
     pub pod: core::Pod,
+    /// The policy's view.
     pub view: PodSpecView,
+    /// What qoslet's own runtime runs: set by the source's door for pods that runtime runs
+    /// (`source::build`), `None` otherwise.
+    pub runtime: Option<PodRuntimeSpec>,
 }
 
 /// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
-/// reported, not only the first.
+/// reported, not only the first. A Pod is decoded once, to the typed Pod, and admitted as the
+/// API's pods are ([`admit_pod`]).
 pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
     let raw_problem = |rule, message: String| {
-        let origin = workload::types::Origin {
-            file: raw.file.clone(),
-            index: raw.index,
-        };
         vec![Problem::new(
-            &origin,
+            &Origin::of(raw),
             raw.display_id().to_string(),
             rule,
             message,
         )]
     };
-    let object = match workload::decode(raw) {
-        Ok(o) => o,
-        Err(DecodeError::NotOurs) => {
-            return Err(raw_problem(
-                Rule::KindKnown,
-                format!(
-                    "{} {} is not a kind qoslet reads",
-                    raw.api_version, raw.kind
-                ),
-            ));
-        }
-        Err(e @ DecodeError::ApiVersion { .. }) => {
-            return Err(raw_problem(Rule::ApiVersion, e.to_string()));
-        }
-        Err(DecodeError::Schema { message, .. }) => return Err(raw_problem(Rule::Schema, message)),
+    let decode_problem = |e| match e {
+        DecodeError::NotOurs => raw_problem(
+            Rule::KindKnown,
+            format!(
+                "{} {} is not a kind qoslet reads",
+                raw.api_version, raw.kind
+            ),
+        ),
+        e @ DecodeError::ApiVersion { .. } => raw_problem(Rule::ApiVersion, e.to_string()),
+        DecodeError::Schema { message, .. } => raw_problem(Rule::Schema, message),
     };
+    if workload::kind_of(raw).map_err(decode_problem)? == Kind::Pod {
+        let pod: core::Pod = raw
+            .decode()
+            .map_err(|e| decode_problem(workload::schema_error(raw, Kind::Pod, e)))?;
+        return admit_pod(pod, Origin::of(raw));
+    }
+    let object = workload::decode(raw).map_err(decode_problem)?;
+    let mut problems = Vec::new();
+    meta_rules(&object, &mut |rule, message| {
+        problems.push(Problem::on(&object, rule, message));
+    });
+    if problems.is_empty() {
+        Ok(Admitted { object, pod: None })
+    } else {
+        Err(problems)
+    }
+}
+
+/// Admission of a typed Pod (the API's, or a manifest's once decoded): every rule of the module
+/// doc, and the policy's view computed once.
+pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem>> {
+    let object = workload::pod_object(&pod, origin);
     let mut problems = Vec::new();
     let mut push = |rule, message: String| problems.push(Problem::on(&object, rule, message));
+    meta_rules(&object, &mut push);
+    pod_rules(&pod, &mut push);
+    match PodSpecView::from_pod(&pod) {
+        Ok(view) if problems.is_empty() => Ok(Admitted {
+            object,
+            pod: Some(AdmittedPod {
+                pod,
+                view,
+                runtime: None,
+            }),
+        }),
+        Ok(_) => Err(problems),
+        Err(e) => {
+            // pod_rules already reported an unparseable quantity; this is a backstop.
+            if problems.is_empty() {
+                problems.push(Problem::on(&object, Rule::Schema, e.to_string()));
+            }
+            Err(problems)
+        }
+    }
+}
+
+/// `metadata.name` and `metadata.namespace`, every kind.
+fn meta_rules(object: &Object, push: &mut impl FnMut(Rule, String)) {
     let meta = object.meta();
     if !is_dns_subdomain(&meta.name) {
         push(
@@ -99,33 +144,6 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
                 meta.namespace
             ),
         );
-    }
-    if !matches!(object, Object::Pod(_)) {
-        return if problems.is_empty() {
-            Ok(Admitted { object, pod: None })
-        } else {
-            Err(problems)
-        };
-    }
-    let pod: core::Pod = match raw.decode() {
-        Ok(p) => p,
-        Err(e) => return Err(raw_problem(Rule::Schema, e.message)),
-    };
-    pod_rules(&pod, &mut push);
-    let view = PodSpecView::from_pod(&pod);
-    match view {
-        Ok(view) if problems.is_empty() => Ok(Admitted {
-            object,
-            pod: Some(AdmittedPod { pod, view }),
-        }),
-        Ok(_) => Err(problems),
-        Err(e) => {
-            // pod_rules already reported an unparseable quantity; this is a backstop.
-            if problems.is_empty() {
-                problems.push(Problem::on(&object, Rule::Schema, e.to_string()));
-            }
-            Err(problems)
-        }
     }
 }
 

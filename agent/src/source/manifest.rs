@@ -43,6 +43,9 @@ pub struct MalformedError {
 #[derive(Debug, Default)]
 pub struct Loaded {
     pub objects: Vec<RawObject>,
+    /// Pods that are typed already (the API's): admitted as they are, without a detour through
+    /// a document (`source::admit::admit_pod`).
+    pub pods: Vec<(crate::workload::Origin, k8s_openapi::api::core::v1::Pod)>,
     pub malformed: Vec<MalformedError>,
 }
 

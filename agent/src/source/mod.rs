@@ -2,9 +2,12 @@
 //! Kubernetes API. Every object passes [`admit`] before anything else sees it.
 
 pub mod admit;
+pub mod build;
 pub mod file;
 pub mod manifest;
 pub mod nesting;
+pub mod podset;
 pub mod watch;
 
-pub use watch::{Diff, ManifestPod, PodSet, build, diff};
+pub use build::build;
+pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, spec_hash};

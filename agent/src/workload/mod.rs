@@ -19,7 +19,10 @@ pub use forest::{Forest, Top};
 pub use gate::{Gate, HoldReason, admissible, gate, startable};
 pub use lifecycle::{Finalisation, cascade_delete, finalise};
 pub use problem::{Problem, Rule};
-pub use types::{DecodeError, Group, Kind, ObjRef, Object, Pod, Workload, decode};
+pub use types::{
+    DecodeError, Group, Kind, ObjRef, Object, Origin, Pod, Workload, decode, kind_of, pod_object,
+    schema_error,
+};
 pub use update::{Applied, RejectedUpdate, apply_updates, check_update};
 pub use validate::{ValidationOptions, dangling, validate};
 

@@ -101,6 +101,15 @@ pub struct Origin {
     pub index: usize,
 }
 
+impl Origin {
+    pub fn of(raw: &RawObject) -> Self {
+        Self {
+            file: raw.file.clone(),
+            index: raw.index,
+        }
+    }
+}
+
 /// An entry of `metadata.ownerReferences`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnerRef {
@@ -277,23 +286,9 @@ pub enum DecodeError {
 
 /// Decodes a manifest document of kind Workload, PodGroup, CompositePodGroup or Pod.
 pub fn decode(raw: &RawObject) -> Result<Object, DecodeError> {
-    let kind = Kind::from_kind_str(&raw.kind).ok_or(DecodeError::NotOurs)?;
-    if raw.api_version != kind.api_version() {
-        return Err(DecodeError::ApiVersion {
-            kind,
-            found: raw.api_version.clone(),
-            expected: kind.api_version(),
-        });
-    }
-    let origin = Origin {
-        file: raw.file.clone(),
-        index: raw.index,
-    };
-    let id = format!("{}: ", raw.display_id());
-    let schema = |e: crate::source::manifest::MalformedError| DecodeError::Schema {
-        kind,
-        message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
-    };
+    let kind = kind_of(raw)?;
+    let origin = Origin::of(raw);
+    let schema = |e| schema_error(raw, kind, e);
     Ok(match kind {
         Kind::Workload => {
             let w: v1beta1::Workload = raw.decode().map_err(schema)?;
@@ -309,9 +304,41 @@ pub fn decode(raw: &RawObject) -> Result<Object, DecodeError> {
         }
         Kind::Pod => {
             let p: K8sPod = raw.decode().map_err(schema)?;
-            Object::Pod(pod(p, origin))
+            pod_object(&p, origin)
         }
     })
+}
+
+/// The kind of `raw`, when it is one qoslet reads in the API version it reads.
+pub fn kind_of(raw: &RawObject) -> Result<Kind, DecodeError> {
+    let kind = Kind::from_kind_str(&raw.kind).ok_or(DecodeError::NotOurs)?;
+    if raw.api_version != kind.api_version() {
+        return Err(DecodeError::ApiVersion {
+            kind,
+            found: raw.api_version.clone(),
+            expected: kind.api_version(),
+        });
+    }
+    Ok(kind)
+}
+
+/// A document of `kind` that does not decode, its message without the object's name (the
+/// problem line names it).
+pub fn schema_error(
+    raw: &RawObject,
+    kind: Kind,
+    e: crate::source::manifest::MalformedError,
+) -> DecodeError {
+    let id = format!("{}: ", raw.display_id());
+    DecodeError::Schema {
+        kind,
+        message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
+    }
+}
+
+/// A typed Pod's workload-hierarchy view.
+pub fn pod_object(p: &K8sPod, origin: Origin) -> Object {
+    Object::Pod(pod(p, origin))
 }
 
 fn meta(m: ObjectMeta, origin: Origin) -> Meta {
@@ -475,15 +502,17 @@ fn composite(g: v1alpha3::CompositePodGroup, origin: Origin) -> Group {
     }
 }
 
-fn pod(p: K8sPod, origin: Origin) -> Pod {
-    let spec = p.spec.unwrap_or_default();
+fn pod(p: &K8sPod, origin: Origin) -> Pod {
+    let spec = p.spec.as_ref();
     Pod {
-        meta: meta(p.metadata, origin),
-        pod_group: spec.scheduling_group.and_then(|g| g.pod_group_name),
-        scheduler_name: spec.scheduler_name,
-        priority: spec.priority,
-        priority_class_name: spec.priority_class_name,
-        preemption_policy: spec.preemption_policy,
-        phase: p.status.and_then(|s| s.phase),
+        meta: meta(p.metadata.clone(), origin),
+        pod_group: spec
+            .and_then(|s| s.scheduling_group.as_ref())
+            .and_then(|g| g.pod_group_name.clone()),
+        scheduler_name: spec.and_then(|s| s.scheduler_name.clone()),
+        priority: spec.and_then(|s| s.priority),
+        priority_class_name: spec.and_then(|s| s.priority_class_name.clone()),
+        preemption_policy: spec.and_then(|s| s.preemption_policy.clone()),
+        phase: p.status.as_ref().and_then(|s| s.phase.clone()),
     }
 }

@@ -109,7 +109,7 @@ async fn measure() -> Result<String, String> {
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 1s\nleaseNamespace: qoslet-system\ngangAwareEviction: true\n",
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 1s\nleaseNamespace: qoslet-system\ngangEviction: node\n",
             root.name,
             work.path.join("state").display()
         ),

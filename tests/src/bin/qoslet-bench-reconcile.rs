@@ -82,8 +82,8 @@ fn main() -> ExitCode {
         driver: s.cgroup_driver,
         runtime: ContainerRuntime::Containerd,
         node_root: CgroupPath::root(),
-        create_containers: true,
-        owner: qoslet::cgroup::desired::Owner::Qoslet,
+        runner: qoslet::cgroup::Runner::Qoslet,
+        enforce: Default::default(),
     };
     let desired = desired_state(&plan, &naming, &ids);
     let planning = t.elapsed();

@@ -55,8 +55,8 @@ fn naming(driver: CgroupDriver, runtime: ContainerRuntime, node_root: &str) -> N
         driver,
         runtime,
         node_root: CgroupPath::parse(node_root).unwrap(),
-        create_containers: true,
-        owner: Owner::Qoslet,
+        runner: Runner::Qoslet,
+        enforce: Default::default(),
     }
 }
 
@@ -221,8 +221,8 @@ fn under_the_kubelet_nothing_is_created_and_only_enforced_areas_are_written() {
     let s = settings(CgroupDriver::Systemd, "/");
     let plan = plan_node(&s, &[pod(UID, "app")]).unwrap();
     let mut n = naming(CgroupDriver::Systemd, ContainerRuntime::CriO, "/");
-    n.create_containers = false;
-    n.owner = Owner::Kubelet([Area::MemoryQos, Area::QosTierWeights].into());
+    n.runner = Runner::Kubelet;
+    n.enforce = [Area::MemoryQos, Area::QosTierWeights].into();
     let d = desired_state(&plan, &n, &ids(ID));
     assert!(d.cgroups.iter().all(|c| !c.create), "{d:#?}");
     let by_role = |r: Role| d.cgroups.iter().find(|c| c.role == r).unwrap();
@@ -237,7 +237,7 @@ fn under_the_kubelet_nothing_is_created_and_only_enforced_areas_are_written() {
         &format!("crio-{ID}.scope")
     );
     assert_eq!(ctr.oom_score_adj, None, "oomScoreAdj not enforced");
-    n.owner = Owner::Kubelet([Area::OomScoreAdj].into());
+    n.enforce = [Area::OomScoreAdj].into();
     let d = desired_state(&plan, &n, &ids(ID));
     let ctr = d
         .cgroups

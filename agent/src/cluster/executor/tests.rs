@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    cgroup::{CgroupPath, Naming, desired::Owner, desired_state},
+    cgroup::{CgroupPath, Naming, Runner, desired_state},
     policy::{
         cpuset::CpuSet,
         plan::plan_node,
@@ -10,7 +10,6 @@ use crate::{
         settings::{Capacity, CgroupDriver, NodeSettings},
     },
     source::ManifestPod,
-    workload,
 };
 
 const UID: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
@@ -49,20 +48,22 @@ fn key() -> PodKey {
     }
 }
 
+/// The pod as the API source yields it: admitted, its views computed once.
+fn manifest_pod(p: core::Pod) -> ManifestPod {
+    let a = crate::source::admit::admit_pod(p, Default::default()).unwrap();
+    let admitted = a.pod.unwrap();
+    ManifestPod {
+        spec_hash: crate::source::spec_hash(&admitted.pod),
+        pod: admitted.pod,
+        object: a.object,
+        view: admitted.view,
+        runtime: None,
+    }
+}
+
 fn pod_set(p: core::Pod) -> PodSet {
-    let raw_value = serde_yaml_ng::to_value(&p).unwrap();
-    let raw = crate::source::manifest::RawObject {
-        file: "api".into(),
-        index: 0,
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        namespace: "ns".into(),
-        name: "web".into(),
-        value: raw_value,
-    };
-    let object = workload::decode(&raw).unwrap();
     let mut s = PodSet::default();
-    s.pods.insert(key(), ManifestPod { pod: p, object });
+    s.pods.insert(key(), manifest_pod(p));
     s
 }
 
@@ -153,8 +154,8 @@ fn the_container_cgroup_is_named_as_the_kubelet_and_runtime_name_it() {
             driver,
             runtime,
             node_root: CgroupPath::root(),
-            create_containers: false,
-            owner: Owner::Kubelet(Default::default()),
+            runner: Runner::Kubelet,
+            enforce: Default::default(),
         };
         let d = desired_state(&plan, &naming, &container_ids(&set, runtime));
         let paths: Vec<String> = d.cgroups.iter().map(|c| c.path.to_string()).collect();
@@ -189,7 +190,7 @@ fn pod_status_is_the_api_servers() {
 #[tokio::test]
 async fn an_evicted_pod_reads_evicted_until_it_leaves() {
     let ex = KubeletExecutor::new(ContainerRuntime::Containerd);
-    let p = pod(&format!("containerd://{ID}"));
+    let p = manifest_pod(pod(&format!("containerd://{ID}")));
     let planned = || PlannedPod {
         key: key(),
         pod: &p,

@@ -41,7 +41,7 @@ fn names(w: &ManifestWatch) -> Vec<String> {
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-async fn next(w: &mut ManifestWatch) -> Result<Diff, WatchError> {
+async fn next(w: &mut ManifestWatch) -> Result<Diff, ManifestDirError> {
     tokio::time::timeout(LIMIT, w.changed())
         .await
         .expect("a change within the limit")
@@ -51,8 +51,13 @@ async fn next(w: &mut ManifestWatch) -> Result<Diff, WatchError> {
 async fn the_directory_removed_and_created_again_is_still_watched() {
     let s = Scratch::new("recreate");
     fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
-    let mut w =
-        ManifestWatch::new(&s.dir(), Duration::from_millis(20), Default::default()).unwrap();
+    let mut w = ManifestWatch::new(
+        &s.dir(),
+        Duration::from_millis(20),
+        Default::default(),
+        Runner::Qoslet,
+    )
+    .unwrap();
     w.reload().unwrap();
     assert_eq!(names(&w), ["a"]);
     fs::remove_dir_all(s.dir()).unwrap();
@@ -88,8 +93,13 @@ async fn the_directory_removed_and_created_again_is_still_watched() {
 #[tokio::test]
 async fn changed_loses_nothing_when_its_future_is_dropped() {
     let s = Scratch::new("cancel");
-    let mut w =
-        ManifestWatch::new(&s.dir(), Duration::from_millis(100), Default::default()).unwrap();
+    let mut w = ManifestWatch::new(
+        &s.dir(),
+        Duration::from_millis(100),
+        Default::default(),
+        Runner::Qoslet,
+    )
+    .unwrap();
     w.reload().unwrap();
     let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -138,9 +148,14 @@ async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
     let file = s.dir().join("a.yaml");
     fs::write(&file, pod("a")).unwrap();
     let grace = Duration::from_millis(600);
-    let mut w = ManifestWatch::new(&s.dir(), Duration::from_millis(20), Default::default())
-        .unwrap()
-        .with_parse_grace(grace);
+    let mut w = ManifestWatch::new(
+        &s.dir(),
+        Duration::from_millis(20),
+        Default::default(),
+        Runner::Qoslet,
+    )
+    .unwrap()
+    .with_parse_grace(grace);
     w.reload().unwrap();
     // Half-written: invalid YAML for a while.
     fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n").unwrap();

@@ -1,0 +1,168 @@
+//! The KubeletConfiguration fields qoslet reads.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde::Deserialize;
+
+use crate::{
+    policy::{cpuset::CpuSet, settings::Capacity},
+    source::nesting::check_nesting,
+};
+
+use super::{ConfigError, KUBELET_API_VERSION, QosletConfiguration, node_settings, read};
+
+/// The KubeletConfiguration fields qoslet reads (DESIGN.md "Configuration").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfig {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub system_reserved: Option<BTreeMap<String, String>>,
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    pub eviction_soft: Option<BTreeMap<String, String>>,
+    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    pub eviction_pressure_transition_period: Option<String>,
+    pub merge_default_eviction_settings: Option<bool>,
+    pub eviction_max_pod_grace_period: Option<i32>,
+    pub enforce_node_allocatable: Option<Vec<String>>,
+    pub system_reserved_cgroup: Option<String>,
+    pub kube_reserved_cgroup: Option<String>,
+    #[serde(rename = "reservedSystemCPUs")]
+    pub reserved_system_cpus: Option<String>,
+    pub cgroup_driver: Option<String>,
+    pub cgroup_root: Option<String>,
+    #[serde(rename = "cgroupsPerQOS")]
+    pub cgroups_per_qos: Option<bool>,
+    #[serde(rename = "cpuCFSQuota")]
+    pub cpu_cfs_quota: Option<bool>,
+    #[serde(rename = "cpuCFSQuotaPeriod")]
+    pub cpu_cfs_quota_period: Option<String>,
+    pub memory_throttling_factor: Option<f64>,
+    pub memory_reservation_policy: Option<String>,
+    pub qos_reserved: Option<BTreeMap<String, String>>,
+    #[serde(rename = "singleProcessOOMKill")]
+    pub single_process_oom_kill: Option<bool>,
+    pub feature_gates: Option<BTreeMap<String, bool>>,
+    pub pod_pids_limit: Option<i64>,
+    /// Top-level fields of the file that qoslet does not implement, in file order; they are
+    /// ignored (reported once by `run`, as a note by `plan` and `validate`).
+    #[serde(skip)]
+    pub ignored: Vec<String>,
+}
+
+/// The KubeletConfiguration fields [`KubeletConfig`] reads, as spelled in the file.
+pub const KUBELET_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "systemReserved",
+    "kubeReserved",
+    "evictionHard",
+    "evictionSoft",
+    "evictionSoftGracePeriod",
+    "evictionMinimumReclaim",
+    "evictionPressureTransitionPeriod",
+    "mergeDefaultEvictionSettings",
+    "evictionMaxPodGracePeriod",
+    "enforceNodeAllocatable",
+    "systemReservedCgroup",
+    "kubeReservedCgroup",
+    "reservedSystemCPUs",
+    "cgroupDriver",
+    "cgroupRoot",
+    "cgroupsPerQOS",
+    "cpuCFSQuota",
+    "cpuCFSQuotaPeriod",
+    "memoryThrottlingFactor",
+    "memoryReservationPolicy",
+    "qosReserved",
+    "featureGates",
+    "podPidsLimit",
+];
+
+impl KubeletConfig {
+    /// Reads and checks the kind of a KubeletConfiguration file.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        Self::parse(file, &read(file)?)
+    }
+
+    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "KubeletConfiguration",
+            field: field.into(),
+            message,
+        };
+        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
+        let mut kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        if kc.kind.as_deref() != Some("KubeletConfiguration") {
+            return Err(invalid(
+                "kind",
+                format!(
+                    "expected KubeletConfiguration, got {:?}",
+                    kc.kind.unwrap_or_default()
+                ),
+            ));
+        }
+        if kc.api_version.as_deref() != Some(KUBELET_API_VERSION) {
+            return Err(invalid(
+                "apiVersion",
+                format!(
+                    "expected {KUBELET_API_VERSION}, got {:?}",
+                    kc.api_version.clone().unwrap_or_default()
+                ),
+            ));
+        }
+        // The same text decoded as a map has every key; the struct above read the known ones.
+        if let Ok(serde_yaml_ng::Value::Mapping(m)) = serde_yaml_ng::from_str(text) {
+            kc.ignored = m
+                .keys()
+                .filter_map(|k| k.as_str())
+                .filter(|k| !KUBELET_FIELDS.contains(k))
+                .map(str::to_owned)
+                .collect();
+        }
+        Ok(kc)
+    }
+
+    /// The note `plan` and `validate` print and `run` logs, when fields are ignored.
+    pub fn ignored_note(&self) -> Option<String> {
+        (!self.ignored.is_empty()).then(|| {
+            format!(
+                "KubeletConfiguration fields qoslet does not implement are ignored: {}",
+                self.ignored.join(", ")
+            )
+        })
+    }
+
+    /// Every check [`node_settings`] makes that does not depend on the node's capacity, for
+    /// `qoslet validate`, with the QosletConfiguration defaults.
+    pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
+        let capacity = Capacity {
+            cpu_millis: i64::MAX,
+            memory_bytes: i64::MAX,
+            pids: i64::MAX,
+            cpus: CpuSet::first(8192),
+        };
+        let s = node_settings(file, self, &QosletConfiguration::default(), capacity)?;
+        match crate::policy::allocatable::node_allocatable(&s) {
+            Err(e @ crate::policy::allocatable::AllocatableError::ReservedCpusWithCgroup) => {
+                Err(ConfigError::Invalid {
+                    file: file.into(),
+                    kind: "KubeletConfiguration",
+                    field: "reservedSystemCPUs".into(),
+                    message: e.to_string(),
+                })
+            }
+            // Reservations above capacity depend on the node, which validate does not know.
+            _ => Ok(()),
+        }
+    }
+
+    pub fn gate(&self, name: &str) -> Option<bool> {
+        self.feature_gates
+            .as_ref()
+            .and_then(|g| g.get(name).copied())
+    }
+}

@@ -1,0 +1,273 @@
+//! The run loop (`run.rs` `drive`) and the eviction seam (`ExecutorEviction`) with executors of
+//! both shapes: standalone-shaped (qoslet runs the pods: it creates their cgroups, recovers what
+//! a crashed run left, signals an evicted pod itself) and cluster-shaped (the kubelet runs them:
+//! qoslet only finds their cgroups). Over a cgroup tree in a temporary directory, with fake
+//! sensors and a stop that the test sends; what is asserted is what the executor was told, what
+//! the action received and what the state file on disk holds.
+
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+use crate::{cgroup::ContainerRuntime, config::EvictionWakeups, node::run::drive};
+
+/// A source fed by the test: each PodSet sent is the next change; once the sender is gone it
+/// never changes again (as a quiet directory or API server).
+struct ChannelSource {
+    now: PodSet,
+    next: mpsc::UnboundedReceiver<PodSet>,
+}
+
+impl PodSource for ChannelSource {
+    type Error = NoMore;
+
+    fn pods(&self) -> &PodSet {
+        &self.now
+    }
+
+    async fn changed(&mut self) -> Result<Diff, NoMore> {
+        let Some(next) = self.next.recv().await else {
+            return std::future::pending().await;
+        };
+        let diff = crate::source::diff(&self.now, &next);
+        self.now = next;
+        Ok(diff)
+    }
+}
+
+/// An action that records every request and signals nothing (the pod's processes are gone).
+#[derive(Default)]
+struct Recording(Mutex<Vec<EvictionRequest>>);
+
+impl EvictionAction for Arc<Recording> {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.0.lock().unwrap().push(req.clone());
+        Ok(Outcome {
+            first_signal_at: None,
+            signalled: 0,
+            status: EvictedStatus::new(req.message.clone()),
+        })
+    }
+}
+
+const GRACE: Duration = Duration::from_millis(1500);
+
+fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
+    let qc = crate::config::QosletConfiguration {
+        state_dir: tree.state_dir(),
+        housekeeping_interval: Duration::from_millis(100),
+        // No memory watcher on a directory that is not a cgroup.
+        eviction_wakeups: EvictionWakeups::Housekeeping,
+        ..Default::default()
+    };
+    RunConfig {
+        settings: node_settings(),
+        qc,
+        mode: Mode::Enforce,
+        mounts: tree.mounts(),
+        node_root: CgroupPath::root(),
+        runtime,
+        validation: ValidationOptions::default(),
+        addr: "127.0.0.1:0".parse().unwrap(),
+        listener: None,
+        shutdown_grace: GRACE,
+        on_start: None,
+    }
+}
+
+/// The node's loop on a task, with the handles the test drives it by.
+struct Running {
+    changes: mpsc::UnboundedSender<PodSet>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), NodeError>>,
+}
+
+fn start(cfg: RunConfig, first: PodSet, exec: Arc<FakeExecutor>) -> Running {
+    let (changes, next) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let source = ChannelSource { now: first, next };
+    let sensors = |_: &AgentState| {
+        let (_tx, rx) = mpsc::channel(1);
+        (FakeSensors::default(), rx)
+    };
+    let task = tokio::spawn(drive(
+        cfg,
+        source,
+        exec,
+        Arc::new(Recording::default()),
+        sensors,
+        async move {
+            let _ = stopped.await;
+            "test"
+        },
+    ));
+    Running {
+        changes,
+        stop,
+        task,
+    }
+}
+
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn applied(exec: &FakeExecutor) -> BTreeMap<String, Applied> {
+    exec.applied.lock().unwrap().clone()
+}
+
+/// The cgroups the state file on disk says qoslet created.
+fn created_on_disk(tree: &Tree0) -> Vec<String> {
+    StateFile::load(Some(&tree.state_dir()), &CgroupPath::root())
+        .created_cgroups()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_shaped_loop_recovers_creates_applies_and_cleans_up() {
+    let tree = Tree0::new("loop-qoslet");
+    // An earlier run's pod cgroup, in its state file: removed before the first pass.
+    let old =
+        CgroupPath::parse("/kubepods/besteffort/podaaaaaaaa-0000-4000-8000-0000000000ff").unwrap();
+    let old_dir = tree
+        .0
+        .join("kubepods/besteffort/podaaaaaaaa-0000-4000-8000-0000000000ff");
+    std::fs::create_dir_all(&old_dir).unwrap();
+    let mut earlier = StateFile::load(Some(&tree.state_dir()), &CgroupPath::root());
+    earlier.set_created_cgroups(&BTreeSet::from([old.clone()]));
+    earlier.save(true).unwrap();
+
+    let exec = Arc::new(FakeExecutor::default());
+    let a = pod_set(&pod_yaml("a", UID_A, None), &PodSet::default());
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &a,
+    );
+    let node = start(
+        run_config(&tree, ContainerRuntime::Standalone),
+        a,
+        exec.clone(),
+    );
+
+    until("the first pass", || applied(&exec).contains_key("a")).await;
+    assert!(!old_dir.exists(), "the earlier run's cgroup is removed");
+    let a_main = pod_dir(&tree, "besteffort", UID_A).join("main");
+    assert!(a_main.is_dir(), "qoslet creates the container cgroup");
+    assert_eq!(applied(&exec)["a"].containers["main"], vec![a_main.clone()]);
+
+    node.changes.send(both).unwrap();
+    until("the pass of the change", || applied(&exec).len() == 2).await;
+    assert!(pod_dir(&tree, "burstable", UID_B).join("main").is_dir());
+    // The state file is written after the pass that told the executor.
+    until("the state file to list the cgroups qoslet created", || {
+        let created = created_on_disk(&tree);
+        created.iter().any(|c| c.contains(UID_A)) && created.iter().any(|c| c.contains(UID_B))
+    })
+    .await;
+    assert!(!created_on_disk(&tree).contains(&old.to_string()));
+
+    node.stop.send(()).unwrap();
+    node.task.await.unwrap().unwrap();
+    assert_eq!(*exec.stopped.lock().unwrap(), Some(GRACE));
+    assert!(!a_main.exists() && !pod_dir(&tree, "besteffort", UID_A).exists());
+    assert_eq!(created_on_disk(&tree), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_shaped_loop_finds_cgroups_and_creates_none() {
+    let tree = Tree0::new("loop-kubelet");
+    // The kubelet's pod cgroup for a; b's does not exist yet.
+    let a_dir = pod_dir(&tree, "besteffort", UID_A);
+    std::fs::create_dir_all(&a_dir).unwrap();
+
+    let exec = Arc::new(FakeExecutor::kubelet());
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &PodSet::default(),
+    );
+    let node = start(
+        run_config(&tree, ContainerRuntime::Containerd),
+        both,
+        exec.clone(),
+    );
+
+    until("the first pass", || applied(&exec).len() == 2).await;
+    // No container id in the pods' statuses yet: no container cgroup is looked for, none made.
+    assert_eq!(applied(&exec)["a"].containers, BTreeMap::new());
+    assert!(a_dir.is_dir());
+    assert!(
+        !pod_dir(&tree, "burstable", UID_B).exists(),
+        "qoslet creates no cgroup of the kubelet's"
+    );
+    assert_eq!(created_on_disk(&tree), Vec::<String>::new());
+
+    node.stop.send(()).unwrap();
+    node.task.await.unwrap().unwrap();
+    assert_eq!(*exec.stopped.lock().unwrap(), Some(GRACE));
+    assert!(a_dir.is_dir(), "the kubelet's cgroups outlive qoslet");
+}
+
+/// `ExecutorEviction` over both shapes: the executor hears of the eviction, the action gets the
+/// request, the state file on disk holds the pod; the executor's own signal counts as the first
+/// only where it sends one (standalone-shaped).
+#[tokio::test]
+async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
+    for exec in [FakeExecutor::default(), FakeExecutor::kubelet()] {
+        let runner = exec.runner;
+        let tree = Tree0::new(&format!("eviction-{runner:?}"));
+        let pod_dir = tree.0.join(format!("pod{UID_A}"));
+        std::fs::create_dir_all(&pod_dir).unwrap();
+        let key = PodKey {
+            namespace: "default".into(),
+            name: "a".into(),
+            uid: UID_A.into(),
+        };
+        let req = EvictionRequest {
+            pod: key.clone(),
+            cgroups: crate::eviction::PodCgroups {
+                procs: vec![pod_dir.clone()],
+                unified: Some(pod_dir.clone()),
+            },
+            grace: Duration::from_secs(3),
+            message: "The node was low on resource: memory. ".into(),
+            signal: "memory.available".into(),
+            hard: false,
+            unit: None,
+            revision: 7,
+        };
+        let state = Arc::new(Mutex::new(StateFile::load(
+            Some(&tree.state_dir()),
+            &CgroupPath::root(),
+        )));
+        let exec = Arc::new(exec);
+        let action = Arc::new(Recording::default());
+        let seam = ExecutorEviction::new(exec.clone(), action.clone(), state);
+
+        let outcome = seam.evict(&req).await.unwrap();
+
+        assert_eq!(
+            *exec.evicted.lock().unwrap(),
+            std::slice::from_ref(&key),
+            "{runner:?}"
+        );
+        assert_eq!(
+            *action.0.lock().unwrap(),
+            std::slice::from_ref(&req),
+            "{runner:?}"
+        );
+        let on_disk = StateFile::load(Some(&tree.state_dir()), &CgroupPath::root());
+        assert_eq!(on_disk.evicted().collect::<Vec<_>>(), [key], "{runner:?}");
+        assert_eq!(
+            outcome.first_signal_at.is_some(),
+            runner == Runner::Qoslet,
+            "{runner:?}: the first signal is the executor's only where it signals"
+        );
+    }
+}

@@ -1,0 +1,159 @@
+//! What a source yields: the valid pods and workload objects ([`PodSet`]), and what changed
+//! between two of them ([`Diff`]).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+};
+
+use k8s_openapi::api::core::v1 as core;
+
+use crate::{
+    policy::pod::{PodKey, PodSpecView},
+    runtime::spec::PodRuntimeSpec,
+    workload::{self, Forest, Kind, Object, ValidationOptions},
+};
+
+/// A workload object's identity: namespace, kind and name.
+pub type ObjectKey = (String, Kind, String);
+
+/// A pod a source yields: the API object and what is derived from it, each computed once, at
+/// admission (`source/admit.rs`), and carried to the plan and the executor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ManifestPod {
+    pub pod: core::Pod,
+    /// Its workload-hierarchy view.
+    pub object: Object,
+    /// The policy's view.
+    pub view: PodSpecView,
+    /// What qoslet's own runtime runs; `None` for pods the kubelet runs.
+    pub runtime: Option<PodRuntimeSpec>,
+    /// [`spec_hash`] of the pod: recorded with an eviction, a changed spec makes a new pod.
+    pub spec_hash: u64,
+}
+
+/// A hash of the pod's spec, stable across runs of the same build.
+pub fn spec_hash(pod: &core::Pod) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    serde_json::to_vec(&pod.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+/// The valid objects of the directory, and the problems of the invalid ones.
+#[derive(Debug, Clone, Default)]
+pub struct PodSet {
+    pub pods: BTreeMap<PodKey, ManifestPod>,
+    /// Workloads, PodGroups and CompositePodGroups.
+    pub objects: BTreeMap<ObjectKey, Object>,
+    /// Every current problem line, sorted.
+    pub problems: BTreeSet<String>,
+    /// Files that could not be read or hold a document that does not parse or decode.
+    pub broken_files: BTreeSet<PathBuf>,
+    /// Broken files whose last good objects are kept in this state for the parse grace period.
+    pub held_files: BTreeSet<PathBuf>,
+}
+
+/// What changed between two loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub pods_added: Vec<PodKey>,
+    pub pods_changed: Vec<PodKey>,
+    pub pods_removed: Vec<PodKey>,
+    pub objects_added: Vec<ObjectKey>,
+    pub objects_changed: Vec<ObjectKey>,
+    pub objects_removed: Vec<ObjectKey>,
+    /// Problem lines that were not reported by the previous load.
+    pub new_problems: Vec<String>,
+}
+
+impl Diff {
+    pub fn is_empty(&self) -> bool {
+        *self == Diff::default()
+    }
+}
+
+impl PodSet {
+    /// Every workload object and pod, as the workload module reads them.
+    pub fn workload_objects(&self) -> impl Iterator<Item = &Object> {
+        self.objects
+            .values()
+            .chain(self.pods.values().map(|p| &p.object))
+    }
+
+    /// The pods workload gating lets start now (`workload::startable`, per namespace).
+    pub fn startable_pods(&self, opts: &ValidationOptions) -> BTreeSet<PodKey> {
+        let mut names: BTreeSet<(String, String)> = BTreeSet::new();
+        for (ns, forest) in Forest::by_namespace(self.workload_objects().cloned()) {
+            for name in workload::startable(&forest, opts) {
+                names.insert((ns.clone(), name));
+            }
+        }
+        self.pods
+            .iter()
+            .filter(|(_, p)| {
+                let m = p.object.meta();
+                names.contains(&(m.namespace.clone(), m.name.clone()))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// What changed from `old` to `new`.
+pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
+    fn split<K: Ord + Clone, V: PartialEq>(
+        old: &BTreeMap<K, V>,
+        new: &BTreeMap<K, V>,
+    ) -> (Vec<K>, Vec<K>, Vec<K>) {
+        let added = new
+            .keys()
+            .filter(|k| !old.contains_key(*k))
+            .cloned()
+            .collect();
+        let changed = new
+            .iter()
+            .filter(|(k, v)| old.get(*k).is_some_and(|o| o != *v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let removed = old
+            .keys()
+            .filter(|k| !new.contains_key(*k))
+            .cloned()
+            .collect();
+        (added, changed, removed)
+    }
+    let (pods_added, pods_changed, pods_removed) = split(&old.pods, &new.pods);
+    let (objects_added, objects_changed, objects_removed) = split(&old.objects, &new.objects);
+    Diff {
+        pods_added,
+        pods_changed,
+        pods_removed,
+        objects_added,
+        objects_changed,
+        objects_removed,
+        new_problems: new.problems.difference(&old.problems).cloned().collect(),
+    }
+}
+
+pub(super) fn object_key(o: &Object) -> ObjectKey {
+    let m = o.meta();
+    (m.namespace.clone(), o.kind(), m.name.clone())
+}
+
+pub(super) fn pod_key(p: &ManifestPod) -> PodKey {
+    let m = &p.pod.metadata;
+    let namespace = m.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = m.name.clone().unwrap_or_default();
+    let uid = m
+        .uid
+        .clone()
+        .unwrap_or_else(|| crate::policy::pod::derived_uid(&namespace, &name));
+    PodKey {
+        namespace,
+        name,
+        uid,
+    }
+}
