@@ -11,6 +11,7 @@
 
 pub mod action;
 pub mod executor;
+pub mod marks;
 pub mod queue;
 pub mod report;
 pub mod source;
@@ -350,6 +351,16 @@ pub async fn run(
             gangs: source.gangs(),
         }),
     );
+    if enforce {
+        requeue_marked(
+            &mounts,
+            &node_root,
+            settings.cgroup_driver,
+            source.pods(),
+            &action,
+            &queue,
+        );
+    }
     let executor = Arc::new(KubeletExecutor::new(runtime));
     let state_dir = enforce.then(|| qc.state_dir.clone());
     tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
@@ -381,6 +392,48 @@ pub async fn run(
     }
     result?;
     Ok(())
+}
+
+/// Evictions a crash cut short ([`marks`]): the marked pods the API server still shows live get
+/// their writes queued again.
+fn requeue_marked(
+    mounts: &Mounts,
+    node_root: &CgroupPath,
+    driver: crate::policy::settings::CgroupDriver,
+    pods: &PodSet,
+    action: &ApiEviction,
+    queue: &queue::WriteQueue,
+) {
+    let Ok(fs) = crate::cgroup::fs::CgroupFs::open(mounts.clone(), node_root.clone()) else {
+        return;
+    };
+    let Some(unified) = node::trees::unified_tree(fs.trees()) else {
+        return;
+    };
+    let found = marks::find(&fs.display_path(unified, node_root), node_root, driver);
+    if found.is_empty() {
+        return;
+    }
+    let live = |uid: &str| {
+        let p = pods.pods.iter().find(|(k, _)| k.uid == uid)?.1;
+        let phase = p.pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let grace = p
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30);
+        Some(marks::LivePod {
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+        })
+    };
+    let queued = marks::requeue(&found, live, action, queue);
+    tracing::info!(
+        marked = found.len(),
+        queued,
+        "Read back the eviction marks of the pods' cgroups."
+    );
 }
 
 #[cfg(test)]
