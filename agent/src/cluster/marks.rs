@@ -20,11 +20,54 @@ use std::{
 
 use super::{ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
-    cgroup::{CgroupPath, name::check_pod_component},
+    cgroup::{CgroupPath, Mounts, fs::CgroupFs, name::check_pod_component},
     eviction::EvictionRequest,
     node::state::EvictionMark,
     policy::settings::CgroupDriver,
+    source::PodSet,
 };
+
+/// At start, after the first list of the node's pods: the writes of every marked pod the API
+/// server still shows live are queued again.
+pub fn at_start(
+    mounts: &Mounts,
+    node_root: &CgroupPath,
+    driver: CgroupDriver,
+    pods: &PodSet,
+    action: &ApiEviction,
+    queue: &WriteQueue,
+) {
+    let Ok(fs) = CgroupFs::open(mounts.clone(), node_root.clone()) else {
+        return;
+    };
+    let Some(unified) = crate::node::trees::unified_tree(fs.trees()) else {
+        return;
+    };
+    let found = find(&fs.display_path(unified, node_root), node_root, driver);
+    if found.is_empty() {
+        return;
+    }
+    let live = |uid: &str| {
+        let p = pods.pods.iter().find(|(k, _)| k.uid == uid)?.1;
+        let phase = p.pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let grace = p
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30);
+        Some(LivePod {
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+        })
+    };
+    let queued = requeue(&found, live, action, queue);
+    tracing::info!(
+        marked = found.len(),
+        queued,
+        "Read back the eviction marks of the pods' cgroups."
+    );
+}
 
 /// How deep below the node root a pod cgroup lies: `kubepods[.slice]`, the QoS tier (none for
 /// Guaranteed pods), the pod.

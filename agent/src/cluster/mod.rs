@@ -352,7 +352,7 @@ pub async fn run(
         }),
     );
     if enforce {
-        requeue_marked(
+        marks::at_start(
             &mounts,
             &node_root,
             settings.cgroup_driver,
@@ -392,48 +392,6 @@ pub async fn run(
     }
     result?;
     Ok(())
-}
-
-/// Evictions a crash cut short ([`marks`]): the marked pods the API server still shows live get
-/// their writes queued again.
-fn requeue_marked(
-    mounts: &Mounts,
-    node_root: &CgroupPath,
-    driver: crate::policy::settings::CgroupDriver,
-    pods: &PodSet,
-    action: &ApiEviction,
-    queue: &queue::WriteQueue,
-) {
-    let Ok(fs) = crate::cgroup::fs::CgroupFs::open(mounts.clone(), node_root.clone()) else {
-        return;
-    };
-    let Some(unified) = node::trees::unified_tree(fs.trees()) else {
-        return;
-    };
-    let found = marks::find(&fs.display_path(unified, node_root), node_root, driver);
-    if found.is_empty() {
-        return;
-    }
-    let live = |uid: &str| {
-        let p = pods.pods.iter().find(|(k, _)| k.uid == uid)?.1;
-        let phase = p.pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let grace = p
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.termination_grace_period_seconds)
-            .unwrap_or(30);
-        Some(marks::LivePod {
-            terminal: matches!(phase, Some("Succeeded" | "Failed")),
-            grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
-        })
-    };
-    let queued = marks::requeue(&found, live, action, queue);
-    tracing::info!(
-        marked = found.len(),
-        queued,
-        "Read back the eviction marks of the pods' cgroups."
-    );
 }
 
 #[cfg(test)]
