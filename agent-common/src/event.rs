@@ -16,6 +16,8 @@ pub enum EventKind {
     Process = 4,
     /// A cgroup was created or removed ([`CgroupEvent`]).
     Cgroup = 5,
+    /// The kernel began reclaiming memory ([`ReclaimWakeEvent`]).
+    ReclaimWake = 6,
 }
 
 /// A record whose kind this build does not know.
@@ -32,6 +34,7 @@ impl TryFrom<u32> for EventKind {
             3 => Ok(Self::OomScoreAdj),
             4 => Ok(Self::Process),
             5 => Ok(Self::Cgroup),
+            6 => Ok(Self::ReclaimWake),
             other => Err(UnknownEventKind(other)),
         }
     }
@@ -213,8 +216,40 @@ pub struct CgroupEvent {
     pub path: [u8; CGROUP_PATH_LEN],
 }
 
+/// `ReclaimWakeEvent::reclaim` values.
+/// kswapd was woken (`vmscan:mm_vmscan_wakeup_kswapd`): a zone fell below its low watermark.
+pub const RECLAIM_WAKE_KSWAPD: u32 = 1;
+/// A task began direct (global) reclaim (`vmscan:mm_vmscan_direct_reclaim_begin`): kswapd is
+/// not keeping up and allocations stall.
+pub const RECLAIM_WAKE_DIRECT: u32 = 2;
+/// A task of a watched cgroup began memory cgroup reclaim (a limit or memory.high reached,
+/// `vmscan:mm_vmscan_memcg_reclaim_begin`).
+pub const RECLAIM_WAKE_MEMCG: u32 = 3;
+
+/// Minimum gap between two [`ReclaimWakeEvent`]s of one kind, all CPUs together: a reclaiming node
+/// enters reclaim thousands of times a second, and one wake-up per interval is all the agent
+/// needs (its level check runs at this period near the level).
+pub const RECLAIM_WAKE_INTERVAL_NS: u64 = 10_000_000;
+
+/// The kernel began reclaiming memory: an early sign of node memory pressure, sent at most once
+/// per [`RECLAIM_WAKE_INTERVAL_NS`] so the eviction manager wakes at the first reclaim instead of
+/// at its next level check. `header.boot_ns` is when the reclaim began.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReclaimWakeEvent {
+    pub header: EventHeader,
+    /// cgroup v2 id of the current task (for kswapd, the allocating task that woke it).
+    pub cgroup_id: u64,
+    /// A `RECLAIM_WAKE_*` value.
+    pub reclaim: u32,
+    /// Thread id of the current task.
+    pub pid: u32,
+}
+
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: plain `repr(C)` integers without padding; every bit pattern is valid.
+    unsafe impl aya::Pod for super::ReclaimWakeEvent {}
     // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.
     unsafe impl aya::Pod for super::OomScoreAdjEvent {}
     // SAFETY: `repr(C)` integers and integer arrays with explicit padding fields; every bit pattern is valid.

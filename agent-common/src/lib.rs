@@ -14,7 +14,7 @@ pub use config::{
 };
 pub use event::{
     CgroupEvent, EventHeader, EventKind, MemcgEvent, OomScoreAdjEvent, OomVictimEvent,
-    ProcessEvent, UnknownEventKind,
+    ProcessEvent, ReclaimWakeEvent, UnknownEventKind,
 };
 
 /// Length of a task's `comm` as the kernel stores it (`TASK_COMM_LEN`).

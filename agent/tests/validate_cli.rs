@@ -220,7 +220,7 @@ fn an_unknown_ebpf_sensor_is_a_problem_line() {
     assert_eq!(
         stdout_lines(&o),
         vec![format!(
-            "{}/q.yaml: QosletConfiguration: schema: ebpf.sensors: unknown sensor \"sched\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)",
+            "{}/q.yaml: QosletConfiguration: schema: ebpf.sensors: unknown sensor \"sched\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, reclaim_wake, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)",
             s.path()
         )]
     );

@@ -1,11 +1,18 @@
 //! A memory cgroup pushed over its limit (v1 memory.limit_in_bytes, v2 memory.max) produces memcg events from
-//! whichever sensor is active, and a reclaim stall recorded for the cgroup.
+//! whichever sensor is active, a reclaim stall recorded for the cgroup, and a reclaim wake-up
+//! record that would wake the eviction manager of a node whose cgroup this is.
 
 mod sensors_common;
 
 use std::time::Duration;
 
-use qoslet::sensors::{SensorEvent, SensorMode, SensorsConfig, event::MemcgEventKind};
+use qoslet::{
+    eviction::watch::{Wake, WakeSource},
+    sensors::{
+        SensorEvent, SensorMode, SensorsConfig,
+        event::{MemcgEventKind, ReclaimKind},
+    },
+};
 use qoslet_tests::{Hog, require_root};
 use sensors_common::{Cgroups, start, status, wait_for};
 
@@ -33,11 +40,27 @@ async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
     cgroups.add(hog.pid());
     hog.release();
 
-    let seen = wait_for(&mut rx, Duration::from_secs(10), |e| match e {
-        SensorEvent::Memcg {
-            memcg_id: id, kind, ..
-        } if *id == memcg_id && *kind == expected_kind => Some(*kind),
-        _ => None,
+    let node_ids = [cgroups.id()];
+    let mut reclaim_wakes = Vec::new();
+    let mut collect_wake = |e: &SensorEvent| {
+        if let SensorEvent::ReclaimWake {
+            kind: ReclaimKind::Memcg,
+            cgroup_id,
+            ..
+        } = e
+            && *cgroup_id == node_ids[0]
+        {
+            reclaim_wakes.push(Wake::from_sensor(e, &node_ids).map(|w| w.source));
+        }
+    };
+    let seen = wait_for(&mut rx, Duration::from_secs(10), |e| {
+        collect_wake(e);
+        match e {
+            SensorEvent::Memcg {
+                memcg_id: id, kind, ..
+            } if *id == memcg_id && *kind == expected_kind => Some(*kind),
+            _ => None,
+        }
     })
     .await;
     let memcg_sensor = status(&sensors, "memcg_events");
@@ -57,4 +80,24 @@ async fn a_memcg_over_its_limit_reports_events_and_reclaim_stalls() {
         .expect("reclaim stalls recorded for the cgroup");
     eprintln!("reclaim: {stats:?}");
     assert!(stats.memcg_count > 0 && stats.memcg_ns > 0, "{stats:?}");
+
+    // The hog's memcg reclaim sent wake-up records (at most one per 10 ms), each a wake-up for
+    // a node whose cgroup is the hog's.
+    while let Ok(e) = rx.try_recv() {
+        collect_wake(&e);
+    }
+    let wake = status(&sensors, "reclaim_wake");
+    eprintln!("reclaim wake-ups: {} ({wake:?})", reclaim_wakes.len());
+    assert_eq!(wake.mode, SensorMode::Active, "{wake:?}");
+    assert!(
+        !reclaim_wakes.is_empty(),
+        "a memcg reclaim wake-up record for cgroup {}",
+        node_ids[0]
+    );
+    assert!(
+        reclaim_wakes
+            .iter()
+            .all(|w| *w == Some(WakeSource::Reclaim)),
+        "{reclaim_wakes:?}"
+    );
 }

@@ -5,9 +5,10 @@
 //! reason Evicted, the kubelet's message and the `DisruptionTarget` condition. The kubelet's pod
 //! worker then tears the pod down and does not restart its containers; the pod object is never
 //! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The status write
-//! is queued before the kill starts, so the kubelet hears of it while the processes are going
-//! rather than after (a container the kubelet sees exit while the API still shows the pod
-//! Running is restarted).
+//! is queued right after the kill goes out (queuing fsyncs, which must not delay the kill), so
+//! the kubelet hears of it while the processes are going (a container the kubelet sees exit
+//! while the API still shows the pod Running is restarted); a crash in between is covered by
+//! the pod's eviction mark (`marks.rs`).
 //!
 //! `evictionMethod: api` asks the Eviction API instead at a soft threshold (PodDisruptionBudgets
 //! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
@@ -181,14 +182,19 @@ fn event_name(pod: &str, uid: &str) -> String {
 
 impl EvictionAction for ApiEviction {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
-        // Queued before the kill (see the module's comment); the API hears of it whether or
-        // not the local kill empties the cgroups.
-        self.push(req, self.writes(req, &now()));
         if self.kills_locally(req) {
-            let (local, members) = tokio::join!(self.kill.evict(req), self.members_elsewhere(req));
+            // The kill first: `join` polls it first, and it runs up to its kill before it
+            // waits; the writes are queued (fsynced) then, while the processes go. A crash in
+            // between leaves the pod's eviction mark, read back at the next start (`marks.rs`).
+            let queued = async {
+                self.push(req, self.writes(req, &now()));
+                self.members_elsewhere(req).await
+            };
+            let (local, members) = tokio::join!(self.kill.evict(req), queued);
             self.push(req, member_writes(&members, grace_secs(req)));
             local
         } else {
+            self.push(req, self.writes(req, &now()));
             let members = self.members_elsewhere(req).await;
             self.push(req, member_writes(&members, grace_secs(req)));
             Ok(Outcome {

@@ -15,6 +15,7 @@
 
 pub mod action;
 pub mod executor;
+pub mod marks;
 pub mod queue;
 pub mod report;
 pub mod source;
@@ -308,6 +309,16 @@ pub async fn run(
             pods: source.pod_store(),
         }),
     );
+    if enforce {
+        marks::at_start(
+            &mounts,
+            &start.node_root,
+            settings.cgroup_driver,
+            source.pods(),
+            &action,
+            &queue,
+        );
+    }
     let executor = Arc::new(KubeletExecutor::new(runtime));
     tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
     let mut cfg = start.run_config(settings, &kc, mounts, runtime, opts.shutdown_grace);

@@ -258,7 +258,7 @@ fn an_unknown_sensor_name_is_an_error_naming_the_field_and_the_sensors() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "q.yaml: QosletConfiguration: ebpf.sensors: unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
+        "q.yaml: QosletConfiguration: ebpf.sensors: unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, reclaim_wake, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
     );
 }
 

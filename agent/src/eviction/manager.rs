@@ -311,6 +311,7 @@ impl<A: EvictionAction> Manager<A> {
             unit = unit.as_deref().unwrap_or("single pod"),
             pods = ?names,
             reason = %choice.reason,
+            wake = trigger.map_or("none", |w| w.source.as_str()),
             "Evicting to relieve node pressure."
         );
         let hard = threshold.grace_period_secs == 0;

@@ -6,9 +6,10 @@
 //!   (pkg/kubelet/eviction/threshold_notifier_linux.go);
 //! - v2: inotify on `memory.events` (high/max/oom changes; the kubelet has no v2 notifier);
 //! - the v2 root (the whole machine as the node) has no `memory.events` and no notification of
-//!   its own: the sensors' wake-ups (the PSI trigger on `/proc/pressure/memory`, see
-//!   [`Wake::from_sensor`]) and the level check, which there reads the working set itself from
-//!   `/proc/meminfo` ([`MemoryCgroup::level_usage`]);
+//!   its own: the sensors' wake-ups (the PSI trigger on `/proc/pressure/memory`, and the eBPF
+//!   reclaim wake-ups: kswapd woken, direct reclaim begun; see [`Wake::from_sensor`]) and the
+//!   level check, which there reads the working set itself from `/proc/meminfo`
+//!   ([`MemoryCgroup::level_usage`]);
 //! - all: a cheap level check of the usage (one read), because usage can sit above the
 //!   notification level on page cache and a notification only fires on a crossing. Its interval
 //!   follows the headroom, as earlyoom's does (`sleep_time_ms`: the free memory above its
@@ -29,7 +30,14 @@ use thiserror::Error;
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
 use super::signals::MemoryCgroup;
-use crate::sensors::{SensorEvent, event::PressureScope};
+use crate::sensors::{
+    SensorEvent,
+    event::{PressureScope, ReclaimKind, boot_now_ns},
+};
+
+/// The id of a cgroup hierarchy's root directory (kernfs numbers it 1, on v1 and v2): a node
+/// root with this id is the whole machine.
+pub const ROOT_CGROUP_ID: u64 = 1;
 
 /// Where a wake-up came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -38,6 +46,9 @@ pub enum WakeSource {
     Memcg,
     /// A PSI trigger (the system's or the node root's).
     Pressure,
+    /// The eBPF reclaim wake-up: kswapd woken or direct reclaim begun on a node that is the
+    /// whole machine, or memcg reclaim by a task of the node's own cgroup.
+    Reclaim,
     /// `memory.events` changed (v2).
     MemoryEvents,
     /// The v1 usage threshold notification fired.
@@ -53,6 +64,7 @@ impl WakeSource {
         match self {
             Self::Memcg => "memcg",
             Self::Pressure => "pressure",
+            Self::Reclaim => "reclaim",
             Self::MemoryEvents => "memory_events",
             Self::UsageThreshold => "usage_threshold",
             Self::UsageLevel => "usage_level",
@@ -76,12 +88,45 @@ impl Wake {
         }
     }
 
-    /// A wake-up for a memcg event of one of `memcg_ids` (the node root and kubepods), or for a
-    /// PSI memory trigger of the system or of one of them.
+    /// A wake-up seen by the kernel at `boot_ns` (CLOCK_BOOTTIME, the clock of the eBPF
+    /// records): `at` is that moment on the [`Instant`] clock, so the wake stage of the decision
+    /// latency starts when the kernel saw it, not when the agent read the record.
+    pub fn at_boot_ns(source: WakeSource, boot_ns: u64) -> Self {
+        let now = Instant::now();
+        let age = Duration::from_nanos(boot_now_ns().saturating_sub(boot_ns));
+        Self {
+            source,
+            at: now.checked_sub(age).unwrap_or(now),
+        }
+    }
+
+    /// A wake-up for a memcg event of one of `memcg_ids` (the node root and kubepods), for a
+    /// PSI memory trigger of the system or of one of them, or for the kernel's reclaim: global
+    /// (kswapd, direct) when the node is the whole machine (`memcg_ids` holds a hierarchy's
+    /// root), memcg reclaim by a task of one of `memcg_ids` itself. A pod's reclaim at its own
+    /// limit is not the node's (and the tracepoint does not say which memcg reclaims: a node
+    /// cgroup with a limit wakes the watcher through its own `memory.events`).
     pub fn from_sensor(e: &SensorEvent, memcg_ids: &[u64]) -> Option<Self> {
         match e {
-            SensorEvent::Memcg { memcg_id, .. } if memcg_ids.contains(memcg_id) => {
-                Some(Self::now(WakeSource::Memcg))
+            SensorEvent::Memcg {
+                memcg_id, boot_ns, ..
+            } if memcg_ids.contains(memcg_id) => {
+                Some(Self::at_boot_ns(WakeSource::Memcg, *boot_ns))
+            }
+            SensorEvent::ReclaimWake {
+                kind: ReclaimKind::Kswapd | ReclaimKind::Direct,
+                boot_ns,
+                ..
+            } if memcg_ids.contains(&ROOT_CGROUP_ID) => {
+                Some(Self::at_boot_ns(WakeSource::Reclaim, *boot_ns))
+            }
+            SensorEvent::ReclaimWake {
+                kind: ReclaimKind::Memcg,
+                cgroup_id,
+                boot_ns,
+                ..
+            } if memcg_ids.contains(cgroup_id) => {
+                Some(Self::at_boot_ns(WakeSource::Reclaim, *boot_ns))
             }
             SensorEvent::MemoryPressure {
                 scope: PressureScope::System,
@@ -330,5 +375,54 @@ mod tests {
         assert_eq!(wake(PressureScope::Cgroup(9)), Some(WakeSource::Pressure));
         // A pod's own pressure is not the node's.
         assert_eq!(wake(PressureScope::Cgroup(42)), None);
+    }
+
+    fn reclaim(kind: ReclaimKind, cgroup_id: u64, boot_ns: u64) -> SensorEvent {
+        SensorEvent::ReclaimWake {
+            kind,
+            cgroup_id,
+            pid: 1,
+            boot_ns,
+        }
+    }
+
+    #[test]
+    fn global_reclaim_wakes_a_node_that_is_the_whole_machine_only() {
+        let now = boot_now_ns();
+        for kind in [ReclaimKind::Kswapd, ReclaimKind::Direct] {
+            let e = reclaim(kind, 42, now);
+            let root = Wake::from_sensor(&e, &[ROOT_CGROUP_ID]).map(|w| w.source);
+            assert_eq!(root, Some(WakeSource::Reclaim), "{kind:?}");
+            // A node cgroup with its own limit: the machine's reclaim is not its pressure.
+            assert_eq!(Wake::from_sensor(&e, &[7]), None, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn memcg_reclaim_wakes_for_the_node_cgroup_not_for_a_pod() {
+        let now = boot_now_ns();
+        let node = [7];
+        assert_eq!(
+            Wake::from_sensor(&reclaim(ReclaimKind::Memcg, 7, now), &node).map(|w| w.source),
+            Some(WakeSource::Reclaim)
+        );
+        assert_eq!(
+            Wake::from_sensor(&reclaim(ReclaimKind::Memcg, 42, now), &node),
+            None
+        );
+    }
+
+    #[test]
+    fn a_kernel_wake_starts_when_the_kernel_saw_it() {
+        let before = Instant::now();
+        let seen = boot_now_ns().saturating_sub(30_000_000);
+        let w = Wake::at_boot_ns(WakeSource::Reclaim, seen);
+        let after = Instant::now();
+        // 30 ms before the call, give or take the time the call took.
+        assert!(w.at <= before - Duration::from_millis(30) + (after - before));
+        assert!(w.at >= before - Duration::from_millis(31) - (after - before));
+        // A timestamp from the future (a clock read out of order) is now, never later.
+        let future = Wake::at_boot_ns(WakeSource::Reclaim, boot_now_ns() + 1_000_000_000);
+        assert!(future.at <= Instant::now());
     }
 }

@@ -5,12 +5,12 @@ use std::mem::{offset_of, size_of};
 
 use qoslet_common::{
     CgroupEvent, EventHeader, EventKind, MemcgEvent, OomScoreAdjEvent, OomVictimEvent,
-    ProcessEvent, UnknownEventKind,
+    ProcessEvent, ReclaimWakeEvent, UnknownEventKind,
     event::{
         CGROUP_MKDIR, CGROUP_RMDIR, MEMCG_ITEM_HIGH, MEMCG_ITEM_MAX, MEMCG_ITEM_OOM,
         MEMCG_ITEM_OOM_GROUP_KILL, MEMCG_ITEM_OOM_KILL, OOM_FLAG_CGROUP_OF_CURRENT,
         OOM_FLAG_FROM_BTF, OOM_FLAG_HAS_MEMCG, OOM_FLAG_HAS_RSS, OOM_FLAG_HAS_SCORE_ADJ,
-        PROCESS_EXEC, PROCESS_FORK,
+        PROCESS_EXEC, PROCESS_FORK, RECLAIM_WAKE_DIRECT, RECLAIM_WAKE_KSWAPD, RECLAIM_WAKE_MEMCG,
     },
 };
 use thiserror::Error;
@@ -83,6 +83,18 @@ pub enum ProcessOp {
 pub enum CgroupOp {
     Created,
     Removed,
+}
+
+/// Which reclaim began (a `ReclaimWakeEvent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimKind {
+    /// kswapd was woken: a zone fell below its low watermark (machine-wide).
+    Kswapd,
+    /// A task began direct reclaim (machine-wide; kswapd is behind).
+    Direct,
+    /// A task of a watched cgroup began memory cgroup reclaim (some memcg above it is at its
+    /// limit or memory.high; which one the tracepoint does not say).
+    Memcg,
 }
 
 /// What a PSI trigger watches.
@@ -177,6 +189,30 @@ pub enum SensorEvent {
     MemoryPressure {
         scope: PressureScope,
     },
+    /// The kernel began reclaiming (at most one record per kind every 10 ms).
+    ReclaimWake {
+        kind: ReclaimKind,
+        /// cgroup v2 id of the task that woke kswapd or began reclaiming.
+        cgroup_id: u64,
+        pid: u32,
+        /// When the reclaim began (CLOCK_BOOTTIME).
+        boot_ns: u64,
+    },
+}
+
+/// CLOCK_BOOTTIME in nanoseconds, the clock of the kernel records (`EventHeader::boot_ns`).
+pub fn boot_now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) with a valid clock id and a pointer to a timespec we own.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) } != 0 {
+        return 0;
+    }
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 fn read<T: Copy>(bytes: &[u8]) -> T {
@@ -259,6 +295,21 @@ pub fn decode(bytes: &[u8]) -> Result<SensorEvent, DecodeError> {
                 hierarchy: e.root,
                 level: e.level,
                 path: c_string(&e.path[..len]),
+            }
+        }
+        EventKind::ReclaimWake => {
+            let e: ReclaimWakeEvent = checked(kind, bytes)?;
+            let reclaim = match e.reclaim {
+                RECLAIM_WAKE_KSWAPD => ReclaimKind::Kswapd,
+                RECLAIM_WAKE_DIRECT => ReclaimKind::Direct,
+                RECLAIM_WAKE_MEMCG => ReclaimKind::Memcg,
+                op => return Err(DecodeError::UnknownOp { kind, op }),
+            };
+            SensorEvent::ReclaimWake {
+                kind: reclaim,
+                cgroup_id: e.cgroup_id,
+                pid: e.pid,
+                boot_ns: e.header.boot_ns,
             }
         }
     })
@@ -368,6 +419,37 @@ mod tests {
             Err(DecodeError::Truncated { .. })
         ));
         assert_eq!(decode(&ok[..4]), Err(DecodeError::Short { len: 4 }));
+    }
+
+    #[test]
+    fn decodes_a_reclaim_wake_and_rejects_unknown_kinds_of_reclaim() {
+        let mut e = ReclaimWakeEvent {
+            header: EventHeader {
+                kind: EventKind::ReclaimWake as u32,
+                flags: 0,
+                boot_ns: 123,
+            },
+            cgroup_id: 1,
+            reclaim: RECLAIM_WAKE_KSWAPD,
+            pid: 9,
+        };
+        assert_eq!(
+            decode(&bytes_of(&e)),
+            Ok(SensorEvent::ReclaimWake {
+                kind: ReclaimKind::Kswapd,
+                cgroup_id: 1,
+                pid: 9,
+                boot_ns: 123
+            })
+        );
+        e.reclaim = 7;
+        assert_eq!(
+            decode(&bytes_of(&e)),
+            Err(DecodeError::UnknownOp {
+                kind: EventKind::ReclaimWake,
+                op: 7
+            })
+        );
     }
 
     #[test]

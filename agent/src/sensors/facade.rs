@@ -22,7 +22,7 @@ use super::{
     EbpfSensors, SensorError,
     cpu_usage::{CpuUsage, read_cgroup_cpu},
     ebpf::{EbpfOptions, error_chain},
-    event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent},
+    event::{CgroupOp, CgroupOwner, PressureScope, SensorEvent, boot_now_ns},
     kernel_log,
     kmaps::ProgramCost,
     memory_events::{MemoryEventsWatch, MemoryNotifier, Notified},
@@ -478,7 +478,7 @@ pub(super) fn decide(outcomes: &[(&'static Sensor, Attachment)], psi: bool) -> V
 impl Shared {
     /// Appends the counter deltas of the watches `read` names.
     fn read_memory_events(&self, read: &MemoryRead, out: &mut Vec<SensorEvent>) {
-        let boot_ns = boot_ns();
+        let boot_ns = boot_now_ns();
         let mut w = lock(&self.watch);
         let CgroupWatches {
             polled,
@@ -802,17 +802,4 @@ async fn psi_task(shared: Arc<Shared>, path: PathBuf, scope: PressureScope) {
             return;
         }
     }
-}
-
-/// CLOCK_BOOTTIME in nanoseconds, the clock of the kernel records.
-fn boot_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain syscall with a valid pointer.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut t) } != 0 {
-        return 0;
-    }
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }

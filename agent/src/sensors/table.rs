@@ -157,6 +157,18 @@ pub const SENSORS: &[Sensor] = &[
         essential: false,
     },
     Sensor {
+        name: "reclaim_wake",
+        // kswapd woken: the node's first reclaim, before any allocation stalls. The direct and
+        // memcg reclaim wake-ups come from `reclaim_stall`'s begin programs.
+        choices: &[&[tracepoint(
+            "kswapd_wakeup",
+            "vmscan",
+            "mm_vmscan_wakeup_kswapd",
+        )]],
+        fallback: Fallback::Psi("PSI memory triggers and the eviction level check"),
+        essential: false,
+    },
+    Sensor {
         name: "cpu_runqueue",
         choices: &[&[Program {
             name: "sched_switch",

@@ -1076,9 +1076,9 @@ fn render(
         let _ = writeln!(out, "### {}\n", sc.title);
         let _ = writeln!(
             out,
-            "| system | runs (failed) | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | of which before its memory starts falling, p50 ms | ramp reached MiB/s (median) |"
+            "| system | runs (failed) | kernel OOM kills (runs with one) | runs with a wrong victim | false kills | protected pods survived | crossing to victim's memory back p50 ms | max ms | of which before its memory starts falling (detection and kill), p50 ms | max ms | then the release (falling to back), p50 ms | max ms | ramp reached MiB/s (median) |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         let mut figures: Vec<[Option<f64>; 5]> = Vec::new();
         for (si, system) in System::ALL.iter().enumerate() {
             let runs = results.get(&(ci, si)).cloned().unwrap_or_default();
@@ -1092,6 +1092,12 @@ fn render(
                 .filter_map(|o| o.drop.map(|d| d.as_secs_f64() * 1e3))
                 .collect();
             drops.sort_by(f64::total_cmp);
+            // The kernel's part: from the victim's memory starting to fall to its being back.
+            let mut releases: Vec<f64> = runs
+                .iter()
+                .filter_map(|o| Some(o.back?.checked_sub(o.drop?)?.as_secs_f64() * 1e3))
+                .collect();
+            releases.sort_by(f64::total_cmp);
             let mut ramps: Vec<f64> = runs.iter().filter_map(|o| o.ramp).collect();
             ramps.sort_by(f64::total_cmp);
             let oom: u64 = runs.iter().map(|o| o.oom_kills).sum();
@@ -1108,7 +1114,7 @@ fn render(
                 .count();
             let _ = writeln!(
                 out,
-                "| {} | {} ({}) | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} | {} |",
+                "| {} | {} ({}) | {oom} ({oom_runs}) | {wrong} | {} | {alive}/{} | {}{} | {} | {} | {} | {} | {} | {} |",
                 system.name(),
                 runs.len(),
                 failed.get(&(ci, si)).copied().unwrap_or(0),
@@ -1126,6 +1132,9 @@ fn render(
                 },
                 fmt(max, 0),
                 fmt(median(&drops), 0),
+                fmt(drops.last().copied(), 0),
+                fmt(median(&releases), 0),
+                fmt(releases.last().copied(), 0),
                 fmt(median(&ramps), 0),
             );
             figures.push([
@@ -1153,13 +1162,13 @@ fn render(
         }
         let _ = writeln!(
             out,
-            "| qoslet / best peer | | {} | {} | {} | | {} | {} | | |\n",
+            "| qoslet / best peer | | {} | {} | {} | | {} | {} | | | | | |\n",
             ratio[0], ratio[1], ratio[2], ratio[3], ratio[4]
         );
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release, the kernel freeing the victim's memory, the same work whoever killed it; qoslet adds process_mrelease to its cgroup.kill, and the kernel's OOM killer has its reaper). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
     out

@@ -76,6 +76,7 @@ fn every_program_is_in_the_table_once_and_every_sensor_has_a_choice() {
             "memcg_reclaim_end",
             "direct_reclaim_begin",
             "direct_reclaim_end",
+            "kswapd_wakeup",
             "sched_switch",
             "oom_score_adj_update",
             "process_fork",
@@ -260,7 +261,7 @@ fn unknown_sensor_names_are_rejected_with_the_known_ones() {
     let err = SensorSwitches::new(&map).expect_err("oom is not a sensor");
     assert_eq!(
         err.to_string(),
-        "unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
+        "unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, reclaim_wake, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
     );
     let all_off: BTreeMap<String, bool> = SENSORS
         .iter()

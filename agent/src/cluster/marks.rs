@@ -1,0 +1,176 @@
+//! Evictions a crash cut short, finished at start: the [`EvictionMark`]s on the kubelet's pod
+//! cgroups read back, and the status writes of marked pods the API server still shows live
+//! queued again.
+//!
+//! An eviction marks the pod's cgroup v2 directory, kills, and only then queues its API writes
+//! (`node/eviction_action.rs`, [`ApiEviction`]): queuing fsyncs, which must not delay the kill.
+//! A crash between the kill and the queue's fsync leaves a killed pod the API server shows
+//! Running, whose containers the kubelet would restart; a crash between the mark and the kill
+//! leaves a live one. Either way the mark is on the pod's cgroup, which the kubelet keeps while
+//! the pod lives, and the next start queues what the eviction would have: phase Failed, reason
+//! Evicted (the kubelet then tears the pod down), or with `evictionMethod: api` the Eviction
+//! API's request, which honours PodDisruptionBudgets (whether the decision was at a hard
+//! threshold the mark does not say). The writes keep their idempotency ids, so a write that did
+//! reach the queue is replaced, not doubled.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use super::{ApiEviction, queue::WriteQueue, writes::now};
+use crate::{
+    cgroup::{CgroupPath, Mounts, fs::CgroupFs, name::check_pod_component},
+    eviction::EvictionRequest,
+    node::state::EvictionMark,
+    policy::settings::CgroupDriver,
+    source::PodSet,
+};
+
+/// At start, after the first list of the node's pods: the writes of every marked pod the API
+/// server still shows live are queued again.
+pub fn at_start(
+    mounts: &Mounts,
+    node_root: &CgroupPath,
+    driver: CgroupDriver,
+    pods: &PodSet,
+    action: &ApiEviction,
+    queue: &WriteQueue,
+) {
+    let Ok(fs) = CgroupFs::open(mounts.clone(), node_root.clone()) else {
+        return;
+    };
+    let Some(unified) = crate::node::trees::unified_tree(fs.trees()) else {
+        return;
+    };
+    let found = find(&fs.display_path(unified, node_root), node_root, driver);
+    if found.is_empty() {
+        return;
+    }
+    let live = |uid: &str| {
+        let p = pods.pods.iter().find(|(k, _)| k.uid == uid)?.1;
+        let phase = p.pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let grace = p
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30);
+        Some(LivePod {
+            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+        })
+    };
+    let queued = requeue(&found, live, action, queue);
+    tracing::info!(
+        marked = found.len(),
+        queued,
+        "Read back the eviction marks of the pods' cgroups."
+    );
+}
+
+/// How deep below the node root a pod cgroup lies: `kubepods[.slice]`, the QoS tier (none for
+/// Guaranteed pods), the pod.
+const POD_DEPTH_MAX: usize = 3;
+
+/// The marks on the pod cgroups of the kubelet's tree below `root_dir` (the node root's cgroup
+/// v2 directory; `node_root` its path), each on the cgroup of the pod it names. Only the
+/// `kubepods*` directories are walked, three levels at most.
+pub fn find(root_dir: &Path, node_root: &CgroupPath, driver: CgroupDriver) -> Vec<EvictionMark> {
+    let mut found = Vec::new();
+    let mut level: Vec<(PathBuf, CgroupPath)> = subdirs(root_dir, node_root)
+        .into_iter()
+        .filter(|(_, p)| {
+            p.components()
+                .last()
+                .is_some_and(|c| c.starts_with("kubepods"))
+        })
+        .collect();
+    for depth in 1..=POD_DEPTH_MAX {
+        let mut next = Vec::new();
+        for (dir, path) in level {
+            if depth > 1
+                && let Some(mark) = EvictionMark::read(&dir)
+            {
+                if check_pod_component(&path, driver, &mark.uid).is_ok() {
+                    found.push(mark);
+                } else {
+                    tracing::warn!(cgroup = %path, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
+                }
+                // A pod's cgroup holds containers, not pods.
+                continue;
+            }
+            if depth < POD_DEPTH_MAX {
+                next.extend(subdirs(&dir, &path));
+            }
+        }
+        level = next;
+    }
+    found
+}
+
+/// The child directories of `dir` (cgroup `path`) whose names are valid cgroup components.
+fn subdirs(dir: &Path, path: &CgroupPath) -> Vec<(PathBuf, CgroupPath)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let child = path.join(&name).ok()?;
+            Some((e.path(), child))
+        })
+        .collect()
+}
+
+/// A pod as the API server shows it at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivePod {
+    /// Phase Succeeded or Failed: nothing left to write.
+    pub terminal: bool,
+    /// `terminationGracePeriodSeconds`, for an Eviction API request.
+    pub grace: Duration,
+}
+
+/// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal;
+/// returns how many were queued.
+pub fn requeue(
+    marks: &[EvictionMark],
+    live: impl Fn(&str) -> Option<LivePod>,
+    action: &ApiEviction,
+    queue: &WriteQueue,
+) -> usize {
+    let mut queued = 0;
+    for mark in marks {
+        let Some(pod) = live(&mark.uid).filter(|p| !p.terminal) else {
+            continue;
+        };
+        let req = EvictionRequest {
+            pod: mark.key(),
+            cgroups: Default::default(),
+            grace: pod.grace,
+            message: mark.message.clone(),
+            signal: String::new(),
+            hard: false,
+            unit: None,
+            revision: mark.spec,
+        };
+        let mut ok = true;
+        for (id, w) in action.writes(&req, &now()) {
+            if let Err(e) = queue.push(&id, &mark.uid, w) {
+                tracing::error!(pod = %req.pod, error = %e, "Could not queue the API write of an eviction cut short by a restart.");
+                ok = false;
+            }
+        }
+        if ok {
+            tracing::warn!(pod = %req.pod, "An eviction's API writes were lost in a restart; queued again.");
+            queued += 1;
+        }
+    }
+    queued
+}
+
+#[cfg(test)]
+mod tests;

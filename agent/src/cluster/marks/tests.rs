@@ -1,0 +1,135 @@
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::{
+    cluster::{mock, writes::deliver},
+    config::{EvictionMethod, GangEviction},
+    policy::pod::PodKey,
+};
+
+const RUNNING: &str = "00000000-0000-0000-0000-0000000000aa";
+const FAILED: &str = "00000000-0000-0000-0000-0000000000bb";
+const OTHER: &str = "00000000-0000-0000-0000-0000000000cc";
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+fn temp(name: &str) -> TempDir {
+    let p = std::env::temp_dir().join(format!("qoslet-marks-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    TempDir(p)
+}
+
+fn key(name: &str, uid: &str) -> PodKey {
+    PodKey {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+/// The kubelet's cgroupfs tree below a node root: a Burstable pod and a Guaranteed one (no
+/// tier), each marked as `ExecutorEviction` marks before its kill, and a third pod whose
+/// cgroup carries a mark naming another pod.
+fn kubelet_tree(root: &Path) {
+    let dir = |rel: &str| {
+        let d = root.join(rel);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let message = "The node was low on resource: memory. ";
+    let mark = |d: &Path, k: &PodKey| EvictionMark::new(k, 7, message).write(d).unwrap();
+    // A container's cgroup below the pod's, as the runtime makes it.
+    dir(&format!("kubepods/burstable/pod{RUNNING}/ctr"));
+    mark(
+        &dir(&format!("kubepods/burstable/pod{RUNNING}")),
+        &key("running", RUNNING),
+    );
+    mark(
+        &dir(&format!("kubepods/pod{FAILED}")),
+        &key("failed", FAILED),
+    );
+    mark(
+        &dir("kubepods/besteffort/podsomeoneelse"),
+        &key("other", OTHER),
+    );
+    // Not the kubelet's tree: never walked.
+    mark(&dir(&format!("system/pod{OTHER}")), &key("other", OTHER));
+}
+
+#[test]
+fn marks_are_read_on_the_pod_cgroups_they_name_only() {
+    let t = temp("find");
+    kubelet_tree(&t.0);
+    let mut uids: Vec<String> = find(&t.0, &CgroupPath::root(), CgroupDriver::Cgroupfs)
+        .into_iter()
+        .map(|m| m.uid)
+        .collect();
+    uids.sort();
+    assert_eq!(uids, [RUNNING, FAILED]);
+}
+
+/// A crash after the kill and before the queue's fsync: nothing queued, only the mark. The next
+/// start finds it, the API server still shows the pod Running, and the status the eviction
+/// would have written reaches the API server; the pod the API server shows Failed gets nothing.
+#[tokio::test]
+async fn after_a_crash_between_the_kill_and_the_queue_the_api_gets_the_status() {
+    let t = temp("crash");
+    let tree = t.0.join("cgroup");
+    kubelet_tree(&tree);
+    let queue = Arc::new(WriteQueue::open(&t.0.join("api-writes")).unwrap());
+    assert!(queue.pending().is_empty(), "the crash left nothing queued");
+    let (client, api) = mock::client(|r| {
+        Some((
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": r.path()}}),
+        ))
+    });
+    let action = ApiEviction::new(
+        queue.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Node,
+        None,
+    );
+    let marks = find(&tree, &CgroupPath::root(), CgroupDriver::Cgroupfs);
+    let live = |uid: &str| match uid {
+        RUNNING => Some(LivePod {
+            terminal: false,
+            grace: Duration::from_secs(30),
+        }),
+        FAILED => Some(LivePod {
+            terminal: true,
+            grace: Duration::from_secs(30),
+        }),
+        _ => None,
+    };
+    assert_eq!(requeue(&marks, live, &action, &queue), 1);
+
+    let task = tokio::spawn(queue.clone().run(move |w| {
+        let c = client.clone();
+        async move { deliver(&c, &w).await }
+    }));
+    api.wait_for("the status patch and the event", |r| r.len() >= 2)
+        .await;
+    task.abort();
+    let requests = api.requests();
+    let patch = requests
+        .iter()
+        .find(|r| r.method == "PATCH")
+        .unwrap_or_else(|| panic!("no status patch: {requests:#?}"));
+    assert_eq!(patch.path(), "/api/v1/namespaces/ns/pods/running/status");
+    assert_eq!(patch.body["status"]["phase"], "Failed");
+    assert_eq!(patch.body["status"]["reason"], "Evicted");
+    assert_eq!(patch.body["metadata"]["uid"], RUNNING);
+    assert!(
+        requests.iter().all(|r| !r.path().contains("/failed")),
+        "{requests:#?}"
+    );
+}
