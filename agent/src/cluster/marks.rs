@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use super::{ApiEviction, queue::WriteQueue, writes::now};
+use super::{action::ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
     cgroup::{CgroupPath, Mounts, fs::CgroupFs, name::check_pod_component},
     eviction::EvictionRequest,

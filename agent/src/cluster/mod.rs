@@ -423,14 +423,15 @@ mod tests {
         out.into_iter().filter(|m| !m.is_empty()).collect()
     }
 
-    /// Data flows one way, source → unit → action → queue → writes: no module uses one
-    /// downstream of it (source once used action's `Gangs`, action source's objects).
+    /// Data flows one way, source → unit → action (and the marks read back at start) → queue →
+    /// writes: no module uses one downstream of it (source once used action's `Gangs`, action source's objects).
     #[test]
     fn the_cluster_modules_depend_one_way() {
         let modules = [
             ("source", include_str!("source.rs")),
             ("unit", include_str!("unit.rs")),
             ("action", include_str!("action.rs")),
+            ("marks", include_str!("marks.rs")),
             ("queue", include_str!("queue.rs")),
             ("writes", include_str!("writes.rs")),
             ("report", include_str!("report.rs")),
@@ -441,9 +442,10 @@ mod tests {
         assert_eq!(
             got,
             [
-                want("source", &[]),
+                want("source", &["executor"]),
                 want("unit", &["source"]),
                 want("action", &["queue", "unit", "writes"]),
+                want("marks", &["action", "queue", "writes"]),
                 want("queue", &["writes"]),
                 want("writes", &[]),
                 want("report", &["queue", "source", "writes"]),

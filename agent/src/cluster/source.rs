@@ -398,7 +398,7 @@ impl ApiSource {
             &self.state,
             &self.opts,
             BTreeSet::new(),
-            super::KubeletExecutor::RUNNER,
+            super::executor::KubeletExecutor::RUNNER,
         );
         for line in &diff.new_problems {
             tracing::warn!(problem = %line, "API object skipped.");
