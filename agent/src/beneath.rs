@@ -69,6 +69,39 @@ pub fn mkdirat(dir: BorrowedFd<'_>, name: &str, mode: libc::mode_t) -> io::Resul
     }
 }
 
+/// Opens the child directory `name` (one plain component) of `dir` for reading.
+pub fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+    if !is_plain_component(name) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    openat2(
+        dir.as_raw_fd(),
+        name,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+        RESOLVE_STRICT,
+    )
+}
+
+/// The names of the child directories of `dir` (opened for reading) that are plain components.
+pub fn subdirs(dir: BorrowedFd<'_>) -> io::Result<Vec<String>> {
+    // A descriptor of its own: the listing consumes it and moves its offset.
+    let listing = nix::dir::Dir::from_fd(dir.try_clone_to_owned()?)?;
+    let mut out = Vec::new();
+    for entry in listing.into_iter() {
+        let entry = entry?;
+        if entry.file_type() != Some(nix::dir::Type::Directory) {
+            continue;
+        }
+        if let Ok(name) = entry.file_name().to_str()
+            && is_plain_component(name)
+        {
+            out.push(name.to_owned());
+        }
+    }
+    Ok(out)
+}
+
 /// One path component that names an entry of its directory and nothing else: not empty, not
 /// `.` or `..`, no `/`, at most 255 bytes (NAME_MAX), and no control character (NUL ends a C
 /// string early; a newline or escape in a file name forges lines in listings and logs).

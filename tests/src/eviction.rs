@@ -148,14 +148,25 @@ impl PodCgroup {
     }
 
     /// What the eviction action may signal: only these cgroups' processes.
+    /// Each directory is a node root of its own, opened beneath as the agent opens pods'.
     pub fn eviction_cgroups(&self, v1: bool) -> qoslet::eviction::PodCgroups {
+        use qoslet::{cgroup::Tree, eviction::PodDir};
+        let own = |path: &Path, tree| PodDir::own(path, tree).expect("opening a test cgroup");
+        let memory = own(
+            &self.memory.path,
+            if v1 {
+                Tree::V1(qoslet::cgroup::layout::Controller::Memory)
+            } else {
+                Tree::V2
+            },
+        );
         let unified = if v1 {
-            self.unified.as_ref().map(|u| u.path.clone())
+            self.unified.as_ref().map(|u| own(&u.path, Tree::Unified))
         } else {
-            Some(self.memory.path.clone())
+            Some(memory.clone())
         };
         qoslet::eviction::PodCgroups {
-            procs: vec![self.memory.path.clone()],
+            procs: vec![memory],
             unified,
         }
     }

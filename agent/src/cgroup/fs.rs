@@ -268,6 +268,17 @@ impl CgroupFs {
         open_dir_beneath(self.root(tree)?, &cgroup.relative())
     }
 
+    /// Opens the cgroup directory itself for reading (its entries, its extended attributes,
+    /// files relative to it), where [`CgroupFs::open_dir`]'s `O_PATH` descriptor cannot serve.
+    pub fn open_dir_fd(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<OwnedFd> {
+        openat2(
+            self.root(tree)?,
+            &cgroup.relative(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            RESOLVE,
+        )
+    }
+
     /// The cgroup id: the kernfs inode of the directory.
     pub fn inode(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<u64> {
         let fd = openat2(

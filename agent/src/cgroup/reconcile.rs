@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeSet, HashSet},
     io,
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -28,7 +28,7 @@ use super::{
 /// Applies desired states to the node root's cgroups.
 #[derive(Debug)]
 pub struct Reconciler {
-    fs: CgroupFs,
+    fs: Arc<CgroupFs>,
     mode: Mode,
     /// With a change feed, a pass reads only the cgroups that may have changed (see
     /// [`super::changes`]); without one, every pass reads every file.
@@ -64,9 +64,10 @@ fn vanished(e: &io::Error) -> bool {
 }
 
 impl Reconciler {
-    pub fn new(fs: CgroupFs, mode: Mode) -> Self {
+    /// Takes the engine by value or shared (the eviction action opens pods' cgroups through it).
+    pub fn new(fs: impl Into<Arc<CgroupFs>>, mode: Mode) -> Self {
         Self {
-            fs,
+            fs: fs.into(),
             mode,
             feed: None,
         }
@@ -108,7 +109,7 @@ impl Reconciler {
         self.feed().map_or(0, |f| f.watch_count())
     }
 
-    pub fn fs(&self) -> &CgroupFs {
+    pub fn fs(&self) -> &Arc<CgroupFs> {
         &self.fs
     }
 

@@ -14,12 +14,13 @@
 //! reach the queue is replaced, not doubled.
 
 use std::{
-    path::{Path, PathBuf},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     time::Duration,
 };
 
 use super::{action::ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
+    beneath,
     cgroup::{CgroupPath, Mounts, fs::CgroupFs, name::check_pod_component},
     eviction::EvictionRequest,
     node::state::EvictionMark,
@@ -43,7 +44,10 @@ pub fn at_start(
     let Some(unified) = crate::node::trees::unified_tree(fs.trees()) else {
         return;
     };
-    let found = find(&fs.display_path(unified, node_root), node_root, driver);
+    let Ok(root_dir) = fs.open_dir_fd(unified, &CgroupPath::root()) else {
+        return;
+    };
+    let found = find(root_dir.as_fd(), node_root, driver);
     if found.is_empty() {
         return;
     }
@@ -74,11 +78,15 @@ pub fn at_start(
 const POD_DEPTH_MAX: usize = 3;
 
 /// The marks on the pod cgroups of the kubelet's tree below `root_dir` (the node root's cgroup
-/// v2 directory; `node_root` its path), each on the cgroup of the pod it names. Only the
-/// `kubepods*` directories are walked, three levels at most.
-pub fn find(root_dir: &Path, node_root: &CgroupPath, driver: CgroupDriver) -> Vec<EvictionMark> {
+/// v2 directory, open; `node_root` its path), each on the cgroup of the pod it names. Only the
+/// `kubepods*` directories are walked, three levels at most, each opened beneath its parent.
+pub fn find(
+    root_dir: BorrowedFd<'_>,
+    node_root: &CgroupPath,
+    driver: CgroupDriver,
+) -> Vec<EvictionMark> {
     let mut found = Vec::new();
-    let mut level: Vec<(PathBuf, CgroupPath)> = subdirs(root_dir, node_root)
+    let mut level: Vec<(OwnedFd, CgroupPath)> = subdirs(root_dir, node_root)
         .into_iter()
         .filter(|(_, p)| {
             p.components()
@@ -90,7 +98,7 @@ pub fn find(root_dir: &Path, node_root: &CgroupPath, driver: CgroupDriver) -> Ve
         let mut next = Vec::new();
         for (dir, path) in level {
             if depth > 1
-                && let Some(mark) = EvictionMark::read(&dir)
+                && let Some(mark) = EvictionMark::read(dir.as_fd())
             {
                 if check_pod_component(&path, driver, &mark.uid).is_ok() {
                     found.push(mark);
@@ -101,7 +109,7 @@ pub fn find(root_dir: &Path, node_root: &CgroupPath, driver: CgroupDriver) -> Ve
                 continue;
             }
             if depth < POD_DEPTH_MAX {
-                next.extend(subdirs(&dir, &path));
+                next.extend(subdirs(dir.as_fd(), &path));
             }
         }
         level = next;
@@ -109,18 +117,18 @@ pub fn find(root_dir: &Path, node_root: &CgroupPath, driver: CgroupDriver) -> Ve
     found
 }
 
-/// The child directories of `dir` (cgroup `path`) whose names are valid cgroup components.
-fn subdirs(dir: &Path, path: &CgroupPath) -> Vec<(PathBuf, CgroupPath)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// The child directories of `dir` (cgroup `path`) whose names are valid cgroup components,
+/// opened beneath it.
+fn subdirs(dir: BorrowedFd<'_>, path: &CgroupPath) -> Vec<(OwnedFd, CgroupPath)> {
+    let Ok(names) = beneath::subdirs(dir) else {
         return Vec::new();
     };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
+    names
+        .into_iter()
+        .filter_map(|name| {
             let child = path.join(&name).ok()?;
-            Some((e.path(), child))
+            let fd = beneath::open_subdir(dir, &name).ok()?;
+            Some((fd, child))
         })
         .collect()
 }

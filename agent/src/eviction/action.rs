@@ -5,7 +5,9 @@
 
 use std::{
     io,
-    path::PathBuf,
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -16,9 +18,13 @@ use nix::{
 };
 use thiserror::Error;
 
-use crate::policy::pod::PodKey;
+use crate::{
+    beneath,
+    cgroup::{CgroupFs, CgroupPath, Tree},
+    policy::pod::PodKey,
+};
 
-use super::signals::{SignalError, read_procs};
+use super::signals::{SignalError, parse_procs};
 
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,9 +35,74 @@ const POLL: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodCgroups {
     /// Directories whose `cgroup.procs` are the pod's processes.
-    pub procs: Vec<PathBuf>,
+    pub procs: Vec<PodDir>,
     /// A cgroup v2 directory with `cgroup.kill` (kernel 5.14+), when the pod has one.
-    pub unified: Option<PathBuf>,
+    pub unified: Option<PodDir>,
+}
+
+/// One cgroup directory of a pod, named beneath the node root of one hierarchy and opened
+/// (`openat2` beneath that root, no symlinks) only when the action needs it: a pod's path comes
+/// from its manifest, and the directory may be replaced between the pass and the eviction.
+#[derive(Debug, Clone)]
+pub struct PodDir {
+    pub fs: Arc<CgroupFs>,
+    pub tree: Tree,
+    pub path: CgroupPath,
+}
+
+impl PartialEq for PodDir {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.fs, &other.fs) && self.tree == other.tree && self.path == other.path
+    }
+}
+
+impl Eq for PodDir {}
+
+impl PodDir {
+    /// `dir` as a node root of its own (tests; a directory outside any known layout).
+    pub fn own(dir: &Path, tree: Tree) -> Result<Self, crate::cgroup::fs::OpenRootError> {
+        let mounts = crate::cgroup::Mounts {
+            kind: crate::cgroup::LayoutKind::Unified,
+            trees: [(tree, dir.to_path_buf())].into(),
+        };
+        Ok(Self {
+            fs: Arc::new(CgroupFs::open(mounts, CgroupPath::root())?),
+            tree,
+            path: CgroupPath::root(),
+        })
+    }
+
+    /// The full path, for reports and the held descriptors' keys.
+    pub fn display(&self) -> PathBuf {
+        self.fs.display_path(self.tree, &self.path)
+    }
+
+    /// The directory, opened for reading beneath the node root.
+    pub fn open(&self) -> io::Result<OwnedFd> {
+        self.fs.open_dir_fd(self.tree, &self.path)
+    }
+
+    /// The pids of this directory's own `cgroup.procs` (through the held descriptor when there
+    /// is one); an absent cgroup has none.
+    pub fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
+        let path = self.display();
+        let procs_file = path.join("cgroup.procs");
+        if let Some(text) = super::held::read_held(&procs_file) {
+            return Ok(parse_procs(&text).collect());
+        }
+        let mut out = Vec::new();
+        match self.open() {
+            Ok(fd) => read_procs_at(&fd, &path, &mut out)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(SignalError::Read {
+                    path: procs_file,
+                    source,
+                });
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Debug, Error)]
@@ -158,20 +229,82 @@ fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
     Ok(all)
 }
 
-fn procs_below(dir: &std::path::Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
-    out.extend(read_procs(dir)?);
-    // A child removed meanwhile is simply gone.
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// The pids of `dir` and its descendants. The directory is opened beneath the node root, its
+/// descendants beneath it, one component at a time; its own `cgroup.procs` is read through the
+/// held descriptor when there is one (`held.rs`).
+fn procs_below(dir: &PodDir, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    let path = dir.display();
+    let procs_file = path.join("cgroup.procs");
+    let held = super::held::read_held(&procs_file);
+    let fd = match dir.open() {
+        Ok(fd) => fd,
+        // Listing the children failing was never an error (a process out of descriptors).
+        Err(_) if held.is_some() => {
+            out.extend(parse_procs(held.as_deref().unwrap_or_default()));
+            return Ok(());
+        }
+        // A cgroup that is gone holds no process.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(SignalError::Read {
+                path: procs_file,
+                source,
+            });
+        }
+    };
+    match held {
+        Some(text) => out.extend(parse_procs(&text)),
+        None => read_procs_at(&fd, &path, out)?,
+    }
+    children_procs(&fd, &path, out)
+}
+
+fn read_procs_at(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    let read = beneath::openat2(
+        dir.as_raw_fd(),
+        "cgroup.procs",
+        libc::O_RDONLY,
+        0,
+        beneath::RESOLVE_STRICT,
+    )
+    .and_then(crate::cgroup::fs::read_small);
+    match read {
+        Ok(text) => out.extend(parse_procs(&text)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(SignalError::Read {
+                path: path.join("cgroup.procs"),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn children_procs(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    let Ok(names) = beneath::subdirs(dir.as_fd()) else {
         return Ok(());
     };
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            match procs_below(&e.path(), out) {
-                Ok(()) => {}
-                Err(_) if !e.path().exists() => {}
-                Err(err) => return Err(err),
+    for name in names {
+        let child = path.join(&name);
+        // A child removed meanwhile is simply gone.
+        let gone = |e: &io::Error| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV));
+        let fd = match beneath::open_subdir(dir.as_fd(), &name) {
+            Ok(fd) => fd,
+            Err(e) if gone(&e) => continue,
+            Err(source) => {
+                return Err(SignalError::Read {
+                    path: child,
+                    source,
+                });
             }
+        };
+        match read_procs_at(&fd, &child, out) {
+            Ok(()) => {}
+            Err(SignalError::Read { source, .. }) if gone(&source) => continue,
+            Err(e) => return Err(e),
         }
+        children_procs(&fd, &child, out)?;
     }
     Ok(())
 }
@@ -192,7 +325,7 @@ fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
 /// Says once per process that the kernel has no `cgroup.kill` (it came with Linux 5.14), so an
 /// eviction's kill is the SIGKILL loop below: it re-reads the pids until the cgroups are empty, so
 /// a process forked between a read and its signal is caught by the next round.
-fn say_no_cgroup_kill(unified: &std::path::Path) {
+fn say_no_cgroup_kill(unified: &Path) {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
         tracing::info!(
@@ -245,6 +378,44 @@ fn say_no_mrelease() {
     });
 }
 
+/// Writes `cgroup.kill` of `dir`: through the held descriptor, else opened beneath the
+/// directory. When it went out; `None` when the kernel has no `cgroup.kill` (or the cgroup is
+/// gone), which leaves the SIGKILL loop.
+fn kill_cgroup(dir: &PodDir) -> Result<Option<Instant>, ActionError> {
+    let display = dir.display();
+    let path = display.join("cgroup.kill");
+    let at = Instant::now();
+    if super::held::write_held(&path, "1") {
+        return Ok(Some(at));
+    }
+    let opened = dir.open().and_then(|fd| {
+        beneath::openat2(
+            fd.as_raw_fd(),
+            "cgroup.kill",
+            libc::O_WRONLY,
+            0,
+            beneath::RESOLVE_STRICT,
+        )
+    });
+    let file = match opened {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            say_no_cgroup_kill(&display);
+            return Ok(None);
+        }
+        Err(source) => return Err(ActionError::Kill { path, source }),
+    };
+    let at = Instant::now();
+    match io::Write::write(&mut &file, b"1") {
+        Ok(1) => Ok(Some(at)),
+        Ok(_) => Err(ActionError::Kill {
+            path,
+            source: io::ErrorKind::WriteZero.into(),
+        }),
+        Err(source) => Err(ActionError::Kill { path, source }),
+    }
+}
+
 impl EvictionAction for CgroupKill {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
@@ -262,19 +433,11 @@ impl EvictionAction for CgroupKill {
                 tokio::time::sleep(POLL).await;
             }
         }
-        let has_kill = cgroups.unified.as_ref().is_some_and(|u| {
-            let exists = u.join("cgroup.kill").exists();
-            if !exists {
-                say_no_cgroup_kill(u);
-            }
-            exists
-        });
-        if let Some(u) = cgroups.unified.as_ref().filter(|_| has_kill) {
+        if let Some(u) = &cgroups.unified
             // The kill first, with nothing read before it: the kernel kills every process of the
             // cgroup and its descendants, a fork racing it included.
-            let at = Instant::now();
-            let path = u.join("cgroup.kill");
-            super::held::write(&path, "1").map_err(|source| ActionError::Kill { path, source })?;
+            && let Some(at) = kill_cgroup(u)?
+        {
             first_signal_at.get_or_insert(at);
             let pids = procs(cgroups)?;
             signalled += pids.len();
@@ -303,3 +466,6 @@ impl EvictionAction for CgroupKill {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

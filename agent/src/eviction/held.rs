@@ -69,13 +69,16 @@ pub fn count() -> usize {
 
 /// Reads a whole file, through its held descriptor when there is one.
 pub fn read_to_string(path: &Path) -> io::Result<String> {
-    if let Some(f) = get(path) {
-        match pread_all(&f) {
-            Ok(s) => return Ok(s),
-            Err(_) => forget(path),
-        }
+    match read_held(path) {
+        Some(s) => Ok(s),
+        None => std::fs::read_to_string(path),
     }
-    std::fs::read_to_string(path)
+}
+
+/// Reads a whole file through its held descriptor; `None` when it is not held (or failed).
+pub fn read_held(path: &Path) -> Option<String> {
+    let f = get(path)?;
+    pread_all(&f).inspect_err(|_| forget(path)).ok()
 }
 
 fn pread_all(f: &File) -> io::Result<String> {
@@ -91,15 +94,19 @@ fn pread_all(f: &File) -> io::Result<String> {
     String::from_utf8(out).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Writes `value` in one write, through the held descriptor when there is one.
-pub fn write(path: &Path, value: &str) -> io::Result<()> {
-    if let Some(f) = get(path) {
-        match f.write_at(value.as_bytes(), 0) {
-            Ok(n) if n == value.len() => return Ok(()),
-            _ => forget(path),
+/// Writes `value` in one write through the held descriptor; `false` when it is not held (or
+/// failed).
+pub fn write_held(path: &Path, value: &str) -> bool {
+    let Some(f) = get(path) else {
+        return false;
+    };
+    match f.write_at(value.as_bytes(), 0) {
+        Ok(n) if n == value.len() => true,
+        _ => {
+            forget(path);
+            false
         }
     }
-    std::fs::write(path, value)
 }
 
 #[cfg(test)]

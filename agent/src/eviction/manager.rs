@@ -19,7 +19,7 @@ use super::{
     held::{self, Access},
     node::NodeSignals,
     select::{Order, Sample, choose},
-    signals::{MemoryCgroup, SignalError, read_procs},
+    signals::{MemoryCgroup, SignalError},
     stats::{Decision, EvictionStats, Stages},
     thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
     watch::Wake,
@@ -204,6 +204,7 @@ impl<A: EvictionAction> Manager<A> {
             wanted.extend(p.memory.files().into_iter().map(|f| (f, Access::Read)));
             // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
+                let u = u.display();
                 wanted.insert((u.join("cgroup.procs"), Access::Read));
                 wanted.insert((u.join("cgroup.kill"), Access::Write));
             }
@@ -415,7 +416,7 @@ impl<A: EvictionAction> Manager<A> {
                 .procs
                 .iter()
                 .chain(&p.cgroups.unified)
-                .map(|d| read_procs(d).map(|v| v.len()).unwrap_or(0))
+                .map(|d| d.read_procs().map(|v| v.len()).unwrap_or(0))
                 .max()
                 .unwrap_or(0) as u64;
             samples.push(Sample {
@@ -465,7 +466,7 @@ impl<A: EvictionAction> Manager<A> {
                     .procs
                     .iter()
                     .chain(&p.cgroups.unified)
-                    .all(|d| read_procs(d).is_ok_and(|v| v.is_empty()))
+                    .all(|d| d.read_procs().is_ok_and(|v| v.is_empty()))
             });
             let held: i64 = unit
                 .iter()

@@ -16,7 +16,9 @@ pub mod stats;
 pub mod thresholds;
 pub mod watch;
 
-pub use action::{CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups};
+pub use action::{
+    CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups, PodDir,
+};
 pub use conditions::{Admission, NodeCondition, admit};
 pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;

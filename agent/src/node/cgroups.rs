@@ -6,6 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::PathBuf,
+    sync::Arc,
     time::Instant,
 };
 
@@ -38,7 +39,7 @@ pub(super) struct NodeCgroups {
 }
 
 impl NodeCgroups {
-    pub(super) fn new(fs: CgroupFs, mode: Mode, naming: crate::cgroup::Naming) -> Self {
+    pub(super) fn new(fs: Arc<CgroupFs>, mode: Mode, naming: crate::cgroup::Naming) -> Self {
         let mut reconciler = Reconciler::new(fs, mode);
         // Without inotify every pass reads every file, which is slower but as correct.
         if let Err(e) = reconciler.enable_change_feed(FULL_RECONCILE_EVERY) {
@@ -54,7 +55,7 @@ impl NodeCgroups {
         }
     }
 
-    pub(super) fn fs(&self) -> &CgroupFs {
+    pub(super) fn fs(&self) -> &Arc<CgroupFs> {
         self.reconciler.fs()
     }
 

@@ -9,7 +9,10 @@
 //! waits. A pod without a v2 directory cannot be marked: its eviction is written to the state
 //! file before the action, as before.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    os::fd::AsFd as _,
+    sync::{Arc, Mutex},
+};
 
 use super::{
     seams::PodExecutor,
@@ -46,7 +49,8 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let marked = req.cgroups.unified.as_ref().is_some_and(|dir| {
             let mark = EvictionMark::new(&req.pod, req.revision, &req.message);
-            mark.write(dir)
+            dir.open()
+                .and_then(|fd| mark.write(fd.as_fd()))
                 .inspect_err(|e| tracing::debug!(pod = %req.pod, error = %e, "Could not mark the pod's cgroup; the state file is written before the kill."))
                 .is_ok()
         });

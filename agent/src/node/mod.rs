@@ -84,7 +84,7 @@ struct EbpfSeen {
 pub struct NodeParts {
     pub settings: NodeSettings,
     pub naming: Naming,
-    pub fs: CgroupFs,
+    pub fs: Arc<CgroupFs>,
     pub mode: Mode,
     pub validation: ValidationOptions,
     pub state: Arc<AgentState>,

@@ -4,7 +4,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     sync::Arc,
 };
 
@@ -19,7 +18,7 @@ use super::{
 };
 use crate::{
     cgroup::{CgroupPath, DesiredState, Tree, desired::Role, desired_state, layout::Controller},
-    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
+    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups, PodDir},
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
@@ -295,10 +294,14 @@ impl Node {
             return;
         };
         let (memory_tree, unified_tree) = (placement.memory_tree, placement.unified_tree);
-        let dirs: Vec<PathBuf> = placement
+        let dirs: Vec<PodDir> = placement
             .trees
             .iter()
-            .map(|t| self.cgroups.fs().display_path(*t, path))
+            .map(|&tree| PodDir {
+                fs: self.cgroups.fs().clone(),
+                tree,
+                path: path.clone(),
+            })
             .collect();
         let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
         let memory = cgroup.memory.clone();
@@ -347,7 +350,11 @@ impl Node {
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,
-                        unified: unified.clone(),
+                        unified: unified_tree.map(|tree| PodDir {
+                            fs: self.cgroups.fs().clone(),
+                            tree,
+                            path: path.clone(),
+                        }),
                     },
                 });
             }

@@ -7,7 +7,7 @@
 //! the eviction manager, the memory watcher, the sensors' readers and the HTTP server run on
 //! their own tasks and reach the node through channels only.
 
-use std::{io, net::SocketAddr, path::Path, sync::Arc, time::Duration};
+use std::{io, net::SocketAddr, os::fd::AsFd as _, sync::Arc, time::Duration};
 
 use thiserror::Error;
 use tokio::{
@@ -31,7 +31,7 @@ use crate::{
     config::QosletConfiguration,
     eviction::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
-        PodCgroups, Wake, watch::WatchConfig,
+        PodCgroups, PodDir, Wake, watch::WatchConfig,
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
@@ -152,8 +152,9 @@ where
     C: SensorControl,
 {
     let enforce = cfg.mode == Mode::Enforce;
-    let fs =
-        CgroupFs::open(cfg.mounts.clone(), cfg.node_root.clone()).map_err(NodeError::NodeRoot)?;
+    let fs = Arc::new(
+        CgroupFs::open(cfg.mounts.clone(), cfg.node_root.clone()).map_err(NodeError::NodeRoot)?,
+    );
     let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
     // One instance per node root: the lock is taken before anything is written.
     let _lock = if enforce {
@@ -435,7 +436,7 @@ impl Signals {
 /// directory, read back here before the cgroup is removed. A mark counts only on the cgroup of
 /// the pod it names: a pod's processes that can write their own cgroup's attributes cannot keep
 /// another pod from starting again.
-async fn stop_leftovers(fs: &CgroupFs, driver: CgroupDriver, persisted: &mut StateFile) {
+async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mut StateFile) {
     let mut paths = persisted.created_cgroups();
     if paths.is_empty() {
         return;
@@ -445,14 +446,20 @@ async fn stop_leftovers(fs: &CgroupFs, driver: CgroupDriver, persisted: &mut Sta
     let unified = trees::unified_tree(fs.trees());
     let mut stopped = 0;
     for p in &paths {
-        let cgroups = PodCgroups {
-            procs: procs_tree
-                .map(|t| fs.display_path(t, p))
-                .into_iter()
-                .collect(),
-            unified: unified.map(|t| fs.display_path(t, p)),
+        let dir = |tree| PodDir {
+            fs: fs.clone(),
+            tree,
+            path: p.clone(),
         };
-        if !cgroups.procs.iter().any(|d| has_processes(d)) {
+        let cgroups = PodCgroups {
+            procs: procs_tree.map(dir).into_iter().collect(),
+            unified: unified.map(dir),
+        };
+        if !cgroups
+            .procs
+            .iter()
+            .any(|d| d.read_procs().is_ok_and(|v| !v.is_empty()))
+        {
             continue;
         }
         let req = EvictionRequest {
@@ -481,7 +488,11 @@ async fn stop_leftovers(fs: &CgroupFs, driver: CgroupDriver, persisted: &mut Sta
         .iter()
         .flat_map(|&t| paths.iter().map(move |p| (t, p)))
     {
-        let Some(mark) = EvictionMark::read(&fs.display_path(t, p)) else {
+        let Some(mark) = fs
+            .open_dir_fd(t, p)
+            .ok()
+            .and_then(|d| EvictionMark::read(d.as_fd()))
+        else {
             continue;
         };
         if cgroup::name::check_pod_component(p, driver, &mark.uid).is_err() {
@@ -504,10 +515,6 @@ async fn stop_leftovers(fs: &CgroupFs, driver: CgroupDriver, persisted: &mut Sta
         "Stopped what an earlier run of qoslet left running and removed its cgroups."
     );
     persisted.set_created_cgroups(&Default::default());
-}
-
-fn has_processes(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|s| !s.trim().is_empty())
 }
 
 /// Loading the sensors parses the kernel's BTF and leaves its freed memory scattered in the heap,

@@ -19,6 +19,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs::{self, File},
     io::{self, Write as _},
+    os::fd::{AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
 };
 
@@ -279,14 +280,13 @@ impl EvictionMark {
         }
     }
 
-    /// Marks the cgroup v2 directory `dir`.
-    pub fn write(&self, dir: &Path) -> io::Result<()> {
+    /// Marks the cgroup v2 directory `dir` (opened beneath the node root for reading).
+    pub fn write(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
         let body = serde_json::to_vec(self).map_err(io::Error::other)?;
-        let path = c_path(dir)?;
-        // SAFETY: a NUL-terminated path and name, and a buffer of the length given.
+        // SAFETY: a descriptor we borrow, a NUL-terminated name, and a buffer of the length given.
         let r = unsafe {
-            libc::setxattr(
-                path.as_ptr(),
+            libc::fsetxattr(
+                dir.as_raw_fd(),
                 MARK_ATTR.as_ptr(),
                 body.as_ptr().cast(),
                 body.len(),
@@ -299,14 +299,13 @@ impl EvictionMark {
         Ok(())
     }
 
-    /// The mark on `dir`, if it has a valid one.
-    pub fn read(dir: &Path) -> Option<Self> {
-        let path = c_path(dir).ok()?;
+    /// The mark on `dir` (opened beneath the node root for reading), if it has a valid one.
+    pub fn read(dir: BorrowedFd<'_>) -> Option<Self> {
         let mut buf = vec![0u8; MARK_MAX];
-        // SAFETY: a NUL-terminated path and name, and a buffer of the length given.
+        // SAFETY: a descriptor we borrow, a NUL-terminated name, and a buffer of the length given.
         let n = unsafe {
-            libc::getxattr(
-                path.as_ptr(),
+            libc::fgetxattr(
+                dir.as_raw_fd(),
                 MARK_ATTR.as_ptr(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
@@ -321,11 +320,6 @@ impl EvictionMark {
             && mark.name.len() <= 253;
         valid.then_some(mark)
     }
-}
-
-fn c_path(dir: &Path) -> io::Result<std::ffi::CString> {
-    std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
 #[cfg(test)]

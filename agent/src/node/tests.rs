@@ -4,6 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -306,7 +307,7 @@ fn build_node_with(
             runner: Runner::Qoslet,
             enforce: Default::default(),
         },
-        fs,
+        fs: fs.into(),
         mode,
         validation: ValidationOptions::default(),
         state: state.clone(),
@@ -586,7 +587,7 @@ async fn a_hundred_evictions_are_all_counted() {
                 revision: 0,
                 memory: MemoryCgroup::V2(dir.clone()),
                 cgroups: crate::eviction::PodCgroups {
-                    procs: vec![dir],
+                    procs: vec![crate::eviction::PodDir::own(&dir, Tree::V2).unwrap()],
                     unified: None,
                 },
             }
@@ -595,7 +596,7 @@ async fn a_hundred_evictions_are_all_counted() {
     struct Frees(PathBuf);
     impl EvictionAction for Frees {
         async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
-            let dir = &req.cgroups.procs[0];
+            let dir = &req.cgroups.procs[0].display();
             let read = |p: &Path| -> i64 {
                 std::fs::read_to_string(p.join("memory.current"))
                     .unwrap()
@@ -928,7 +929,8 @@ impl EvictionAction for NotingKill {
                 .cgroups
                 .unified
                 .as_ref()
-                .and_then(|d| state::EvictionMark::read(d))
+                .and_then(|d| d.open().ok())
+                .and_then(|d| state::EvictionMark::read(d.as_fd()))
                 .is_some(),
         };
         *self.seen.lock().unwrap() = Some(at);
@@ -951,10 +953,15 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         name: "a".into(),
         uid: UID_A.into(),
     };
-    let req = |unified: Option<PathBuf>| EvictionRequest {
+    let pod = crate::eviction::PodDir {
+        fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
+        tree: Tree::V2,
+        path: CgroupPath::parse("/podaaaa").unwrap(),
+    };
+    let req = |unified: Option<crate::eviction::PodDir>| EvictionRequest {
         pod: key.clone(),
         cgroups: crate::eviction::PodCgroups {
-            procs: vec![pod_dir.clone()],
+            procs: vec![pod.clone()],
             unified,
         },
         grace: Duration::ZERO,
@@ -985,7 +992,7 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
 
     // A cgroup v2 directory: marked before the kill, nothing else; after it the executor knows
     // and the state file has it.
-    let (seen, after) = run(req(Some(pod_dir.clone()))).await;
+    let (seen, after) = run(req(Some(pod.clone()))).await;
     assert_eq!(
         seen,
         AtKill {
@@ -996,7 +1003,8 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
     );
     assert_eq!(after, (true, true));
     // The mark is what a restart reads if the state file never got it.
-    let mark = state::EvictionMark::read(&pod_dir).expect("the pod's cgroup is marked");
+    let fd = pod.open().unwrap();
+    let mark = state::EvictionMark::read(fd.as_fd()).expect("the pod's cgroup is marked");
     assert_eq!((mark.key(), mark.spec), (key.clone(), 42));
 
     // No v2 directory, nothing to mark: the state file has it before the kill.

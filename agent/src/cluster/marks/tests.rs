@@ -1,4 +1,8 @@
-use std::sync::Arc;
+use std::{
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use serde_json::json;
 
@@ -26,6 +30,18 @@ fn temp(name: &str) -> TempDir {
     TempDir(p)
 }
 
+/// A plain directory of the test, opened as the node root is.
+fn open(d: &Path) -> OwnedFd {
+    beneath::openat2(
+        libc::AT_FDCWD,
+        d.to_str().unwrap(),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+        0,
+    )
+    .unwrap()
+}
+
 fn key(name: &str, uid: &str) -> PodKey {
     PodKey {
         namespace: "ns".into(),
@@ -44,7 +60,10 @@ fn kubelet_tree(root: &Path) {
         d
     };
     let message = "The node was low on resource: memory. ";
-    let mark = |d: &Path, k: &PodKey| EvictionMark::new(k, 7, message).write(d).unwrap();
+    let mark = |d: &Path, k: &PodKey| {
+        let fd = open(d);
+        EvictionMark::new(k, 7, message).write(fd.as_fd()).unwrap()
+    };
     // A container's cgroup below the pod's, as the runtime makes it.
     dir(&format!("kubepods/burstable/pod{RUNNING}/ctr"));
     mark(
@@ -67,10 +86,14 @@ fn kubelet_tree(root: &Path) {
 fn marks_are_read_on_the_pod_cgroups_they_name_only() {
     let t = temp("find");
     kubelet_tree(&t.0);
-    let mut uids: Vec<String> = find(&t.0, &CgroupPath::root(), CgroupDriver::Cgroupfs)
-        .into_iter()
-        .map(|m| m.uid)
-        .collect();
+    let mut uids: Vec<String> = find(
+        open(&t.0).as_fd(),
+        &CgroupPath::root(),
+        CgroupDriver::Cgroupfs,
+    )
+    .into_iter()
+    .map(|m| m.uid)
+    .collect();
     uids.sort();
     assert_eq!(uids, [RUNNING, FAILED]);
 }
@@ -98,7 +121,11 @@ async fn after_a_crash_between_the_kill_and_the_queue_the_api_gets_the_status() 
         GangEviction::Node,
         None,
     );
-    let marks = find(&tree, &CgroupPath::root(), CgroupDriver::Cgroupfs);
+    let marks = find(
+        open(&tree).as_fd(),
+        &CgroupPath::root(),
+        CgroupDriver::Cgroupfs,
+    );
     let live = |uid: &str| match uid {
         RUNNING => Some(LivePod {
             terminal: false,

@@ -5,7 +5,7 @@ use std::{fs, path::Path, path::PathBuf, sync::Mutex};
 
 use super::*;
 use crate::{
-    eviction::action::{EvictedStatus, Outcome},
+    eviction::action::{EvictedStatus, Outcome, PodDir},
     policy::eviction::{EvictionInput, parse_thresholds},
 };
 
@@ -22,7 +22,7 @@ impl EvictionAction for &Fake {
             .lock()
             .unwrap()
             .push((req.pod.name.clone(), req.grace));
-        let dir = &req.cgroups.procs[0];
+        let dir = &req.cgroups.procs[0].display();
         let held: i64 = fs::read_to_string(dir.join("memory.current"))
             .unwrap()
             .trim()
@@ -96,7 +96,7 @@ fn pod(root: &Path, name: &str, mib: i64, request_mib: i64) -> ManagedPod {
         revision: 0,
         memory: MemoryCgroup::V2(dir.clone()),
         cgroups: PodCgroups {
-            procs: vec![dir],
+            procs: vec![PodDir::own(&dir, crate::cgroup::Tree::V2).unwrap()],
             unified: None,
         },
     }

@@ -224,6 +224,11 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
         let tree = Tree0::new(&format!("eviction-{runner:?}"));
         let pod_dir = tree.0.join(format!("pod{UID_A}"));
         std::fs::create_dir_all(&pod_dir).unwrap();
+        let pod = crate::eviction::PodDir {
+            fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
+            tree: Tree::V2,
+            path: CgroupPath::parse(&format!("/pod{UID_A}")).unwrap(),
+        };
         let key = PodKey {
             namespace: "default".into(),
             name: "a".into(),
@@ -232,8 +237,8 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
         let req = EvictionRequest {
             pod: key.clone(),
             cgroups: crate::eviction::PodCgroups {
-                procs: vec![pod_dir.clone()],
-                unified: Some(pod_dir.clone()),
+                procs: vec![pod.clone()],
+                unified: Some(pod),
             },
             grace: Duration::from_secs(3),
             message: "The node was low on resource: memory. ".into(),
