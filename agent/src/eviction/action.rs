@@ -82,6 +82,16 @@ impl PodDir {
         self.fs.open_dir_fd(self.tree, &self.path)
     }
 
+    /// One of the directory's files, opened beneath it.
+    pub fn open_file(&self, file: &str, access: super::held::Access) -> io::Result<std::fs::File> {
+        let flags = match access {
+            super::held::Access::Read => libc::O_RDONLY,
+            super::held::Access::Write => libc::O_WRONLY,
+        };
+        let dir = self.open()?;
+        beneath::openat2(dir.as_raw_fd(), file, flags, 0, beneath::RESOLVE_STRICT).map(Into::into)
+    }
+
     /// The pids of this directory's own `cgroup.procs` (through the held descriptor when there
     /// is one); an absent cgroup has none.
     pub fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
@@ -388,17 +398,8 @@ fn kill_cgroup(dir: &PodDir) -> Result<Option<Instant>, ActionError> {
     if super::held::write_held(&path, "1") {
         return Ok(Some(at));
     }
-    let opened = dir.open().and_then(|fd| {
-        beneath::openat2(
-            fd.as_raw_fd(),
-            "cgroup.kill",
-            libc::O_WRONLY,
-            0,
-            beneath::RESOLVE_STRICT,
-        )
-    });
-    let file = match opened {
-        Ok(fd) => std::fs::File::from(fd),
+    let file = match dir.open_file("cgroup.kill", super::held::Access::Write) {
+        Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             say_no_cgroup_kill(&display);
             return Ok(None);

@@ -27,6 +27,15 @@ static HELD: LazyLock<Mutex<BTreeMap<PathBuf, Arc<File>>>> = LazyLock::new(Mutex
 /// Holds exactly `wanted` from now on: opens what is new, closes what is no longer wanted.
 /// Returns the paths that could not be opened.
 pub fn hold_only(wanted: &BTreeSet<(PathBuf, Access)>) -> Vec<(PathBuf, io::Error)> {
+    hold_only_with(wanted, open)
+}
+
+/// [`hold_only`], opening each new file with `open` (a pod's files are opened beneath the node
+/// root, through [`PodDir`](super::PodDir)).
+pub fn hold_only_with(
+    wanted: &BTreeSet<(PathBuf, Access)>,
+    open: impl Fn(&Path, Access) -> io::Result<File>,
+) -> Vec<(PathBuf, io::Error)> {
     let mut held = crate::lock(&HELD);
     let paths: BTreeSet<&Path> = wanted.iter().map(|(p, _)| p.as_path()).collect();
     held.retain(|p, _| paths.contains(p.as_path()));
@@ -47,7 +56,8 @@ pub fn hold_only(wanted: &BTreeSet<(PathBuf, Access)>) -> Vec<(PathBuf, io::Erro
     failed
 }
 
-fn open(path: &Path, access: Access) -> io::Result<File> {
+/// Opens a file by its path.
+pub fn open(path: &Path, access: Access) -> io::Result<File> {
     match access {
         Access::Read => File::open(path),
         Access::Write => OpenOptions::new().write(true).open(path),

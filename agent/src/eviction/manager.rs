@@ -200,16 +200,26 @@ impl<A: EvictionAction> Manager<A> {
             .into_iter()
             .map(|f| (f, Access::Read))
             .collect();
+        // The pods' cgroup files, by their held key, opened beneath the node root.
+        let mut beneath = BTreeMap::new();
         for p in &inventory.pods {
             wanted.extend(p.memory.files().into_iter().map(|f| (f, Access::Read)));
             // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
-                let u = u.display();
-                wanted.insert((u.join("cgroup.procs"), Access::Read));
-                wanted.insert((u.join("cgroup.kill"), Access::Write));
+                let dir = u.display();
+                for (file, access) in [
+                    ("cgroup.procs", Access::Read),
+                    ("cgroup.kill", Access::Write),
+                ] {
+                    wanted.insert((dir.join(file), access));
+                    beneath.insert(dir.join(file), (u, file));
+                }
             }
         }
-        let failed = held::hold_only(&wanted);
+        let failed = held::hold_only_with(&wanted, |path, access| match beneath.get(path) {
+            Some((dir, file)) => dir.open_file(file, access),
+            None => held::open(path, access),
+        });
         if let Some((path, e)) = failed.first() {
             tracing::warn!(path = %path.display(), error = %e, failed = failed.len(), "Could not keep eviction files open; they are opened when needed.");
         }

@@ -62,7 +62,7 @@ fn kubelet_tree(root: &Path) {
     let message = "The node was low on resource: memory. ";
     let mark = |d: &Path, k: &PodKey| {
         let fd = open(d);
-        EvictionMark::new(k, 7, message).write(fd.as_fd()).unwrap()
+        EvictionMark::new(k, 7, message).write(fd.as_fd()).unwrap();
     };
     // A container's cgroup below the pod's, as the runtime makes it.
     dir(&format!("kubepods/burstable/pod{RUNNING}/ctr"));
