@@ -162,19 +162,28 @@ fn delete_options(pod: &PodKey, grace_secs: u32) -> DeleteOptions {
 /// eviction (pkg/util/pod `PatchPodStatus`: `metadata.uid` in the patch is the precondition; the
 /// API server answers 422, uid immutable, when the pod is another one now).
 pub fn pod_evicted_patch(pod: &PodKey, message: &str, at: &str) -> serde_json::Value {
+    // The status an eviction leaves is said once (`eviction::action::EvictedStatus`).
+    let status = crate::eviction::action::EvictedStatus::new(message.to_owned());
+    let conditions: Vec<serde_json::Value> = status
+        .conditions
+        .iter()
+        .map(|c| {
+            json!({
+                "type": c.type_,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": at,
+            })
+        })
+        .collect();
     json!({
         "metadata": {"uid": pod.uid},
         "status": {
-            "phase": "Failed",
-            "reason": "Evicted",
-            "message": message,
-            "conditions": [{
-                "type": "DisruptionTarget",
-                "status": "True",
-                "reason": "TerminationByKubelet",
-                "message": message,
-                "lastTransitionTime": at,
-            }],
+            "phase": status.phase,
+            "reason": status.reason,
+            "message": status.message,
+            "conditions": conditions,
         },
     })
 }
