@@ -5,10 +5,11 @@
 //! reason Evicted, the kubelet's message and the `DisruptionTarget` condition. The kubelet's pod
 //! worker then tears the pod down and does not restart its containers; the pod object is never
 //! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The status write
-//! is queued right after the kill goes out (queuing fsyncs, which must not delay the kill), so
-//! the kubelet hears of it while the processes are going (a container the kubelet sees exit
-//! while the API still shows the pod Running is restarted); a crash in between is covered by
-//! the pod's eviction mark (`marks.rs`).
+//! is queued before the kill: the kubelet must see the pod Failed while its containers may still
+//! run, or its status manager blanks the reason and message (see `evict`), and a container it
+//! sees exit while the API still shows the pod Running is restarted. A crash after the kill and
+//! before the delivery leaves the write on disk; the pod's eviction mark (`marks.rs`) covers a
+//! queue that was lost.
 //!
 //! `evictionMethod: api` asks the Eviction API instead at a soft threshold (PodDisruptionBudgets
 //! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
@@ -183,13 +184,14 @@ fn event_name(pod: &str, uid: &str) -> String {
 impl EvictionAction for ApiEviction {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The kill first: `join` polls it first, and it runs up to its kill before it
-            // waits; the writes are queued (fsynced) then, while the processes go. A crash in
-            // between leaves the pod's eviction mark, read back at the next start (`marks.rs`).
-            let queued = async {
-                self.push(req, self.writes(req, &now()));
-                self.members_elsewhere(req).await
-            };
+            // The status write is queued before the kill, so the API server shows the pod Failed
+            // while its containers may still run. The kubelet's status manager keeps the
+            // reason (Evicted) and message of a terminal API status only while the pod could
+            // have running containers (our reading of pkg/kubelet/status/status_manager.go
+            // `mergePodStatus`): with the kill first, the real cluster's eviction test saw the
+            // pod end Failed with its reason and message blanked. The queue's fsync costs the kill a few milliseconds.
+            self.push(req, self.writes(req, &now()));
+            let queued = self.members_elsewhere(req);
             let (local, members) = tokio::join!(self.kill.evict(req), queued);
             self.push(req, member_writes(&members, grace_secs(req)));
             local
