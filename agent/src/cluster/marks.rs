@@ -2,11 +2,9 @@
 //! cgroups read back, and the status writes of marked pods the API server still shows live
 //! queued again.
 //!
-//! An eviction marks the pod's cgroup v2 directory, kills, and only then queues its API writes
-//! (`node/eviction_action.rs`, [`ApiEviction`]): queuing fsyncs, which must not delay the kill.
-//! A crash between the kill and the queue's fsync leaves a killed pod the API server shows
-//! Running, whose containers the kubelet would restart; a crash between the mark and the kill
-//! leaves a live one. Either way the mark is on the pod's cgroup, which the kubelet keeps while
+//! An eviction marks the pod's cgroup v2 directory, queues its API writes (fsynced), then kills
+//! (`node/eviction_action.rs`, [`ApiEviction`]). A crash between the mark and the queue's fsync
+//! leaves a pod the API server shows Running that qoslet had decided to evict. Either way the mark is on the pod's cgroup, which the kubelet keeps while
 //! the pod lives, and the next start queues what the eviction would have: phase Failed, reason
 //! Evicted (the kubelet then tears the pod down), or with `evictionMethod: api` the Eviction
 //! API's request, which honours PodDisruptionBudgets (whether the decision was at a hard

@@ -98,11 +98,11 @@ fn marks_are_read_on_the_pod_cgroups_they_name_only() {
     assert_eq!(uids, [RUNNING, FAILED]);
 }
 
-/// A crash after the kill and before the queue's fsync: nothing queued, only the mark. The next
+/// A crash after the mark and before the queue's fsync: nothing queued, only the mark. The next
 /// start finds it, the API server still shows the pod Running, and the status the eviction
 /// would have written reaches the API server; the pod the API server shows Failed gets nothing.
 #[tokio::test]
-async fn after_a_crash_between_the_kill_and_the_queue_the_api_gets_the_status() {
+async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() {
     let t = temp("crash");
     let tree = t.0.join("cgroup");
     kubelet_tree(&tree);
