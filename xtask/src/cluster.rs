@@ -14,9 +14,13 @@
 //!   host's), and the three kernel tunables the kubelet would otherwise set machine-wide
 //!   (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`) read as the values it
 //!   wants;
-//! - a cgroup of its own in every hierarchy: `/<name>/node` is the kubelet's cgroupRoot, with a
-//!   memory limit (the node's memory as qoslet sees it), `/<name>/system` holds the daemons;
-//!   `down` kills every process in `/<name>` and removes it.
+//! - a cgroup of its own in every hierarchy: `/<name>/node` is the node, with a memory limit,
+//!   `/<name>/system` holds the daemons; `down` kills every process in `/<name>` and removes it.
+//!   In the mount namespace, `/<name>/node` is bound over the root of every hierarchy, as a
+//!   container's cgroup is: the kubelet's cgroupRoot and qoslet's `nodeRootCgroup` are their
+//!   defaults (`/`), and the kubelet's node-level stats (its `memory.available`) are the node
+//!   cgroup's, not the shared machine's, whose page cache and other tenants the tests cannot
+//!   control (a CI run saw the kubelet evict on the machine's memory.available of 99 MiB).
 //!
 //! The state lives in `target/cluster/<id>`; `target/cluster/current` names the cluster that is
 //! up, and `cluster.json` in its directory tells the tests (`tests/tests/real_cluster.rs`) where
@@ -47,7 +51,7 @@ const SERVICE_RANGE: &str = "198.51.100.0/24";
 /// The `kubernetes` Service's ClusterIP: the first address of the service range.
 const API_IP: &str = "198.51.100.1";
 const POD_SUBNET: &str = "203.0.113.0/24";
-/// The node's memory as qoslet sees it (the limit of the kubelet's cgroupRoot).
+/// The node's memory as qoslet sees it (the limit of the node's cgroup).
 const NODE_MEMORY: u64 = 2 << 30;
 const CA_FILE: &str = "pki/ca.crt";
 
@@ -76,7 +80,8 @@ struct Info {
     node: String,
     /// The kubelet's configuration file as the host sees it.
     kubelet_config: PathBuf,
-    /// The kubelet's cgroupRoot.
+    /// The node's cgroup as the host sees it (in the cluster's mount namespace, the root of
+    /// every hierarchy: the kubelet's cgroupRoot `/`).
     cgroup_root: String,
     /// The agent binary inside the image (for `qoslet plan`).
     qoslet: PathBuf,
@@ -376,6 +381,20 @@ fn namespaces(c: &Cluster) -> Result<()> {
     ] {
         script.push_str(&format!("mount --bind {} {host}\n", c.p(ours)));
     }
+    // The node's cgroup in place of each hierarchy's root (made by `cgroups` first): every
+    // process of the namespace, and every pod through the DaemonSet's hostPath, sees the node as
+    // `/`. In place, not on top: runc takes the first mount of a hierarchy in mountinfo and
+    // places a container's cgroup mount relative to that mount's root.
+    for (i, h) in hierarchies()?.iter().enumerate() {
+        let stage = c.path(&format!("cgroup-stage/{i}"));
+        fs::create_dir_all(&stage)?;
+        script.push_str(&format!(
+            "mount --bind {node} {stage}\numount {h}\nmount --move {stage} {h}\n",
+            node = h.join(&c.name).join("node").display(),
+            stage = stage.display(),
+            h = h.display()
+        ));
+    }
     fs::write(c.path("mnt.ns"), "")?;
     apt::run(
         Command::new("unshare")
@@ -533,7 +552,7 @@ kind: KubeletConfiguration
 # This machine's cgroups are hybrid (v1 controllers), which the kubelet refuses unless told.
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: /{name}/node
+# cgroupRoot is the default, /: in this mount namespace, the node's cgroup.
 cgroupsPerQOS: true
 enforceNodeAllocatable: [pods]
 systemReserved: {{cpu: 100m, memory: 128Mi}}
@@ -556,7 +575,6 @@ authentication:
   x509: {{clientCAFile: {ca}}}
 authorization: {{mode: Webhook}}
 "#,
-            name = c.name,
             ca = c.p(CA_FILE),
         ),
     )?;
@@ -714,7 +732,7 @@ fn install_qoslet(c: &Cluster) -> Result<()> {
             &format!("crd/{crd}.monitoring.coreos.com"),
         ]))?;
     }
-    let overlay = node_root_overlay(c)?;
+    let overlay = install_overlay(c)?;
     apt::run(c.kubectl().arg("apply").arg("-k").arg(&overlay))?;
     apt::run(c.kubectl().args([
         "-n",
@@ -744,23 +762,12 @@ fn install_qoslet(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A kustomization whose base is deploy/kubernetes and whose one change is the cgroup that is
-/// the node: on a real node it is the machine (qoslet's default), here a cgroup of a shared
-/// machine with a memory limit (`nodeRootCgroup`, the kubelet's cgroupRoot).
-fn node_root_overlay(c: &Cluster) -> Result<PathBuf> {
+/// A kustomization whose base is deploy/kubernetes, unchanged but for what this machine cannot
+/// grant. The node needs no setting: in the cluster's mount namespace its cgroup is the root
+/// of every hierarchy, qoslet's default `nodeRootCgroup`.
+fn install_overlay(c: &Cluster) -> Result<PathBuf> {
     let base = cargo::workspace_root().join("deploy/kubernetes");
-    let cm: serde_json::Value =
-        serde_yaml_ng::from_str(&fs::read_to_string(base.join("configmap.yaml"))?)?;
-    let config = cm["data"]["config.yaml"]
-        .as_str()
-        .context("deploy/kubernetes/configmap.yaml has no config.yaml")?;
-    let patch = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": cm["metadata"]["name"], "namespace": cm["metadata"]["namespace"]},
-        "data": {"config.yaml": format!("{config}nodeRootCgroup: /{}/node\n", c.name)},
-    });
-    let mut patches = vec![serde_json::json!({"patch": serde_yaml_ng::to_string(&patch)?})];
+    let mut patches = Vec::new();
     if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
         // Not in this machine's bounding set, so runc cannot grant it (the agent then keeps
         // its own oom_score_adj and 1 s PSI windows need it: it says so in its log).
@@ -1018,8 +1025,8 @@ fn helm_install(info: &Info) -> Result<()> {
             .args(["delete", "--wait=true", "--timeout=300s", "-k"])
             .arg(info.dir.join("deploy")),
     )?;
-    let mut set = vec![("config.nodeRootCgroup", info.cgroup_root.as_str())];
-    // As the kustomization's overlay does (`node_root_overlay`): a capability outside this
+    let mut set = Vec::new();
+    // As the kustomization's overlay does (`install_overlay`): a capability outside this
     // machine's bounding set cannot be granted.
     let capabilities = "{BPF,PERFMON,SYS_ADMIN,KILL,DAC_OVERRIDE}";
     if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
