@@ -302,7 +302,7 @@ fn set_score(
                 }
                 Err(source) => {
                     // Retried every scan; said once per process and value.
-                    if first_failure(pid, score) {
+                    if first_time(&FAILED, pid, score) {
                         warn!(pid, value = score, error = %source, "oom_score_adj could not be set.");
                     }
                     report.errors.push(OomError::Write {
@@ -314,7 +314,10 @@ fn set_score(
                 }
             }
         } else {
-            info!(pid, old, new = score, cgroup = %path, "oom_score_adj differs from the plan (observe mode: not written).");
+            // Compared every scan; said once per process and value.
+            if first_time(&OBSERVED, pid, score) {
+                info!(pid, old, new = score, cgroup = %path, "oom_score_adj differs from the plan (observe mode: not written).");
+            }
         }
         report.writes.push(OomWrite {
             pid,
@@ -326,12 +329,18 @@ fn set_score(
     }
 }
 
-/// Whether this (pid, value) failure is new. Bounded: forgets everything past 4096 entries.
-fn first_failure(pid: i32, value: i32) -> bool {
-    use std::{collections::HashSet, sync::Mutex};
-    static SEEN: Mutex<Option<HashSet<(i32, i32)>>> = Mutex::new(None);
-    let mut guard = crate::lock(&SEEN);
-    let seen = guard.get_or_insert_with(HashSet::new);
+/// The (pid, value) pairs already said, for a message that would otherwise repeat every scan.
+type Said = std::sync::Mutex<Option<std::collections::HashSet<(i32, i32)>>>;
+/// Writes that failed.
+static FAILED: Said = std::sync::Mutex::new(None);
+/// Differences seen in observe mode.
+static OBSERVED: Said = std::sync::Mutex::new(None);
+
+/// Whether this (pid, value) is new to `said`. Bounded: forgets everything past 4096 entries.
+fn first_time(said: &Said, pid: i32, value: i32) -> bool {
+    use std::collections::HashSet;
+    let mut guard = crate::lock(said);
+    let seen: &mut HashSet<(i32, i32)> = guard.get_or_insert_with(HashSet::new);
     if seen.len() > 4096 {
         seen.clear();
     }

@@ -481,7 +481,7 @@ impl Reconciler {
                 Err(e) => self.failed(&path, file, new, e, report),
             },
             _ => {
-                info!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written).");
+                debug!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs it once per value).");
                 WriteResult::Drift
             }
         };
@@ -524,7 +524,7 @@ impl Reconciler {
         let path = self.fs.display_path(w.tree, &c.path);
         let new = w.new.render();
         let result = if self.mode == Mode::Observe || !c.writes.allows(w.file) {
-            info!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written).");
+            debug!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs it once per value).");
             WriteResult::Drift
         } else {
             match self.fs.write(w.tree, &c.path, w.file, &new) {
