@@ -364,12 +364,24 @@ impl CgroupFs {
     }
 
     pub fn read(&self, tree: Tree, cgroup: &CgroupPath, file: &str) -> io::Result<String> {
-        read_small(openat2(
+        read_small(self.open_file(tree, cgroup, file, libc::O_RDONLY)?)
+    }
+
+    /// Opens one of the cgroup's files with `flags` (`O_RDONLY`, `O_WRONLY`, or `O_PATH` for an
+    /// existence check or a handle to pass on), beneath the node root.
+    pub fn open_file(
+        &self,
+        tree: Tree,
+        cgroup: &CgroupPath,
+        file: &str,
+        flags: libc::c_int,
+    ) -> io::Result<OwnedFd> {
+        openat2(
             self.root(tree)?,
             &Self::file_path(cgroup, file),
-            libc::O_RDONLY,
+            flags,
             RESOLVE,
-        )?)
+        )
     }
 
     pub fn write(
@@ -379,12 +391,7 @@ impl CgroupFs {
         file: &str,
         value: &str,
     ) -> io::Result<()> {
-        let fd = openat2(
-            self.root(tree)?,
-            &Self::file_path(cgroup, file),
-            libc::O_WRONLY,
-            RESOLVE,
-        )?;
+        let fd = self.open_file(tree, cgroup, file, libc::O_WRONLY)?;
         write_once(File::from(fd), value)
     }
 }

@@ -30,8 +30,8 @@ use crate::{
     },
     config::QosletConfiguration,
     eviction::{
-        CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
-        PodCgroups, PodDir, Wake, watch::WatchConfig,
+        CgroupBeneath, CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig,
+        MemoryCgroup, NodeSignals, PodCgroups, Wake, watch::WatchConfig,
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
@@ -164,14 +164,15 @@ where
         None
     };
 
-    let node_root_memory = trees::memory_cgroup(
-        memory_tree,
-        fs.display_path(memory_tree, &CgroupPath::root()),
-    );
-    let unified_tree = trees::unified_tree(fs.trees());
+    let node_root = |tree| CgroupBeneath {
+        fs: fs.clone(),
+        tree,
+        path: CgroupPath::root(),
+    };
+    let node_root_memory = MemoryCgroup::new(node_root(memory_tree));
     let summary = CgroupSummary::new(StatsCgroup {
         memory: Some(node_root_memory.clone()),
-        cpu: unified_tree.map(|t| fs.display_path(t, &CgroupPath::root())),
+        cpu: trees::unified_tree(fs.trees()).map(node_root),
     });
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
@@ -446,7 +447,7 @@ async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mu
     let unified = trees::unified_tree(fs.trees());
     let mut stopped = 0;
     for p in &paths {
-        let dir = |tree| PodDir {
+        let dir = |tree| CgroupBeneath {
             fs: fs.clone(),
             tree,
             path: p.clone(),
