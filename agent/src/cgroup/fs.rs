@@ -367,8 +367,9 @@ impl CgroupFs {
         read_small(self.open_file(tree, cgroup, file, libc::O_RDONLY)?)
     }
 
-    /// Opens one of the cgroup's files with `flags` (`O_RDONLY`, `O_WRONLY`, or `O_PATH` for an
-    /// existence check or a handle to pass on), beneath the node root.
+    /// Opens one of the cgroup's files with `flags` (`O_RDONLY` or `O_WRONLY`), beneath the node
+    /// root. Not `O_PATH`: with it `O_NOFOLLOW` opens a trailing symlink itself instead of
+    /// refusing it (openat2(2)).
     pub fn open_file(
         &self,
         tree: Tree,

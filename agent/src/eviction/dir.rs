@@ -81,9 +81,9 @@ impl CgroupBeneath {
             .map(File::from)
     }
 
-    /// Whether the directory has `file`, without reading it (`O_PATH`, beneath the root).
+    /// Whether the directory has `file` (opened beneath the root; a symlink is an error).
     pub fn has_file(&self, file: &str) -> io::Result<bool> {
-        match self.fs.open_file(self.tree, &self.path, file, libc::O_PATH) {
+        match self.open_file(file, Access::Read) {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),

@@ -424,6 +424,7 @@ mod tests {
                     .dir()
                     .open_file(m.usage_file(), super::super::held::Access::Read);
                 assert!(usage.is_err(), "{tree:?} {path}");
+                assert!(m.dir().has_file(m.usage_file()).is_err(), "{tree:?} {path}");
                 if path != "/filelink" {
                     assert!(m.oom_kills().is_err(), "{tree:?} {path}");
                     assert!(!m.dir().exists(), "{tree:?} {path}");

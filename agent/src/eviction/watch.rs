@@ -256,10 +256,7 @@ fn inotify_events(dir: &CgroupBeneath, file: &str) -> Result<AsyncFd<OwnedFd>, M
         path: dir.file_display(file),
         source,
     };
-    let target = dir
-        .fs
-        .open_file(dir.tree, &dir.path, file, libc::O_PATH)
-        .map_err(register_err)?;
+    let target = dir.open_file(file, Access::Read).map_err(register_err)?;
     // SAFETY: inotify_init1(2) with valid flags; the result is checked before it is owned.
     let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
     if raw < 0 {
@@ -350,7 +347,52 @@ fn threshold_eventfd(
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::cgroup::Tree;
+
+    /// The v2 watcher's inotify watch is added through the descriptor opened beneath the node
+    /// root: a change of that `memory.events` wakes the manager, and a `memory.events` that is
+    /// a symlink out of the root is refused at the start.
+    #[tokio::test]
+    async fn memory_events_are_watched_through_the_file_opened_beneath_the_root() {
+        let dir = std::env::temp_dir().join(format!("qoslet-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, outside) = (dir.join("root"), dir.join("outside"));
+        std::fs::create_dir_all(root.join("link")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(root.join("memory.events"), "oom_kill 0\n").unwrap();
+        std::fs::write(outside.join("memory.events"), "oom_kill 0\n").unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("memory.events"),
+            root.join("link/memory.events"),
+        )
+        .unwrap();
+        let cfg = |path: &Path| WatchConfig {
+            node_root: MemoryCgroup::own(path, Tree::V2).unwrap(),
+            level_bytes: i64::MAX,
+            poll: None,
+        };
+
+        let (tx, mut rx) = mpsc::channel(4);
+        let task = spawn_watcher(cfg(&root), tx).unwrap();
+        std::fs::write(root.join("memory.events"), "oom_kill 1\n").unwrap();
+        let wake = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(
+            wake.ok().flatten().map(|w| w.source),
+            Some(WakeSource::MemoryEvents)
+        );
+        task.abort();
+
+        let (tx, _rx) = mpsc::channel(4);
+        let e = spawn_watcher(cfg(&root.join("link")), tx).expect_err("a symlinked memory.events");
+        assert!(
+            matches!(&e, MemoryWatchError::Register { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+            "{e:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     const MI: i64 = 1 << 20;
 
