@@ -42,22 +42,8 @@ impl CgroupBeneath {
     /// The pids of this directory's own `cgroup.procs` (through the held descriptor when there
     /// is one); an absent cgroup has none.
     pub fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
-        let path = self.display();
-        let procs_file = path.join("cgroup.procs");
-        if let Some(text) = super::held::read_held(&procs_file) {
-            return Ok(parse_procs(&text).collect());
-        }
         let mut out = Vec::new();
-        match self.open() {
-            Ok(fd) => read_procs_at(&fd, &path, &mut out)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(SignalError::Read {
-                    path: procs_file,
-                    source,
-                });
-            }
-        }
+        procs_of(self, false, &mut out)?;
         Ok(out)
     }
 }
@@ -190,9 +176,22 @@ fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
 /// descendants beneath it, one component at a time; its own `cgroup.procs` is read through the
 /// held descriptor when there is one (`held.rs`).
 fn procs_below(dir: &CgroupBeneath, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    procs_of(dir, true, out)
+}
+
+/// The pids of `dir`'s own `cgroup.procs`, through the held descriptor when there is one, else
+/// from the directory opened beneath the node root; with `descendants`, theirs too, reached from
+/// that directory (opened even when the descriptor is held).
+fn procs_of(dir: &CgroupBeneath, descendants: bool, out: &mut Vec<i32>) -> Result<(), SignalError> {
     let path = dir.display();
     let procs_file = path.join("cgroup.procs");
     let held = super::held::read_held(&procs_file);
+    if let Some(text) = &held
+        && !descendants
+    {
+        out.extend(parse_procs(text));
+        return Ok(());
+    }
     let fd = match dir.open() {
         Ok(fd) => fd,
         // Listing the children failing was never an error (a process out of descriptors).
@@ -213,7 +212,10 @@ fn procs_below(dir: &CgroupBeneath, out: &mut Vec<i32>) -> Result<(), SignalErro
         Some(text) => out.extend(parse_procs(&text)),
         None => read_procs_at(&fd, &path, out)?,
     }
-    children_procs(&fd, &path, out)
+    if descendants {
+        children_procs(&fd, &path, out)?;
+    }
+    Ok(())
 }
 
 fn read_procs_at(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
