@@ -25,8 +25,7 @@ use super::{
 };
 use crate::{
     cgroup::{
-        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, Naming, Runner,
-        fs::OpenRootError,
+        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Naming, Runner, fs::OpenRootError,
     },
     config::QosletConfiguration,
     eviction::{
@@ -82,8 +81,8 @@ pub struct RunConfig {
     pub settings: NodeSettings,
     pub qc: QosletConfiguration,
     pub mode: Mode,
-    pub mounts: Mounts,
-    pub node_root: CgroupPath,
+    /// The node root, opened by the mode at start ([`super::startup::ModeStart::open_root`]).
+    pub fs: Arc<CgroupFs>,
     /// How the container runtime names container cgroups.
     pub runtime: ContainerRuntime,
     pub validation: ValidationOptions,
@@ -152,14 +151,12 @@ where
     C: SensorControl,
 {
     let enforce = cfg.mode == Mode::Enforce;
-    let fs = Arc::new(
-        CgroupFs::open(cfg.mounts.clone(), cfg.node_root.clone()).map_err(NodeError::NodeRoot)?,
-    );
+    let fs = cfg.fs.clone();
     let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
     // One instance per node root: the lock is taken before anything is written.
     let _lock = if enforce {
         let dir = fs.display_path(memory_tree, &CgroupPath::root());
-        Some(NodeLock::acquire(&dir, &cfg.node_root).map_err(NodeError::State)?)
+        Some(NodeLock::acquire(&dir, cfg.fs.node_root()).map_err(NodeError::State)?)
     } else {
         None
     };
@@ -214,7 +211,7 @@ where
     let (sensors, mut sensor_events) = sensors(&state);
 
     let mut persisted = if enforce {
-        StateFile::load(Some(&cfg.qc.state_dir), &cfg.node_root)
+        StateFile::load(Some(&cfg.qc.state_dir), cfg.fs.node_root())
     } else {
         StateFile::in_memory()
     };
@@ -257,7 +254,7 @@ where
         naming: Naming {
             driver: cfg.settings.cgroup_driver,
             runtime: cfg.runtime,
-            node_root: cfg.node_root.clone(),
+            node_root: cfg.fs.node_root().clone(),
             runner,
             enforce: cfg.qc.enforce.iter().map(|a| a.area()).collect(),
         },
