@@ -1,7 +1,7 @@
 //! The start-up both modes share: the QosletConfiguration read, `mode` (and `--observe`),
-//! `metricsAddress` and `nodeRootCgroup` checked, the cgroup mounts found, the node's capacity
-//! and settings built from the two configuration files, and the [`RunConfig`] handed to
-//! [`super::run`]. A mode keeps only what is its own (standalone: the node root it creates and
+//! `metricsAddress` and `nodeRootCgroup` checked, the cgroup mounts found and the node root
+//! opened in them (once, for every later step), the node's capacity and settings built from the
+//! two configuration files, and the [`RunConfig`] handed to [`super::run`]. A mode keeps only what is its own (standalone: the node root it creates and
 //! the manifest directory; cluster: the API client, `/configz`, the early `/healthz`).
 
 use std::{fmt::Display, net::SocketAddr, path::Path, sync::Arc, time::Duration};
