@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// A memory cgroup directory as a node root of its own (v1's memory controller or v2).
+fn own_memory(dir: &Path, v1: bool) -> qoslet::eviction::MemoryCgroup {
+    let tree = if v1 {
+        qoslet::cgroup::Tree::V1(qoslet::cgroup::layout::Controller::Memory)
+    } else {
+        qoslet::cgroup::Tree::V2
+    };
+    qoslet::eviction::MemoryCgroup::own(dir, tree).expect("opening a test memory cgroup")
+}
+
 impl Hog {
     /// A hog that allocates at `rate_mib_s` MiB per second once released (`None`: at once).
     pub fn spawn_rate(cap_mib: u64, rate_mib_s: Option<f64>) -> Self {
@@ -85,12 +95,9 @@ impl EvictionNodeRoot {
         }
     }
 
+    /// The node root's memory cgroup, a node root of its own as the agent opens it.
     pub fn memory_cgroup(&self) -> qoslet::eviction::MemoryCgroup {
-        if self.v1 {
-            qoslet::eviction::MemoryCgroup::V1(self.memory.path.clone())
-        } else {
-            qoslet::eviction::MemoryCgroup::V2(self.memory.path.clone())
-        }
+        own_memory(&self.memory.path, self.v1)
     }
 
     /// The kernel's OOM kills in the node root and below. v2 `memory.events` counts the
@@ -98,7 +105,7 @@ impl EvictionNodeRoot {
     /// descendant is summed.
     pub fn oom_kills(&self) -> u64 {
         fn v1_tree(dir: &Path) -> u64 {
-            let own = qoslet::eviction::MemoryCgroup::V1(dir.to_owned())
+            let own = own_memory(dir, true)
                 .oom_kills()
                 .expect("reading memory.oom_control");
             let children: u64 = fs::read_dir(dir)
@@ -140,28 +147,18 @@ impl PodCgroup {
     }
 
     pub fn memory_cgroup(&self, v1: bool) -> qoslet::eviction::MemoryCgroup {
-        if v1 {
-            qoslet::eviction::MemoryCgroup::V1(self.memory.path.clone())
-        } else {
-            qoslet::eviction::MemoryCgroup::V2(self.memory.path.clone())
-        }
+        own_memory(&self.memory.path, v1)
     }
 
     /// What the eviction action may signal: only these cgroups' processes.
     /// Each directory is a node root of its own, opened beneath as the agent opens pods'.
     pub fn eviction_cgroups(&self, v1: bool) -> qoslet::eviction::PodCgroups {
-        use qoslet::{cgroup::Tree, eviction::PodDir};
-        let own = |path: &Path, tree| PodDir::own(path, tree).expect("opening a test cgroup");
-        let memory = own(
-            &self.memory.path,
-            if v1 {
-                Tree::V1(qoslet::cgroup::layout::Controller::Memory)
-            } else {
-                Tree::V2
-            },
-        );
+        use qoslet::{cgroup::Tree, eviction::CgroupBeneath};
+        let memory = own_memory(&self.memory.path, v1).dir().clone();
         let unified = if v1 {
-            self.unified.as_ref().map(|u| own(&u.path, Tree::Unified))
+            self.unified
+                .as_ref()
+                .map(|u| CgroupBeneath::own(&u.path, Tree::Unified).expect("opening a test cgroup"))
         } else {
             Some(memory.clone())
         };

@@ -364,12 +364,25 @@ impl CgroupFs {
     }
 
     pub fn read(&self, tree: Tree, cgroup: &CgroupPath, file: &str) -> io::Result<String> {
-        read_small(openat2(
+        read_small(self.open_file(tree, cgroup, file, libc::O_RDONLY)?)
+    }
+
+    /// Opens one of the cgroup's files with `flags` (`O_RDONLY` or `O_WRONLY`), beneath the node
+    /// root. Not `O_PATH`: with it `O_NOFOLLOW` opens a trailing symlink itself instead of
+    /// refusing it (openat2(2)).
+    pub fn open_file(
+        &self,
+        tree: Tree,
+        cgroup: &CgroupPath,
+        file: &str,
+        flags: libc::c_int,
+    ) -> io::Result<OwnedFd> {
+        openat2(
             self.root(tree)?,
             &Self::file_path(cgroup, file),
-            libc::O_RDONLY,
+            flags,
             RESOLVE,
-        )?)
+        )
     }
 
     pub fn write(
@@ -379,12 +392,7 @@ impl CgroupFs {
         file: &str,
         value: &str,
     ) -> io::Result<()> {
-        let fd = openat2(
-            self.root(tree)?,
-            &Self::file_path(cgroup, file),
-            libc::O_WRONLY,
-            RESOLVE,
-        )?;
+        let fd = self.open_file(tree, cgroup, file, libc::O_WRONLY)?;
         write_once(File::from(fd), value)
     }
 }

@@ -19,7 +19,7 @@ use std::{
 use super::{action::ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
     beneath,
-    cgroup::{CgroupPath, Mounts, fs::CgroupFs, name::check_pod_component},
+    cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
     eviction::EvictionRequest,
     node::state::EvictionMark,
     policy::settings::CgroupDriver,
@@ -29,23 +29,19 @@ use crate::{
 /// At start, after the first list of the node's pods: the writes of every marked pod the API
 /// server still shows live are queued again.
 pub fn at_start(
-    mounts: &Mounts,
-    node_root: &CgroupPath,
+    fs: &CgroupFs,
     driver: CgroupDriver,
     pods: &PodSet,
     action: &ApiEviction,
     queue: &WriteQueue,
 ) {
-    let Ok(fs) = CgroupFs::open(mounts.clone(), node_root.clone()) else {
-        return;
-    };
     let Some(unified) = crate::node::trees::unified_tree(fs.trees()) else {
         return;
     };
     let Ok(root_dir) = fs.open_dir_fd(unified, &CgroupPath::root()) else {
         return;
     };
-    let found = find(root_dir.as_fd(), node_root, driver);
+    let found = find(root_dir.as_fd(), fs.node_root(), driver);
     if found.is_empty() {
         return;
     }

@@ -249,7 +249,8 @@ pub async fn run(
         ),
     };
     let mounts = ModeStart::mounts()?;
-    let mut settings = start.settings(&kc_file, &kc, &mounts, capacity)?;
+    let fs = start.open_root(mounts).map_err(NodeError::NodeRoot)?;
+    let mut settings = start.settings(&kc_file, &kc, &fs, capacity)?;
     if start.qc.node_root_cgroup.is_some() {
         // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
         // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
@@ -310,18 +311,11 @@ pub async fn run(
         }),
     );
     if enforce {
-        marks::at_start(
-            &mounts,
-            &start.node_root,
-            settings.cgroup_driver,
-            source.pods(),
-            &action,
-            &queue,
-        );
+        marks::at_start(&fs, settings.cgroup_driver, source.pods(), &action, &queue);
     }
     let executor = Arc::new(KubeletExecutor::new(runtime));
     tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
-    let mut cfg = start.run_config(settings, &kc, mounts, runtime, opts.shutdown_grace);
+    let mut cfg = start.run_config(settings, &kc, fs, runtime, opts.shutdown_grace);
     cfg.listener = Some(listener);
     cfg.on_start = Some(on_start);
     let result = node::run(cfg, source, executor, action).await;

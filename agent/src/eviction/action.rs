@@ -7,7 +7,6 @@ use std::{
     io,
     os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -18,13 +17,12 @@ use nix::{
 };
 use thiserror::Error;
 
-use crate::{
-    beneath,
-    cgroup::{CgroupFs, CgroupPath, Tree},
-    policy::pod::PodKey,
-};
+use crate::{beneath, policy::pod::PodKey};
 
-use super::signals::{SignalError, parse_procs};
+use super::{
+    dir::CgroupBeneath,
+    signals::{SignalError, parse_procs},
+};
 
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,82 +33,17 @@ const POLL: Duration = Duration::from_millis(10);
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PodCgroups {
     /// Directories whose `cgroup.procs` are the pod's processes.
-    pub procs: Vec<PodDir>,
+    pub procs: Vec<CgroupBeneath>,
     /// A cgroup v2 directory with `cgroup.kill` (kernel 5.14+), when the pod has one.
-    pub unified: Option<PodDir>,
+    pub unified: Option<CgroupBeneath>,
 }
 
-/// One cgroup directory of a pod, named beneath the node root of one hierarchy and opened
-/// (`openat2` beneath that root, no symlinks) only when the action needs it: a pod's path comes
-/// from its manifest, and the directory may be replaced between the pass and the eviction.
-#[derive(Debug, Clone)]
-pub struct PodDir {
-    pub fs: Arc<CgroupFs>,
-    pub tree: Tree,
-    pub path: CgroupPath,
-}
-
-impl PartialEq for PodDir {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.fs, &other.fs) && self.tree == other.tree && self.path == other.path
-    }
-}
-
-impl Eq for PodDir {}
-
-impl PodDir {
-    /// `dir` as a node root of its own (tests; a directory outside any known layout).
-    pub fn own(dir: &Path, tree: Tree) -> Result<Self, crate::cgroup::fs::OpenRootError> {
-        let mounts = crate::cgroup::Mounts {
-            kind: crate::cgroup::LayoutKind::Unified,
-            trees: [(tree, dir.to_path_buf())].into(),
-        };
-        Ok(Self {
-            fs: Arc::new(CgroupFs::open(mounts, CgroupPath::root())?),
-            tree,
-            path: CgroupPath::root(),
-        })
-    }
-
-    /// The full path, for reports and the held descriptors' keys.
-    pub fn display(&self) -> PathBuf {
-        self.fs.display_path(self.tree, &self.path)
-    }
-
-    /// The directory, opened for reading beneath the node root.
-    pub fn open(&self) -> io::Result<OwnedFd> {
-        self.fs.open_dir_fd(self.tree, &self.path)
-    }
-
-    /// One of the directory's files, opened beneath it.
-    pub fn open_file(&self, file: &str, access: super::held::Access) -> io::Result<std::fs::File> {
-        let flags = match access {
-            super::held::Access::Read => libc::O_RDONLY,
-            super::held::Access::Write => libc::O_WRONLY,
-        };
-        let dir = self.open()?;
-        beneath::openat2(dir.as_raw_fd(), file, flags, 0, beneath::RESOLVE_STRICT).map(Into::into)
-    }
-
+impl CgroupBeneath {
     /// The pids of this directory's own `cgroup.procs` (through the held descriptor when there
     /// is one); an absent cgroup has none.
     pub fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
-        let path = self.display();
-        let procs_file = path.join("cgroup.procs");
-        if let Some(text) = super::held::read_held(&procs_file) {
-            return Ok(parse_procs(&text).collect());
-        }
         let mut out = Vec::new();
-        match self.open() {
-            Ok(fd) => read_procs_at(&fd, &path, &mut out)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(SignalError::Read {
-                    path: procs_file,
-                    source,
-                });
-            }
-        }
+        procs_of(self, false, &mut out)?;
         Ok(out)
     }
 }
@@ -242,10 +175,23 @@ fn procs(cgroups: &PodCgroups) -> Result<Vec<i32>, SignalError> {
 /// The pids of `dir` and its descendants. The directory is opened beneath the node root, its
 /// descendants beneath it, one component at a time; its own `cgroup.procs` is read through the
 /// held descriptor when there is one (`held.rs`).
-fn procs_below(dir: &PodDir, out: &mut Vec<i32>) -> Result<(), SignalError> {
+fn procs_below(dir: &CgroupBeneath, out: &mut Vec<i32>) -> Result<(), SignalError> {
+    procs_of(dir, true, out)
+}
+
+/// The pids of `dir`'s own `cgroup.procs`, through the held descriptor when there is one, else
+/// from the directory opened beneath the node root; with `descendants`, theirs too, reached from
+/// that directory (opened even when the descriptor is held).
+fn procs_of(dir: &CgroupBeneath, descendants: bool, out: &mut Vec<i32>) -> Result<(), SignalError> {
     let path = dir.display();
     let procs_file = path.join("cgroup.procs");
     let held = super::held::read_held(&procs_file);
+    if let Some(text) = &held
+        && !descendants
+    {
+        out.extend(parse_procs(text));
+        return Ok(());
+    }
     let fd = match dir.open() {
         Ok(fd) => fd,
         // Listing the children failing was never an error (a process out of descriptors).
@@ -266,7 +212,10 @@ fn procs_below(dir: &PodDir, out: &mut Vec<i32>) -> Result<(), SignalError> {
         Some(text) => out.extend(parse_procs(&text)),
         None => read_procs_at(&fd, &path, out)?,
     }
-    children_procs(&fd, &path, out)
+    if descendants {
+        children_procs(&fd, &path, out)?;
+    }
+    Ok(())
 }
 
 fn read_procs_at(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), SignalError> {
@@ -391,7 +340,7 @@ fn say_no_mrelease() {
 /// Writes `cgroup.kill` of `dir`: through the held descriptor, else opened beneath the
 /// directory. When it went out; `None` when the kernel has no `cgroup.kill` (or the cgroup is
 /// gone), which leaves the SIGKILL loop.
-fn kill_cgroup(dir: &PodDir) -> Result<Option<Instant>, ActionError> {
+fn kill_cgroup(dir: &CgroupBeneath) -> Result<Option<Instant>, ActionError> {
     let display = dir.display();
     let path = display.join("cgroup.kill");
     let at = Instant::now();

@@ -4,16 +4,18 @@
 //! `cgroup.procs` and `cgroup.kill`, opened when the pod enters the inventory ([`Manager`](super::Manager)) and
 //! closed when it leaves. Reads of a held file are `pread` from offset 0 (cgroup files are
 //! seq_files, which restart there); a held file that fails (its cgroup was removed and made
-//! again) is dropped and the path opened as before.
+//! again) is dropped and the file opened beneath the node root as before.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs::{File, OpenOptions},
+    collections::BTreeMap,
+    fs::File,
     io,
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
     sync::{Arc, LazyLock, Mutex},
 };
+
+use super::dir::CgroupBeneath;
 
 /// Whether a held file is read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -24,44 +26,34 @@ pub enum Access {
 
 static HELD: LazyLock<Mutex<BTreeMap<PathBuf, Arc<File>>>> = LazyLock::new(Mutex::default);
 
-/// Holds exactly `wanted` from now on: opens what is new, closes what is no longer wanted.
-/// Returns the paths that could not be opened.
-pub fn hold_only(wanted: &BTreeSet<(PathBuf, Access)>) -> Vec<(PathBuf, io::Error)> {
-    hold_only_with(wanted, open)
-}
-
-/// [`hold_only`], opening each new file with `open` (a pod's files are opened beneath the node
-/// root, through [`PodDir`](super::PodDir)).
-pub fn hold_only_with(
-    wanted: &BTreeSet<(PathBuf, Access)>,
-    open: impl Fn(&Path, Access) -> io::Result<File>,
+/// Holds exactly the files of `wanted` (a directory, a file name, how it is used) from now on:
+/// opens what is new beneath the node root ([`CgroupBeneath::open_file`]), closes what is no
+/// longer wanted. Held files are keyed by their full paths. Returns the paths that could not be
+/// opened.
+pub fn hold_only<'a>(
+    wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
 ) -> Vec<(PathBuf, io::Error)> {
+    let wanted: BTreeMap<PathBuf, (&CgroupBeneath, &str, Access)> = wanted
+        .into_iter()
+        .map(|w @ (dir, file, _)| (dir.file_display(file), w))
+        .collect();
     let mut held = crate::lock(&HELD);
-    let paths: BTreeSet<&Path> = wanted.iter().map(|(p, _)| p.as_path()).collect();
-    held.retain(|p, _| paths.contains(p.as_path()));
+    held.retain(|p, _| wanted.contains_key(p));
     let mut failed = Vec::new();
-    for (path, access) in wanted {
-        if held.contains_key(path) {
+    for (path, (dir, file, access)) in wanted {
+        if held.contains_key(&path) {
             continue;
         }
-        match open(path, *access) {
+        match dir.open_file(file, access) {
             Ok(f) => {
-                held.insert(path.clone(), Arc::new(f));
+                held.insert(path, Arc::new(f));
             }
             // A file the kernel lacks (cgroup.kill before 5.14, a v1 hierarchy) is not needed.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => failed.push((path.clone(), e)),
+            Err(e) => failed.push((path, e)),
         }
     }
     failed
-}
-
-/// Opens a file by its path.
-pub fn open(path: &Path, access: Access) -> io::Result<File> {
-    match access {
-        Access::Read => File::open(path),
-        Access::Write => OpenOptions::new().write(true).open(path),
-    }
 }
 
 fn get(path: &Path) -> Option<Arc<File>> {
@@ -75,14 +67,6 @@ fn forget(path: &Path) {
 /// How many files are held (tests).
 pub fn count() -> usize {
     crate::lock(&HELD).len()
-}
-
-/// Reads a whole file, through its held descriptor when there is one.
-pub fn read_to_string(path: &Path) -> io::Result<String> {
-    match read_held(path) {
-        Some(s) => Ok(s),
-        None => std::fs::read_to_string(path),
-    }
 }
 
 /// Reads a whole file through its held descriptor; `None` when it is not held (or failed).
@@ -129,13 +113,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("memory.current");
         std::fs::write(&file, "4096\n").unwrap();
-        let wanted = BTreeSet::from([(file.clone(), Access::Read)]);
-        assert!(hold_only(&wanted).is_empty());
+        let cgroup = CgroupBeneath::own(&dir, crate::cgroup::Tree::V2).unwrap();
+        assert!(hold_only([(&cgroup, "memory.current", Access::Read)]).is_empty());
         assert!(get(&file).is_some());
         // The same inode read again from offset 0 after a change.
         std::fs::write(&file, "8192\n").unwrap();
-        assert_eq!(read_to_string(&file).unwrap(), "8192\n");
-        assert!(hold_only(&BTreeSet::new()).is_empty());
+        assert_eq!(read_held(&file).unwrap(), "8192\n");
+        assert!(hold_only([]).is_empty());
         assert!(get(&file).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -5,7 +5,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -16,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use super::{
     action::{ActionError, EvictionAction, EvictionRequest, PodCgroups},
     conditions::{ConditionState, NodeCondition},
+    dir::CgroupBeneath,
     held::{self, Access},
     node::NodeSignals,
     select::{Order, Sample, choose},
@@ -194,32 +194,25 @@ impl<A: EvictionAction> Manager<A> {
     /// every pod of the current inventory; closes those of pods that left it.
     pub fn hold_files(&self) {
         let inventory = self.inventory.borrow().clone();
-        let mut wanted: BTreeSet<(PathBuf, Access)> = self
+        let mut wanted: Vec<(&CgroupBeneath, &str, Access)> = self
             .signals
             .files()
             .into_iter()
-            .map(|f| (f, Access::Read))
+            .map(|(dir, file)| (dir, file, Access::Read))
             .collect();
-        // The pods' cgroup files, by their held key, opened beneath the node root.
-        let mut beneath = BTreeMap::new();
         for p in &inventory.pods {
-            wanted.extend(p.memory.files().into_iter().map(|f| (f, Access::Read)));
+            wanted.extend(
+                p.memory
+                    .files()
+                    .map(|(dir, file)| (dir, file, Access::Read)),
+            );
             // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
-                let dir = u.display();
-                for (file, access) in [
-                    ("cgroup.procs", Access::Read),
-                    ("cgroup.kill", Access::Write),
-                ] {
-                    wanted.insert((dir.join(file), access));
-                    beneath.insert(dir.join(file), (u, file));
-                }
+                wanted.push((u, "cgroup.procs", Access::Read));
+                wanted.push((u, "cgroup.kill", Access::Write));
             }
         }
-        let failed = held::hold_only_with(&wanted, |path, access| match beneath.get(path) {
-            Some((dir, file)) => dir.open_file(file, access),
-            None => held::open(path, access),
-        });
+        let failed = held::hold_only(wanted);
         if let Some((path, e)) = failed.first() {
             tracing::warn!(path = %path.display(), error = %e, failed = failed.len(), "Could not keep eviction files open; they are opened when needed.");
         }

@@ -2,11 +2,12 @@
 //! kubelet thresholds and node conditions, the kubelet's ranking with a gang-aware layer, and
 //! actions, woken by kernel events with a housekeeping interval as the floor.
 //!
-//! [`signals`] and [`node`] read cgroup files; [`thresholds`], [`conditions`] and [`select`]
+//! [`signals`] and [`node`] read cgroup files, each opened beneath the node root ([`dir`]); [`thresholds`], [`conditions`] and [`select`]
 //! are pure; [`action`] signals processes; [`watch`] produces wake-ups; [`manager`] ties them.
 
 pub mod action;
 pub mod conditions;
+pub mod dir;
 pub mod held;
 pub mod manager;
 pub mod node;
@@ -16,10 +17,9 @@ pub mod stats;
 pub mod thresholds;
 pub mod watch;
 
-pub use action::{
-    CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups, PodDir,
-};
+pub use action::{CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups};
 pub use conditions::{Admission, NodeCondition, admit};
+pub use dir::CgroupBeneath;
 pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;
 pub use select::Order;

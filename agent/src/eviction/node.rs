@@ -1,8 +1,7 @@
 //! The node-level observations of one pass (`makeSignalObservations`), read fresh.
 
-use std::path::PathBuf;
-
 use super::{
+    dir::CgroupBeneath,
     signals::{MemoryCgroup, SignalError, pid_max, read_pids},
     thresholds::{Observations, Observed},
 };
@@ -17,19 +16,18 @@ pub struct NodeSignals {
     /// The pods' cgroup: `allocatableMemory.available` = its limit - its working set.
     pub kubepods: Option<MemoryCgroup>,
     /// A pids cgroup of the node root: `pid.available` = pids.max (or pid_max) - pids.current.
-    pub pids: Option<PathBuf>,
+    pub pids: Option<CgroupBeneath>,
 }
 
 impl NodeSignals {
-    /// Every file [`NodeSignals::observe`] reads.
-    pub fn files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = self.node_root.files().into();
+    /// Every file [`NodeSignals::observe`] reads, by its directory.
+    pub fn files(&self) -> Vec<(&CgroupBeneath, &'static str)> {
+        let mut files: Vec<_> = self.node_root.files().into();
         if let Some(k) = &self.kubepods {
             files.extend(k.files());
         }
         if let Some(p) = &self.pids {
-            files.push(p.join("pids.current"));
-            files.push(p.join("pids.max"));
+            files.extend([(p, "pids.current"), (p, "pids.max")]);
         }
         files
     }
@@ -41,7 +39,7 @@ impl NodeSignals {
             self.capacity_bytes
                 .or(root.limit_bytes)
                 .ok_or_else(|| SignalError::NoCapacity {
-                    path: self.node_root.path().to_owned(),
+                    path: self.node_root.display(),
                 })?;
         obs.insert(
             "memory.available".into(),
@@ -52,9 +50,9 @@ impl NodeSignals {
         );
         if let Some(k) = &self.kubepods {
             let r = k.read()?;
-            let capacity = r.limit_bytes.ok_or_else(|| SignalError::NoCapacity {
-                path: k.path().to_owned(),
-            })?;
+            let capacity = r
+                .limit_bytes
+                .ok_or_else(|| SignalError::NoCapacity { path: k.display() })?;
             obs.insert(
                 "allocatableMemory.available".into(),
                 Observed {

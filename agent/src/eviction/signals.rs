@@ -19,7 +19,8 @@ use std::{
 
 use thiserror::Error;
 
-use crate::cgroup::value::flat_keyed;
+use super::dir::CgroupBeneath;
+use crate::cgroup::{Tree, fs::OpenRootError, value::flat_keyed};
 
 /// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
 const V1_UNLIMITED: i64 = 1 << 62;
@@ -40,14 +41,38 @@ pub enum SignalError {
     NoCapacity { path: PathBuf },
 }
 
-/// A memory cgroup directory and the hierarchy version it belongs to.
+/// A memory cgroup directory: of the v1 memory controller, or a cgroup v2 directory with the
+/// memory controller enabled; its hierarchy says which. Every file is read through its held
+/// descriptor or opened beneath the node root ([`CgroupBeneath::read`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MemoryCgroup {
-    /// A directory of the v1 memory controller (`/sys/fs/cgroup/memory/...`).
-    V1(PathBuf),
-    /// A cgroup v2 directory with the memory controller enabled.
-    V2(PathBuf),
+pub struct MemoryCgroup {
+    dir: CgroupBeneath,
 }
+
+/// The files (and the `memory.stat` field) one hierarchy version reads.
+struct Files {
+    usage: &'static str,
+    stat: &'static str,
+    inactive_file: &'static str,
+    limit: &'static str,
+    oom: &'static str,
+}
+
+const V1_FILES: Files = Files {
+    usage: "memory.usage_in_bytes",
+    stat: "memory.stat",
+    inactive_file: "total_inactive_file",
+    limit: "memory.limit_in_bytes",
+    oom: "memory.oom_control",
+};
+
+const V2_FILES: Files = Files {
+    usage: "memory.current",
+    stat: "memory.stat",
+    inactive_file: "inactive_file",
+    limit: "memory.max",
+    oom: "memory.events",
+};
 
 /// One memory reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,39 +91,48 @@ impl MemoryReading {
 }
 
 impl MemoryCgroup {
-    pub fn path(&self) -> &Path {
-        match self {
-            Self::V1(p) | Self::V2(p) => p,
-        }
+    /// The memory directory `dir` (of the v2 tree, or of v1's memory controller).
+    pub fn new(dir: CgroupBeneath) -> Self {
+        Self { dir }
+    }
+
+    /// `dir` as a node root of its own ([`CgroupBeneath::own`]; tests and benches).
+    pub fn own(dir: &Path, tree: Tree) -> Result<Self, OpenRootError> {
+        CgroupBeneath::own(dir, tree).map(Self::new)
+    }
+
+    pub fn dir(&self) -> &CgroupBeneath {
+        &self.dir
+    }
+
+    /// Whether this is a cgroup v2 directory (else v1's memory controller).
+    pub fn is_v2(&self) -> bool {
+        self.dir.tree == Tree::V2
+    }
+
+    /// The full path, for reports.
+    pub fn display(&self) -> PathBuf {
+        self.dir.display()
+    }
+
+    fn names(&self) -> &'static Files {
+        if self.is_v2() { &V2_FILES } else { &V1_FILES }
     }
 
     /// The file whose usage crossing a level the watchers wait for.
-    pub fn usage_file(&self) -> PathBuf {
-        match self {
-            Self::V1(p) => p.join("memory.usage_in_bytes"),
-            Self::V2(p) => p.join("memory.current"),
-        }
+    pub fn usage_file(&self) -> &'static str {
+        self.names().usage
     }
 
-    /// Every file [`MemoryCgroup::read`] reads.
-    pub fn files(&self) -> [PathBuf; 3] {
-        match self {
-            Self::V1(p) => [
-                p.join("memory.usage_in_bytes"),
-                p.join("memory.stat"),
-                p.join("memory.limit_in_bytes"),
-            ],
-            Self::V2(p) => [
-                p.join("memory.current"),
-                p.join("memory.stat"),
-                p.join("memory.max"),
-            ],
-        }
+    /// Every file [`MemoryCgroup::read`] reads, by its directory.
+    pub fn files(&self) -> [(&CgroupBeneath, &'static str); 3] {
+        let f = self.names();
+        [f.usage, f.stat, f.limit].map(|file| (&self.dir, file))
     }
 
     /// Usage only (one read), for the watchers' fast path.
     pub fn usage(&self) -> Result<i64, SignalError> {
-        match read_i64(&self.usage_file()) {
+        match self.read_i64(self.usage_file()) {
             Err(e) if self.is_v2_root(&e) => meminfo_usage(),
             other => other,
         }
@@ -109,9 +143,9 @@ impl MemoryCgroup {
     /// root's usage counts the whole page cache, so on a node with a warm cache it would sit
     /// above any level and wake the manager at every check.
     pub fn level_usage(&self) -> Result<i64, SignalError> {
-        match read_i64(&self.usage_file()) {
+        match self.read_i64(self.usage_file()) {
             Err(e) if self.is_v2_root(&e) => {
-                let text = read(Path::new(MEMINFO))?;
+                let text = read_proc(Path::new(MEMINFO))?;
                 meminfo_working_set_of(&text).ok_or_else(|| SignalError::Parse {
                     path: MEMINFO.into(),
                     content: text,
@@ -124,9 +158,9 @@ impl MemoryCgroup {
     /// Whether `e` (from reading one of its memory files) says this is the root of a cgroup v2
     /// hierarchy, which has none (only the root lacks `cgroup.type`).
     fn is_v2_root(&self, e: &SignalError) -> bool {
-        matches!(self, Self::V2(_))
+        self.is_v2()
             && matches!(e, SignalError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound)
-            && !self.path().join("cgroup.type").exists()
+            && self.dir.has_file("cgroup.type").is_ok_and(|has| !has)
     }
 
     pub fn read(&self) -> Result<MemoryReading, SignalError> {
@@ -136,31 +170,21 @@ impl MemoryCgroup {
     /// The reading and the `memory.stat` text it came from (the Summary API takes more fields
     /// from the same read).
     pub fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
-        let (usage, stat, field, limit) = match self {
-            Self::V1(p) => (
-                p.join("memory.usage_in_bytes"),
-                p.join("memory.stat"),
-                "total_inactive_file",
-                p.join("memory.limit_in_bytes"),
-            ),
-            Self::V2(p) => (
-                p.join("memory.current"),
-                p.join("memory.stat"),
-                "inactive_file",
-                p.join("memory.max"),
-            ),
-        };
-        let (usage_bytes, root) = match read_i64(&usage) {
+        let f = self.names();
+        let (usage_bytes, root) = match self.read_i64(f.usage) {
             Err(e) if self.is_v2_root(&e) => (meminfo_usage()?, true),
             other => (other?, false),
         };
-        let stat_text = read(&stat)?;
+        let stat_text = self.read_file(f.stat)?;
         let inactive_file_bytes =
-            stat_field(&stat_text, field).ok_or(SignalError::MissingField { path: stat, field })?;
+            stat_field(&stat_text, f.inactive_file).ok_or_else(|| SignalError::MissingField {
+                path: self.dir.file_display(f.stat),
+                field: f.inactive_file,
+            })?;
         let limit_bytes = if root {
             None
         } else {
-            read_limit(&limit)?.filter(|&l| l < V1_UNLIMITED)
+            self.read_limit(f.limit)?.filter(|&l| l < V1_UNLIMITED)
         };
         Ok((
             MemoryReading {
@@ -175,20 +199,29 @@ impl MemoryCgroup {
     /// The kernel's OOM-kill count (v2 `memory.events` `oom_kill`, which includes descendants;
     /// v1 `memory.oom_control` `oom_kill`, which counts only kills charged to this memcg itself).
     pub fn oom_kills(&self) -> Result<u64, SignalError> {
-        let file = match self {
-            Self::V1(p) => p.join("memory.oom_control"),
-            Self::V2(p) => p.join("memory.events"),
-        };
-        let text = match read(&file) {
-            Err(e) if self.is_v2_root(&e) => read(Path::new(VMSTAT))?,
+        let file = self.names().oom;
+        let text = match self.read_file(file) {
+            Err(e) if self.is_v2_root(&e) => read_proc(Path::new(VMSTAT))?,
             other => other?,
         };
         stat_field(&text, "oom_kill")
             .map(|v| v.max(0) as u64)
-            .ok_or(SignalError::MissingField {
-                path: file,
+            .ok_or_else(|| SignalError::MissingField {
+                path: self.dir.file_display(file),
                 field: "oom_kill",
             })
+    }
+
+    fn read_file(&self, file: &str) -> Result<String, SignalError> {
+        read_beneath(&self.dir, file)
+    }
+
+    fn read_i64(&self, file: &str) -> Result<i64, SignalError> {
+        parse_i64(self.dir.file_display(file), self.read_file(file)?)
+    }
+
+    fn read_limit(&self, file: &str) -> Result<Option<i64>, SignalError> {
+        parse_limit(self.dir.file_display(file), self.read_file(file)?)
     }
 }
 
@@ -200,10 +233,12 @@ pub struct PidsReading {
     pub max: Option<i64>,
 }
 
-pub fn read_pids(dir: &Path) -> Result<PidsReading, SignalError> {
+/// `pids.current` and `pids.max` of a pids cgroup (v1's pids controller or a v2 directory).
+pub fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
+    let read = |file| read_beneath(dir, file);
     Ok(PidsReading {
-        current: read_i64(&dir.join("pids.current"))?,
-        max: read_limit(&dir.join("pids.max"))?,
+        current: parse_i64(dir.file_display("pids.current"), read("pids.current")?)?,
+        max: parse_limit(dir.file_display("pids.max"), read("pids.max")?)?,
     })
 }
 
@@ -214,7 +249,8 @@ pub fn parse_procs(text: &str) -> impl Iterator<Item = i32> + '_ {
 
 /// `/proc/sys/kernel/pid_max`: the capacity when the node root has no `pids.max`.
 pub fn pid_max() -> Result<i64, SignalError> {
-    read_i64(Path::new("/proc/sys/kernel/pid_max"))
+    let path = Path::new("/proc/sys/kernel/pid_max");
+    parse_i64(path.to_owned(), read_proc(path)?)
 }
 
 /// One value of a `key value` file (memory.stat, memory.events, memory.oom_control).
@@ -227,7 +263,7 @@ const VMSTAT: &str = "/proc/vmstat";
 
 /// `MemTotal - MemFree` of `/proc/meminfo`, in bytes: the v2 root's usage.
 fn meminfo_usage() -> Result<i64, SignalError> {
-    let text = read(Path::new(MEMINFO))?;
+    let text = read_proc(Path::new(MEMINFO))?;
     meminfo_usage_of(&text).ok_or_else(|| SignalError::Parse {
         path: MEMINFO.into(),
         content: text,
@@ -252,28 +288,35 @@ fn meminfo_working_set_of(text: &str) -> Option<i64> {
     Some(((kib("MemTotal")? - kib("MemFree")? - kib("Inactive(file)")?) * 1024).max(0))
 }
 
-fn read(path: &Path) -> Result<String, SignalError> {
-    super::held::read_to_string(path).map_err(|source| SignalError::Read {
+/// A file of `dir`, held or opened beneath the node root.
+fn read_beneath(dir: &CgroupBeneath, file: &str) -> Result<String, SignalError> {
+    dir.read(file).map_err(|source| SignalError::Read {
+        path: dir.file_display(file),
+        source,
+    })
+}
+
+/// A file of `/proc` (a fixed path, not input).
+fn read_proc(path: &Path) -> Result<String, SignalError> {
+    std::fs::read_to_string(path).map_err(|source| SignalError::Read {
         path: path.to_owned(),
         source,
     })
 }
 
-fn read_i64(path: &Path) -> Result<i64, SignalError> {
-    let text = read(path)?;
+fn parse_i64(path: PathBuf, text: String) -> Result<i64, SignalError> {
     text.trim().parse().map_err(|_| SignalError::Parse {
-        path: path.to_owned(),
+        path,
         content: text,
     })
 }
 
 /// A number, or `max` (v2) as `None`.
-fn read_limit(path: &Path) -> Result<Option<i64>, SignalError> {
-    let text = read(path)?;
+fn parse_limit(path: PathBuf, text: String) -> Result<Option<i64>, SignalError> {
     match text.trim() {
         "max" => Ok(None),
         t => t.parse().map(Some).map_err(|_| SignalError::Parse {
-            path: path.to_owned(),
+            path,
             content: text,
         }),
     }
@@ -281,9 +324,115 @@ fn read_limit(path: &Path) -> Result<Option<i64>, SignalError> {
 
 #[cfg(test)]
 mod tests {
-    use std::fs;
+    use std::{fs, sync::Arc};
 
     use super::*;
+    use crate::cgroup::{CgroupFs, CgroupPath, LayoutKind, Mounts, layout::Controller};
+
+    const V1_MEMORY: Tree = Tree::V1(Controller::Memory);
+
+    struct TempDir(PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The files of a memory and pids cgroup of either version, as the kernel shows them.
+    fn memory_files(dir: &Path) {
+        fs::create_dir_all(dir).unwrap();
+        for (file, text) in [
+            ("memory.usage_in_bytes", "1000\n"),
+            ("memory.limit_in_bytes", "4096\n"),
+            ("memory.oom_control", "oom_kill 3\n"),
+            ("memory.current", "1000\n"),
+            ("memory.max", "4096\n"),
+            ("memory.events", "oom_kill 3\n"),
+            (
+                "memory.stat",
+                "inactive_file 100\ntotal_inactive_file 100\n",
+            ),
+            ("cgroup.type", "domain\n"),
+            ("pids.current", "3\n"),
+            ("pids.max", "max\n"),
+        ] {
+            fs::write(dir.join(file), text).unwrap();
+        }
+    }
+
+    /// A node root whose memory cgroup directory, an ancestor of it, or one of its files, was
+    /// replaced by a symlink to a directory outside the root holding readable memory and pids
+    /// files: nothing is read there, and nothing falls back to `/proc` as the v2 root would.
+    #[test]
+    fn a_memory_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
+        let t = TempDir(
+            std::env::temp_dir().join(format!("qoslet-signals-beneath-{}", std::process::id())),
+        );
+        let _ = fs::remove_dir_all(&t.0);
+        let (root, outside) = (t.0.join("root"), t.0.join("outside"));
+        memory_files(&root.join("kubepods/real"));
+        memory_files(&outside);
+        std::os::unix::fs::symlink(&outside, root.join("podlink")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("kubelink")).unwrap();
+        fs::create_dir_all(root.join("filelink")).unwrap();
+        for file in ["memory.current", "memory.usage_in_bytes", "pids.current"] {
+            std::os::unix::fs::symlink(outside.join(file), root.join("filelink").join(file))
+                .unwrap();
+        }
+        for tree in [Tree::V2, V1_MEMORY] {
+            let fs = Arc::new(
+                CgroupFs::open(
+                    Mounts {
+                        kind: LayoutKind::Unified,
+                        trees: [(tree, root.clone())].into(),
+                    },
+                    CgroupPath::root(),
+                )
+                .unwrap(),
+            );
+            let dir = |path: &str| CgroupBeneath {
+                fs: fs.clone(),
+                tree,
+                path: CgroupPath::parse(path).unwrap(),
+            };
+            // The control: a real directory is read, all of it.
+            let real = MemoryCgroup::new(dir("/kubepods/real"));
+            let r = real.read().unwrap();
+            assert_eq!((r.working_set(), r.limit_bytes), (900, Some(4096)));
+            assert_eq!(real.usage().unwrap(), 1000);
+            assert_eq!(real.level_usage().unwrap(), 1000);
+            assert_eq!(real.oom_kills().unwrap(), 3);
+            assert_eq!(read_pids(real.dir()).unwrap().current, 3);
+            assert!(real.dir().exists());
+            assert!(real.dir().inode().is_ok());
+
+            for path in ["/podlink", "/kubelink/x", "/kubelink", "/filelink"] {
+                let m = MemoryCgroup::new(dir(path));
+                let refused = |e: &SignalError| {
+                    matches!(e, SignalError::Read { source, .. }
+                        if matches!(source.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)))
+                };
+                let e = m.usage().expect_err(path);
+                assert!(refused(&e), "{tree:?} {path}: {e:?}");
+                let e = m.level_usage().expect_err(path);
+                assert!(refused(&e), "{tree:?} {path}: {e:?}");
+                let e = m.read().expect_err(path);
+                assert!(refused(&e), "{tree:?} {path}: {e:?}");
+                let e = read_pids(m.dir()).expect_err(path);
+                assert!(refused(&e), "{tree:?} {path}: {e:?}");
+                let usage = m
+                    .dir()
+                    .open_file(m.usage_file(), super::super::held::Access::Read);
+                assert!(usage.is_err(), "{tree:?} {path}");
+                assert!(m.dir().has_file(m.usage_file()).is_err(), "{tree:?} {path}");
+                if path != "/filelink" {
+                    assert!(m.oom_kills().is_err(), "{tree:?} {path}");
+                    assert!(!m.dir().exists(), "{tree:?} {path}");
+                    assert!(m.dir().inode().is_err(), "{tree:?} {path}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn working_set_subtracts_inactive_file_with_a_floor_of_zero() {
@@ -323,12 +472,12 @@ mod tests {
         fs::write(v2.join("memory.max"), "4096\n").unwrap();
         fs::write(v2.join("pids.current"), "3\n").unwrap();
         fs::write(v2.join("pids.max"), "max\n").unwrap();
-        let r1 = MemoryCgroup::V1(v1).read().unwrap();
+        let r1 = MemoryCgroup::own(&v1, V1_MEMORY).unwrap().read().unwrap();
         assert_eq!((r1.working_set(), r1.limit_bytes), (700, None));
-        let r2 = MemoryCgroup::V2(v2.clone()).read().unwrap();
+        let r2 = MemoryCgroup::own(&v2, Tree::V2).unwrap().read().unwrap();
         assert_eq!((r2.working_set(), r2.limit_bytes), (1500, Some(4096)));
         assert_eq!(
-            read_pids(&v2).unwrap(),
+            read_pids(&CgroupBeneath::own(&v2, Tree::V2).unwrap()).unwrap(),
             PidsReading {
                 current: 3,
                 max: None
@@ -367,13 +516,17 @@ mod tests {
         // Only a non-root v2 cgroup has cgroup.type: a child missing memory.current is an error.
         fs::write(child.join("cgroup.type"), "domain\n").unwrap();
         let machine = meminfo_usage().unwrap();
-        let r = MemoryCgroup::V2(root.clone()).read().unwrap();
+        let (root, child) = (
+            MemoryCgroup::own(&root, Tree::V2).unwrap(),
+            MemoryCgroup::own(&child, Tree::V2).unwrap(),
+        );
+        let r = root.read().unwrap();
         assert!(r.usage_bytes > 0 && r.limit_bytes.is_none());
         assert!((r.usage_bytes - machine).abs() < 1 << 30);
-        assert!(MemoryCgroup::V2(root.clone()).usage().unwrap() > 0);
-        assert!(MemoryCgroup::V2(root).oom_kills().is_ok());
-        assert!(MemoryCgroup::V2(child.clone()).read().is_err());
-        assert!(MemoryCgroup::V2(child).oom_kills().is_err());
+        assert!(root.usage().unwrap() > 0);
+        assert!(root.oom_kills().is_ok());
+        assert!(child.read().is_err());
+        assert!(child.oom_kills().is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

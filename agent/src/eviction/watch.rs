@@ -20,7 +20,6 @@
 //! The watcher only wakes the manager; the manager reads every signal afresh.
 
 use std::{
-    fs,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::PathBuf,
     time::{Duration, Instant},
@@ -29,7 +28,7 @@ use std::{
 use thiserror::Error;
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
-use super::signals::MemoryCgroup;
+use super::{dir::CgroupBeneath, held::Access, signals::MemoryCgroup};
 use crate::sensors::{
     SensorEvent,
     event::{PressureScope, ReclaimKind, boot_now_ns},
@@ -191,16 +190,17 @@ pub fn spawn_watcher(
     cfg: WatchConfig,
     tx: mpsc::Sender<Wake>,
 ) -> Result<JoinHandle<()>, MemoryWatchError> {
-    let notifier = match &cfg.node_root {
-        MemoryCgroup::V1(dir) => Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?),
-        MemoryCgroup::V2(dir)
-            if cfg.poll.is_some()
-                && dir.join("cgroup.procs").exists()
-                && !dir.join("cgroup.type").exists() =>
-        {
-            Notifier::None
-        }
-        MemoryCgroup::V2(dir) => Notifier::Events(inotify_events(&dir.join("memory.events"))?),
+    let dir = cfg.node_root.dir();
+    let has = |file| dir.has_file(file).ok();
+    let notifier = if !cfg.node_root.is_v2() {
+        Notifier::Threshold(threshold_eventfd(dir, cfg.level_bytes)?)
+    } else if cfg.poll.is_some()
+        && has("cgroup.procs") == Some(true)
+        && has("cgroup.type") == Some(false)
+    {
+        Notifier::None
+    } else {
+        Notifier::Events(inotify_events(dir, "memory.events")?)
     };
     Ok(tokio::spawn(run(cfg, notifier, tx)))
 }
@@ -248,8 +248,15 @@ fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
         .map_err(|e| sys("registering with the runtime")(e.into_parts().1))
 }
 
-/// An inotify descriptor watching `file` for modifications (memory.events changes).
-fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
+/// An inotify descriptor watching `file` of `dir` for modifications (memory.events changes).
+/// The file is opened beneath the node root and the watch added through its descriptor's
+/// `/proc/self/fd` link (inotify takes only a path), so it lands on the file opened.
+fn inotify_events(dir: &CgroupBeneath, file: &str) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
+    let register_err = |source| MemoryWatchError::Register {
+        path: dir.file_display(file),
+        source,
+    };
+    let target = dir.open_file(file, Access::Read).map_err(register_err)?;
     // SAFETY: inotify_init1(2) with valid flags; the result is checked before it is owned.
     let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
     if raw < 0 {
@@ -260,19 +267,14 @@ fn inotify_events(file: &std::path::Path) -> Result<AsyncFd<OwnedFd>, MemoryWatc
     }
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).map_err(|e| {
-        MemoryWatchError::Sys {
-            what: "inotify path",
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-        }
-    })?;
+    let link = std::ffi::CString::new(format!("/proc/self/fd/{}", target.as_raw_fd()))
+        .expect("no NUL in a number");
     // SAFETY: a valid descriptor and a NUL-terminated path.
-    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_MODIFY) } < 0 {
-        return Err(MemoryWatchError::Register {
-            path: file.to_owned(),
-            source: std::io::Error::last_os_error(),
-        });
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), link.as_ptr(), libc::IN_MODIFY) } < 0 {
+        return Err(register_err(std::io::Error::last_os_error()));
     }
+    // The watch holds the inode; the descriptor that named it may close.
+    drop(target);
     register(fd)
 }
 
@@ -311,9 +313,10 @@ async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
     }
 }
 
-/// Registers `memory.usage_in_bytes >= level` (either crossing) on a v1 memory cgroup.
+/// Registers `memory.usage_in_bytes >= level` (either crossing) on a v1 memory cgroup; both
+/// files are opened beneath the node root.
 fn threshold_eventfd(
-    dir: &std::path::Path,
+    dir: &CgroupBeneath,
     level: i64,
 ) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
     // SAFETY: eventfd(2) with valid flags; the result is checked before it is owned.
@@ -326,14 +329,17 @@ fn threshold_eventfd(
     }
     // SAFETY: `raw` is a fresh descriptor nobody else owns.
     let efd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let usage = fs::File::open(dir.join("memory.usage_in_bytes"))
+    let usage = dir
+        .open_file("memory.usage_in_bytes", Access::Read)
         .map_err(sys("opening memory.usage_in_bytes"))?;
-    let control = dir.join("cgroup.event_control");
+    let control = "cgroup.event_control";
     let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), level.max(0));
-    fs::write(&control, line).map_err(|source| MemoryWatchError::Register {
-        path: control,
-        source,
-    })?;
+    dir.fs
+        .write(dir.tree, &dir.path, control, &line)
+        .map_err(|source| MemoryWatchError::Register {
+            path: dir.file_display(control),
+            source,
+        })?;
     // The kernel holds its own reference to the usage file; ours may close.
     drop(usage);
     register(efd)
@@ -341,7 +347,52 @@ fn threshold_eventfd(
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::cgroup::Tree;
+
+    /// The v2 watcher's inotify watch is added through the descriptor opened beneath the node
+    /// root: a change of that `memory.events` wakes the manager, and a `memory.events` that is
+    /// a symlink out of the root is refused at the start.
+    #[tokio::test]
+    async fn memory_events_are_watched_through_the_file_opened_beneath_the_root() {
+        let dir = std::env::temp_dir().join(format!("qoslet-watch-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, outside) = (dir.join("root"), dir.join("outside"));
+        std::fs::create_dir_all(root.join("link")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(root.join("memory.events"), "oom_kill 0\n").unwrap();
+        std::fs::write(outside.join("memory.events"), "oom_kill 0\n").unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("memory.events"),
+            root.join("link/memory.events"),
+        )
+        .unwrap();
+        let cfg = |path: &Path| WatchConfig {
+            node_root: MemoryCgroup::own(path, Tree::V2).unwrap(),
+            level_bytes: i64::MAX,
+            poll: None,
+        };
+
+        let (tx, mut rx) = mpsc::channel(4);
+        let task = spawn_watcher(cfg(&root), tx).unwrap();
+        std::fs::write(root.join("memory.events"), "oom_kill 1\n").unwrap();
+        let wake = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(
+            wake.ok().flatten().map(|w| w.source),
+            Some(WakeSource::MemoryEvents)
+        );
+        task.abort();
+
+        let (tx, _rx) = mpsc::channel(4);
+        let e = spawn_watcher(cfg(&root.join("link")), tx).expect_err("a symlinked memory.events");
+        assert!(
+            matches!(&e, MemoryWatchError::Register { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+            "{e:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     const MI: i64 = 1 << 20;
 

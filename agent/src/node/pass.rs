@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     cgroup::{CgroupPath, DesiredState, Tree, desired::Role, desired_state, layout::Controller},
-    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups, PodDir},
+    eviction::{CgroupBeneath, Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
@@ -294,10 +294,10 @@ impl Node {
             return;
         };
         let (memory_tree, unified_tree) = (placement.memory_tree, placement.unified_tree);
-        let dirs: Vec<PodDir> = placement
+        let dirs: Vec<CgroupBeneath> = placement
             .trees
             .iter()
-            .map(|&tree| PodDir {
+            .map(|&tree| CgroupBeneath {
                 fs: self.cgroups.fs().clone(),
                 tree,
                 path: path.clone(),
@@ -350,15 +350,11 @@ impl Node {
                     memory: memory.clone(),
                     cgroups: PodCgroups {
                         procs: dirs,
-                        unified: unified_tree.map(|tree| PodDir {
-                            fs: self.cgroups.fs().clone(),
-                            tree,
-                            path: path.clone(),
-                        }),
+                        unified: unified.clone(),
                     },
                 });
             }
-            if let Some(id) = cgroup_id(memory.path()) {
+            if let Some(id) = cgroup_id(memory.dir()) {
                 self.tracked.memcg_owners.insert(id, owner(""));
             }
         }
@@ -369,8 +365,8 @@ impl Node {
         {
             sensors.watch(WatchedCgroup {
                 id,
-                v2_dir: Some(u.clone()),
-                memory_dir: memory.as_ref().map(|m| m.path().to_path_buf()),
+                v2_dir: Some(u.display()),
+                memory_dir: memory.as_ref().map(MemoryCgroup::display),
                 cpu_dir: placement
                     .cpu_tree
                     .map(|t| self.cgroups.fs().display_path(t, path)),
@@ -378,11 +374,11 @@ impl Node {
         }
         let mut container_ids = Vec::new();
         for (name, c) in &containers {
-            if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.path())) {
+            if let Some(id) = c.memory.as_ref().and_then(|m| cgroup_id(m.dir())) {
                 self.tracked.memcg_owners.insert(id, owner(name));
             }
             // The CPU sensor keys by the task's own (v2) cgroup.
-            let Some(id) = c.cpu.as_deref().and_then(cgroup_id) else {
+            let Some(id) = c.cpu.as_ref().and_then(cgroup_id) else {
                 continue;
             };
             sensors.set_owner(

@@ -25,13 +25,12 @@ use super::{
 };
 use crate::{
     cgroup::{
-        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, Naming, Runner,
-        fs::OpenRootError,
+        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Naming, Runner, fs::OpenRootError,
     },
     config::QosletConfiguration,
     eviction::{
-        CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, NodeSignals,
-        PodCgroups, PodDir, Wake, watch::WatchConfig,
+        CgroupBeneath, CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig,
+        MemoryCgroup, NodeSignals, PodCgroups, Wake, watch::WatchConfig,
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},
@@ -82,8 +81,8 @@ pub struct RunConfig {
     pub settings: NodeSettings,
     pub qc: QosletConfiguration,
     pub mode: Mode,
-    pub mounts: Mounts,
-    pub node_root: CgroupPath,
+    /// The node root, opened by the mode at start ([`super::startup::ModeStart::open_root`]).
+    pub fs: Arc<CgroupFs>,
     /// How the container runtime names container cgroups.
     pub runtime: ContainerRuntime,
     pub validation: ValidationOptions,
@@ -152,26 +151,25 @@ where
     C: SensorControl,
 {
     let enforce = cfg.mode == Mode::Enforce;
-    let fs = Arc::new(
-        CgroupFs::open(cfg.mounts.clone(), cfg.node_root.clone()).map_err(NodeError::NodeRoot)?,
-    );
+    let fs = cfg.fs.clone();
     let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
     // One instance per node root: the lock is taken before anything is written.
     let _lock = if enforce {
         let dir = fs.display_path(memory_tree, &CgroupPath::root());
-        Some(NodeLock::acquire(&dir, &cfg.node_root).map_err(NodeError::State)?)
+        Some(NodeLock::acquire(&dir, cfg.fs.node_root()).map_err(NodeError::State)?)
     } else {
         None
     };
 
-    let node_root_memory = trees::memory_cgroup(
-        memory_tree,
-        fs.display_path(memory_tree, &CgroupPath::root()),
-    );
-    let unified_tree = trees::unified_tree(fs.trees());
+    let node_root = |tree| CgroupBeneath {
+        fs: fs.clone(),
+        tree,
+        path: CgroupPath::root(),
+    };
+    let node_root_memory = MemoryCgroup::new(node_root(memory_tree));
     let summary = CgroupSummary::new(StatsCgroup {
         memory: Some(node_root_memory.clone()),
-        cpu: unified_tree.map(|t| fs.display_path(t, &CgroupPath::root())),
+        cpu: trees::unified_tree(fs.trees()).map(node_root),
     });
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
@@ -213,7 +211,7 @@ where
     let (sensors, mut sensor_events) = sensors(&state);
 
     let mut persisted = if enforce {
-        StateFile::load(Some(&cfg.qc.state_dir), &cfg.node_root)
+        StateFile::load(Some(&cfg.qc.state_dir), cfg.fs.node_root())
     } else {
         StateFile::in_memory()
     };
@@ -256,7 +254,7 @@ where
         naming: Naming {
             driver: cfg.settings.cgroup_driver,
             runtime: cfg.runtime,
-            node_root: cfg.node_root.clone(),
+            node_root: cfg.fs.node_root().clone(),
             runner,
             enforce: cfg.qc.enforce.iter().map(|a| a.area()).collect(),
         },
@@ -446,7 +444,7 @@ async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mu
     let unified = trees::unified_tree(fs.trees());
     let mut stopped = 0;
     for p in &paths {
-        let dir = |tree| PodDir {
+        let dir = |tree| CgroupBeneath {
             fs: fs.clone(),
             tree,
             path: p.clone(),

@@ -1,16 +1,19 @@
 //! The start-up both modes share: the QosletConfiguration read, `mode` (and `--observe`),
-//! `metricsAddress` and `nodeRootCgroup` checked, the cgroup mounts found, the node's capacity
-//! and settings built from the two configuration files, and the [`RunConfig`] handed to
-//! [`super::run`]. A mode keeps only what is its own (standalone: the node root it creates and
+//! `metricsAddress` and `nodeRootCgroup` checked, the cgroup mounts found and the node root
+//! opened in them (once, for every later step), the node's capacity and settings built from the
+//! two configuration files, and the [`RunConfig`] handed to [`super::run`]. A mode keeps only what is its own (standalone: the node root it creates and
 //! the manifest directory; cluster: the API client, `/configz`, the early `/healthz`).
 
-use std::{fmt::Display, net::SocketAddr, path::Path, time::Duration};
+use std::{fmt::Display, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use thiserror::Error;
 
 use super::RunConfig;
 use crate::{
-    cgroup::{CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, layout::LayoutError},
+    cgroup::{
+        CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, fs::OpenRootError,
+        layout::LayoutError,
+    },
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
     policy::settings::{Capacity, NodeSettings},
     workload::ValidationOptions,
@@ -97,6 +100,12 @@ impl ModeStart {
         Mounts::detect().map_err(StartError::Layout)
     }
 
+    /// The node root opened in every hierarchy of `mounts`, once: the capacity, the mode's own
+    /// start-up (cluster: the eviction marks) and the node all read through it.
+    pub fn open_root(&self, mounts: Mounts) -> Result<Arc<CgroupFs>, OpenRootError> {
+        CgroupFs::open(mounts, self.node_root.clone()).map(Arc::new)
+    }
+
     /// The node's settings from the kubelet's configuration (`kubelet_file` names it in errors),
     /// the QosletConfiguration and the capacity (`capacity` gets the node root's memory limit,
     /// if it has one).
@@ -104,12 +113,10 @@ impl ModeStart {
         &self,
         kubelet_file: &Path,
         kc: &KubeletConfig,
-        mounts: &Mounts,
+        fs: &CgroupFs,
         capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
     ) -> Result<NodeSettings, StartError> {
-        let root_limit = CgroupFs::open(mounts.clone(), self.node_root.clone())
-            .ok()
-            .and_then(|fs| crate::cgroup::node_root_memory_limit(&fs).ok().flatten());
+        let root_limit = crate::cgroup::node_root_memory_limit(fs).ok().flatten();
         let capacity =
             capacity(&self.qc.capacity, root_limit).map_err(|e| self.setting("capacity", e))?;
         Ok(node_settings(kubelet_file, kc, &self.qc, capacity)?)
@@ -120,7 +127,7 @@ impl ModeStart {
         self,
         settings: NodeSettings,
         kc: &KubeletConfig,
-        mounts: Mounts,
+        fs: Arc<CgroupFs>,
         runtime: ContainerRuntime,
         shutdown_grace: Duration,
     ) -> RunConfig {
@@ -128,8 +135,7 @@ impl ModeStart {
             settings,
             qc: self.qc,
             mode: self.mode,
-            mounts,
-            node_root: self.node_root,
+            fs,
             runtime,
             validation: validation(kc),
             addr: self.addr,

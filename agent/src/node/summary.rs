@@ -22,7 +22,7 @@ use std::{
 };
 
 use crate::{
-    eviction::{MemoryCgroup, signals::stat_field},
+    eviction::{CgroupBeneath, MemoryCgroup, signals::stat_field},
     lock,
     node::pod_status::{ContainerState, ContainerStatus, PodStatus},
     policy::pod::PodKey,
@@ -37,7 +37,7 @@ use crate::{
 pub struct StatsCgroup {
     pub memory: Option<MemoryCgroup>,
     /// A cgroup v2 directory (for its `cpu.stat`).
-    pub cpu: Option<PathBuf>,
+    pub cpu: Option<CgroupBeneath>,
 }
 
 #[derive(Debug, Clone)]
@@ -115,12 +115,12 @@ impl CgroupSummary {
             .chain(targets.pods.iter().flat_map(|p| {
                 std::iter::once(&p.cgroup).chain(p.containers.iter().map(|(_, c)| c))
             }))
-            .filter_map(|c| c.cpu.clone());
+            .filter_map(|c| c.cpu.as_ref());
         let samples: HashMap<PathBuf, CpuSample> = dirs
             .filter_map(|d| {
-                let usage_ns = cpu_usage_ns(&d)?;
+                let usage_ns = cpu_usage_ns(d)?;
                 Some((
-                    d,
+                    d.display(),
                     CpuSample {
                         at: Instant::now(),
                         usage_ns,
@@ -135,7 +135,7 @@ impl CgroupSummary {
         let cpu = c.cpu.as_ref().and_then(|dir| {
             let usage_ns = cpu_usage_ns(dir)?;
             let now = Instant::now();
-            let base = lock(&self.inner.samples).get(dir).copied();
+            let base = lock(&self.inner.samples).get(&dir.display()).copied();
             Some(CpuStats {
                 time: time.into(),
                 usage_nano_cores: base.and_then(|b| nano_cores(b, usage_ns, now)),
@@ -212,10 +212,7 @@ impl SummarySource for CgroupSummary {
 
 fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
     let (r, stat) = m.read_with_stat().ok()?;
-    let rss = match m {
-        MemoryCgroup::V1(_) => "total_rss",
-        MemoryCgroup::V2(_) => "anon",
-    };
+    let rss = if m.is_v2() { "anon" } else { "total_rss" };
     let field = |k: &str| stat_field(&stat, k).map(|v| v.max(0) as u64);
     let working_set = r.working_set();
     Some(MemoryStats {
@@ -230,8 +227,8 @@ fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
 }
 
 /// `usage_usec` of a cgroup v2 `cpu.stat`, in nanoseconds.
-fn cpu_usage_ns(dir: &std::path::Path) -> Option<u64> {
-    let text = fs::read_to_string(dir.join("cpu.stat")).ok()?;
+fn cpu_usage_ns(dir: &CgroupBeneath) -> Option<u64> {
+    let text = dir.read("cpu.stat").ok()?;
     stat_field(&text, "usage_usec").map(|us| us.max(0) as u64 * 1000)
 }
 
@@ -298,7 +295,8 @@ mod tests {
             "rss 1\ninactive_file 5\npgfault 7\npgmajfault 2\ntotal_rss 300\ntotal_inactive_file 200\n",
         )
         .unwrap();
-        let s = memory_stats(&MemoryCgroup::V1(dir.clone()), "t").unwrap();
+        let v1 = crate::cgroup::Tree::V1(crate::cgroup::layout::Controller::Memory);
+        let s = memory_stats(&MemoryCgroup::own(&dir, v1).unwrap(), "t").unwrap();
         fs::remove_dir_all(&dir).unwrap();
         assert_eq!(s.usage_bytes, Some(1000));
         assert_eq!(s.working_set_bytes, Some(800));

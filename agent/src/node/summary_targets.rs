@@ -1,9 +1,10 @@
 //! Where the Summary API reads each cgroup the pass placed: the kubelet's system containers
 //! and the pods' and containers' cgroups.
 
-use super::{Node, summary::StatsCgroup, trees::memory_cgroup};
+use super::{Node, summary::StatsCgroup};
 use crate::{
     cgroup::{CgroupPath, Tree},
+    eviction::{CgroupBeneath, MemoryCgroup},
     policy::plan::Plan,
 };
 
@@ -15,9 +16,14 @@ impl Node {
         unified_tree: Option<Tree>,
         path: &CgroupPath,
     ) -> StatsCgroup {
+        let dir = |tree| CgroupBeneath {
+            fs: self.cgroups.fs().clone(),
+            tree,
+            path: path.clone(),
+        };
         StatsCgroup {
-            memory: memory_tree.map(|t| memory_cgroup(t, self.cgroups.fs().display_path(t, path))),
-            cpu: unified_tree.map(|t| self.cgroups.fs().display_path(t, path)),
+            memory: memory_tree.map(|t| MemoryCgroup::new(dir(t))),
+            cpu: unified_tree.map(dir),
         }
     }
 
@@ -43,7 +49,7 @@ impl Node {
             let c = self.stats_cgroup(memory_tree, unified_tree, &path);
             c.memory
                 .as_ref()
-                .is_some_and(|m| m.path().is_dir())
+                .is_some_and(|m| m.dir().exists())
                 .then(|| (name.to_owned(), c))
         })
         .collect()

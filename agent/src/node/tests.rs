@@ -585,9 +585,9 @@ async fn a_hundred_evictions_are_all_counted() {
                 start_time: i as i64,
                 grace_secs: 0,
                 revision: 0,
-                memory: MemoryCgroup::V2(dir.clone()),
+                memory: MemoryCgroup::own(&dir, Tree::V2).unwrap(),
                 cgroups: crate::eviction::PodCgroups {
-                    procs: vec![crate::eviction::PodDir::own(&dir, Tree::V2).unwrap()],
+                    procs: vec![crate::eviction::CgroupBeneath::own(&dir, Tree::V2).unwrap()],
                     unified: None,
                 },
             }
@@ -636,7 +636,7 @@ async fn a_hundred_evictions_are_all_counted() {
         forests: BTreeMap::new(),
     }));
     let signals = NodeSignals {
-        node_root: MemoryCgroup::V2(memory.clone()),
+        node_root: MemoryCgroup::own(&memory, Tree::V2).unwrap(),
         capacity_bytes: None,
         kubepods: None,
         pids: None,
@@ -953,12 +953,12 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         name: "a".into(),
         uid: UID_A.into(),
     };
-    let pod = crate::eviction::PodDir {
+    let pod = crate::eviction::CgroupBeneath {
         fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
         tree: Tree::V2,
         path: CgroupPath::parse("/podaaaa").unwrap(),
     };
-    let req = |unified: Option<crate::eviction::PodDir>| EvictionRequest {
+    let req = |unified: Option<crate::eviction::CgroupBeneath>| EvictionRequest {
         pod: key.clone(),
         cgroups: crate::eviction::PodCgroups {
             procs: vec![pod.clone()],

@@ -103,7 +103,8 @@ async fn run_node(
     mounts: Mounts,
     capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
 ) -> Result<(), StandaloneError> {
-    let mut settings = start.settings(&opts.kubelet_config, &kc, &mounts, capacity)?;
+    let fs = start.open_root(mounts).map_err(NodeError::NodeRoot)?;
+    let mut settings = start.settings(&opts.kubelet_config, &kc, &fs, capacity)?;
     // The node root takes the place of cgroupRoot; names below it are the kubelet's.
     settings.cgroup_root = "/".into();
     let runtime = Arc::new(Runtime::new(RuntimeConfig {
@@ -113,7 +114,7 @@ async fn run_node(
     let cfg = start.run_config(
         settings,
         &kc,
-        mounts,
+        fs,
         ContainerRuntime::Standalone,
         opts.shutdown_grace,
     );

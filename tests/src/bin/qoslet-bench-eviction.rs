@@ -91,9 +91,10 @@ fn hog(args: &[String]) {
 }
 
 fn wait_usage(pod: &PodCgroup, v1: bool, bytes: i64) {
+    let memory = pod.memory_cgroup(v1);
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if pod.memory_cgroup(v1).usage().is_ok_and(|u| u >= bytes) {
+        if memory.usage().is_ok_and(|u| u >= bytes) {
             return;
         }
         thread::sleep(Duration::from_millis(5));
@@ -124,11 +125,12 @@ async fn run_once(system: &System, rate: f64) -> Option<Outcome> {
     let capacity = (LIMIT_MIB * MI) as i64;
     let deadline = Instant::now() + Duration::from_secs_f64(RAMP_CAP_MIB as f64 / rate + 12.0);
     let (mut crossing, mut dead) = (None, None);
+    // Opened once, outside the loop: each check is then one open and one read per file.
+    let node_memory = node.memory_cgroup();
     while Instant::now() < deadline {
         let now = Instant::now();
         if crossing.is_none()
-            && node
-                .memory_cgroup()
+            && node_memory
                 .read()
                 .is_ok_and(|r| capacity - r.working_set() < THRESHOLD_MIB << 20)
         {

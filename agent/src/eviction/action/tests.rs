@@ -1,7 +1,11 @@
 use std::{os::fd::AsFd as _, process::Command};
 
 use super::*;
-use crate::{cgroup::Mounts, node::state::EvictionMark};
+use crate::{
+    cgroup::{CgroupFs, CgroupPath, Mounts, Tree},
+    node::state::EvictionMark,
+};
+use std::sync::Arc;
 
 struct TempDir(PathBuf);
 impl Drop for TempDir {
@@ -53,7 +57,7 @@ async fn a_pod_directory_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
         )
         .unwrap(),
     );
-    let dir = |path: &str| PodDir {
+    let dir = |path: &str| CgroupBeneath {
         fs: fs.clone(),
         tree: Tree::V2,
         path: CgroupPath::parse(path).unwrap(),

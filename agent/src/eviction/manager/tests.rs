@@ -5,7 +5,10 @@ use std::{fs, path::Path, path::PathBuf, sync::Mutex};
 
 use super::*;
 use crate::{
-    eviction::action::{EvictedStatus, Outcome, PodDir},
+    eviction::{
+        CgroupBeneath,
+        action::{EvictedStatus, Outcome},
+    },
     policy::eviction::{EvictionInput, parse_thresholds},
 };
 
@@ -94,9 +97,9 @@ fn pod(root: &Path, name: &str, mib: i64, request_mib: i64) -> ManagedPod {
         start_time: 0,
         grace_secs: 30,
         revision: 0,
-        memory: MemoryCgroup::V2(dir.clone()),
+        memory: MemoryCgroup::own(&dir, crate::cgroup::Tree::V2).unwrap(),
         cgroups: PodCgroups {
-            procs: vec![PodDir::own(&dir, crate::cgroup::Tree::V2).unwrap()],
+            procs: vec![CgroupBeneath::own(&dir, crate::cgroup::Tree::V2).unwrap()],
             unified: None,
         },
     }
@@ -113,7 +116,7 @@ fn setup(tag: &str) -> (PathBuf, NodeSignals, Arc<Inventory>) {
         pod(&root, "c", 100, 500),
     ];
     let signals = NodeSignals {
-        node_root: MemoryCgroup::V2(root.clone()),
+        node_root: MemoryCgroup::own(&root, crate::cgroup::Tree::V2).unwrap(),
         capacity_bytes: None,
         kubepods: None,
         pids: None,

@@ -65,8 +65,7 @@ fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
         settings: node_settings(),
         qc,
         mode: Mode::Enforce,
-        mounts: tree.mounts(),
-        node_root: CgroupPath::root(),
+        fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
         runtime,
         validation: ValidationOptions::default(),
         addr: "127.0.0.1:0".parse().unwrap(),
@@ -224,7 +223,7 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
         let tree = Tree0::new(&format!("eviction-{runner:?}"));
         let pod_dir = tree.0.join(format!("pod{UID_A}"));
         std::fs::create_dir_all(&pod_dir).unwrap();
-        let pod = crate::eviction::PodDir {
+        let pod = crate::eviction::CgroupBeneath {
             fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
             tree: Tree::V2,
             path: CgroupPath::parse(&format!("/pod{UID_A}")).unwrap(),
