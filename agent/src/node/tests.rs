@@ -587,7 +587,7 @@ async fn a_hundred_evictions_are_all_counted() {
                 revision: 0,
                 memory: MemoryCgroup::own(&dir, Tree::V2).unwrap(),
                 cgroups: crate::eviction::PodCgroups {
-                    procs: vec![crate::eviction::CgroupBeneath::own(&dir, Tree::V2).unwrap()],
+                    procs: vec![crate::cgroup::CgroupBeneath::own(&dir, Tree::V2).unwrap()],
                     unified: None,
                 },
             }
@@ -953,12 +953,12 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         name: "a".into(),
         uid: UID_A.into(),
     };
-    let pod = crate::eviction::CgroupBeneath {
+    let pod = crate::cgroup::CgroupBeneath {
         fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
         tree: Tree::V2,
         path: CgroupPath::parse("/podaaaa").unwrap(),
     };
-    let req = |unified: Option<crate::eviction::CgroupBeneath>| EvictionRequest {
+    let req = |unified: Option<crate::cgroup::CgroupBeneath>| EvictionRequest {
         pod: key.clone(),
         cgroups: crate::eviction::PodCgroups {
             procs: vec![pod.clone()],
