@@ -209,7 +209,11 @@ impl Node {
                         let dirs = placement
                             .trees
                             .iter()
-                            .map(|t| self.cgroups.fs().display_path(*t, path))
+                            .map(|&tree| CgroupBeneath {
+                                fs: self.cgroups.fs().clone(),
+                                tree,
+                                path: path.clone(),
+                            })
                             .collect();
                         Some((c.name.clone(), dirs))
                     })
