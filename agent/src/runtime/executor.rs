@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use super::{ContainerCgroups, Runtime};
 use crate::{
-    cgroup::{CgroupBeneath, ContainerIds, Runner},
+    cgroup::{ContainerIds, Runner},
     eviction::{Admission, NodeCondition, admit},
     node::{PlannedPod, PodExecutor, PodStatus},
     policy::pod::PodKey,
@@ -63,7 +63,6 @@ impl PodExecutor for Runtime {
                 continue;
             };
             for (name, dirs) in p.container_cgroups {
-                let dirs = dirs.iter().map(CgroupBeneath::display).collect();
                 spec.set_cgroups(&name, ContainerCgroups { dirs });
             }
             let admitted = running.get(&p.key).copied().unwrap_or(false)
