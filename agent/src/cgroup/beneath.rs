@@ -96,3 +96,54 @@ impl CgroupBeneath {
         }
     }
 }
+
+/// Tests of the opens beneath the node root: a fresh node root in the temporary directory, with
+/// a directory `outside` it and a symlink `/link` in it that leads there.
+#[cfg(test)]
+pub(crate) struct RootWithLink {
+    base: PathBuf,
+    pub root: PathBuf,
+    pub outside: PathBuf,
+    dir: CgroupBeneath,
+}
+
+#[cfg(test)]
+impl RootWithLink {
+    pub fn new(tag: &str) -> Self {
+        let base = std::env::temp_dir().join(format!("qoslet-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (root, outside) = (base.join("root"), base.join("outside"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let dir = CgroupBeneath::own(&root, Tree::V2).unwrap();
+        Self {
+            base,
+            root,
+            outside,
+            dir,
+        }
+    }
+
+    /// Writes `file` into `/real` (a directory of the root, made here) and into `outside`.
+    pub fn write(&self, file: &str, real: &str, outside: &str) {
+        std::fs::create_dir_all(self.root.join("real")).unwrap();
+        std::fs::write(self.root.join("real").join(file), real).unwrap();
+        std::fs::write(self.outside.join(file), outside).unwrap();
+    }
+
+    /// `path` (`/real`, `/link`) named beneath the root.
+    pub fn dir(&self, path: &str) -> CgroupBeneath {
+        CgroupBeneath {
+            path: CgroupPath::parse(path).unwrap(),
+            ..self.dir.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+impl Drop for RootWithLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}

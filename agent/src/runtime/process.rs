@@ -197,35 +197,16 @@ pub fn signal_cgroup(cgroups: &ContainerCgroups, signal: Signal) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::{CgroupPath, Tree};
 
     /// A container's cgroup replaced by a symlink out of the node root is neither joined nor
     /// read: no pids (so nothing outside is signalled), and the start refuses it. The control,
     /// a real directory, lists its pids.
     #[test]
     fn a_container_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
-        struct TempDir(PathBuf);
-        impl Drop for TempDir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let t = TempDir(
-            std::env::temp_dir().join(format!("qoslet-process-beneath-{}", std::process::id())),
-        );
-        let _ = std::fs::remove_dir_all(&t.0);
-        let (root, outside) = (t.0.join("root"), t.0.join("outside"));
-        std::fs::create_dir_all(root.join("real")).unwrap();
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(root.join("real/cgroup.procs"), "7\n8\n").unwrap();
-        std::fs::write(outside.join("cgroup.procs"), "9\n").unwrap();
-        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-        let root_dir = CgroupBeneath::own(&root, Tree::V2).unwrap();
+        let t = crate::cgroup::beneath::RootWithLink::new("process-beneath");
+        t.write("cgroup.procs", "7\n8\n", "9\n");
         let cgroups = |path: &str| ContainerCgroups {
-            dirs: vec![CgroupBeneath {
-                path: CgroupPath::parse(path).unwrap(),
-                ..root_dir.clone()
-            }],
+            dirs: vec![t.dir(path)],
         };
         assert_eq!(cgroup_pids(&cgroups("/real")), [7, 8]);
         assert_eq!(cgroup_pids(&cgroups("/link")), Vec::<u32>::new());

@@ -809,29 +809,10 @@ async fn psi_task(shared: Arc<Shared>, file: PressureFile, scope: PressureScope)
 
 #[cfg(test)]
 mod tests {
-    use std::{fs, path::PathBuf};
+    use std::fs;
 
     use super::*;
-    use crate::cgroup::{CgroupPath, Tree};
-
-    struct TempDir(PathBuf);
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
-
-    /// The files the sensors' fallbacks read, as the kernel shows them on cgroup v2.
-    fn sensor_files(dir: &Path) {
-        fs::create_dir_all(dir).unwrap();
-        for (file, text) in [
-            ("memory.events", "oom_kill 0\n"),
-            ("memory.pressure", "some total=0\n"),
-            ("cpu.stat", "usage_usec 7\n"),
-        ] {
-            fs::write(dir.join(file), text).unwrap();
-        }
-    }
+    use crate::cgroup::beneath::RootWithLink;
 
     /// A watched cgroup's directory (or one of its files) replaced by a symlink out of the node
     /// root is not read: not its memory.events (nor its id), its CPU files or its
@@ -839,24 +820,22 @@ mod tests {
     /// its memory.events is watched through the descriptor opened beneath the root.
     #[tokio::test]
     async fn a_watched_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
-        let t = TempDir(
-            std::env::temp_dir().join(format!("qoslet-sensors-beneath-{}", std::process::id())),
-        );
-        let _ = fs::remove_dir_all(&t.0);
-        let (root, outside) = (t.0.join("root"), t.0.join("outside"));
-        sensor_files(&root.join("real"));
-        sensor_files(&outside);
-        std::os::unix::fs::symlink(&outside, root.join("dirlink")).unwrap();
+        let t = RootWithLink::new("sensors-beneath");
+        let (root, outside) = (&t.root, &t.outside);
+        // The files the sensors' fallbacks read, as the kernel shows them on cgroup v2.
+        for (file, text) in [
+            ("memory.events", "oom_kill 0\n"),
+            ("memory.pressure", "some total=0\n"),
+            ("cpu.stat", "usage_usec 7\n"),
+        ] {
+            t.write(file, text, text);
+        }
         fs::create_dir_all(root.join("filelink")).unwrap();
         for file in ["memory.events", "memory.pressure", "cpu.stat"] {
             std::os::unix::fs::symlink(outside.join(file), root.join("filelink").join(file))
                 .unwrap();
         }
-        let root_dir = CgroupBeneath::own(&root, Tree::V2).unwrap();
-        let dir = |path: &str| CgroupBeneath {
-            path: CgroupPath::parse(path).unwrap(),
-            ..root_dir.clone()
-        };
+        let dir = |path: &str| t.dir(path);
 
         let real = dir("/real");
         assert!(real.exists());
@@ -876,7 +855,7 @@ mod tests {
         watch.poll(0, &mut events).unwrap();
         assert_eq!(events.len(), 1, "{events:?}");
 
-        for link in ["/dirlink", "/filelink"] {
+        for link in ["/link", "/filelink"] {
             let d = dir(link);
             // A symlink in the path is ELOOP; the directory itself opened as one, ENOTDIR.
             let loops =
@@ -889,7 +868,7 @@ mod tests {
             assert!(loops(&e), "{link}: {e}");
         }
         assert!(
-            !dir("/dirlink").exists(),
+            !dir("/link").exists(),
             "a symlinked directory counts as removed"
         );
     }

@@ -216,29 +216,9 @@ async fn an_evicted_pod_reads_evicted_until_it_leaves() {
 /// none, not the processes of whatever the link points at. The control, a real directory, is.
 #[test]
 fn a_container_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
-    struct TempDir(std::path::PathBuf);
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let t = TempDir(
-        std::env::temp_dir().join(format!("qoslet-executor-beneath-{}", std::process::id())),
-    );
-    let _ = std::fs::remove_dir_all(&t.0);
-    let (root, outside) = (t.0.join("root"), t.0.join("outside"));
-    std::fs::create_dir_all(root.join("real")).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    std::fs::write(root.join("real/cgroup.procs"), "123\n124\n").unwrap();
-    std::fs::write(outside.join("cgroup.procs"), "456\n").unwrap();
-    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-    let root_dir = CgroupBeneath::own(&root, crate::cgroup::Tree::V2).unwrap();
-    let dir = |path: &str| {
-        vec![CgroupBeneath {
-            path: CgroupPath::parse(path).unwrap(),
-            ..root_dir.clone()
-        }]
-    };
+    let t = crate::cgroup::beneath::RootWithLink::new("executor-beneath");
+    t.write("cgroup.procs", "123\n124\n", "456\n");
+    let dir = |path: &str| vec![t.dir(path)];
     assert_eq!(read_pids(Some(&dir("/real"))), [123, 124]);
     assert_eq!(read_pids(Some(&dir("/link"))), Vec::<u32>::new());
 }
