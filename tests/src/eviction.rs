@@ -153,7 +153,7 @@ impl PodCgroup {
     /// What the eviction action may signal: only these cgroups' processes.
     /// Each directory is a node root of its own, opened beneath as the agent opens pods'.
     pub fn eviction_cgroups(&self, v1: bool) -> qoslet::eviction::PodCgroups {
-        use qoslet::{cgroup::Tree, eviction::CgroupBeneath};
+        use qoslet::cgroup::{CgroupBeneath, Tree};
         let memory = own_memory(&self.memory.path, v1).dir().clone();
         let unified = if v1 {
             self.unified

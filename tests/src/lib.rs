@@ -94,12 +94,35 @@ impl TestCgroup {
         self.write("cgroup.procs", &pid.to_string());
     }
 
+    /// The cgroup as the agent names one ([`cgroup_beneath`]).
+    pub fn beneath(&self) -> qoslet::cgroup::CgroupBeneath {
+        cgroup_beneath(&self.path)
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         fs::read_to_string(self.path.join("cgroup.procs"))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect()
+    }
+}
+
+/// `dir` named beneath its parent as the node root, the way the agent names a pod's cgroup:
+/// its files are opened beneath the parent, and its removal is seen (a directory that is its
+/// own root would still open as `.`).
+pub fn cgroup_beneath(dir: &Path) -> qoslet::cgroup::CgroupBeneath {
+    use qoslet::cgroup::{CgroupBeneath, CgroupPath, Tree};
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
+        panic!("{} has no parent or no name", dir.display());
+    };
+    let root = CgroupBeneath::own(parent, Tree::V2)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", parent.display()));
+    CgroupBeneath {
+        path: CgroupPath::parse(&format!("/{name}"))
+            .unwrap_or_else(|e| panic!("naming {}: {e}", dir.display())),
+        ..root
     }
 }
 

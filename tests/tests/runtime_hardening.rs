@@ -11,20 +11,21 @@ use std::{
 };
 
 use qoslet::{
+    cgroup::CgroupBeneath,
     node::{ContainerState, PodPhase, PodStatus},
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
     runtime::{ContainerCgroups, ContainerSpec, PodRuntimeSpec},
 };
 use qoslet_tests::{
-    TempDir, TestCgroup, container_cgroups, fast_runtime, find_pod, require_root, unique_name,
-    wait_for_pod,
+    TempDir, TestCgroup, cgroup_beneath, container_cgroups, fast_runtime, find_pod, require_root,
+    unique_name, wait_for_pod,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A container running `script`, which first creates `mark` (so the test sees whether it ever
 /// ran) and then sleeps.
-fn container(name: &str, mark: &Path, dirs: Vec<PathBuf>) -> ContainerSpec {
+fn container(name: &str, mark: &Path, dirs: Vec<CgroupBeneath>) -> ContainerSpec {
     ContainerSpec {
         name: name.into(),
         kind: ContainerKind::App,
@@ -52,8 +53,8 @@ fn pod(namespace: &str, name: &str, uid: &str, containers: Vec<ContainerSpec>) -
     }
 }
 
-fn dirs(cgs: &[TestCgroup]) -> Vec<PathBuf> {
-    cgs.iter().map(|c| c.path.clone()).collect()
+fn dirs(cgs: &[TestCgroup]) -> Vec<CgroupBeneath> {
+    cgs.iter().map(TestCgroup::beneath).collect()
 }
 
 fn waiting(s: &PodStatus, container: usize) -> Option<(&str, &str)> {
@@ -82,8 +83,9 @@ fn tree(root: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A container whose cgroups are missing (none given, a directory that does not exist, or a
-/// directory that is not a cgroup) is not started: it waits with `CreateContainerError` and the
+/// A container whose cgroups are missing (none given, a directory that does not exist, a
+/// directory that is not a cgroup, or a symlink out of the node root to a real cgroup) is not
+/// started: it waits with `CreateContainerError` and the
 /// cause, its command never runs, and the pod is Pending; its sibling with cgroups runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_without_its_own_cgroup_never_starts() {
@@ -93,10 +95,27 @@ async fn a_container_without_its_own_cgroup_never_starts() {
     let not_a_cgroup = work.path.join("not-a-cgroup");
     fs::create_dir(&not_a_cgroup).unwrap();
     let missing = good[0].path.with_file_name(unique_name());
-    let cases: [(&str, Vec<PathBuf>, &str); 3] = [
+    // The node root a pod's directory is named beneath; the link leads out of it.
+    let root = work.path.join("root");
+    fs::create_dir(&root).unwrap();
+    std::os::unix::fs::symlink(&good[0].path, root.join("link")).unwrap();
+    let cases: [(&str, Vec<CgroupBeneath>, &str); 4] = [
         ("none", vec![], "no cgroup of its own"),
-        ("missing", vec![missing], "No such file or directory"),
-        ("plain-dir", vec![not_a_cgroup], "is not a cgroup directory"),
+        (
+            "missing",
+            vec![cgroup_beneath(&missing)],
+            "No such file or directory",
+        ),
+        (
+            "plain-dir",
+            vec![cgroup_beneath(&not_a_cgroup)],
+            "is not a cgroup directory",
+        ),
+        (
+            "symlink",
+            vec![cgroup_beneath(&root.join("link"))],
+            "cannot open to join the cgroup",
+        ),
     ];
     let rt = fast_runtime(&logs.path);
     let (name, d, _) = &cases[0];

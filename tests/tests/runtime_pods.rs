@@ -33,7 +33,7 @@ fn pod(yaml: &str) -> (PodRuntimeSpec, Vec<Vec<TestCgroup>>) {
     let names: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
     for name in names {
         let cgs = container_cgroups(&unique_name());
-        let dirs = cgs.iter().map(|c| c.path.clone()).collect();
+        let dirs = cgs.iter().map(TestCgroup::beneath).collect();
         assert!(spec.set_cgroups(&name, ContainerCgroups { dirs }));
         all.push(cgs);
     }

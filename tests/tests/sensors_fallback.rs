@@ -9,7 +9,7 @@ use std::time::Duration;
 use qoslet::sensors::{
     CpuSource, SensorEvent, SensorMode,
     event::MemcgEventKind,
-    psi::{self, PsiTrigger},
+    psi::{self, PressureFile, PsiTrigger},
 };
 use qoslet_tests::{Hog, require_root};
 use sensors_common::{
@@ -171,7 +171,8 @@ async fn a_psi_trigger_of_a_removed_cgroup_ends_by_itself() {
     }
     // The agent's default 1 s window: without CAP_SYS_RESOURCE (this sandbox's root) Linux
     // 6.5+ refuses it and the trigger is armed with a 2 s window instead.
-    let mut trigger = PsiTrigger::open(&path, Duration::from_millis(150), Duration::from_secs(1))
+    let file = PressureFile::Cgroup(cgroups.v2.beneath());
+    let mut trigger = PsiTrigger::open(&file, Duration::from_millis(150), Duration::from_secs(1))
         .expect("arming a PSI trigger with a 1 s window");
     let dir = cgroups.v2.path.clone();
     drop(cgroups);

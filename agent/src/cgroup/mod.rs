@@ -13,6 +13,7 @@
 //! symlinks. The files are few and plainly formatted, so qoslet writes them directly, through
 //! `openat2` beneath the node root with symlinks refused.
 
+pub mod beneath;
 pub mod capacity;
 pub mod changes;
 pub mod desired;
@@ -26,6 +27,7 @@ pub mod reconcile;
 pub mod report;
 pub mod value;
 
+pub use beneath::{Access, CgroupBeneath};
 pub use capacity::node_root_memory_limit;
 pub use desired::{ContainerIds, DesiredState, Naming, Runner, desired_state};
 pub use fs::CgroupFs;

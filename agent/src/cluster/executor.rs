@@ -9,7 +9,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     sync::Mutex,
     time::{Duration, SystemTime},
 };
@@ -18,7 +17,7 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::sync::Notify;
 
 use crate::{
-    cgroup::{ContainerIds, ContainerRuntime, Runner},
+    cgroup::{CgroupBeneath, ContainerIds, ContainerRuntime, Runner},
     eviction::NodeCondition,
     lock,
     node::{
@@ -176,11 +175,14 @@ fn system_time(
     t.map(|t| SystemTime::from(t.0))
 }
 
-fn read_pids(dirs: Option<&Vec<PathBuf>>) -> Vec<u32> {
+/// The processes of a container's first cgroup directory, its `cgroup.procs` opened beneath
+/// the node root (the path is built from the container id the API reported).
+fn read_pids(dirs: Option<&Vec<CgroupBeneath>>) -> Vec<u32> {
     let Some(dir) = dirs.and_then(|d| d.first()) else {
         return Vec::new();
     };
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    dir.fs
+        .read(dir.tree, &dir.path, "cgroup.procs")
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
@@ -200,7 +202,7 @@ fn termination(t: &core::ContainerStateTerminated) -> Termination {
 pub fn pod_status(
     key: &PodKey,
     pod: &core::Pod,
-    cgroups: &BTreeMap<String, Vec<PathBuf>>,
+    cgroups: &BTreeMap<String, Vec<CgroupBeneath>>,
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let st = pod.status.clone().unwrap_or_default();

@@ -17,12 +17,9 @@ use nix::{
 };
 use thiserror::Error;
 
-use crate::{beneath, policy::pod::PodKey};
+use crate::{beneath, cgroup::CgroupBeneath, policy::pod::PodKey};
 
-use super::{
-    dir::CgroupBeneath,
-    signals::{SignalError, parse_procs},
-};
+use super::signals::{SignalError, parse_procs};
 
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -347,7 +344,7 @@ fn kill_cgroup(dir: &CgroupBeneath) -> Result<Option<Instant>, ActionError> {
     if super::held::write_held(&path, "1") {
         return Ok(Some(at));
     }
-    let file = match dir.open_file("cgroup.kill", super::held::Access::Write) {
+    let file = match dir.open_file("cgroup.kill", crate::cgroup::Access::Write) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             say_no_cgroup_kill(&display);

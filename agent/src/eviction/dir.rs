@@ -1,95 +1,14 @@
-//! A cgroup directory the eviction path reads or acts on: a pod's, or the node root's memory
-//! directory. It is named beneath the node root of one hierarchy and every file of it is opened
-//! there (`openat2` beneath that root, no symlinks) when it is needed, or read through the
-//! descriptor held for it (`held.rs`): a pod's path comes from its manifest, and a directory may
-//! be replaced between the pass that named it and the read or the eviction.
+//! The eviction path's reads of a cgroup's files ([`CgroupBeneath`] is the cgroup engine's):
+//! through the descriptor held for the file (`held.rs`) when there is one, else opened beneath
+//! the node root, so a process out of descriptors still reads what it holds.
 
-use std::{
-    fs::File,
-    io,
-    os::fd::OwnedFd,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::io;
 
-use crate::cgroup::{CgroupFs, CgroupPath, Tree, fs::OpenRootError};
+use crate::cgroup::CgroupBeneath;
 
-use super::held::{self, Access};
-
-#[derive(Debug, Clone)]
-pub struct CgroupBeneath {
-    pub fs: Arc<CgroupFs>,
-    pub tree: Tree,
-    pub path: CgroupPath,
-}
-
-impl PartialEq for CgroupBeneath {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.fs, &other.fs) && self.tree == other.tree && self.path == other.path
-    }
-}
-
-impl Eq for CgroupBeneath {}
+use super::held;
 
 impl CgroupBeneath {
-    /// `dir` as a node root of its own (tests; a directory outside any known layout).
-    pub fn own(dir: &Path, tree: Tree) -> Result<Self, OpenRootError> {
-        let mounts = crate::cgroup::Mounts {
-            kind: crate::cgroup::LayoutKind::Unified,
-            trees: [(tree, dir.to_path_buf())].into(),
-        };
-        Ok(Self {
-            fs: Arc::new(CgroupFs::open(mounts, CgroupPath::root())?),
-            tree,
-            path: CgroupPath::root(),
-        })
-    }
-
-    /// The full path, for reports and the held descriptors' keys.
-    pub fn display(&self) -> PathBuf {
-        self.fs.display_path(self.tree, &self.path)
-    }
-
-    /// The full path of one of its files: the key of its held descriptor, and what errors name.
-    pub fn file_display(&self, file: &str) -> PathBuf {
-        self.display().join(file)
-    }
-
-    /// The directory, opened for reading beneath the node root.
-    pub fn open(&self) -> io::Result<OwnedFd> {
-        self.fs.open_dir_fd(self.tree, &self.path)
-    }
-
-    /// Whether the directory exists (and is reached beneath the node root).
-    pub fn exists(&self) -> bool {
-        self.fs.exists(self.tree, &self.path).unwrap_or(false)
-    }
-
-    /// The cgroup id: the inode of the directory, from a descriptor opened beneath the root.
-    pub fn inode(&self) -> io::Result<u64> {
-        self.fs.inode(self.tree, &self.path)
-    }
-
-    /// One of the directory's files, opened beneath the node root.
-    pub fn open_file(&self, file: &str, access: Access) -> io::Result<File> {
-        let flags = match access {
-            Access::Read => libc::O_RDONLY,
-            Access::Write => libc::O_WRONLY,
-        };
-        self.fs
-            .open_file(self.tree, &self.path, file, flags)
-            .map(File::from)
-    }
-
-    /// Whether the directory has `file` (opened beneath the root; a symlink is an error).
-    pub fn has_file(&self, file: &str) -> io::Result<bool> {
-        match self.open_file(file, Access::Read) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Reads a whole file: through its held descriptor when there is one, else opened beneath
     /// the node root.
     pub fn read(&self, file: &str) -> io::Result<String> {

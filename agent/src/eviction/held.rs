@@ -15,14 +15,7 @@ use std::{
     sync::{Arc, LazyLock, Mutex},
 };
 
-use super::dir::CgroupBeneath;
-
-/// Whether a held file is read or written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Access {
-    Read,
-    Write,
-}
+use crate::cgroup::{Access, CgroupBeneath};
 
 static HELD: LazyLock<Mutex<BTreeMap<PathBuf, Arc<File>>>> = LazyLock::new(Mutex::default);
 

@@ -15,8 +15,7 @@ use tokio::sync::{mpsc, watch};
 use super::{
     action::{ActionError, EvictionAction, EvictionRequest, PodCgroups},
     conditions::{ConditionState, NodeCondition},
-    dir::CgroupBeneath,
-    held::{self, Access},
+    held,
     node::NodeSignals,
     select::{Order, Sample, choose},
     signals::{MemoryCgroup, SignalError},
@@ -25,6 +24,7 @@ use super::{
     watch::Wake,
 };
 use crate::{
+    cgroup::{Access, CgroupBeneath},
     config::QosletConfiguration,
     policy::{
         eviction::{Candidate, Threshold, eviction_grace_secs},

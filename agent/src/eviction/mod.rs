@@ -19,7 +19,6 @@ pub mod watch;
 
 pub use action::{CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups};
 pub use conditions::{Admission, NodeCondition, admit};
-pub use dir::CgroupBeneath;
 pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;
 pub use select::Order;

@@ -1,7 +1,8 @@
 //! The node-level observations of one pass (`makeSignalObservations`), read fresh.
 
+use crate::cgroup::CgroupBeneath;
+
 use super::{
-    dir::CgroupBeneath,
     signals::{MemoryCgroup, SignalError, pid_max, read_pids},
     thresholds::{Observations, Observed},
 };

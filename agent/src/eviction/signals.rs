@@ -19,7 +19,7 @@ use std::{
 
 use thiserror::Error;
 
-use super::dir::CgroupBeneath;
+use crate::cgroup::CgroupBeneath;
 use crate::cgroup::{Tree, fs::OpenRootError, value::flat_keyed};
 
 /// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
@@ -422,7 +422,7 @@ mod tests {
                 assert!(refused(&e), "{tree:?} {path}: {e:?}");
                 let usage = m
                     .dir()
-                    .open_file(m.usage_file(), super::super::held::Access::Read);
+                    .open_file(m.usage_file(), crate::cgroup::Access::Read);
                 assert!(usage.is_err(), "{tree:?} {path}");
                 assert!(m.dir().has_file(m.usage_file()).is_err(), "{tree:?} {path}");
                 if path != "/filelink" {

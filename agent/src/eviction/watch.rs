@@ -28,7 +28,8 @@ use std::{
 use thiserror::Error;
 use tokio::{io::unix::AsyncFd, sync::mpsc, task::JoinHandle};
 
-use super::{dir::CgroupBeneath, held::Access, signals::MemoryCgroup};
+use super::signals::MemoryCgroup;
+use crate::cgroup::{Access, CgroupBeneath};
 use crate::sensors::{
     SensorEvent,
     event::{PressureScope, ReclaimKind, boot_now_ns},

@@ -17,8 +17,11 @@ use super::{
     trees::{cgroup_id, memory_tree, unified_tree},
 };
 use crate::{
-    cgroup::{CgroupPath, DesiredState, Tree, desired::Role, desired_state, layout::Controller},
-    eviction::{CgroupBeneath, Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
+    cgroup::{
+        CgroupBeneath, CgroupPath, DesiredState, Tree, desired::Role, desired_state,
+        layout::Controller,
+    },
+    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
@@ -206,7 +209,11 @@ impl Node {
                         let dirs = placement
                             .trees
                             .iter()
-                            .map(|t| self.cgroups.fs().display_path(*t, path))
+                            .map(|&tree| CgroupBeneath {
+                                fs: self.cgroups.fs().clone(),
+                                tree,
+                                path: path.clone(),
+                            })
                             .collect();
                         Some((c.name.clone(), dirs))
                     })
@@ -365,11 +372,13 @@ impl Node {
         {
             sensors.watch(WatchedCgroup {
                 id,
-                v2_dir: Some(u.display()),
-                memory_dir: memory.as_ref().map(MemoryCgroup::display),
-                cpu_dir: placement
-                    .cpu_tree
-                    .map(|t| self.cgroups.fs().display_path(t, path)),
+                v2_dir: Some(u.clone()),
+                memory_dir: memory.as_ref().map(|m| m.dir().clone()),
+                cpu_dir: placement.cpu_tree.map(|tree| CgroupBeneath {
+                    fs: self.cgroups.fs().clone(),
+                    tree,
+                    path: path.clone(),
+                }),
             });
         }
         let mut container_ids = Vec::new();

@@ -25,12 +25,13 @@ use super::{
 };
 use crate::{
     cgroup::{
-        self, CgroupFs, CgroupPath, ContainerRuntime, Mode, Naming, Runner, fs::OpenRootError,
+        self, CgroupBeneath, CgroupFs, CgroupPath, ContainerRuntime, Mode, Naming, Runner,
+        fs::OpenRootError,
     },
     config::QosletConfiguration,
     eviction::{
-        CgroupBeneath, CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig,
-        MemoryCgroup, NodeSignals, PodCgroups, Wake, watch::WatchConfig,
+        CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, MemoryCgroup,
+        NodeSignals, PodCgroups, Wake, watch::WatchConfig,
     },
     policy::settings::CgroupDriver,
     policy::{pod::PodKey, settings::NodeSettings},

@@ -3,11 +3,11 @@
 //! eviction does (`crate::eviction::EvictionAction`). The node only ever sees these traits, so
 //! the standalone node and the cluster node share every part between them.
 
-use std::{collections::BTreeMap, future::Future, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use super::pod_status::PodStatus;
 use crate::{
-    cgroup::{ContainerIds, Runner},
+    cgroup::{CgroupBeneath, ContainerIds, Runner},
     eviction::NodeCondition,
     policy::{pod::PodKey, qos::QosClass},
     source::{Diff, ManifestPod, PodSet},
@@ -37,9 +37,10 @@ pub struct PlannedPod<'a> {
     pub critical: bool,
     /// Workload gating lets it start now (its PodGroup and every ancestor exist, and so on).
     pub startable: bool,
-    /// Each container's cgroup directories, one per hierarchy, by container name. A container
-    /// missing here has no cgroup and must not be started.
-    pub container_cgroups: BTreeMap<String, Vec<PathBuf>>,
+    /// Each container's cgroup directories, one per hierarchy, by container name, named
+    /// beneath the node root (the path comes from the pod's UID and the container's id). A
+    /// container missing here has no cgroup and must not be started.
+    pub container_cgroups: BTreeMap<String, Vec<CgroupBeneath>>,
 }
 
 /// Who runs the containers and where their cgroups are: qoslet's process runtime (standalone),

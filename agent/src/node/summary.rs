@@ -22,7 +22,8 @@ use std::{
 };
 
 use crate::{
-    eviction::{CgroupBeneath, MemoryCgroup, signals::stat_field},
+    cgroup::CgroupBeneath,
+    eviction::{MemoryCgroup, signals::stat_field},
     lock,
     node::pod_status::{ContainerState, ContainerStatus, PodStatus},
     policy::pod::PodKey,

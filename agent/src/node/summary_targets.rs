@@ -3,8 +3,8 @@
 
 use super::{Node, summary::StatsCgroup};
 use crate::{
-    cgroup::{CgroupPath, Tree},
-    eviction::{CgroupBeneath, MemoryCgroup},
+    cgroup::{CgroupBeneath, CgroupPath, Tree},
+    eviction::MemoryCgroup,
     policy::plan::Plan,
 };
 

@@ -12,7 +12,7 @@ use std::{
 
 use super::*;
 use crate::{
-    cgroup::{CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
+    cgroup::{CgroupBeneath, CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
     eviction::{
         Decision, EvictedStatus, EvictionAction, EvictionRequest, ManagedPod, Manager,
         ManagerConfig, MemoryCgroup, NodeCondition, NodeSignals, Order, Outcome,
@@ -165,7 +165,13 @@ impl PodExecutor for FakeExecutor {
                     p.key.name.clone(),
                     Applied {
                         startable: p.startable,
-                        containers: p.container_cgroups,
+                        containers: p
+                            .container_cgroups
+                            .into_iter()
+                            .map(|(name, dirs)| {
+                                (name, dirs.iter().map(CgroupBeneath::display).collect())
+                            })
+                            .collect(),
                     },
                 )
             })
@@ -587,7 +593,7 @@ async fn a_hundred_evictions_are_all_counted() {
                 revision: 0,
                 memory: MemoryCgroup::own(&dir, Tree::V2).unwrap(),
                 cgroups: crate::eviction::PodCgroups {
-                    procs: vec![crate::eviction::CgroupBeneath::own(&dir, Tree::V2).unwrap()],
+                    procs: vec![CgroupBeneath::own(&dir, Tree::V2).unwrap()],
                     unified: None,
                 },
             }
@@ -953,12 +959,12 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         name: "a".into(),
         uid: UID_A.into(),
     };
-    let pod = crate::eviction::CgroupBeneath {
+    let pod = CgroupBeneath {
         fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
         tree: Tree::V2,
         path: CgroupPath::parse("/podaaaa").unwrap(),
     };
-    let req = |unified: Option<crate::eviction::CgroupBeneath>| EvictionRequest {
+    let req = |unified: Option<CgroupBeneath>| EvictionRequest {
         pod: key.clone(),
         cgroups: crate::eviction::PodCgroups {
             procs: vec![pod.clone()],

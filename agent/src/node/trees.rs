@@ -2,8 +2,8 @@
 //! programs know cgroups by.
 
 use crate::{
-    cgroup::{Tree, layout::Controller},
-    eviction::{CgroupBeneath, MemoryCgroup},
+    cgroup::{CgroupBeneath, Tree, layout::Controller},
+    eviction::MemoryCgroup,
 };
 
 /// The hierarchy that holds memory accounting: the v2 tree, or v1's memory controller.

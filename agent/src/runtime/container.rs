@@ -210,7 +210,7 @@ fn create(
             .cgroups
             .dirs
             .iter()
-            .map(|d| Claim::Cgroup(d.clone()))
+            .map(|d| Claim::Cgroup(d.display()))
             .collect();
         wanted.push(Claim::Log(log_dir));
         *held = Some(ctx.claims.take(wanted).map_err(|c| match c {

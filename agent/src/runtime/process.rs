@@ -1,8 +1,8 @@
 //! Starting a container's process inside its cgroups (never outside them), and signalling the
-//! processes of those cgroups (never any other).
+//! processes of those cgroups (never any other). Their files are opened beneath the node root.
 
 use std::{
-    fs::{self, File},
+    fs::File,
     io::{self, Write as _},
     os::fd::{AsRawFd as _, OwnedFd, RawFd},
     path::{Path, PathBuf},
@@ -17,7 +17,10 @@ use super::{
     logs::LogError,
     spec::{ContainerCgroups, ContainerSpec},
 };
-use crate::beneath::{self, RESOLVE_STRICT};
+use crate::{
+    beneath::{self, RESOLVE_STRICT},
+    cgroup::CgroupBeneath,
+};
 
 /// A container process could not be started.
 #[derive(Debug, Error)]
@@ -120,27 +123,17 @@ fn open_procs(cgroups: &ContainerCgroups) -> Result<Vec<OwnedFd>, ProcessError> 
 
 /// Opens `file` of the cgroup directory `dir` for writing. The directory must exist and be a
 /// cgroup (checked on the open descriptor, so nothing can swap it after the check), reached
-/// without symlinks; the file is opened beneath it and never created.
-fn open_cgroup_file(dir: &Path, file: &str) -> Result<OwnedFd, ProcessError> {
+/// beneath the node root without symlinks; the file is opened beneath it and never created.
+fn open_cgroup_file(dir: &CgroupBeneath, file: &str) -> Result<OwnedFd, ProcessError> {
     let err = |source| ProcessError::Cgroup {
-        path: dir.to_path_buf(),
+        path: dir.display(),
         source,
     };
-    let path = dir
-        .to_str()
-        .ok_or_else(|| err(io::Error::from_raw_os_error(libc::EINVAL)))?;
-    let fd = beneath::openat2(
-        libc::AT_FDCWD,
-        path,
-        libc::O_PATH | libc::O_DIRECTORY,
-        0,
-        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-    )
-    .map_err(err)?;
+    let fd = dir.open().map_err(err)?;
     let fs_type = fstatfs(&fd).map_err(err)?;
     if fs_type != CGROUP_SUPER_MAGIC && fs_type != CGROUP2_SUPER_MAGIC {
         return Err(ProcessError::NotCgroup {
-            path: dir.to_path_buf(),
+            path: dir.display(),
         });
     }
     beneath::openat2(fd.as_raw_fd(), file, libc::O_WRONLY, 0, RESOLVE_STRICT).map_err(err)
@@ -162,7 +155,7 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
     let mut pids: Vec<u32> = cgroups
         .dirs
         .iter()
-        .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
+        .filter_map(|d| d.fs.read(d.tree, &d.path, "cgroup.procs").ok())
         .flat_map(|s| {
             s.lines()
                 .filter_map(|l| l.trim().parse().ok())
@@ -199,4 +192,29 @@ pub fn signal_cgroup(cgroups: &ContainerCgroups, signal: Signal) -> usize {
         }
     }
     pids.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A container's cgroup replaced by a symlink out of the node root is neither joined nor
+    /// read: no pids (so nothing outside is signalled), and the start refuses it. The control,
+    /// a real directory, lists its pids.
+    #[test]
+    fn a_container_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
+        let t = crate::cgroup::beneath::RootWithLink::new("process-beneath");
+        t.write("cgroup.procs", "7\n8\n", "9\n");
+        let cgroups = |path: &str| ContainerCgroups {
+            dirs: vec![t.dir(path)],
+        };
+        assert_eq!(cgroup_pids(&cgroups("/real")), [7, 8]);
+        assert_eq!(cgroup_pids(&cgroups("/link")), Vec::<u32>::new());
+        let e = open_procs(&cgroups("/link")).unwrap_err();
+        assert!(
+            matches!(&e, ProcessError::Cgroup { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))),
+            "{e:?}"
+        );
+    }
 }

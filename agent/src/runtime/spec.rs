@@ -7,7 +7,10 @@ use std::{path::PathBuf, time::Duration};
 use k8s_openapi::api::core::v1 as core;
 use thiserror::Error;
 
-use crate::policy::pod::{ContainerKind, PodKey, RestartPolicy, derived_uid};
+use crate::{
+    cgroup::CgroupBeneath,
+    policy::pod::{ContainerKind, PodKey, RestartPolicy, derived_uid},
+};
 
 /// `terminationGracePeriodSeconds` when unset (PodSpec defaulting).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -18,9 +21,11 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// The cgroup directories a container's processes join: one per hierarchy (on a hybrid host
 /// the v1 controller directories plus the unified-tree directory; on pure v2 one directory).
 /// Empty means the container has no cgroup of its own, and the runtime does not start it.
+/// Named beneath the node root (the path comes from the pod's UID), where every file of them is
+/// opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerCgroups {
-    pub dirs: Vec<PathBuf>,
+    pub dirs: Vec<CgroupBeneath>,
 }
 
 /// One container of a pod, ready to run.
@@ -281,7 +286,7 @@ spec:
         assert_eq!(s.key.uid, "u1");
         assert_eq!(s.termination_grace, Duration::from_secs(3));
         let cg = ContainerCgroups {
-            dirs: vec!["/sys/fs/cgroup/x".into()],
+            dirs: vec![CgroupBeneath::own(&std::env::temp_dir(), crate::cgroup::Tree::V2).unwrap()],
         };
         assert!(s.set_cgroups("c", cg.clone()));
         assert!(!s.set_cgroups("d", cg.clone()));

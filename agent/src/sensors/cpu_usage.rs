@@ -6,11 +6,11 @@
 //! keeps no per-cgroup wait histogram); only the files carry CFS throttling and CPU pressure.
 //! A field the source cannot fill is `None`, never a made-up zero.
 
-use std::{fs, io, path::Path};
+use std::io;
 
 use qoslet_common::sched::{CpuStats, RUNQ_HIST_BUCKETS};
 
-use crate::cgroup::value::flat_keyed;
+use crate::cgroup::{CgroupBeneath, value::flat_keyed};
 
 /// Where a [`CpuUsage`] came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,18 +71,21 @@ impl From<CpuStats> for CpuUsage {
 /// Reads the fallback figures of a cgroup: `v2_dir` is its v2 (or unified-tree) directory,
 /// `v1_cpu_dir` its v1 cpu,cpuacct directory on hybrid and v1 hosts. Usage comes from the v2
 /// `cpu.stat` when there is one (it is kept on the default hierarchy with or without the cpu
-/// controller), else from `cpuacct.usage`. `NotFound` means the cgroup is gone.
-pub fn read_cgroup_cpu(v2_dir: Option<&Path>, v1_cpu_dir: Option<&Path>) -> io::Result<CpuUsage> {
-    let v2 = v2_dir
-        .map(|d| fs::read_to_string(d.join("cpu.stat")))
-        .transpose()?;
+/// controller), else from `cpuacct.usage`. `NotFound` means the cgroup is gone. The files are
+/// opened beneath the node root.
+pub fn read_cgroup_cpu(
+    v2_dir: Option<&CgroupBeneath>,
+    v1_cpu_dir: Option<&CgroupBeneath>,
+) -> io::Result<CpuUsage> {
+    let read = |d: &CgroupBeneath, file: &str| d.fs.read(d.tree, &d.path, file);
+    let v2 = v2_dir.map(|d| read(d, "cpu.stat")).transpose()?;
     let v2 = v2.as_deref().map(parse_cpu_stat);
     let v1 = v1_cpu_dir
         .map(|d| -> io::Result<_> {
-            let usage = fs::read_to_string(d.join("cpuacct.usage"))
+            let usage = read(d, "cpuacct.usage")
                 .ok()
                 .and_then(|t| t.trim().parse::<u64>().ok());
-            let stat = fs::read_to_string(d.join("cpu.stat")).map(|t| parse_cpu_stat(&t));
+            let stat = read(d, "cpu.stat").map(|t| parse_cpu_stat(&t));
             match (usage, stat) {
                 (None, Err(e)) => Err(e),
                 (usage, stat) => Ok((usage, stat.ok())),
@@ -98,7 +101,7 @@ pub fn read_cgroup_cpu(v2_dir: Option<&Path>, v1_cpu_dir: Option<&Path>) -> io::
         .and_then(|s| s.throttled(1000))
         .or(v1.and_then(|(_, s)| s.and_then(|s| s.throttled(1))));
     let pressure_some_us = v2_dir
-        .and_then(|d| fs::read_to_string(d.join("cpu.pressure")).ok())
+        .and_then(|d| read(d, "cpu.pressure").ok())
         .and_then(|t| parse_pressure_some_total(&t));
     Ok(CpuUsage {
         source: CpuSource::CgroupFiles,
@@ -194,7 +197,12 @@ mod tests {
 
     #[test]
     fn files_of_a_missing_cgroup_are_not_found() {
-        let e = read_cgroup_cpu(Some(Path::new("/nonexistent/qoslet")), None).unwrap_err();
+        let root = CgroupBeneath::own(&std::env::temp_dir(), crate::cgroup::Tree::V2).unwrap();
+        let gone = CgroupBeneath {
+            path: crate::cgroup::CgroupPath::parse("/qoslet-nonexistent").unwrap(),
+            ..root
+        };
+        let e = read_cgroup_cpu(Some(&gone), None).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 

@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -16,7 +16,7 @@ use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use crate::{config::EbpfConfig, lock};
+use crate::{cgroup::CgroupBeneath, config::EbpfConfig, lock};
 
 use super::{
     EbpfSensors, SensorError,
@@ -27,7 +27,7 @@ use super::{
     kmaps::ProgramCost,
     memory_events::{MemoryEventsWatch, MemoryNotifier, Notified},
     owners::CgroupOwners,
-    psi::{PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
+    psi::{PressureFile, PsiTrigger, SYSTEM_MEMORY_PRESSURE, is_gone},
     scores::{ExpectedScores, ScoreKey, read_score, reset_score},
     table::{Attachment, Fallback, SENSORS, SWITCHED_OFF, Sensor, SensorSwitches},
 };
@@ -105,26 +105,27 @@ pub struct SensorStatus {
     pub reason: Option<String>,
 }
 
-/// A cgroup the agent manages.
+/// A cgroup the agent manages. Its directories are named from pod UIDs and container ids, so
+/// every file of them is opened beneath the node root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchedCgroup {
     /// cgroup v2 id (the unified-tree cgroup on hybrid hosts).
     pub id: u64,
     /// The v2 directory (for `memory.pressure`), when there is one.
-    pub v2_dir: Option<PathBuf>,
+    pub v2_dir: Option<CgroupBeneath>,
     /// The memory cgroup directory (v2 or v1) for the memory.events fallback.
-    pub memory_dir: Option<PathBuf>,
+    pub memory_dir: Option<CgroupBeneath>,
     /// The v1 cpu,cpuacct directory (hybrid and v1 hosts) for the CPU fallback.
-    pub cpu_dir: Option<PathBuf>,
+    pub cpu_dir: Option<CgroupBeneath>,
 }
 
 impl WatchedCgroup {
     /// A directory whose disappearance means the cgroup was removed.
-    fn any_dir(&self) -> Option<&Path> {
+    fn any_dir(&self) -> Option<&CgroupBeneath> {
         self.v2_dir
-            .as_deref()
-            .or(self.memory_dir.as_deref())
-            .or(self.cpu_dir.as_deref())
+            .as_ref()
+            .or(self.memory_dir.as_ref())
+            .or(self.cpu_dir.as_ref())
     }
 }
 
@@ -294,7 +295,7 @@ impl Sensors {
         if Path::new(SYSTEM_MEMORY_PRESSURE).exists() {
             tasks.push(tokio::spawn(psi_task(
                 shared.clone(),
-                PathBuf::from(SYSTEM_MEMORY_PRESSURE),
+                PressureFile::System,
                 PressureScope::System,
             )));
         }
@@ -370,7 +371,7 @@ impl Sensors {
         if c.v2_dir.is_none() && c.cpu_dir.is_none() {
             return Ok(None);
         }
-        match read_cgroup_cpu(c.v2_dir.as_deref(), c.cpu_dir.as_deref()) {
+        match read_cgroup_cpu(c.v2_dir.as_ref(), c.cpu_dir.as_ref()) {
             Ok(u) => Ok(Some(u)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(SensorError::CgroupFiles {
@@ -490,7 +491,7 @@ impl Shared {
                 self.counters
                     .memory_events_read_errors
                     .fetch_add(1, Ordering::Relaxed);
-                debug!(path = %m.dir.display(), error = %e, "Memory events unreadable (cgroup removed?).");
+                debug!(path = %m.dir.display().display(), error = %e, "Memory events unreadable (cgroup removed?).");
             }
         };
         match read {
@@ -525,7 +526,7 @@ impl Shared {
                         && let Err(e) = n.register(&mut m)
                     {
                         // The resync still reads it.
-                        warn!(path = %dir.display(), error = %e, "Could not ask for memory.events notifications of a cgroup.");
+                        warn!(path = %dir.display().display(), error = %e, "Could not ask for memory.events notifications of a cgroup.");
                     }
                     if let Some(wd) = m.notify_wd {
                         w.polled_by_wd.insert(wd, cgroup.id);
@@ -538,16 +539,17 @@ impl Shared {
                     self.counters
                         .memory_events_read_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    warn!(path = %dir.display(), error = %e, "Could not read memory events of a cgroup.");
+                    warn!(path = %dir.display().display(), error = %e, "Could not read memory events of a cgroup.");
                 }
             }
         }
         if let Some(dir) = &cgroup.v2_dir {
-            let path = dir.join("memory.pressure");
-            if path.exists() {
+            // Without PSI there is no trigger to arm; a file that cannot be opened (a symlink out
+            // of the root) is left to the task, which says so and counts it.
+            if !matches!(dir.has_file("memory.pressure"), Ok(false)) {
                 let task = tokio::spawn(psi_task(
                     self.clone(),
-                    path,
+                    PressureFile::Cgroup(dir.clone()),
                     PressureScope::Cgroup(cgroup.id),
                 ));
                 if let Some(old) = w.psi.insert(cgroup.id, task) {
@@ -773,9 +775,10 @@ async fn poller(shared: Arc<Shared>) {
     }
 }
 
-async fn psi_task(shared: Arc<Shared>, path: PathBuf, scope: PressureScope) {
+async fn psi_task(shared: Arc<Shared>, file: PressureFile, scope: PressureScope) {
     let config = &shared.config;
-    let mut trigger = match PsiTrigger::open(&path, config.psi_stall, config.psi_window) {
+    let path = file.display();
+    let mut trigger = match PsiTrigger::open(&file, config.psi_stall, config.psi_window) {
         Ok(t) => t,
         Err(e) => {
             shared.counters.psi_errors.fetch_add(1, Ordering::Relaxed);
@@ -801,5 +804,72 @@ async fn psi_task(shared: Arc<Shared>, path: PathBuf, scope: PressureScope) {
         {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::cgroup::beneath::RootWithLink;
+
+    /// A watched cgroup's directory (or one of its files) replaced by a symlink out of the node
+    /// root is not read: not its memory.events (nor its id), its CPU files or its
+    /// memory.pressure, and it counts as removed. The control, a real directory, is read, and
+    /// its memory.events is watched through the descriptor opened beneath the root.
+    #[tokio::test]
+    async fn a_watched_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
+        let t = RootWithLink::new("sensors-beneath");
+        let (root, outside) = (&t.root, &t.outside);
+        // The files the sensors' fallbacks read, as the kernel shows them on cgroup v2.
+        for (file, text) in [
+            ("memory.events", "oom_kill 0\n"),
+            ("memory.pressure", "some total=0\n"),
+            ("cpu.stat", "usage_usec 7\n"),
+        ] {
+            t.write(file, text, text);
+        }
+        fs::create_dir_all(root.join("filelink")).unwrap();
+        for file in ["memory.events", "memory.pressure", "cpu.stat"] {
+            std::os::unix::fs::symlink(outside.join(file), root.join("filelink").join(file))
+                .unwrap();
+        }
+        let dir = |path: &str| t.dir(path);
+
+        let real = dir("/real");
+        assert!(real.exists());
+        let usage = read_cgroup_cpu(Some(&real), None).unwrap();
+        assert_eq!(usage.usage_ns, 7000);
+        PressureFile::Cgroup(real.clone()).open().unwrap();
+        let mut watch = MemoryEventsWatch::new(real).unwrap();
+        let notifier = MemoryNotifier::new().unwrap();
+        notifier.register(&mut watch).unwrap();
+        fs::write(root.join("real/memory.events"), "oom_kill 1\n").unwrap();
+        let notified = tokio::time::timeout(Duration::from_secs(5), notifier.next()).await;
+        assert_eq!(
+            notified.ok().and_then(Result::ok),
+            Some(Notified::Files(vec![watch.notify_wd.unwrap()]))
+        );
+        let mut events = Vec::new();
+        watch.poll(0, &mut events).unwrap();
+        assert_eq!(events.len(), 1, "{events:?}");
+
+        for link in ["/link", "/filelink"] {
+            let d = dir(link);
+            // A symlink in the path is ELOOP; the directory itself opened as one, ENOTDIR.
+            let loops =
+                |e: &std::io::Error| matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR));
+            let e = MemoryEventsWatch::new(d.clone()).unwrap_err();
+            assert!(loops(&e), "{link}: {e}");
+            let e = read_cgroup_cpu(Some(&d), None).unwrap_err();
+            assert!(loops(&e), "{link}: {e}");
+            let e = PressureFile::Cgroup(d.clone()).open().unwrap_err();
+            assert!(loops(&e), "{link}: {e}");
+        }
+        assert!(
+            !dir("/link").exists(),
+            "a symlinked directory counts as removed"
+        );
     }
 }

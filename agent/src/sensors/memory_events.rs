@@ -5,16 +5,16 @@
 //! changed ([`MemoryNotifier`]), and every watch is read again at a slow resync. Each watch
 //! holds its files open and reads them with one `pread` (reopening cost five system calls a
 //! file: open, statx, two reads, close; at 110 pods and the old 100 ms poll that was most of
-//! the agent's idle cost).
+//! the agent's idle cost). Every file is opened beneath the node root ([`CgroupBeneath`]): the
+//! directories are named from pod UIDs and container ids.
 
 use std::{
-    fs::{self, File},
+    fs::File,
     io,
     os::{
         fd::{AsFd as _, AsRawFd as _},
-        unix::fs::{FileExt as _, MetadataExt as _},
+        unix::fs::FileExt as _,
     },
-    path::{Path, PathBuf},
 };
 
 use nix::{
@@ -27,7 +27,10 @@ use nix::{
 use tokio::io::{Interest, unix::AsyncFd};
 
 use super::event::{MemcgEventKind, SensorEvent};
-use crate::{cgroup::value::flat_keyed, inotify::InotifyFd};
+use crate::{
+    cgroup::{Access, CgroupBeneath, value::flat_keyed},
+    inotify::InotifyFd,
+};
 
 /// The counters of one memory cgroup, as last read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,12 +51,12 @@ enum CounterFiles {
 
 impl CounterFiles {
     /// `dir` is a v2 cgroup with `memory.events` or a v1 memory cgroup.
-    fn open(dir: &Path) -> io::Result<Self> {
-        match File::open(dir.join("memory.events")) {
+    fn open(dir: &CgroupBeneath) -> io::Result<Self> {
+        match dir.open_file("memory.events", Access::Read) {
             Ok(events) => Ok(Self::V2 { events }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Self::V1 {
-                failcnt: File::open(dir.join("memory.failcnt"))?,
-                oom_control: File::open(dir.join("memory.oom_control"))?,
+                failcnt: dir.open_file("memory.failcnt", Access::Read)?,
+                oom_control: dir.open_file("memory.oom_control", Access::Read)?,
             }),
             Err(e) => Err(e),
         }
@@ -127,7 +130,7 @@ pub fn parse_v1(failcnt: &str, oom_control: &str) -> MemoryCounts {
 #[derive(Debug)]
 pub struct MemoryEventsWatch {
     pub memcg_id: u64,
-    pub dir: PathBuf,
+    pub dir: CgroupBeneath,
     files: CounterFiles,
     last: MemoryCounts,
     /// Its inotify watch (v2) once registered with a [`MemoryNotifier`].
@@ -136,8 +139,8 @@ pub struct MemoryEventsWatch {
 
 impl MemoryEventsWatch {
     /// Starts from the current counts, so only later events are reported.
-    pub fn new(dir: PathBuf) -> io::Result<Self> {
-        let memcg_id = fs::metadata(&dir)?.ino();
+    pub fn new(dir: CgroupBeneath) -> io::Result<Self> {
+        let memcg_id = dir.inode()?;
         let files = CounterFiles::open(&dir)?;
         let last = files.read()?;
         Ok(Self {
@@ -218,16 +221,18 @@ impl MemoryNotifier {
         })
     }
 
-    /// Asks the kernel to notify changes of `watch`'s counters.
+    /// Asks the kernel to notify changes of `watch`'s counters. inotify takes only a path: the
+    /// watch is added through the held `memory.events` descriptor's `/proc/self/fd` link, so it
+    /// lands on the file opened beneath the node root.
     pub fn register(&self, watch: &mut MemoryEventsWatch) -> io::Result<()> {
         match &watch.files {
-            CounterFiles::V2 { .. } => {
-                let file = watch.dir.join("memory.events");
+            CounterFiles::V2 { events } => {
+                let link = format!("/proc/self/fd/{}", events.as_raw_fd());
                 watch.notify_wd = Some(
                     self.inotify
                         .get_ref()
                         .0
-                        .add_watch(&file, AddWatchFlags::IN_MODIFY)?,
+                        .add_watch(link.as_str(), AddWatchFlags::IN_MODIFY)?,
                 );
             }
             CounterFiles::V1 { oom_control, .. } => {
@@ -237,7 +242,8 @@ impl MemoryNotifier {
                     self.v1_oom.get_ref().as_raw_fd(),
                     oom_control.as_fd().as_raw_fd()
                 );
-                fs::write(watch.dir.join("cgroup.event_control"), line)?;
+                let d = &watch.dir;
+                d.fs.write(d.tree, &d.path, "cgroup.event_control", &line)?;
             }
         }
         Ok(())

@@ -4,18 +4,62 @@
 //! When the cgroup is removed the kernel destroys the trigger and the fd polls as POLLERR (its
 //! kernfs node is no longer active); [`PsiTrigger::fired`] reports that as [`TriggerGone`] so
 //! the task watching it ends by itself instead of waiting forever on a dead fd.
+//!
+//! A cgroup's `memory.pressure` is opened beneath the node root ([`CgroupBeneath`]): its
+//! directory is named from a pod UID.
 
 use std::{
     fs::{File, OpenOptions},
     io::{self, Write as _},
     os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
-    path::Path,
+    path::PathBuf,
     time::Duration,
 };
 
 use tokio::io::{Interest, unix::AsyncFd};
 
+use crate::cgroup::CgroupBeneath;
+
 pub const SYSTEM_MEMORY_PRESSURE: &str = "/proc/pressure/memory";
+
+/// A memory pressure file a trigger is armed on.
+#[derive(Debug, Clone)]
+pub enum PressureFile {
+    /// [`SYSTEM_MEMORY_PRESSURE`], a fixed path.
+    System,
+    /// A cgroup v2 directory's `memory.pressure`.
+    Cgroup(CgroupBeneath),
+}
+
+impl PressureFile {
+    /// The full path, for logs.
+    pub fn display(&self) -> PathBuf {
+        match self {
+            Self::System => PathBuf::from(SYSTEM_MEMORY_PRESSURE),
+            Self::Cgroup(dir) => dir.file_display("memory.pressure"),
+        }
+    }
+
+    /// Opened for reading and writing (a trigger is written to it), non-blocking.
+    pub(super) fn open(&self) -> io::Result<File> {
+        match self {
+            Self::System => OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(SYSTEM_MEMORY_PRESSURE),
+            Self::Cgroup(d) => {
+                d.fs.open_file(
+                    d.tree,
+                    &d.path,
+                    "memory.pressure",
+                    libc::O_RDWR | libc::O_NONBLOCK,
+                )
+                .map(File::from)
+            }
+        }
+    }
+}
 
 /// One armed trigger; one per open file, as the kernel requires.
 pub struct PsiTrigger {
@@ -23,31 +67,27 @@ pub struct PsiTrigger {
 }
 
 impl PsiTrigger {
-    /// Arms a trigger on `path` (a `memory.pressure` or `/proc/pressure/memory`). Without
+    /// Arms a trigger on `file` (a `memory.pressure` or `/proc/pressure/memory`). Without
     /// CAP_SYS_RESOURCE, Linux 6.5+ takes only windows in whole multiples of 2 s (EINVAL
     /// otherwise): the window is then rounded up to one, which coarsens detection but keeps it.
-    pub fn open(path: &Path, stall: Duration, window: Duration) -> io::Result<Self> {
+    pub fn open(file: &PressureFile, stall: Duration, window: Duration) -> io::Result<Self> {
         const UNPRIVILEGED_STEP_US: u128 = 2_000_000;
-        match Self::arm(path, stall, window) {
+        match Self::arm(file, stall, window) {
             Err(e)
                 if e.raw_os_error() == Some(libc::EINVAL)
                     && !window.as_micros().is_multiple_of(UNPRIVILEGED_STEP_US) =>
             {
                 let steps = window.as_micros().div_ceil(UNPRIVILEGED_STEP_US).max(1);
                 let rounded = Duration::from_micros((steps * UNPRIVILEGED_STEP_US) as u64);
-                tracing::debug!(path = %path.display(), window = ?rounded, "PSI window rounded up to a multiple of 2 s (no CAP_SYS_RESOURCE).");
-                Self::arm(path, stall, rounded)
+                tracing::debug!(path = %file.display().display(), window = ?rounded, "PSI window rounded up to a multiple of 2 s (no CAP_SYS_RESOURCE).");
+                Self::arm(file, stall, rounded)
             }
             r => r,
         }
     }
 
-    fn arm(path: &Path, stall: Duration, window: Duration) -> io::Result<Self> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)?;
+    fn arm(file: &PressureFile, stall: Duration, window: Duration) -> io::Result<Self> {
+        let mut file = file.open()?;
         file.write_all(format!("some {} {}", stall.as_micros(), window.as_micros()).as_bytes())?;
         // SAFETY: the File owns its fd, which stays open and unchanged until the AsyncFd (and
         // the File inside it) is dropped.

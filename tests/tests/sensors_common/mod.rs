@@ -97,13 +97,13 @@ impl Cgroups {
     pub fn watched(&self) -> WatchedCgroup {
         WatchedCgroup {
             id: self.id(),
-            v2_dir: Some(self.v2.path.clone()),
-            memory_dir: Some(self.of("memory").path.clone()),
+            v2_dir: Some(self.v2.beneath()),
+            memory_dir: Some(self.of("memory").beneath()),
             cpu_dir: self
                 .v1
                 .iter()
                 .find(|(c, _)| c == "cpu")
-                .map(|(_, cg)| cg.path.clone()),
+                .map(|(_, cg)| cg.beneath()),
         }
     }
 }

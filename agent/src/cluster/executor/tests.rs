@@ -211,3 +211,14 @@ async fn an_evicted_pod_reads_evicted_until_it_leaves() {
     assert!(ex.status().is_empty());
     assert!(lock(&ex.evicted).is_empty());
 }
+
+/// A container's cgroup replaced by a symlink out of the node root is not read: its pods are
+/// none, not the processes of whatever the link points at. The control, a real directory, is.
+#[test]
+fn a_container_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
+    let t = crate::cgroup::beneath::RootWithLink::new("executor-beneath");
+    t.write("cgroup.procs", "123\n124\n", "456\n");
+    let dir = |path: &str| vec![t.dir(path)];
+    assert_eq!(read_pids(Some(&dir("/real"))), [123, 124]);
+    assert_eq!(read_pids(Some(&dir("/link"))), Vec::<u32>::new());
+}

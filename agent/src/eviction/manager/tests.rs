@@ -5,10 +5,8 @@ use std::{fs, path::Path, path::PathBuf, sync::Mutex};
 
 use super::*;
 use crate::{
-    eviction::{
-        CgroupBeneath,
-        action::{EvictedStatus, Outcome},
-    },
+    cgroup::CgroupBeneath,
+    eviction::action::{EvictedStatus, Outcome},
     policy::eviction::{EvictionInput, parse_thresholds},
 };
 

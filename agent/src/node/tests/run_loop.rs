@@ -223,7 +223,7 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
         let tree = Tree0::new(&format!("eviction-{runner:?}"));
         let pod_dir = tree.0.join(format!("pod{UID_A}"));
         std::fs::create_dir_all(&pod_dir).unwrap();
-        let pod = crate::eviction::CgroupBeneath {
+        let pod = CgroupBeneath {
             fs: Arc::new(CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap()),
             tree: Tree::V2,
             path: CgroupPath::parse(&format!("/pod{UID_A}")).unwrap(),

@@ -192,8 +192,11 @@ fn watch(sensors: &Sensors, dir: &std::path::Path) {
     let id = fs::metadata(dir).expect("stat").ino();
     sensors.watch(WatchedCgroup {
         id,
-        v2_dir: Some(dir.to_owned()),
-        memory_dir: dir.join("memory.events").exists().then(|| dir.to_owned()),
+        v2_dir: Some(qoslet_tests::cgroup_beneath(dir)),
+        memory_dir: dir
+            .join("memory.events")
+            .exists()
+            .then(|| qoslet_tests::cgroup_beneath(dir)),
         cpu_dir: None,
     });
 }
