@@ -154,18 +154,16 @@ where
     let enforce = cfg.mode == Mode::Enforce;
     let fs = cfg.fs.clone();
     let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
-    // One instance per node root: the lock is taken before anything is written.
-    let _lock = if enforce {
-        let dir = fs.display_path(memory_tree, &CgroupPath::root());
-        Some(NodeLock::acquire(&dir, cfg.fs.node_root()).map_err(NodeError::State)?)
-    } else {
-        None
-    };
-
     let node_root = |tree| CgroupBeneath {
         fs: fs.clone(),
         tree,
         path: CgroupPath::root(),
+    };
+    // One instance per node root: the lock is taken before anything is written.
+    let _lock = if enforce {
+        Some(NodeLock::acquire(&node_root(memory_tree)).map_err(NodeError::State)?)
+    } else {
+        None
     };
     let node_root_memory = MemoryCgroup::new(node_root(memory_tree));
     let summary = CgroupSummary::new(StatsCgroup {

@@ -19,7 +19,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs::{self, File},
     io::{self, Write as _},
-    os::fd::{AsRawFd as _, BorrowedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -27,7 +27,11 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{cgroup::CgroupPath, policy::pod::PodKey, source::PodSet};
+use crate::{
+    cgroup::{CgroupBeneath, CgroupPath},
+    policy::pod::PodKey,
+    source::PodSet,
+};
 
 #[derive(Debug, Error)]
 pub enum StateError {
@@ -50,25 +54,26 @@ pub enum StateError {
 /// The lock on the node root; released when dropped or when the process ends.
 #[derive(Debug)]
 pub struct NodeLock {
-    _lock: Flock<File>,
+    _lock: Flock<OwnedFd>,
 }
 
 impl NodeLock {
-    /// Locks `dir`, the node root's directory in one hierarchy (every instance on this node root
-    /// picks the same one).
-    pub fn acquire(dir: &Path, root: &CgroupPath) -> Result<Self, StateError> {
-        let file = File::open(dir).map_err(|source| StateError::Lock {
-            path: dir.to_path_buf(),
+    /// Locks the node root's directory in one hierarchy (every instance on this node root picks
+    /// the same one), opened beneath the node root's descriptor like every other cgroup file.
+    pub fn acquire(dir: &CgroupBeneath) -> Result<Self, StateError> {
+        let path = dir.display();
+        let fd = dir.open().map_err(|source| StateError::Lock {
+            path: path.clone(),
             source,
         })?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(Self { _lock: lock }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(StateError::Locked {
-                root: root.to_string(),
-                path: dir.to_path_buf(),
+                root: dir.fs.node_root().to_string(),
+                path,
             }),
             Err((_, e)) => Err(StateError::Lock {
-                path: dir.to_path_buf(),
+                path,
                 source: e.into(),
             }),
         }
@@ -366,6 +371,23 @@ mod tests {
         // The manifest changed: a new pod, no longer evicted.
         again.retain_present(&changed);
         assert_eq!(again.evicted().count(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_second_lock_on_the_node_root_is_refused_until_the_first_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("qoslet-lock-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let root = CgroupBeneath::own(&dir, crate::cgroup::Tree::Unified).unwrap();
+        let first = NodeLock::acquire(&root).unwrap();
+        // Another open of the same directory, as a second instance's would be.
+        let other = CgroupBeneath::own(&dir, crate::cgroup::Tree::Unified).unwrap();
+        match NodeLock::acquire(&other) {
+            Err(StateError::Locked { path, .. }) => assert_eq!(path, dir),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        drop(first);
+        NodeLock::acquire(&other).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }
