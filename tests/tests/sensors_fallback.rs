@@ -185,6 +185,23 @@ async fn a_psi_trigger_of_a_removed_cgroup_ends_by_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_wide_psi_trigger_is_armed() {
+    require_root();
+    if !std::path::Path::new(psi::SYSTEM_MEMORY_PRESSURE).exists() {
+        eprintln!("skipped: no PSI on this kernel");
+        return;
+    }
+    // The node's own trigger when the node root is `/`. The kernel takes it or refuses it at
+    // the write (EINVAL); arming reads no pressure and changes nothing outside this descriptor.
+    PsiTrigger::open(
+        &PressureFile::System,
+        Duration::from_millis(150),
+        Duration::from_secs(1),
+    )
+    .expect("arming a trigger on /proc/pressure/memory with the agent's defaults");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_ebpf_a_removed_cgroup_is_unwatched_by_the_scan() {
     require_root();
     let (sensors, _rx) = start(without_ebpf());

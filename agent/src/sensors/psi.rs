@@ -88,7 +88,10 @@ impl PsiTrigger {
 
     fn arm(file: &PressureFile, stall: Duration, window: Duration) -> io::Result<Self> {
         let mut file = file.open()?;
-        file.write_all(format!("some {} {}", stall.as_micros(), window.as_micros()).as_bytes())?;
+        // NUL-terminated: /proc/pressure/* overwrites the last byte written with a NUL
+        // (`psi_write`), so without one "some 150000 1000000" arms as a 100 ms window and is
+        // refused; a cgroup's kernfs file stops at the NUL the same way.
+        file.write_all(format!("some {} {}\0", stall.as_micros(), window.as_micros()).as_bytes())?;
         // SAFETY: the File owns its fd, which stays open and unchanged until the AsyncFd (and
         // the File inside it) is dropped.
         let fd = unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }?;
