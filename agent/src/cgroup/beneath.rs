@@ -38,6 +38,15 @@ impl PartialEq for CgroupBeneath {
 impl Eq for CgroupBeneath {}
 
 impl CgroupBeneath {
+    /// The cgroup `path` of `tree`, beneath the node root `fs` was opened at.
+    pub fn new(fs: &Arc<CgroupFs>, tree: Tree, path: &CgroupPath) -> Self {
+        Self {
+            fs: fs.clone(),
+            tree,
+            path: path.clone(),
+        }
+    }
+
     /// `dir` as a node root of its own (tests; a directory outside any known layout).
     pub fn own(dir: &Path, tree: Tree) -> Result<Self, OpenRootError> {
         let mounts = super::Mounts {

@@ -209,11 +209,7 @@ impl Node {
                         let dirs = placement
                             .trees
                             .iter()
-                            .map(|&tree| CgroupBeneath {
-                                fs: self.cgroups.fs().clone(),
-                                tree,
-                                path: path.clone(),
-                            })
+                            .map(|&tree| CgroupBeneath::new(self.cgroups.fs(), tree, path))
                             .collect();
                         Some((c.name.clone(), dirs))
                     })
@@ -304,11 +300,7 @@ impl Node {
         let dirs: Vec<CgroupBeneath> = placement
             .trees
             .iter()
-            .map(|&tree| CgroupBeneath {
-                fs: self.cgroups.fs().clone(),
-                tree,
-                path: path.clone(),
-            })
+            .map(|&tree| CgroupBeneath::new(self.cgroups.fs(), tree, path))
             .collect();
         let cgroup = self.stats_cgroup(memory_tree, unified_tree, path);
         let memory = cgroup.memory.clone();
@@ -374,11 +366,9 @@ impl Node {
                 id,
                 v2_dir: Some(u.clone()),
                 memory_dir: memory.as_ref().map(|m| m.dir().clone()),
-                cpu_dir: placement.cpu_tree.map(|tree| CgroupBeneath {
-                    fs: self.cgroups.fs().clone(),
-                    tree,
-                    path: path.clone(),
-                }),
+                cpu_dir: placement
+                    .cpu_tree
+                    .map(|tree| CgroupBeneath::new(self.cgroups.fs(), tree, path)),
             });
         }
         let mut container_ids = Vec::new();

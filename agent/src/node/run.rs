@@ -154,11 +154,7 @@ where
     let enforce = cfg.mode == Mode::Enforce;
     let fs = cfg.fs.clone();
     let memory_tree = trees::memory_tree(fs.trees()).ok_or(NodeError::NoMemoryHierarchy)?;
-    let node_root = |tree| CgroupBeneath {
-        fs: fs.clone(),
-        tree,
-        path: CgroupPath::root(),
-    };
+    let node_root = |tree| CgroupBeneath::new(&fs, tree, &CgroupPath::root());
     // One instance per node root: the lock is taken before anything is written.
     let _lock = if enforce {
         Some(NodeLock::acquire(&node_root(memory_tree)).map_err(NodeError::State)?)
@@ -443,11 +439,7 @@ async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mu
     let unified = trees::unified_tree(fs.trees());
     let mut stopped = 0;
     for p in &paths {
-        let dir = |tree| CgroupBeneath {
-            fs: fs.clone(),
-            tree,
-            path: p.clone(),
-        };
+        let dir = |tree| CgroupBeneath::new(fs, tree, p);
         let cgroups = PodCgroups {
             procs: procs_tree.map(dir).into_iter().collect(),
             unified: unified.map(dir),

@@ -16,11 +16,7 @@ impl Node {
         unified_tree: Option<Tree>,
         path: &CgroupPath,
     ) -> StatsCgroup {
-        let dir = |tree| CgroupBeneath {
-            fs: self.cgroups.fs().clone(),
-            tree,
-            path: path.clone(),
-        };
+        let dir = |tree| CgroupBeneath::new(self.cgroups.fs(), tree, path);
         StatsCgroup {
             memory: memory_tree.map(|t| MemoryCgroup::new(dir(t))),
             cpu: unified_tree.map(dir),
