@@ -96,6 +96,16 @@ impl CgroupBeneath {
             .map(File::from)
     }
 
+    /// One of the directory's files read whole, opened beneath the node root.
+    pub fn read_file(&self, file: &str) -> io::Result<String> {
+        self.fs.read(self.tree, &self.path, file)
+    }
+
+    /// One of the directory's files written in one write, opened beneath the node root.
+    pub fn write_file(&self, file: &str, value: &str) -> io::Result<()> {
+        self.fs.write(self.tree, &self.path, file, value)
+    }
+
     /// Whether the directory has `file` (opened beneath the root; a symlink is an error).
     pub fn has_file(&self, file: &str) -> io::Result<bool> {
         match self.open_file(file, Access::Read) {

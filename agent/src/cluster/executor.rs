@@ -181,8 +181,7 @@ fn read_pids(dirs: Option<&Vec<CgroupBeneath>>) -> Vec<u32> {
     let Some(dir) = dirs.and_then(|d| d.first()) else {
         return Vec::new();
     };
-    dir.fs
-        .read(dir.tree, &dir.path, "cgroup.procs")
+    dir.read_file("cgroup.procs")
         .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }

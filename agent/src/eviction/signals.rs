@@ -43,7 +43,7 @@ pub enum SignalError {
 
 /// A memory cgroup directory: of the v1 memory controller, or a cgroup v2 directory with the
 /// memory controller enabled; its hierarchy says which. Every file is read through its held
-/// descriptor or opened beneath the node root ([`CgroupBeneath::read`]).
+/// descriptor or opened beneath the node root ([`CgroupBeneath::read_held_first`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryCgroup {
     dir: CgroupBeneath,
@@ -290,10 +290,11 @@ fn meminfo_working_set_of(text: &str) -> Option<i64> {
 
 /// A file of `dir`, held or opened beneath the node root.
 fn read_beneath(dir: &CgroupBeneath, file: &str) -> Result<String, SignalError> {
-    dir.read(file).map_err(|source| SignalError::Read {
-        path: dir.file_display(file),
-        source,
-    })
+    dir.read_held_first(file)
+        .map_err(|source| SignalError::Read {
+            path: dir.file_display(file),
+            source,
+        })
 }
 
 /// A file of `/proc` (a fixed path, not input).

@@ -335,8 +335,7 @@ fn threshold_eventfd(
         .map_err(sys("opening memory.usage_in_bytes"))?;
     let control = "cgroup.event_control";
     let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), level.max(0));
-    dir.fs
-        .write(dir.tree, &dir.path, control, &line)
+    dir.write_file(control, &line)
         .map_err(|source| MemoryWatchError::Register {
             path: dir.file_display(control),
             source,

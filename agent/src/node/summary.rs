@@ -229,7 +229,7 @@ fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
 
 /// `usage_usec` of a cgroup v2 `cpu.stat`, in nanoseconds.
 fn cpu_usage_ns(dir: &CgroupBeneath) -> Option<u64> {
-    let text = dir.read("cpu.stat").ok()?;
+    let text = dir.read_held_first("cpu.stat").ok()?;
     stat_field(&text, "usage_usec").map(|us| us.max(0) as u64 * 1000)
 }
 

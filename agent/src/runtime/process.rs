@@ -155,7 +155,7 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
     let mut pids: Vec<u32> = cgroups
         .dirs
         .iter()
-        .filter_map(|d| d.fs.read(d.tree, &d.path, "cgroup.procs").ok())
+        .filter_map(|d| d.read_file("cgroup.procs").ok())
         .flat_map(|s| {
             s.lines()
                 .filter_map(|l| l.trim().parse().ok())

@@ -77,7 +77,7 @@ pub fn read_cgroup_cpu(
     v2_dir: Option<&CgroupBeneath>,
     v1_cpu_dir: Option<&CgroupBeneath>,
 ) -> io::Result<CpuUsage> {
-    let read = |d: &CgroupBeneath, file: &str| d.fs.read(d.tree, &d.path, file);
+    let read = CgroupBeneath::read_file;
     let v2 = v2_dir.map(|d| read(d, "cpu.stat")).transpose()?;
     let v2 = v2.as_deref().map(parse_cpu_stat);
     let v1 = v1_cpu_dir

@@ -242,8 +242,7 @@ impl MemoryNotifier {
                     self.v1_oom.get_ref().as_raw_fd(),
                     oom_control.as_fd().as_raw_fd()
                 );
-                let d = &watch.dir;
-                d.fs.write(d.tree, &d.path, "cgroup.event_control", &line)?;
+                watch.dir.write_file("cgroup.event_control", &line)?;
             }
         }
         Ok(())
