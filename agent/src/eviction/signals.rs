@@ -19,8 +19,7 @@ use std::{
 
 use thiserror::Error;
 
-use crate::cgroup::CgroupBeneath;
-use crate::cgroup::{Tree, fs::OpenRootError, value::flat_keyed};
+use crate::cgroup::{CgroupBeneath, Tree, fs::OpenRootError, value::flat_keyed};
 
 /// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
 const V1_UNLIMITED: i64 = 1 << 62;
@@ -217,11 +216,11 @@ impl MemoryCgroup {
     }
 
     fn read_i64(&self, file: &str) -> Result<i64, SignalError> {
-        parse_i64(self.dir.file_display(file), self.read_file(file)?)
+        read_i64_beneath(&self.dir, file)
     }
 
     fn read_limit(&self, file: &str) -> Result<Option<i64>, SignalError> {
-        parse_limit(self.dir.file_display(file), self.read_file(file)?)
+        read_limit_beneath(&self.dir, file)
     }
 }
 
@@ -235,10 +234,9 @@ pub struct PidsReading {
 
 /// `pids.current` and `pids.max` of a pids cgroup (v1's pids controller or a v2 directory).
 pub fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
-    let read = |file| read_beneath(dir, file);
     Ok(PidsReading {
-        current: parse_i64(dir.file_display("pids.current"), read("pids.current")?)?,
-        max: parse_limit(dir.file_display("pids.max"), read("pids.max")?)?,
+        current: read_i64_beneath(dir, "pids.current")?,
+        max: read_limit_beneath(dir, "pids.max")?,
     })
 }
 
@@ -295,6 +293,16 @@ fn read_beneath(dir: &CgroupBeneath, file: &str) -> Result<String, SignalError> 
             path: dir.file_display(file),
             source,
         })
+}
+
+/// A number in a file of `dir`.
+fn read_i64_beneath(dir: &CgroupBeneath, file: &str) -> Result<i64, SignalError> {
+    parse_i64(dir.file_display(file), read_beneath(dir, file)?)
+}
+
+/// A limit in a file of `dir`: a number, or `max` as `None`.
+fn read_limit_beneath(dir: &CgroupBeneath, file: &str) -> Result<Option<i64>, SignalError> {
+    parse_limit(dir.file_display(file), read_beneath(dir, file)?)
 }
 
 /// A file of `/proc` (a fixed path, not input).
