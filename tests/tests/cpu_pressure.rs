@@ -292,14 +292,29 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
     for i in 0..hogs {
         fs::remove_file(node.pod_file(&format!("hog{i}"))).unwrap();
     }
-    wait_for(
-        "the controller to release",
-        Duration::from_secs(120),
-        || (node.level()? == 0).then_some(()),
-    );
-    wait_for("the tier's kubelet values", Duration::from_secs(20), || {
-        kubelet_values(&tier, &cpuset_tier, &kubelet_weight, &pod_cpus).then_some(())
+    // Released: level 0 with the tier back at the kubelet's values, both at once. The
+    // Guaranteed pod alone can still have a window past the target in a busy TCG VM; the
+    // controller then rightly engages again (and backs off), so what must hold is that it comes
+    // back, not that it never climbs.
+    let mut windows = Vec::new();
+    let released = poll_until(Duration::from_secs(180), Duration::from_millis(500), || {
+        let window = (node.level(), node.guaranteed_p99_us());
+        if windows.last() != Some(&window) {
+            windows.push(window);
+        }
+        (window.0 == Some(0) && kubelet_values(&tier, &cpuset_tier, &kubelet_weight, &pod_cpus))
+            .then_some(())
     });
+    assert!(
+        released.is_some(),
+        "not released to the kubelet's values {kubelet_weight:?} cpus {pod_cpus:?} in 180 s: \
+         (level, p99 µs) seen {windows:?}; the tier: cpu.idle {:?}, quota {:?}, weight {:?}, cpus {:?}",
+        fs::read_to_string(tier.join("cpu.idle")).ok(),
+        quota(&tier),
+        ["cpu.shares", "cpu.weight"].map(|f| fs::read_to_string(tier.join(f)).ok()),
+        fs::read_to_string(cpuset_tier.join("cpuset.cpus")).ok(),
+    );
+    report(format!("released: (level, p99 µs) seen {windows:?}"));
     let status = http_get(node.addr, "/status").unwrap_or_default();
     for step in [
         "cpu pressure: engage BestEffort tier",

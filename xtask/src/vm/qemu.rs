@@ -12,6 +12,34 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
+/// The most lines of a panic's message echoed from the console (a test's assertion message can
+/// carry what it saw, window by window).
+const PANIC_MESSAGE_LINES: usize = 20;
+
+/// Which console lines reach the terminal: our markers and failures. BIOS escape codes may
+/// precede a marker. A panic's message follows its "panicked at" line, and a CI log that shows
+/// only the location cannot say why, so up to [`PANIC_MESSAGE_LINES`] of it are shown too.
+#[derive(Default)]
+struct Echo {
+    panic_lines: usize,
+}
+
+impl Echo {
+    fn line<'a>(&mut self, line: &'a str) -> Option<&'a str> {
+        if let Some(at) = line.find("QOSLET-VM") {
+            self.panic_lines = 0;
+            return Some(&line[at..]);
+        }
+        if line.contains("panicked") {
+            self.panic_lines = PANIC_MESSAGE_LINES;
+            return Some(line);
+        }
+        let in_message = self.panic_lines > 0 && !line.trim().is_empty();
+        self.panic_lines = if in_message { self.panic_lines - 1 } else { 0 };
+        (in_message || line.contains("FAILED")).then_some(line)
+    }
+}
+
 /// What the serial console said before QEMU exited or was killed.
 pub struct Boot {
     pub lines: Vec<String>,
@@ -156,16 +184,14 @@ pub fn boot(
     let deadline = start + timeout;
     let mut lines = Vec::new();
     let mut timed_out = false;
+    let mut echo = Echo::default();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 writeln!(log, "{line}")?;
-                // Only our markers and failures; BIOS escape codes may precede a marker.
-                if let Some(at) = line.find("QOSLET-VM") {
-                    println!("[{label}] {}", &line[at..]);
-                } else if line.contains("FAILED") || line.contains("panicked") {
-                    println!("[{label}] {line}");
+                if let Some(shown) = echo.line(&line) {
+                    println!("[{label}] {shown}");
                 }
                 lines.push(line);
             }
@@ -189,6 +215,35 @@ pub fn boot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn markers_failures_and_a_panics_message_are_echoed() {
+        let mut echo = Echo::default();
+        let shown: Vec<_> = [
+            "noise",
+            "\u{1b}[0mQOSLET-VM-BINARY-START name=a",
+            "[    1.0] kernel noise",
+            "thread 't' (9) panicked at tests/tests/a.rs:1:2:",
+            "not released: seen [(Some(2), 9.0)]",
+            "  second line of the message",
+            "",
+            "after the message",
+            "test result: FAILED. 1 passed; 1 failed",
+        ]
+        .into_iter()
+        .filter_map(|l| echo.line(l))
+        .collect();
+        assert_eq!(
+            shown,
+            [
+                "QOSLET-VM-BINARY-START name=a",
+                "thread 't' (9) panicked at tests/tests/a.rs:1:2:",
+                "not released: seen [(Some(2), 9.0)]",
+                "  second line of the message",
+                "test result: FAILED. 1 passed; 1 failed",
+            ]
+        );
+    }
 
     #[test]
     fn the_report_is_the_prefixed_lines() {
