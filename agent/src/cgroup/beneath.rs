@@ -10,6 +10,7 @@ use std::{
     io,
     os::fd::OwnedFd,
     path::{Path, PathBuf},
+    str::FromStr,
     sync::Arc,
 };
 
@@ -106,6 +107,11 @@ impl CgroupBeneath {
         self.fs.write(self.tree, &self.path, file, value)
     }
 
+    /// The pids its `cgroup.procs` lists, opened beneath the node root.
+    pub fn procs<T: FromStr>(&self) -> io::Result<Vec<T>> {
+        Ok(parse_procs(&self.read_file("cgroup.procs")?).collect())
+    }
+
     /// Whether the directory has `file` (opened beneath the root; a symlink is an error).
     pub fn has_file(&self, file: &str) -> io::Result<bool> {
         match self.open_file(file, Access::Read) {
@@ -114,6 +120,12 @@ impl CgroupBeneath {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The pids of a `cgroup.procs` text, one per line; the eviction path signals them as `pid_t`,
+/// the runtime and the executor report them as `u32`.
+pub fn parse_procs<T: FromStr>(text: &str) -> impl Iterator<Item = T> + '_ {
+    text.lines().filter_map(|l| l.trim().parse().ok())
 }
 
 /// Tests of the opens beneath the node root: a fresh node root in the temporary directory, with
@@ -164,5 +176,19 @@ impl RootWithLink {
 impl Drop for RootWithLink {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn procs_are_read_beneath_the_root_only() {
+        let root = RootWithLink::new("beneath-procs");
+        root.write("cgroup.procs", "12\n 34\nnot a pid\n", "99\n");
+        assert_eq!(root.dir("/real").procs::<u32>().unwrap(), [12, 34]);
+        assert_eq!(root.dir("/real").procs::<i32>().unwrap(), [12, 34]);
+        assert!(root.dir("/link").procs::<u32>().is_err());
     }
 }

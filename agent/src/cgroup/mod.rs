@@ -27,7 +27,7 @@ pub mod reconcile;
 pub mod report;
 pub mod value;
 
-pub use beneath::{Access, CgroupBeneath};
+pub use beneath::{Access, CgroupBeneath, parse_procs};
 pub use capacity::node_root_memory_limit;
 pub use desired::{ContainerIds, DesiredState, Naming, Runner, desired_state};
 pub use fs::CgroupFs;

@@ -181,9 +181,7 @@ fn read_pids(dirs: Option<&Vec<CgroupBeneath>>) -> Vec<u32> {
     let Some(dir) = dirs.and_then(|d| d.first()) else {
         return Vec::new();
     };
-    dir.read_file("cgroup.procs")
-        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    dir.procs().unwrap_or_default()
 }
 
 fn termination(t: &core::ContainerStateTerminated) -> Termination {

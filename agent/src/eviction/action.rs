@@ -17,9 +17,13 @@ use nix::{
 };
 use thiserror::Error;
 
-use crate::{beneath, cgroup::CgroupBeneath, policy::pod::PodKey};
+use crate::{
+    beneath,
+    cgroup::{CgroupBeneath, parse_procs},
+    policy::pod::PodKey,
+};
 
-use super::signals::{SignalError, parse_procs};
+use super::signals::SignalError;
 
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -186,14 +190,14 @@ fn procs_of(dir: &CgroupBeneath, descendants: bool, out: &mut Vec<i32>) -> Resul
     if let Some(text) = &held
         && !descendants
     {
-        out.extend(parse_procs(text));
+        out.extend(parse_procs::<i32>(text));
         return Ok(());
     }
     let fd = match dir.open() {
         Ok(fd) => fd,
         // Listing the children failing was never an error (a process out of descriptors).
         Err(_) if held.is_some() => {
-            out.extend(parse_procs(held.as_deref().unwrap_or_default()));
+            out.extend(parse_procs::<i32>(held.as_deref().unwrap_or_default()));
             return Ok(());
         }
         // A cgroup that is gone holds no process.
@@ -206,7 +210,7 @@ fn procs_of(dir: &CgroupBeneath, descendants: bool, out: &mut Vec<i32>) -> Resul
         }
     };
     match held {
-        Some(text) => out.extend(parse_procs(&text)),
+        Some(text) => out.extend(parse_procs::<i32>(&text)),
         None => read_procs_at(&fd, &path, out)?,
     }
     if descendants {
@@ -225,7 +229,7 @@ fn read_procs_at(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), S
     )
     .and_then(crate::cgroup::fs::read_small);
     match read {
-        Ok(text) => out.extend(parse_procs(&text)),
+        Ok(text) => out.extend(parse_procs::<i32>(&text)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => {
             return Err(SignalError::Read {

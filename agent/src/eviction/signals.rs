@@ -240,11 +240,6 @@ pub fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
     })
 }
 
-/// The pids of a `cgroup.procs` text.
-pub fn parse_procs(text: &str) -> impl Iterator<Item = i32> + '_ {
-    text.lines().filter_map(|l| l.trim().parse().ok())
-}
-
 /// `/proc/sys/kernel/pid_max`: the capacity when the node root has no `pids.max`.
 pub fn pid_max() -> Result<i64, SignalError> {
     let path = Path::new("/proc/sys/kernel/pid_max");

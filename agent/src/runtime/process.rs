@@ -155,12 +155,8 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
     let mut pids: Vec<u32> = cgroups
         .dirs
         .iter()
-        .filter_map(|d| d.read_file("cgroup.procs").ok())
-        .flat_map(|s| {
-            s.lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect::<Vec<u32>>()
-        })
+        .filter_map(|d| d.procs().ok())
+        .flatten()
         .collect();
     pids.sort_unstable();
     pids.dedup();
