@@ -8,8 +8,9 @@
 //! reads each pod's working set from them); the kubelet's own cgroup values equal `qoslet
 //! plan`'s for the same pods; a BestEffort memory hog is evicted by qoslet, not the kubelet
 //! (whose memory.available cannot reach its threshold here), before the kernel (no OOM kill in
-//! the node's cgroup) and ends as the kubelet's evictions do (phase Failed, reason Evicted, not restarted), with qoslet's Events and node conditions on
-//! the API server; the API server enforces the RBAC through
+//! the node's cgroup) and ends as the kubelet's evictions do (phase Failed, the DisruptionTarget
+//! condition, not restarted; reason Evicted unless the kubelet drops it), with qoslet's Events
+//! and node conditions on the API server; the API server enforces the RBAC through
 //! the DaemonSet's service account, and qoslet's log has no 403.
 
 use std::{
@@ -577,12 +578,25 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     });
     let s = evicted.status.clone().unwrap();
     assert_eq!(uid(&evicted), hog_uid, "the same pod object");
-    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:#?}");
+    // The top-level reason and message are the kubelet's to keep: its status manager keeps an
+    // API reason only if its terminating sync sees it (docs/architecture.md, cluster mode); 1
+    // run in 12 saw it dropped. The DisruptionTarget condition, which the kubelet does not own,
+    // always stays with qoslet's reason and message.
+    assert!(s.reason.as_deref().is_none_or(|r| r == "Evicted"), "{s:#?}");
     assert!(
-        s.conditions.as_ref().is_some_and(|cs| cs
-            .iter()
-            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")),
-        "no DisruptionTarget condition: {s:#?}"
+        s.conditions.as_ref().is_some_and(|cs| cs.iter().any(|c| {
+            c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("TerminationByKubelet")
+                && c.message.as_deref().is_some_and(|m| {
+                    m.starts_with("The node was low on resource: memory. Threshold quantity: ")
+                })
+        })),
+        "no DisruptionTarget condition of qoslet's: {s:#?}"
+    );
+    println!(
+        "the evicted pod: phase Failed, reason {:?} (the kubelet's to keep), DisruptionTarget with qoslet's message",
+        s.reason
     );
     // Not restarted (restartPolicy Always would restart a container the kubelet saw die).
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -871,10 +871,36 @@ fn down() -> Result<()> {
         let _ = Command::new("umount").arg("--lazy").arg(&m).status();
     }
     if dir.exists() {
+        keep_logs(&dir)?;
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     fs::remove_file(state_dir().join("current"))?;
     println!("cluster: {} down", dir.display());
+    Ok(())
+}
+
+/// Where `down` keeps the last cluster's logs: a failed `cluster test` names them, and it brings
+/// the cluster down right after.
+fn kept_logs() -> PathBuf {
+    state_dir().join("last-logs")
+}
+
+/// The daemons' logs and the pods' container logs of the cluster in `dir`, moved to
+/// [`kept_logs`] (replacing the previous cluster's).
+fn keep_logs(dir: &Path) -> Result<()> {
+    let kept = kept_logs();
+    if kept.exists() {
+        fs::remove_dir_all(&kept).with_context(|| format!("removing {}", kept.display()))?;
+    }
+    fs::create_dir_all(&kept)?;
+    for (from, to) in [("logs", "daemons"), ("var-log/pods", "pods")] {
+        let from = dir.join(from);
+        if from.exists() {
+            fs::rename(&from, kept.join(to))
+                .with_context(|| format!("keeping {}", from.display()))?;
+        }
+    }
+    println!("cluster: its logs kept in {}", kept.display());
     Ok(())
 }
 
@@ -1002,8 +1028,10 @@ fn test() -> Result<()> {
     println!("cluster test: {} in {:.0?}", counts.summary(), t.elapsed());
     if !counts.ok || counts.passed == 0 {
         bail!(
-            "the real-cluster tests failed (logs: {})",
-            dir.join("logs").display()
+            "the real-cluster tests failed (logs: {} and {}, moved to {} when the cluster goes down)",
+            dir.join("logs").display(),
+            dir.join("var-log/pods").display(),
+            kept_logs().display()
         );
     }
     helm_install(&info)

@@ -4,12 +4,10 @@
 //! pod's grace), then the cgroup kill at a soft one), and `pods/status` says phase Failed,
 //! reason Evicted, the kubelet's message and the `DisruptionTarget` condition. The kubelet's pod
 //! worker then tears the pod down and does not restart its containers; the pod object is never
-//! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The status write
-//! is queued before the kill: the kubelet must see the pod Failed while its containers may still
-//! run, or its status manager blanks the reason and message (see `evict`), and a container it
-//! sees exit while the API still shows the pod Running is restarted. A crash after the kill and
-//! before the delivery leaves the write on disk; the pod's eviction mark (`marks.rs`) covers a
-//! queue that was lost.
+//! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The kill waits
+//! for the status write to reach the API server ([`STATUS_BEFORE_KILL`] at most; see `evict`). A
+//! write still queued at the kill stays on disk until delivered; the pod's eviction mark
+//! (`marks.rs`) covers a queue that was lost.
 //!
 //! `evictionMethod: api` asks the Eviction API instead at a soft threshold (PodDisruptionBudgets
 //! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
@@ -37,6 +35,11 @@ use crate::{
 
 /// How long the decision waits for the API server to name a unit's members on other nodes.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a local kill waits for the pod's Failed status to reach the API server: an API
+/// server on the node's network answers in milliseconds; one that does not is in trouble, and
+/// memory is not left to run out waiting for it.
+pub const STATUS_BEFORE_KILL: Duration = Duration::from_millis(100);
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -184,13 +187,19 @@ fn event_name(pod: &str, uid: &str) -> String {
 impl EvictionAction for ApiEviction {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The status write is queued before the kill, so the API server shows the pod Failed
-            // while its containers may still run. The kubelet's status manager keeps the
-            // reason (Evicted) and message of a terminal API status only while the pod could
-            // have running containers (our reading of pkg/kubelet/status/status_manager.go
-            // `mergePodStatus`): with the kill first, the real cluster's eviction test saw the
-            // pod end Failed with its reason and message blanked. The queue's fsync costs the kill a few milliseconds.
-            self.push(req, self.writes(req, &now()));
+            // The pod's Failed status reaches the API server before the kill (at most
+            // STATUS_BEFORE_KILL): the kubelet's pod worker must see the pod terminal before its
+            // PLEG sees the container die, or it restarts the container (restartPolicy Always),
+            // and its status manager, the source of truth for the pod's status, writes the
+            // phase back to Running. On the real cluster, with the write merely queued beside the
+            // kill, 1 eviction in 5 ended so (pkg/kubelet/status/status_manager.go
+            // `mergePodStatus`, pkg/kubelet/kubelet_pods.go `generateAPIPodStatus`).
+            let writes = self.writes(req, &now());
+            let status_id = writes.first().map(|(id, _)| id.clone()).unwrap_or_default();
+            self.push(req, writes);
+            if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
+                tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
+            }
             let queued = self.members_elsewhere(req);
             let (local, members) = tokio::join!(self.kill.evict(req), queued);
             self.push(req, member_writes(&members, grace_secs(req)));

@@ -27,7 +27,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
 
 use super::writes::{ApiWrite, Delivery};
 use crate::lock;
@@ -92,6 +95,9 @@ pub struct WriteQueue {
     dir: PathBuf,
     state: Mutex<State>,
     wake: Notify,
+    /// Bumped after every delivery attempt: [`Self::settled`] waits on it (a write dropped for
+    /// age or overflow is seen at its deadline).
+    left: watch::Sender<u64>,
 }
 
 fn is_id(id: &str) -> bool {
@@ -160,6 +166,7 @@ impl WriteQueue {
             dir: dir.to_path_buf(),
             state: Mutex::new(state),
             wake: Notify::new(),
+            left: watch::Sender::new(0),
         })
     }
 
@@ -239,6 +246,23 @@ impl WriteQueue {
         v.into_iter().map(|(_, id, w)| (id, w)).collect()
     }
 
+    /// Waits until the write `id` has left the queue (delivered, refused for good or dropped), at
+    /// most `timeout`; whether it left in time.
+    pub async fn settled(&self, id: &str, timeout: Duration) -> bool {
+        // Subscribed before the first look, so a write that leaves in between still wakes us.
+        let mut left = self.left.subscribe();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !lock(&self.state).pending.contains_key(id) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, left.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return !lock(&self.state).pending.contains_key(id),
+            }
+        }
+    }
+
     /// Writes delivered since the queue was opened.
     pub fn delivered(&self) -> u64 {
         lock(&self.state).delivered
@@ -285,6 +309,11 @@ impl WriteQueue {
     }
 
     fn finish(&self, id: &str, seq: u64, result: &Delivery) {
+        self.finish_locked(id, seq, result);
+        self.left.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn finish_locked(&self, id: &str, seq: u64, result: &Delivery) {
         let mut st = lock(&self.state);
         let Some(e) = st.pending.get_mut(id) else {
             return;

@@ -215,3 +215,35 @@ fn the_backoff_is_jittered_within_half_to_all_of_it() {
         "not all the same: {all:?}"
     );
 }
+
+#[tokio::test]
+async fn settled_waits_for_the_write_to_leave_and_no_longer() {
+    let dir = TempDir::new("queue-settled");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("evict-a", "pod-a", evict("a")).unwrap();
+    // Nobody delivers: the wait ends at its deadline, the write still pending.
+    let t = Instant::now();
+    assert!(!q.settled("evict-a", Duration::from_millis(50)).await);
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    // Delivered after a first refusal: the wait ends when it leaves, not at the deadline.
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let a = attempts.clone();
+    let task = tokio::spawn(q.clone().run(move |_| {
+        let n = a.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if n == 0 {
+                Delivery::Retry("down".into())
+            } else {
+                Delivery::Done
+            }
+        }
+    }));
+    let t = Instant::now();
+    assert!(q.settled("evict-a", Duration::from_secs(10)).await);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    // A write that is not pending has settled.
+    assert!(q.settled("evict-b", Duration::ZERO).await);
+    task.abort();
+}
