@@ -120,8 +120,10 @@ impl Node {
         fs::write(
             &config,
             format!(
-                "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: {}\nnodeRootCgroup: /{}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n",
-                self.addr, self.node_root
+                "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: {}\nnodeRootCgroup: /{}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstateDir: {}\n",
+                self.addr,
+                self.node_root,
+                work.join("state").display()
             ),
         )
         .unwrap();
@@ -314,10 +316,13 @@ fn hostile_manifests_are_contained() {
         .unwrap()
         .to_path_buf();
     let config_rel = stderr_rel.with_file_name("qoslet.yaml");
+    // qoslet's own state directory (its configuration's stateDir) is not the pods' doing.
+    let state_rel = stderr_rel.with_file_name("state");
     let new: Vec<PathBuf> = tree(&node.scratch)
         .into_iter()
         .filter(|p| !before.contains(p))
         .filter(|p| *p != logs_rel && *p != stderr_rel && *p != config_rel)
+        .filter(|p| !p.starts_with(&state_rel))
         .filter(|p| {
             // A pod directory of the log dir must be one whose names are plain.
             let Ok(inside) = p.strip_prefix(&logs_rel) else {

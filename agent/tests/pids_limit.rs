@@ -52,7 +52,8 @@ fn a_pod_forking_past_pod_pids_limit_gets_eagain_at_the_limit() {
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\n"
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nstateDir: {}\n",
+            work.join("state").display()
         ),
     )
     .unwrap();

@@ -89,7 +89,8 @@ fn recommend_reserved_polls_a_live_node() {
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\n"
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: 1Gi\nhousekeepingInterval: 1s\nstateDir: {}\n",
+            work.join("state").display()
         ),
     )
     .unwrap();

@@ -438,16 +438,35 @@ fn run_example(extra: &[String]) -> Result<()> {
     cargo::run(&tc, &["build", "-p", "qoslet"])?;
     let root = cargo::workspace_root();
     let examples = root.join("deploy/examples/standalone");
+    // The example's configuration with a state directory of the demo's own, emptied first: the
+    // state file remembers an evicted pod until its manifest changes, so with the machine's
+    // /var/lib/qoslet a second demo would never start (and never evict) the hog.
+    let demo = root.join("target/qoslet-demo");
+    let state = demo.join("state");
+    if state.exists() {
+        std::fs::remove_dir_all(&state)?;
+    }
+    std::fs::create_dir_all(&demo)?;
+    let config = demo.join("qoslet-config.yaml");
+    let example = std::fs::read_to_string(examples.join("qoslet-config.yaml"))?;
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n# Added by `cargo xtask run`.\nstateDir: {}\n",
+            example.trim_end(),
+            state.display()
+        ),
+    )?;
     let mut cmd = std::process::Command::new(root.join("target/debug/qoslet"));
     cmd.arg("run")
         .arg("--kubelet-config")
         .arg(examples.join("kubelet-config.yaml"))
         .arg("--config")
-        .arg(examples.join("qoslet-config.yaml"))
+        .arg(&config)
         .arg("--standalone")
         .arg(examples.join("pods"))
         .arg("--log-dir")
-        .arg(root.join("target/qoslet-demo/logs"))
+        .arg(demo.join("logs"))
         .args(extra);
     println!(
         "xtask: the demo node is the cgroup /qoslet-demo (1Gi); watch it with `target/debug/qoslet status` in another terminal. Ctrl-C stops it and removes its cgroups."

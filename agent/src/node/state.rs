@@ -144,6 +144,10 @@ impl StateFile {
                 Persisted::default()
             }
         };
+        for r in saved.evicted.values() {
+            // A pod that is not started again must say why, or a restarted node looks broken.
+            tracing::info!(pod = %format_args!("{}/{}", r.namespace, r.name), state = %path.display(), "Evicted by an earlier run: not started again until its manifest changes.");
+        }
         Self {
             path: Some(path),
             now: saved.clone(),
