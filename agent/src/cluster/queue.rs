@@ -309,11 +309,11 @@ impl WriteQueue {
     }
 
     fn finish(&self, id: &str, seq: u64, result: &Delivery) {
-        self.finish_locked(id, seq, result);
+        self.record_outcome(id, seq, result);
         self.left.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    fn finish_locked(&self, id: &str, seq: u64, result: &Delivery) {
+    fn record_outcome(&self, id: &str, seq: u64, result: &Delivery) {
         let mut st = lock(&self.state);
         let Some(e) = st.pending.get_mut(id) else {
             return;
