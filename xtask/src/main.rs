@@ -26,6 +26,7 @@ mod cluster;
 mod container;
 mod cross;
 mod deploy;
+mod disk;
 mod fuzz;
 mod gotools;
 mod image;
@@ -251,11 +252,29 @@ fn run(cmd: Cmd) -> Result<()> {
     }
 }
 
+/// What a clean `cargo xtask test` writes under target/, measured on a fresh clone (CI=true,
+/// CARGO_INCREMENTAL=0 as .ci/run sets it).
+const TEST_TARGET_BYTES: u64 = 10_000_000_000;
+/// What it installs under ~/.cache/qoslet on a fresh machine (Python venv, npm, bpf-linker, the
+/// VM kernels, the Go module cache and kustomize's and helm's builds).
+const TEST_CACHE_BYTES: u64 = 2_000_000_000;
+
 fn test(args: &TestArgs) -> Result<()> {
+    let mut lines = disk::warn_if_short(&[
+        disk::Need {
+            path: cargo::target_dir(),
+            bytes: TEST_TARGET_BYTES,
+            what: "the builds",
+        },
+        disk::Need {
+            path: toolchain::cache_dir()?,
+            bytes: TEST_CACHE_BYTES,
+            what: "the tools",
+        },
+    ]);
     machete::check()?;
     let tc = toolchain::ensure()?;
     lint::check(&tc)?;
-    let mut lines = Vec::new();
     let mut total = cargo::TestCounts::default();
 
     let unit = cargo::test(
