@@ -252,12 +252,13 @@ fn run(cmd: Cmd) -> Result<()> {
     }
 }
 
-/// What a clean `cargo xtask test` writes under target/, measured on a fresh clone (CI=true,
-/// CARGO_INCREMENTAL=0 as .ci/run sets it).
-const TEST_TARGET_BYTES: u64 = 10_000_000_000;
-/// What it installs under ~/.cache/qoslet on a fresh machine (Python venv, npm, bpf-linker, the
-/// VM kernels, the Go module cache and kustomize's and helm's builds).
-const TEST_CACHE_BYTES: u64 = 2_000_000_000;
+/// What a clean `cargo xtask test` writes under target/ at its largest: 6.9 GB, measured on a
+/// fresh clone run as .ci/run runs it (CARGO_INCREMENTAL=0), 2026-12-02.
+const TEST_TARGET_BYTES: u64 = 7_000_000_000;
+/// What it installs under ~/.cache/qoslet: the Python venv, npm packages, bpf-linker, the VM
+/// kernels, kustomize and helm with their Go modules. Measured: 2.2 GB with the cluster's parts
+/// included, so an upper bound.
+const TEST_CACHE_BYTES: u64 = 2_200_000_000;
 
 fn test(args: &TestArgs) -> Result<()> {
     let mut lines = disk::warn_if_short(&[
