@@ -36,7 +36,8 @@ mod toolchain;
 mod vm;
 
 use std::{
-    path::PathBuf,
+    collections::BTreeSet,
+    path::{Path, PathBuf},
     process::ExitCode,
     time::{Duration, Instant},
 };
@@ -273,6 +274,7 @@ fn test(args: &TestArgs) -> Result<()> {
             what: "the tools",
         },
     ]);
+    let machine_state_before = entries_below(Path::new(MACHINE_STATE_DIR));
     machete::check()?;
     let tc = toolchain::ensure()?;
     lint::check(&tc)?;
@@ -308,6 +310,21 @@ fn test(args: &TestArgs) -> Result<()> {
     let (deploy_lines, deploy_counts) = deploy_checks(&tc);
     lines.extend(deploy_lines);
     total.add(&deploy_counts);
+
+    // The VMs have their own disks; everything that ran on this machine has run by now.
+    let leaked = new_entries(Path::new(MACHINE_STATE_DIR), &machine_state_before);
+    if leaked.is_empty() {
+        lines.push(format!("{MACHINE_STATE_DIR}: no test wrote there"));
+        total.passed += 1;
+    } else {
+        lines.push(format!(
+            "{MACHINE_STATE_DIR}: FAILED: tests left {} there (a test must give qoslet a stateDir \
+             of its own): {}",
+            leaked.len(),
+            leaked.join(", ")
+        ));
+        total.failed += 1;
+    }
 
     let mut vm_failed = false;
     if !args.no_vm {
@@ -349,6 +366,37 @@ fn test(args: &TestArgs) -> Result<()> {
         bail!("tests failed");
     }
     Ok(())
+}
+
+/// qoslet's default stateDir. The tests run as root on a machine that may run a real qoslet, so
+/// none may write there (three did, until each got a stateDir in its work dir).
+const MACHINE_STATE_DIR: &str = "/var/lib/qoslet";
+
+/// Every path beneath `dir` (empty when it does not exist).
+fn entries_below(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut found = BTreeSet::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(path.clone());
+            }
+            found.insert(path);
+        }
+    }
+    found
+}
+
+/// The paths beneath `dir` that are not in `before`.
+fn new_entries(dir: &Path, before: &BTreeSet<PathBuf>) -> Vec<String> {
+    entries_below(dir)
+        .difference(before)
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 /// What users install, checked by the programs that consume it: the manifests' schemas and the
@@ -524,5 +572,35 @@ fn host_cgroup_layout() -> &'static str {
         "hybrid (v1 controllers + v2 unified)"
     } else {
         "v1"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_entries_names_what_appeared_beneath_the_state_dir_at_any_depth() {
+        let dir = std::env::temp_dir().join(format!("xtask-state-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("api-writes")).unwrap();
+        std::fs::write(dir.join("node-kept.json"), "{}").unwrap();
+        let before = entries_below(&dir);
+        assert!(new_entries(&dir, &before).is_empty());
+
+        std::fs::write(dir.join("api-writes/1.json"), "{}").unwrap();
+        std::fs::write(dir.join("node-leaked.json"), "{}").unwrap();
+        let leaked = new_entries(&dir, &before);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            leaked,
+            [
+                dir.join("api-writes/1.json").display().to_string(),
+                dir.join("node-leaked.json").display().to_string()
+            ]
+        );
+        assert!(
+            entries_below(&dir).is_empty(),
+            "a missing dir has no entries"
+        );
     }
 }
