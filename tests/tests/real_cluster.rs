@@ -579,8 +579,8 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     let s = evicted.status.clone().unwrap();
     assert_eq!(uid(&evicted), hog_uid, "the same pod object");
     // The top-level reason and message are the kubelet's to keep: its status manager keeps an
-    // API reason only if its terminating sync sees it (docs/architecture.md, cluster mode); 1
-    // run in 12 saw it dropped. The DisruptionTarget condition, which the kubelet does not own,
+    // API reason only if its terminating sync sees it (docs/architecture.md, cluster mode); 3
+    // runs in 16 saw it dropped. The DisruptionTarget condition, which the kubelet does not own,
     // always stays with qoslet's reason and message.
     assert!(s.reason.as_deref().is_none_or(|r| r == "Evicted"), "{s:#?}");
     assert!(
