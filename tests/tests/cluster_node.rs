@@ -17,6 +17,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -488,6 +489,32 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
     join(&d1, hog.pid());
     let mut quiet = sleeper();
     join(&d2, quiet.id());
+    // What each member's cgroup said when the API server took its Failed status: frozen (or
+    // already empty), never running.
+    let at_status = Arc::new(Mutex::new(Vec::new()));
+    let v2 = s.root.mounts.trees.contains_key(&Tree::V2);
+    if v2 {
+        let seen = at_status.clone();
+        let members = [("m1", &m1), ("m2", &m2)].map(|(name, m)| {
+            let dir = s.root.path(
+                Tree::V2,
+                &m.container_cgroup(Driver::Systemd, Runtime::CriO),
+            );
+            (
+                format!("/api/v1/namespaces/ns/pods/{name}/status"),
+                name,
+                dir,
+            )
+        });
+        s.fake.on_request(move |r| {
+            for (path, name, dir) in &members {
+                if r.method == "PATCH" && r.path == *path {
+                    let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+                    seen.lock().unwrap().push((*name, events));
+                }
+            }
+        });
+    }
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
     let metrics = s.metrics;
     wait_for("per-pod metrics of the gang's local members", || {
@@ -513,6 +540,20 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
             (count(&s.fake.requests(), "PATCH", &path, 200) >= 1).then_some(())
         })
         .await;
+    }
+    if v2 {
+        let seen = at_status.lock().unwrap().clone();
+        for name in ["m1", "m2"] {
+            assert!(seen.iter().any(|(n, _)| *n == name), "{seen:?}");
+        }
+        for (name, events) in &seen {
+            assert!(
+                events
+                    .lines()
+                    .any(|l| l == "frozen 1" || l == "populated 0"),
+                "{name} ran when its Failed status was published: {events}"
+            );
+        }
     }
     let path = "/api/v1/namespaces/ns/pods/m3/eviction";
     wait_for("the eviction of m3", || {
@@ -663,4 +704,75 @@ async fn without_the_workload_api_the_node_is_ready_and_a_recreated_pod_is_not_t
     qoslet.crash();
     let _ = quiet.kill();
     let _ = quiet.wait();
+}
+
+/// An eviction cut short between its freeze and its kill (qoslet crashed there) leaves the
+/// pod's cgroup marked and frozen: the next start kills and thaws it (`cluster/marks.rs`), and
+/// the frozen process dies of SIGKILL without running again.
+#[test]
+fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
+    use std::os::{fd::AsFd as _, unix::process::ExitStatusExt as _};
+
+    use qoslet::{
+        cgroup::CgroupPath, node::state::EvictionMark, policy::pod::PodKey,
+        policy::settings::CgroupDriver,
+    };
+
+    require_root();
+    let root = NodeRoot::create();
+    if !root.mounts.trees.contains_key(&Tree::V2) {
+        return;
+    }
+    let pod = KPod::new(
+        "frozen",
+        "33333333-2222-3333-4444-000000000001",
+        "BestEffort",
+    );
+    let container = pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd);
+    let dirs = make_cgroup(&root, &container);
+    let mut victim = sleeper();
+    join(&dirs, victim.id());
+    let pod_rel = container.rsplit_once('/').unwrap().0;
+    let pod_dir = root.path(Tree::V2, pod_rel);
+    let key = PodKey {
+        namespace: "ns".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+    };
+    let dir = fs::File::open(&pod_dir).unwrap();
+    EvictionMark::new(&key, 0, "The node was low on resource: memory. ")
+        .write(dir.as_fd())
+        .expect("the mark");
+    fs::write(pod_dir.join("cgroup.freeze"), "1").unwrap();
+    let events = || fs::read_to_string(pod_dir.join("cgroup.events")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !events().lines().any(|l| l == "frozen 1") {
+        assert!(Instant::now() < deadline, "never frozen: {}", events());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let cgroups = root.open();
+    let root_dir = cgroups.open_dir_fd(Tree::V2, &CgroupPath::root()).unwrap();
+    let found = cluster::marks::find(
+        root_dir.as_fd(),
+        cgroups.node_root(),
+        CgroupDriver::Cgroupfs,
+    );
+    assert_eq!(found.len(), 1, "the mark read back");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(s) = victim.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the frozen pod was not killed");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert_eq!(
+        fs::read_to_string(pod_dir.join("cgroup.freeze"))
+            .unwrap()
+            .trim(),
+        "0",
+        "thawed"
+    );
 }

@@ -705,3 +705,130 @@ async fn rbac_is_enforced_and_qoslet_is_never_denied() {
         ready.trim()
     );
 }
+
+/// A client with `token` in place of the admin kubeconfig's credentials.
+async fn client_with_token(kubeconfig: &Path, token: &str) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("the admin kubeconfig");
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("its cluster");
+    config.auth_info = serde_json::from_value(json!({ "token": token })).expect("a token");
+    Client::try_from(config).expect("a client with the token")
+}
+
+/// The shipped ValidatingAdmissionPolicy (deploy/kubernetes/node-binding.yaml) binds qoslet's
+/// writes to its node. With the credentials the DaemonSet's pod has (a token of its service
+/// account bound to that pod, which names its node), qoslet may write its own node's status and
+/// the status of a pod on its node, and neither the status of a second Node nor that of a pod
+/// bound to it: the API server answers 422 with the policy's message, which qoslet's queue drops,
+/// counted, and never retries (agent/src/cluster/writes.rs). No second kubelet is needed: the
+/// second Node object and its pod are enough for the API server.
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn writes_are_bound_to_qoslets_own_node() {
+    use k8s_openapi::api::{authentication::v1::TokenRequest, core::v1::ServiceAccount};
+    use kube::api::{Patch, PatchParams};
+
+    let c = cluster().await;
+    let q = qoslet_pod(&c).await;
+    let own_node = q.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let ns = TestNamespace::create(&c, "binding").await;
+    let here = create_running(&ns, vec![pod("here", "sleep 3600", json!({}), "Never")]).await;
+    let other = format!("qoslet-other-{}", std::process::id());
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": other},
+    }))
+    .unwrap();
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("a second Node object");
+    let mut elsewhere = pod("elsewhere", "sleep 3600", json!({}), "Never");
+    elsewhere.spec.as_mut().unwrap().node_name = Some(other.clone());
+    ns.pods()
+        .create(&PostParams::default(), &elsewhere)
+        .await
+        .expect("a pod bound to the second node");
+
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {
+            "audiences": [],
+            "expirationSeconds": 600,
+            "boundObjectRef": {
+                "apiVersion": "v1", "kind": "Pod",
+                "name": q.metadata.name, "uid": q.metadata.uid,
+            },
+        },
+    }))
+    .unwrap();
+    let token = Api::<ServiceAccount>::namespaced(c.client.clone(), "qoslet-system")
+        .create_token_request("qoslet", &PostParams::default(), &request)
+        .await
+        .expect("a token of qoslet's service account bound to its pod")
+        .status
+        .and_then(|s| s.token)
+        .expect("the token");
+    let as_qoslet = client_with_token(&c.info.kubeconfig, &token).await;
+    let condition = Patch::Strategic(json!({"status": {"conditions": [{
+        "type": "QosletBindingTest", "status": "False", "reason": "Test", "message": "node binding",
+    }]}}));
+    let params = PatchParams::default();
+    let qoslet_nodes: Api<Node> = Api::all(as_qoslet.clone());
+    let qoslet_pods: Api<Pod> = Api::namespaced(as_qoslet.clone(), &ns.name);
+
+    let allowed = [
+        (
+            "its own node's status",
+            qoslet_nodes
+                .patch_status(&own_node, &params, &condition)
+                .await
+                .map(drop),
+        ),
+        (
+            "the status of a pod on its node",
+            qoslet_pods
+                .patch_status(
+                    here[0].metadata.name.as_deref().unwrap(),
+                    &params,
+                    &condition,
+                )
+                .await
+                .map(drop),
+        ),
+    ];
+    let denied = [
+        (
+            "the second node's status",
+            qoslet_nodes
+                .patch_status(&other, &params, &condition)
+                .await
+                .map(drop),
+        ),
+        (
+            "the status of the pod on the second node",
+            qoslet_pods
+                .patch_status("elsewhere", &params, &condition)
+                .await
+                .map(drop),
+        ),
+    ];
+    // Gone before the asserts can fail: a pod bound to a node without a kubelet is deleted at
+    // once only with no grace, and then its node.
+    let _ = ns
+        .pods()
+        .delete("elsewhere", &DeleteParams::default().grace_period(0))
+        .await;
+    let _ = nodes.delete(&other, &DeleteParams::default()).await;
+    for (what, r) in allowed {
+        assert!(r.is_ok(), "qoslet may write {what}: {r:?}");
+    }
+    for (what, r) in denied {
+        match r {
+            Err(kube::Error::Api(s))
+                if s.code == 422 && s.message.contains("may write only its own node") => {}
+            other => panic!("qoslet wrote {what}, or was refused otherwise: {other:?}"),
+        }
+    }
+}

@@ -1,13 +1,23 @@
 //! Eviction in cluster mode, as the kubelet's eviction manager does it (`evictionMethod:
-//! kubelet`, the default): the pod's processes stop locally exactly as in standalone mode
-//! ([`CgroupKill`]: at once at a hard threshold; SIGTERM, min(evictionMaxPodGracePeriod, the
-//! pod's grace), then the cgroup kill at a soft one), and `pods/status` says phase Failed,
-//! reason Evicted, the kubelet's message and the `DisruptionTarget` condition. The kubelet's pod
-//! worker then tears the pod down and does not restart its containers; the pod object is never
-//! deleted and PodDisruptionBudgets are not consulted, as the kubelet does not. The kill waits
-//! for the status write to reach the API server ([`STATUS_BEFORE_KILL`] at most; see `evict`). A
-//! write still queued at the kill stays on disk until delivered; the pod's eviction mark
-//! (`marks.rs`) covers a queue that was lost.
+//! kubelet`, the default), in an order that never shows a pod terminal while its code runs:
+//!
+//! 1. **freeze** the pod's cgroup ([`PodCgroups::freeze`]): within a millisecond of the decision
+//!    the offender stops running and allocating;
+//! 2. **publish** `pods/status`: phase Failed, reason Evicted, the kubelet's message and the
+//!    `DisruptionTarget` condition, waiting for the API server to take it
+//!    ([`STATUS_BEFORE_KILL`] at most);
+//! 3. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
+//!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
+//!    the emptied cgroup.
+//!
+//! The status must reach the kubelet before its PLEG sees the containers die, or it restarts
+//! them (restartPolicy Always) and writes Running back; and it must not be published while they
+//! run, or a StatefulSet's controller deletes the pod and starts its replacement beside the old
+//! containers, and the scheduler counts their memory as free. Frozen, they do neither. The
+//! kubelet's pod worker then tears the pod down; the pod object is never deleted and
+//! PodDisruptionBudgets are not consulted, as the kubelet does not. A graceful stop at a soft
+//! threshold is `evictionMethod: api`'s. A write still queued at the kill stays queued until
+//! delivered; the pod's eviction mark (`marks.rs`) covers a queue that was lost.
 //!
 //! `evictionMethod: api` asks the Eviction API instead at a soft threshold (PodDisruptionBudgets
 //! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
@@ -36,10 +46,11 @@ use crate::{
 /// How long the decision waits for the API server to name a unit's members on other nodes.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a local kill waits for the pod's Failed status to reach the API server: an API
-/// server on the node's network answers in milliseconds; one that does not is in trouble, and
-/// memory is not left to run out waiting for it.
-pub const STATUS_BEFORE_KILL: Duration = Duration::from_millis(100);
+/// How long a frozen pod waits for its Failed status to reach the API server before the kill:
+/// an API server on the node's network answers in milliseconds; one that does not is in
+/// trouble. The frozen pod allocates nothing meanwhile, but holds what it has, so the node's
+/// memory is not left waiting longer.
+pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -187,23 +198,26 @@ fn event_name(pod: &str, uid: &str) -> String {
 impl EvictionAction for ApiEviction {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The pod's Failed status reaches the API server before the kill (at most
-            // STATUS_BEFORE_KILL): the kubelet's pod worker must see the pod terminal before its
-            // PLEG sees the container die, or it restarts the container (restartPolicy Always),
-            // and its status manager, the source of truth for the pod's status, writes the
-            // phase back to Running. On the real cluster, with the write merely queued beside the
-            // kill, 1 eviction in 5 ended so (pkg/kubelet/status/status_manager.go
-            // `mergePodStatus`, pkg/kubelet/kubelet_pods.go `generateAPIPodStatus`).
+            // The order is the module doc's: freeze, publish, kill.
+            let frozen_at = req.cgroups.freeze().await;
             let writes = self.writes(req, &now());
             let status_id = writes.first().map(|(id, _)| id.clone()).unwrap_or_default();
             self.push(req, writes);
             if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
             }
+            let kill = EvictionRequest {
+                grace: Duration::ZERO,
+                ..req.clone()
+            };
             let queued = self.members_elsewhere(req);
-            let (local, members) = tokio::join!(self.kill.evict(req), queued);
+            let (local, members) = tokio::join!(self.kill.evict(&kill), queued);
             self.push(req, member_writes(&members, grace_secs(req)));
-            local
+            // The kill returns once the cgroups are empty; a pod it could not empty stays frozen.
+            let mut outcome = local?;
+            req.cgroups.thaw();
+            outcome.first_signal_at = frozen_at.into_iter().chain(outcome.first_signal_at).min();
+            Ok(outcome)
         } else {
             self.push(req, self.writes(req, &now()));
             let members = self.members_elsewhere(req).await;

@@ -2,17 +2,20 @@
 //! cgroups read back, and the status writes of marked pods the API server still shows live
 //! queued again.
 //!
-//! An eviction marks the pod's cgroup v2 directory, queues its API writes (fsynced), then kills
-//! (`node/eviction_action.rs`, [`ApiEviction`]). A crash between the mark and the queue's fsync
-//! leaves a pod the API server shows Running that qoslet had decided to evict. Either way the mark is on the pod's cgroup, which the kubelet keeps while
-//! the pod lives, and the next start queues what the eviction would have: phase Failed, reason
+//! An eviction marks the pod's cgroup v2 directory, freezes it, queues its API writes (their
+//! files written by the queue's thread) and kills (`node/eviction_action.rs`, [`ApiEviction`]).
+//! A crash before the writes reached the API server or their files leaves a pod the API server
+//! shows Running that qoslet had decided to evict, and a crash between the freeze and the kill
+//! leaves it frozen. The mark is on the pod's cgroup, which the kubelet keeps while the pod
+//! lives, and the next start finishes the eviction: a pod cgroup still frozen is killed and
+//! thawed, and what the eviction would have written is queued: phase Failed, reason
 //! Evicted (the kubelet then tears the pod down), or with `evictionMethod: api` the Eviction
 //! API's request, which honours PodDisruptionBudgets (whether the decision was at a hard
 //! threshold the mark does not say). The writes keep their idempotency ids, so a write that did
 //! reach the queue is replaced, not doubled.
 
 use std::{
-    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
     time::Duration,
 };
 
@@ -95,6 +98,7 @@ pub fn find(
                 && let Some(mark) = EvictionMark::read(dir.as_fd())
             {
                 if check_pod_component(&path, driver, &mark.uid).is_ok() {
+                    finish_frozen(dir.as_fd(), &path);
                     found.push(mark);
                 } else {
                     tracing::warn!(cgroup = %path, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
@@ -109,6 +113,36 @@ pub fn find(
         level = next;
     }
     found
+}
+
+/// Kills and thaws a marked pod cgroup that a crash left frozen (between the eviction's freeze
+/// and its kill): the decision was taken, and frozen processes would otherwise sit out the
+/// kubelet's whole grace period. A cgroup not frozen is left alone.
+fn finish_frozen(dir: BorrowedFd<'_>, path: &CgroupPath) {
+    use std::io::Write as _;
+    let open = |file: &str, flags| {
+        beneath::openat2(dir.as_raw_fd(), file, flags, 0, beneath::RESOLVE_STRICT)
+    };
+    let frozen = open("cgroup.freeze", libc::O_RDONLY)
+        .and_then(crate::cgroup::fs::read_small)
+        .is_ok_and(|v| v.trim() == "1");
+    if !frozen {
+        return;
+    }
+    let write = |file: &str, value: &[u8]| {
+        open(file, libc::O_WRONLY).and_then(|fd| std::fs::File::from(fd).write_all(value))
+    };
+    // The kill reaches frozen processes; thawed after it, they die without running.
+    let killed = write("cgroup.kill", b"1");
+    let thawed = write("cgroup.freeze", b"0");
+    match killed.and(thawed) {
+        Ok(()) => {
+            tracing::warn!(cgroup = %path, "An eviction cut short by a restart left its pod frozen; killed it.");
+        }
+        Err(e) => {
+            tracing::warn!(cgroup = %path, error = %e, "An eviction cut short by a restart left its pod frozen and it could not be killed.");
+        }
+    }
 }
 
 /// The child directories of `dir` (cgroup `path`) whose names are valid cgroup components,

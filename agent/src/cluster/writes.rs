@@ -2,11 +2,14 @@
 //!
 //! [`deliver`] sends one [`ApiWrite`] and says whether it is done, to be retried, or refused for
 //! good: answers that mean "already done" (the pod is gone, the event exists) count as done, so
-//! a write delivered twice after a crash has no second effect; a failed UID precondition (422
-//! for a status patch, 409 for an eviction) and every other permanent 4xx is
-//! [`Delivery::Rejected`], never retried.
+//! a write delivered twice after a crash has no second effect. Only answers that no retry can
+//! change are [`Delivery::Rejected`]: a failed UID precondition (422 for a status patch, 409 with
+//! "Precondition failed" for an eviction), 410 Gone and a body the API server cannot take (400,
+//! 413, 415, 422, among them an admission policy's denial). 401, 403 and any other 409 are
+//! retried within the queue's TTL: an API server restarting, a token being rotated or an RBAC
+//! binding being applied answer so for a while.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::{
     api::{
@@ -88,6 +91,18 @@ fn one() -> i32 {
 pub const TAINT_KEY: &str = "qoslet.dev/pressure";
 
 impl ApiWrite {
+    /// Which of the writes due goes first (lowest): a pod's Failed status, which the kubelet
+    /// must see before the kill, then Eviction API calls, then Events and node writes.
+    pub fn priority(&self) -> u8 {
+        match self {
+            Self::PodEvicted { .. } => 0,
+            Self::Evict { .. } => 1,
+            Self::Event { .. } => 2,
+            Self::NodeCondition { .. } => 3,
+            Self::NodeTaint { .. } => 4,
+        }
+    }
+
     /// The write's kind, for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -115,13 +130,26 @@ pub struct EventObject {
 pub enum Delivery {
     /// Done, or nothing left to do (the object is gone).
     Done,
-    /// Try again later: the API server is unreachable, overloaded, or refused for now (a PDB's
-    /// 429).
-    Retry(String),
-    /// Refused for good (a 4xx other than 408 and 429: a UID precondition that failed because
-    /// the pod is another one now, a forbidden write, an invalid body): never retried. The
-    /// queue counts and logs it and drops the write.
+    /// Try again later: the API server is unreachable, overloaded, refused for now (a PDB's 429)
+    /// or not yet allowing it (401, 403). `after`: its Retry-After, when it gave one.
+    Retry {
+        why: String,
+        after: Option<Duration>,
+    },
+    /// Refused for good (a UID precondition that failed because the pod is another one now, an
+    /// invalid body, a denial by an admission policy): never retried. The queue counts and logs
+    /// it and drops the write.
     Rejected { code: u16, message: String },
+}
+
+impl Delivery {
+    /// A retry with no Retry-After.
+    pub fn retry(why: impl Into<String>) -> Self {
+        Self::Retry {
+            why: why.into(),
+            after: None,
+        }
+    }
 }
 
 /// Now, in the API's RFC 3339 form.
@@ -262,16 +290,35 @@ fn code(e: &kube::Error) -> Option<u16> {
     }
 }
 
-/// How a failed request ends: 404 (the object is gone) is done; 408 and 429 and every 5xx or
-/// transport error are retried; any other 4xx is a permanent refusal.
+/// How a failed request ends (see the module doc): 404 (the object is gone) is done; a refusal
+/// no retry can change is rejected; everything else, a transport error included, is retried,
+/// no sooner than the API server's Retry-After (`details.retryAfterSeconds`, which it sets with
+/// the header on a 429 and a 503).
 fn failed(what: &str, e: &kube::Error) -> Delivery {
-    match code(e) {
-        Some(404) => Delivery::Done,
-        Some(c) if (400..500).contains(&c) && c != 408 && c != 429 => Delivery::Rejected {
-            code: c,
-            message: format!("{what}: {e}"),
+    let message = format!("{what}: {e}");
+    let kube::Error::Api(status) = e else {
+        return Delivery::retry(message);
+    };
+    let precondition = status.code == 409 && status.message.contains("Precondition failed");
+    match status.code {
+        404 => Delivery::Done,
+        400 | 410 | 413 | 415 | 422 => Delivery::Rejected {
+            code: status.code,
+            message,
         },
-        _ => Delivery::Retry(format!("{what}: {e}")),
+        409 if precondition => Delivery::Rejected {
+            code: status.code,
+            message,
+        },
+        _ => Delivery::Retry {
+            why: message,
+            after: status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(s.into())),
+        },
     }
 }
 
@@ -390,7 +437,7 @@ async fn set_taint(client: &Client, node: &str, on: bool) -> Delivery {
         "spec": {"taints": taints},
     }));
     match api.patch(node, &PatchParams::default(), &patch).await {
-        Err(e) if code(&e) == Some(409) => Delivery::Retry(format!("node taint: {e}")),
+        Err(e) if code(&e) == Some(409) => Delivery::retry(format!("node taint: {e}")),
         answer => sorted("node taint", answer),
     }
 }

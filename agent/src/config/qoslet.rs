@@ -119,7 +119,8 @@ pub struct QosletConfiguration {
     #[serde(default)]
     pub reserved_cpus_conflict: ReservedCpusConflict,
     /// The Kubernetes version whose kubelet rules qoslet follows (`1.34` to `1.37`); unset: 1.37,
-    /// the API version qoslet speaks. In cluster mode the node's `kubeletVersion` decides.
+    /// the API version qoslet speaks. The same in both modes: nothing reads the node's
+    /// `kubeletVersion`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
     /// Cluster mode: what qoslet writes beside the kubelet (nothing by default: it compares
@@ -291,9 +292,10 @@ pub enum GangEviction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EvictionMethod {
-    /// As the kubelet's eviction manager: the local kill (at once at a hard threshold; SIGTERM,
-    /// the grace period, SIGKILL at a soft one), then `pods/status` phase Failed, reason
-    /// Evicted. PodDisruptionBudgets are not consulted and the pod object is never deleted.
+    /// As the kubelet's eviction manager, in an order that never shows a pod Failed while its
+    /// code runs: the pod's cgroup frozen, `pods/status` phase Failed, reason Evicted, then the
+    /// kill, with no grace (`cluster/action.rs`). PodDisruptionBudgets are not consulted and the
+    /// pod object is never deleted.
     #[default]
     Kubelet,
     /// The Eviction API (PodDisruptionBudgets honoured, a 429 retried) and no local kill at a

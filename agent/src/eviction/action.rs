@@ -28,6 +28,11 @@ use super::signals::SignalError;
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
+/// How long [`PodCgroups::freeze`] waits for the kernel to report the pod frozen: a task stops at
+/// its next return to user space, in microseconds, unless it sleeps uninterruptibly (reclaim
+/// under memory pressure, I/O).
+pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
+const FREEZE_POLL: Duration = Duration::from_millis(1);
 
 /// The cgroups of one pod: every directory its processes are in (the v1 controllers' and, on
 /// hybrid hosts, the unified tree's).
@@ -37,6 +42,52 @@ pub struct PodCgroups {
     pub procs: Vec<CgroupBeneath>,
     /// A cgroup v2 directory with `cgroup.kill` (kernel 5.14+), when the pod has one.
     pub unified: Option<CgroupBeneath>,
+}
+
+impl PodCgroups {
+    /// Freezes the pod's processes (cgroup v2 `cgroup.freeze`, in the kernel since 5.2, on pure
+    /// v2 and on the unified tree of a hybrid host) and waits until the kernel says they are
+    /// (`frozen 1` in `cgroup.events`), at most [`FREEZE_TIMEOUT`]: they stop where they are,
+    /// allocate nothing more and run no code, while a fatal signal still kills them. When the
+    /// freeze was written; `None` when the pod has no cgroup v2 directory or the write failed
+    /// (said in the log), which leaves the processes running until the kill.
+    pub async fn freeze(&self) -> Option<Instant> {
+        let dir = self.unified.as_ref()?;
+        let at = Instant::now();
+        if let Err(e) = dir.write_file("cgroup.freeze", "1") {
+            tracing::warn!(cgroup = %dir.display().display(), error = %e, "Could not freeze an evicted pod's cgroup; its processes run until the kill.");
+            return None;
+        }
+        let deadline = tokio::time::Instant::now() + FREEZE_TIMEOUT;
+        loop {
+            let events = dir.read_file("cgroup.events").unwrap_or_default();
+            let done = events
+                .lines()
+                .any(|l| l == "frozen 1" || l == "populated 0");
+            if done {
+                return Some(at);
+            }
+            if tokio::time::Instant::now() > deadline {
+                tracing::warn!(cgroup = %dir.display().display(), timeout = ?FREEZE_TIMEOUT, "An evicted pod's processes were not all frozen in time (one in uninterruptible sleep?); going on.");
+                return Some(at);
+            }
+            tokio::time::sleep(FREEZE_POLL).await;
+        }
+    }
+
+    /// Thaws the pod's cgroup v2 directory once its processes are gone, so that nothing the
+    /// runtime places there later (it should place nothing) starts frozen. A cgroup removed
+    /// meanwhile is fine.
+    pub fn thaw(&self) {
+        let Some(dir) = &self.unified else {
+            return;
+        };
+        if let Err(e) = dir.write_file("cgroup.freeze", "0")
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(cgroup = %dir.display().display(), error = %e, "Could not thaw an evicted pod's emptied cgroup.");
+        }
+    }
 }
 
 impl CgroupBeneath {
@@ -114,8 +165,8 @@ impl EvictedStatus {
 /// What an action did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// When the first signal (or the cgroup kill) went out; `None` if nothing was sent (no
-    /// process left and no `cgroup.kill`).
+    /// When the pod's processes were first stopped: frozen (cluster mode), signalled or killed
+    /// by `cgroup.kill`; `None` if nothing was done (no process left and no `cgroup.kill`).
     pub first_signal_at: Option<Instant>,
     pub signalled: usize,
     pub status: EvictedStatus,

@@ -61,11 +61,12 @@ pub struct Decision {
     /// The `disruptionMode: all` group, as `Kind/name`, when the unit is one.
     pub unit: Option<String>,
     pub reason: String,
-    /// Signal crossing seen -> first signal sent; `None` when nothing was signalled.
+    /// Signal crossing seen -> the pod first stopped (frozen in cluster mode, else the first
+    /// signal or the cgroup kill); `None` when nothing was done.
     pub latency: Option<Duration>,
     /// The latency's parts; `None` when nothing was signalled.
     pub stages: Option<Stages>,
-    /// When the first signal went out.
+    /// When the pod was first stopped (see `latency`).
     pub first_signal_at: Option<Instant>,
     pub statuses: Vec<(PodKey, EvictedStatus)>,
 }
@@ -77,7 +78,8 @@ pub struct Stages {
     pub wake: Duration,
     /// The pass started -> the action called (signals read, thresholds, ranking).
     pub decide: Duration,
-    /// The action called -> the first signal sent (the cgroup kill).
+    /// The action called -> the pod first stopped (the freeze in cluster mode, else the first
+    /// signal or the cgroup kill).
     pub kill: Duration,
 }
 

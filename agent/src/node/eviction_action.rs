@@ -5,8 +5,9 @@
 //! syscall, which a restart after a crash reads back (`run.rs` `stop_leftovers`). The executor
 //! hears of the eviction (so it does not restart the pod, and reports it Failed with reason
 //! `Evicted`) and the state file is written, synced, while the action waits for the pod's
-//! processes to go: the action's future is polled first, and runs up to its kill before it first
-//! waits. A pod without a v2 directory cannot be marked: its eviction is written to the state
+//! processes to go: the action's future is polled first, and runs up to its first wait before
+//! anything else (standalone: the kill; cluster mode: the freeze, then the wait for the pod's
+//! status). A pod without a v2 directory cannot be marked: its eviction is written to the state
 //! file before the action, as before.
 
 use std::{

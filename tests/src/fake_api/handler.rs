@@ -75,14 +75,19 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         Ok(Reply::Stream(body)) => (200, stream_response(body)),
         Err(err) => (err.code, json_response(err.code, &err.body())),
     };
-    shared.log.lock().expect("log lock").push(RequestRecord {
+    let record = RequestRecord {
         method: parts.method.to_string(),
         path,
         query: raw_query,
         content_type,
         body: parsed.ok().flatten(),
         code,
-    });
+    };
+    let hook = shared.on_request.lock().expect("hook lock").clone();
+    if let Some(hook) = hook {
+        hook(&record);
+    }
+    shared.log.lock().expect("log lock").push(record);
     response
 }
 

@@ -151,9 +151,14 @@ pub enum FakeApiError {
 }
 
 /// State shared by the handlers and the controls.
+/// See [`FakeApi::on_request`].
+pub type RequestHook = Arc<dyn Fn(&RequestRecord) + Send + Sync>;
+
 struct Shared {
     store: Mutex<Store>,
     log: Mutex<Vec<RequestRecord>>,
+    /// Called with each request as it is answered, before the client has the answer.
+    on_request: Mutex<Option<RequestHook>>,
     unavailable: AtomicBool,
     /// Bumped to end every open watch.
     epoch: tokio::sync::watch::Sender<u64>,
@@ -181,6 +186,7 @@ impl FakeApi {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.history_limit.max(1))),
             log: Mutex::new(Vec::new()),
+            on_request: Mutex::new(None),
             unavailable: AtomicBool::new(false),
             epoch: tokio::sync::watch::channel(0).0,
             options: Options {
@@ -317,6 +323,12 @@ impl FakeApi {
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.shared.log.lock().expect("log lock").clone()
+    }
+
+    /// Calls `hook` with every request as the fake answers it, before the client reads the
+    /// answer: what the node looked like while the API server took a write.
+    pub fn on_request(&self, hook: impl Fn(&RequestRecord) + Send + Sync + 'static) {
+        *self.shared.on_request.lock().expect("hook lock") = Some(Arc::new(hook));
     }
 
     pub fn clear_requests(&self) {

@@ -36,6 +36,8 @@ where
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     task.abort();
+    // Its clone of the queue gone: the caller's drop is the last and writes the files.
+    let _ = task.await;
 }
 
 #[tokio::test]
@@ -43,6 +45,7 @@ async fn a_write_is_persisted_retried_and_removed_once_delivered() {
     let dir = TempDir::new("queue");
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
     q.push("evict-a", "pod-a", evict("a")).unwrap();
+    q.flush();
     assert_eq!(files(&dir.0), ["evict-a.json"]);
     let attempts = Arc::new(AtomicUsize::new(0));
     let a = attempts.clone();
@@ -50,7 +53,7 @@ async fn a_write_is_persisted_retried_and_removed_once_delivered() {
         let n = a.fetch_add(1, Ordering::SeqCst);
         async move {
             if n < 2 {
-                Delivery::Retry("down".into())
+                Delivery::retry("down")
             } else {
                 Delivery::Done
             }
@@ -114,7 +117,7 @@ async fn writes_of_one_object_keep_their_order_and_others_do_not_wait() {
         }
         async move {
             if refuse {
-                Delivery::Retry("429".into())
+                Delivery::retry("429")
             } else {
                 Delivery::Done
             }
@@ -188,12 +191,14 @@ async fn the_queue_is_bounded_and_old_writes_expire() {
     assert_eq!(pending.len(), MAX_PENDING);
     assert_eq!(pending[0].0, "w-1", "the oldest went");
     assert_eq!(q.take_dropped().overflow, 1);
+    q.flush();
     assert_eq!(files(&dir.0).len(), MAX_PENDING);
     drop(q);
     let old = serde_json::to_string(&Stored {
         seq: 0,
         key: "k".into(),
         queued_at: unix_now() - TTL.as_secs() - 1,
+        boot: None,
         write: evict("stale"),
     })
     .unwrap();
@@ -233,7 +238,7 @@ async fn settled_waits_for_the_write_to_leave_and_no_longer() {
         async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             if n == 0 {
-                Delivery::Retry("down".into())
+                Delivery::retry("down")
             } else {
                 Delivery::Done
             }
@@ -246,4 +251,165 @@ async fn settled_waits_for_the_write_to_leave_and_no_longer() {
     // A write that is not pending has settled.
     assert!(q.settled("evict-b", Duration::ZERO).await);
     task.abort();
+}
+
+fn pod_status(name: &str) -> ApiWrite {
+    ApiWrite::PodEvicted {
+        pod: PodKey {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: "u".into(),
+        },
+        message: "m".into(),
+        at: "2026-12-03T00:00:00Z".into(),
+    }
+}
+
+fn condition() -> ApiWrite {
+    ApiWrite::NodeCondition {
+        node: "n".into(),
+        type_: "QosletMemoryPressure".into(),
+        status: true,
+        reason: "r".into(),
+        message: "m".into(),
+        at: "2026-12-03T00:00:00Z".into(),
+    }
+}
+
+/// Of the writes due together, the pod's status goes out first, whatever was pushed before it.
+#[tokio::test]
+async fn the_pod_status_goes_before_node_writes_and_events() {
+    let dir = TempDir::new("queue-order");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("cond", "node", condition()).unwrap();
+    q.push("evict-b", "pod-b", evict("b")).unwrap();
+    q.push("status-a", "pod-a", pod_status("a")).unwrap();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let s = sent.clone();
+    deliver_n(&q, 3, move |w| {
+        s.lock().unwrap().push(w.kind());
+        async { Delivery::Done }
+    })
+    .await;
+    assert_eq!(
+        *sent.lock().unwrap(),
+        ["podEvicted", "evict", "nodeCondition"]
+    );
+}
+
+/// A request that never answers (a half-open connection) is cut at REQUEST_TIMEOUT and tried
+/// again; meanwhile the other writes go out.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_never_answers_holds_nothing_back_and_is_retried() {
+    let dir = TempDir::new("queue-stuck");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("status-a", "pod-a", pod_status("a")).unwrap();
+    q.push("evict-b", "pod-b", evict("b")).unwrap();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let a = attempts.clone();
+    let started = Instant::now();
+    let task = tokio::spawn(q.clone().run(move |w| {
+        let hang =
+            matches!(w, ApiWrite::PodEvicted { .. }) && a.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            Delivery::Done
+        }
+    }));
+    while q.delivered() < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        q.pending().len(),
+        1,
+        "the eviction went while the status hung"
+    );
+    assert!(started.elapsed() < REQUEST_TIMEOUT);
+    while q.delivered() < 2 {
+        assert!(started.elapsed() < REQUEST_TIMEOUT * 3, "{:?}", q.pending());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        started.elapsed() >= REQUEST_TIMEOUT,
+        "cut at the timeout, not before"
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    task.abort();
+}
+
+/// The API server's Retry-After is a floor under the backoff.
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_honoured() {
+    let dir = TempDir::new("queue-retry-after");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    q.push("evict-a", "pod-a", evict("a")).unwrap();
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let t = times.clone();
+    deliver_n(&q, 1, move |_| {
+        let mut t = t.lock().unwrap();
+        t.push(Instant::now());
+        let first = t.len() == 1;
+        async move {
+            if first {
+                Delivery::Retry {
+                    why: "429".into(),
+                    after: Some(Duration::from_secs(7)),
+                }
+            } else {
+                Delivery::Done
+            }
+        }
+    })
+    .await;
+    let t = times.lock().unwrap();
+    assert_eq!(t.len(), 2);
+    assert!(t[1] - t[0] >= Duration::from_secs(7), "{:?}", t[1] - t[0]);
+}
+
+/// Within one boot a write's age is the boot's monotonic clock, whatever the wall clock says:
+/// one pushed a TTL ago on that clock is dropped though its wall time is now, and one pushed
+/// just now is kept though its wall time is from long ago.
+#[tokio::test]
+async fn a_writes_age_is_kept_on_the_boots_clock() {
+    let dir = TempDir::new("queue-boottime");
+    fs::create_dir_all(&dir.0).unwrap();
+    let boot = BootTime::now().expect("CLOCK_BOOTTIME and a boot id");
+    if boot.ms <= TTL.as_millis() as u64 {
+        // A machine up for less than the TTL cannot have a write that old.
+        return;
+    }
+    let stored = |seq, boot_ms, queued_at| Stored {
+        seq,
+        key: format!("k{seq}"),
+        queued_at,
+        boot: Some(BootTime {
+            id: boot.id.clone(),
+            ms: boot_ms,
+        }),
+        write: evict("x"),
+    };
+    let old = stored(0, boot.ms - TTL.as_millis() as u64 - 1000, unix_now());
+    let new = stored(1, boot.ms, unix_now() - 10 * TTL.as_secs());
+    fs::write(dir.0.join("old.json"), serde_json::to_string(&old).unwrap()).unwrap();
+    fs::write(dir.0.join("new.json"), serde_json::to_string(&new).unwrap()).unwrap();
+    let q = WriteQueue::open(&dir.0).unwrap();
+    let ids: Vec<String> = q.pending().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["new"]);
+    assert_eq!(q.take_dropped().expired, 1);
+}
+
+/// A write delivered before the queue's thread wrote its file leaves no file behind.
+#[tokio::test]
+async fn a_write_delivered_before_its_file_leaves_none() {
+    let dir = TempDir::new("queue-fast");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    for i in 0..20 {
+        q.push(&format!("w-{i}"), &format!("k-{i}"), evict("x"))
+            .unwrap();
+    }
+    deliver_n(&q, 20, |_| async { Delivery::Done }).await;
+    q.flush();
+    assert!(files(&dir.0).is_empty(), "{:?}", files(&dir.0));
 }

@@ -109,13 +109,15 @@ async fn a_pdb_429_is_retried_and_nothing_is_ever_deleted() {
         "Cannot evict pod as it would violate the pod's disruption budget.",
     );
     let (got, api) = deliver_to(429, refusal, &w).await;
-    assert!(matches!(got, Delivery::Retry(_)), "{got:?}");
+    assert!(matches!(got, Delivery::Retry { .. }), "{got:?}");
     assert_eq!(only(&api).method, "POST", "no delete after a refusal");
 }
 
-/// 404: the pod is gone, done. A failed UID precondition (409 from the Eviction API, 422 from
-/// a status patch: uid is immutable) and any other permanent 4xx: rejected, never retried.
-/// 408, 429, 5xx and an unreachable server: retried. The same for every write.
+/// 404: the pod is gone, done. A refusal no retry can change (a failed UID precondition: 422
+/// from a status patch, uid is immutable; 409 "Precondition failed" from the Eviction API; 410;
+/// an invalid body; an admission policy's denial): rejected, never retried. 401, 403, any other
+/// 409, 408, 429, 5xx and an unreachable server: retried, the answer's Retry-After kept. The
+/// same for every write.
 #[tokio::test]
 async fn answers_sort_into_done_rejected_and_retry() {
     let evict = ApiWrite::Evict {
@@ -123,24 +125,43 @@ async fn answers_sort_into_done_rejected_and_retry() {
         grace_secs: 0,
     };
     for w in [&evict, &evicted(), &condition()] {
-        for code in [400u16, 403, 404, 408, 409, 410, 422, 429, 500, 503] {
+        for code in [
+            400u16, 401, 403, 404, 408, 409, 410, 413, 415, 422, 429, 500, 503,
+        ] {
             let (got, _api) = deliver_to(code, status(code, "x", "x"), w).await;
             match code {
                 404 => assert_eq!(got, Delivery::Done, "{code}"),
-                408 | 429 | 500 | 503 => {
-                    assert!(matches!(got, Delivery::Retry(_)), "{code}: {got:?}");
-                }
+                401 | 403 | 408 | 409 | 429 | 500 | 503 => assert!(
+                    matches!(got, Delivery::Retry { after: None, .. }),
+                    "{code}: {got:?}"
+                ),
                 _ => assert!(
                     matches!(got, Delivery::Rejected { code: c, .. } if c == code),
                     "{code}: {got:?}"
                 ),
             }
         }
+        let mut precondition = status(
+            409,
+            "Conflict",
+            "Precondition failed: UID in precondition: a, UID in object meta: b",
+        );
+        let (got, _api) = deliver_to(409, precondition.clone(), w).await;
+        assert!(
+            matches!(got, Delivery::Rejected { code: 409, .. }),
+            "{got:?}"
+        );
+        // The API server's Retry-After (priority and fairness, a PDB): kept for the queue.
+        precondition["details"] = json!({"retryAfterSeconds": 7});
+        precondition["message"] = json!("Too many requests, please try again later.");
+        let (got, _api) = deliver_to(429, precondition, w).await;
+        assert!(
+            matches!(got, Delivery::Retry { after: Some(a), .. } if a == Duration::from_secs(7)),
+            "{got:?}"
+        );
     }
 }
 
-/// The typed calls decode the API server's answer; a 2xx whose body is not the object still
-/// means the write was taken: done, not retried.
 #[tokio::test]
 async fn a_2xx_that_does_not_decode_is_done() {
     for w in [&evicted(), &condition(), &pod_event(1)] {
@@ -292,7 +313,7 @@ async fn the_pressure_taint_keeps_other_taints_and_is_optimistic() {
     assert_eq!(api.requests().len(), 3, "absent already: only the GET");
     assert!(matches!(
         deliver(&client, &on).await,
-        Delivery::Retry(m) if m.contains("409")
+        Delivery::Retry { why, .. } if why.contains("409")
     ));
 }
 
