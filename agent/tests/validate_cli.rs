@@ -1,4 +1,4 @@
-//! `qoslet validate` end to end: exit status and output lines (DESIGN.md contract).
+//! `qoslet validate` end to end: exit status and output lines (the contract in docs/usage.md).
 
 use std::{
     fs,

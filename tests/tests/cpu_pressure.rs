@@ -7,7 +7,7 @@
 //! when a window's p99 passes the 5 ms target the controller must engage, bring the p99 under
 //! the target with its levers while the hogs run, and give the tier back its kubelet values
 //! once they are gone. Whether the kubelet's weights alone let the pod wait is the scheduler's
-//! call (`cargo xtask bench cpu`, README "CPU pressure"): on the 6.18 host they keep the p99 at
+//! call (`cargo xtask bench cpu`, docs/benchmarks.md "CPU pressure"): on the 6.18 host they keep the p99 at
 //! about 2 µs and the controller rightly stays at level 0, which the test then checks instead;
 //! in the VMs the hogs push it past 5 ms. Each run prints its windows (`QOSLET-CPU-PRESSURE`).
 //!

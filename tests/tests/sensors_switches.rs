@@ -2,7 +2,7 @@
 //! while the others stay on their hooks; with every sensor off nothing is loaded. With every
 //! sensor on, each runs on a hook of `agent/src/sensors/table.rs` or on that table's fallback, as
 //! this kernel allows; the test prints one `QOSLET-SENSOR` line per sensor, from which
-//! `cargo xtask test` and `cargo xtask vm-test` write the README's kernel table.
+//! `cargo xtask test` and `cargo xtask vm-test` write the kernel table of docs/kernels.md.
 
 mod sensors_common;
 
@@ -150,7 +150,7 @@ async fn each_sensor_runs_on_a_hook_of_the_table_or_its_fallback() {
             }
         }
     }
-    // What the README's sensor table promises per kernel.
+    // What docs/kernels.md's sensor table promises per kernel.
     let version = kernel_version();
     // Before 6.15 there is no such function; from it on, fentry still needs the kernel's BPF
     // trampolines (the development host's 6.18 refuses it).

@@ -7,7 +7,7 @@
 //! The eBPF object is the same for both: the programs are built for `bpfel-unknown-none` (both
 //! architectures are little-endian) and carry no architecture-specific code; struct offsets come
 //! from the running kernel's BTF at load time and tracepoint record layouts from tracefs (see the
-//! README's "How the kernel side copes with different kernels"). The build compares the two
+//! "How the kernel side copes with different kernels" in docs/kernels.md). The build compares the two
 //! objects' program and map sections when both exist and says whether they are the same.
 
 use std::{

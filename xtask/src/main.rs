@@ -31,6 +31,7 @@ mod fuzz;
 mod gotools;
 mod image;
 mod lint;
+mod load;
 mod machete;
 mod toolchain;
 mod vm;
@@ -134,6 +135,10 @@ struct TestArgs {
     /// Skip the VM kernel matrix (quick local runs).
     #[arg(long)]
     no_vm: bool,
+    /// Run N CPU hogs (stress-ng --cpu N) beside the whole suite, as a shared machine has:
+    /// timing tests must pass under it.
+    #[arg(long, value_name = "N")]
+    load: Option<u32>,
     #[command(flatten)]
     vm: vm::VmTestArgs,
 }
@@ -153,7 +158,10 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::BuildEbpf => {
             let tc = toolchain::ensure()?;
             cargo::run(&tc, &["build", "-p", "qoslet"])?;
-            println!("xtask: built target/debug/qoslet with its eBPF programs");
+            println!(
+                "xtask: built {} with its eBPF programs",
+                cargo::target_dir().join("debug/qoslet").display()
+            );
             Ok(())
         }
         Cmd::Build { target } => {
@@ -275,6 +283,10 @@ fn test(args: &TestArgs) -> Result<()> {
         },
     ]);
     let machine_state_before = entries_below(Path::new(MACHINE_STATE_DIR));
+    let load = args.load.map(load::Load::start).transpose()?;
+    if let Some(l) = &load {
+        lines.push(l.describe());
+    }
     machete::check()?;
     let tc = toolchain::ensure()?;
     lint::check(&tc)?;
@@ -509,7 +521,7 @@ fn run_example(extra: &[String]) -> Result<()> {
     // The example's configuration with a state directory of the demo's own, emptied first: the
     // state file remembers an evicted pod until its manifest changes, so with the machine's
     // /var/lib/qoslet a second demo would never start (and never evict) the hog.
-    let demo = root.join("target/qoslet-demo");
+    let demo = cargo::target_dir().join("qoslet-demo");
     let state = demo.join("state");
     if state.exists() {
         std::fs::remove_dir_all(&state)?;
@@ -525,7 +537,9 @@ fn run_example(extra: &[String]) -> Result<()> {
             state.display()
         ),
     )?;
-    let mut cmd = std::process::Command::new(root.join("target/debug/qoslet"));
+    // Where cargo put it: CARGO_TARGET_DIR, when set, moves it.
+    let qoslet = cargo::target_dir().join("debug/qoslet");
+    let mut cmd = std::process::Command::new(&qoslet);
     cmd.arg("run")
         .arg("--kubelet-config")
         .arg(examples.join("kubelet-config.yaml"))
@@ -537,7 +551,8 @@ fn run_example(extra: &[String]) -> Result<()> {
         .arg(demo.join("logs"))
         .args(extra);
     println!(
-        "xtask: the demo node is the cgroup /qoslet-demo (1Gi); watch it with `target/debug/qoslet status` in another terminal. Ctrl-C stops it and removes its cgroups."
+        "xtask: the demo node is the cgroup /qoslet-demo (1Gi); watch it with `{} status` in another terminal. Ctrl-C stops it and removes its cgroups.",
+        qoslet.display()
     );
     println!("xtask: {cmd:?}");
     let status = cmd.status()?;

@@ -1,5 +1,5 @@
 //! The node root cgroup as the node: its own memory limit is the node's memory capacity
-//! (DESIGN.md), so a "node" can live inside a cgroup on a shared machine.
+//! (`nodeRootCgroup`, docs/usage.md), so a "node" can live inside a cgroup on a shared machine.
 
 use std::io;
 

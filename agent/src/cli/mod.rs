@@ -1,4 +1,4 @@
-//! The command line (a contract: see DESIGN.md). Each subcommand lives in its own module and
+//! The command line (a contract: see docs/usage.md). Each subcommand lives in its own module and
 //! returns the process exit code; errors are printed as one clear line, never a backtrace.
 
 mod http;

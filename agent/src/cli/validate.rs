@@ -1,5 +1,5 @@
 //! `qoslet validate [--previous DIR] [--feature-gates G=true,...] PATH...`: checks Pods, Workloads,
-//! PodGroups, CompositePodGroups and configuration files (DESIGN.md). Exit 0 when valid, 1 with
+//! PodGroups, CompositePodGroups and configuration files (docs/usage.md). Exit 0 when valid, 1 with
 //! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
 //! input or a malformed flag.
 

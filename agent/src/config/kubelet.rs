@@ -11,7 +11,8 @@ use crate::{
 
 use super::{ConfigError, KUBELET_API_VERSION, QosletConfiguration, node_settings, read};
 
-/// The KubeletConfiguration fields qoslet reads (DESIGN.md "Configuration").
+/// The KubeletConfiguration fields qoslet reads; the others are named once as not implemented
+/// ([`KUBELET_FIELDS`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletConfig {

@@ -1,5 +1,6 @@
 //! The desired node and pod cgroup state: what the reconciler writes and `qoslet plan` prints.
-//! The serialized form is a stable interface (DESIGN.md); `None` is a setting not written.
+//! The serialized form is a stable interface (`qoslet plan --output json`, docs/usage.md);
+//! `None` is a setting not written.
 
 use std::collections::BTreeMap;
 

@@ -2,8 +2,8 @@
 //! serve it, on which hooks in which order of preference, what each needs from the kernel, and
 //! what runs instead when none attaches or `ebpf.sensors` switches the sensor off. Attaching
 //! (`ebpf.rs`), the per-sensor status line (`facade.rs`) and the validation of `ebpf.sensors`
-//! (`crate::config`) all read [`SENSORS`]; the README's "Sensors and their fallbacks" is its
-//! prose form.
+//! (`crate::config`) all read [`SENSORS`]; docs/kernels.md's "Sensors and their fallbacks" is
+//! its prose form.
 //!
 //! [`attach_sensors`] walks the table and calls an [`Attach`] for the kernel work, so the
 //! decision (which choice, which fallback, what a switched-off sensor does) is tested without

@@ -1,5 +1,5 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text). The names are a stable interface,
-//! documented in the README; change them only on purpose.
+//! documented in docs/usage.md ("Endpoints and metrics"); change them only on purpose.
 
 use std::sync::{Arc, RwLock, atomic::AtomicU64};
 

@@ -1,5 +1,5 @@
-//! Where pods and workload objects come from: a manifest directory (standalone) or, later, the
-//! Kubernetes API. Every object passes [`admit`] before anything else sees it.
+//! Where pods and workload objects come from: a manifest directory (standalone) or the
+//! Kubernetes API (cluster mode, `cluster/source.rs`). Every object passes [`admit`] before anything else sees it.
 
 pub mod admit;
 pub mod build;

@@ -1,4 +1,4 @@
-//! Gang-aware eviction (REFERENCE.md section 6 "Gap upstream"): kubelet eviction ignores gangs
+//! Gang-aware eviction: kubelet eviction ignores gangs
 //! (KEP-5710 non-goal), so qoslet computes what a pod drags along and what an eviction breaks.
 
 use std::collections::BTreeSet;

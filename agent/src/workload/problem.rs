@@ -193,7 +193,7 @@ impl Problem {
     }
 }
 
-/// `file: Kind/namespace/name: rule: message`, as DESIGN.md specifies.
+/// `file: Kind/namespace/name: rule: message`, as docs/usage.md documents for `validate`.
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

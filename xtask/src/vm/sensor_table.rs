@@ -1,4 +1,4 @@
-//! The README's kernel table: which hook each sensor runs on, per kernel, architecture and cgroup
+//! The kernel table of docs/kernels.md: which hook each sensor runs on, per kernel, architecture and cgroup
 //! layout, filled from the `QOSLET-SENSOR` lines that the root test
 //! `each_sensor_runs_on_a_hook_of_the_table_or_its_fallback` (tests/tests/sensors_switches.rs)
 //! prints on the host and in every VM of the matrix.

@@ -574,7 +574,7 @@ fn wide_pod(n: usize) -> PodSpecView {
 #[test]
 fn ten_thousand_containers_are_planned_linearly() {
     // Was 180 s through `qoslet plan` (debug build): every container recomputed the pod's class
-    // and sums. The result is asserted, not the time (README: speed belongs in the bench).
+    // and sums. The result is asserted, not the time: speed is `cargo xtask bench`'s to measure.
     let n = 10_000;
     let plan = plan_node(&settings(), &[wide_pod(n)]).unwrap();
     let p = &plan.pods[0];
