@@ -776,3 +776,63 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
         "thawed"
     );
 }
+
+/// The API server's connection goes half-open during an eviction: requests are taken and never
+/// answered. The kill does not wait for the unanswered status write longer than
+/// STATUS_BEFORE_KILL; the queue abandons the attempt at its request timeout (10 s) and, once
+/// the server answers again, delivers the status, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cut_half_open_is_delivered_once_the_server_answers() {
+    require_root();
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let mut hog_pod = KPod::new("hog", "44444444-2222-3333-4444-000000000001", "BestEffort");
+    create(&s.fake, &mut hog_pod, Runtime::Containerd, NODE);
+    let hog_dirs = make_cgroup(
+        &s.root,
+        &hog_pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+    );
+    let hog = Hog::spawn(320);
+    join(&hog_dirs, hog.pid());
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let metrics = s.metrics;
+    wait_for("per-pod metrics of the hog", || {
+        let m = http_get(metrics, "/metrics")?;
+        m.contains("pod=\"hog\"").then_some(())
+    })
+    .await;
+
+    s.fake.go_down(Outage::Silent).await;
+    let released = Instant::now();
+    let signal = release_and_wait(hog).await;
+    assert_eq!(signal, Some(libc::SIGKILL), "killed, the write unanswered");
+    // Longer than the queue's request timeout: the first attempt is abandoned, not answered.
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(released.elapsed())).await;
+    let status_path = "/api/v1/namespaces/ns/pods/hog/status";
+    assert_eq!(
+        count(&s.fake.requests(), "PATCH", status_path, 200),
+        0,
+        "nothing answered while silent"
+    );
+    s.fake.come_up().await.expect("the fake answers again");
+    wait_for("the evicted pod's status after the outage", || {
+        (count(&s.fake.requests(), "PATCH", status_path, 200) >= 1).then_some(())
+    })
+    .await;
+    let hog_now: Pod = s.fake.get("ns", "hog").expect("the pod object stays");
+    assert_eq!(
+        hog_now.status.and_then(|st| st.phase).as_deref(),
+        Some("Failed")
+    );
+    // Once: an attempt cut at the timeout was never applied, and the one answered is not sent
+    // again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        s.fake
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path == status_path)
+            .count(),
+        1
+    );
+    qoslet.crash();
+}

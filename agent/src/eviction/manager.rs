@@ -27,9 +27,10 @@ use crate::{
     cgroup::{Access, CgroupBeneath},
     config::QosletConfiguration,
     policy::{
-        eviction::{Candidate, Threshold, eviction_grace_secs},
+        eviction::{Candidate, Threshold, ThresholdValue, eviction_grace_secs},
         pod::PodKey,
         qos::QosClass,
+        quantity::{Format, Quantity},
         settings::NodeSettings,
     },
     workload::Forest,
@@ -319,7 +320,7 @@ impl<A: EvictionAction> Manager<A> {
             "Evicting to relieve node pressure."
         );
         let hard = threshold.grace_period_secs == 0;
-        let message = eviction_message(resource, amount, o.available);
+        let message = eviction_message(resource, &threshold, amount, o.available);
         let action = &self.action;
         let max_grace = self.cfg.max_pod_grace_secs;
         let evictions = choice.pods.iter().map(|k| {
@@ -494,12 +495,20 @@ impl<A: EvictionAction> Manager<A> {
 #[cfg(test)]
 mod tests;
 
-/// The kubelet's eviction message (`evictionMessage`, first sentences).
-fn eviction_message(resource: Resource, threshold: i64, available: i64) -> String {
-    let r = match resource {
-        Resource::Memory => "memory",
-        Resource::Pids => "pids",
+/// The kubelet's eviction message (pkg/kubelet/eviction/helpers.go `evictionMessage`, its first
+/// sentences), with the quantities as the kubelet prints them: the threshold as configured, or
+/// for a percentage its amount of capacity in BinarySI (`GetThresholdQuantity`); the available
+/// amount in the observation's format (BinarySI for memory, DecimalSI for pids).
+fn eviction_message(resource: Resource, t: &Threshold, amount: i64, available: i64) -> String {
+    let (r, observed) = match resource {
+        Resource::Memory => ("memory", Format::BinarySI),
+        Resource::Pids => ("pids", Format::DecimalSI),
     };
+    let threshold = match &t.value {
+        ThresholdValue::Quantity(q) => q.canonical(),
+        ThresholdValue::Percentage(_) => Quantity::from_int(amount, Format::BinarySI).canonical(),
+    };
+    let available = Quantity::from_int(available, observed).canonical();
     format!(
         "The node was low on resource: {r}. Threshold quantity: {threshold}, available: {available}. "
     )

@@ -34,6 +34,14 @@ enum Reply {
 type Query = HashMap<String, String>;
 
 pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    // Outage::Silent: no answer until the fake comes up; a client that gives up first drops
+    // this future, and the request never happened.
+    let mut silent = shared.silent.subscribe();
+    while *silent.borrow_and_update() {
+        if silent.changed().await.is_err() {
+            break;
+        }
+    }
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let raw_query = parts.uri.query().unwrap_or_default().to_string();

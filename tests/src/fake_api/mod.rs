@@ -132,6 +132,10 @@ pub enum Outage {
     /// Connections are accepted and every request answers 503 ServiceUnavailable; open watches
     /// end.
     Unavailable,
+    /// Connections and requests are accepted and never answered, as over a half-open
+    /// connection or from a hung server: a request waits, unrecorded and not applied, until the
+    /// client gives up on it (then it never happened) or the fake comes up (then it is served).
+    Silent,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +164,8 @@ struct Shared {
     /// Called with each request as it is answered, before the client has the answer.
     on_request: Mutex<Option<RequestHook>>,
     unavailable: AtomicBool,
+    /// While true, requests wait ([`Outage::Silent`]).
+    silent: tokio::sync::watch::Sender<bool>,
     /// Bumped to end every open watch.
     epoch: tokio::sync::watch::Sender<u64>,
     options: Options,
@@ -188,6 +194,7 @@ impl FakeApi {
             log: Mutex::new(Vec::new()),
             on_request: Mutex::new(None),
             unavailable: AtomicBool::new(false),
+            silent: tokio::sync::watch::Sender::new(false),
             epoch: tokio::sync::watch::channel(0).0,
             options: Options {
                 bookmark_interval: options.bookmark_interval.max(Duration::from_millis(1)),
@@ -347,6 +354,9 @@ impl FakeApi {
                 }
             }
             Outage::Unavailable => self.shared.unavailable.store(true, Ordering::SeqCst),
+            Outage::Silent => {
+                self.shared.silent.send_replace(true);
+            }
         }
         self.shared.epoch.send_modify(|e| *e += 1);
     }
@@ -354,6 +364,7 @@ impl FakeApi {
     /// Serves again, on the same address.
     pub async fn come_up(&self) -> Result<(), FakeApiError> {
         self.shared.unavailable.store(false, Ordering::SeqCst);
+        self.shared.silent.send_replace(false);
         if self.server.lock().expect("server lock").is_some() {
             return Ok(());
         }

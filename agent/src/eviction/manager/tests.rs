@@ -254,3 +254,46 @@ async fn nothing_evictable_is_counted() {
     assert_eq!(m.stats().lock().unwrap().nothing_to_evict, 1);
     fs::remove_dir_all(root).unwrap();
 }
+
+/// The kubelet's `evictionMessage` quantities: the threshold as configured (a percentage as its
+/// amount, BinarySI), memory available in BinarySI, pids available in DecimalSI, each as Go's
+/// `Quantity.String()` prints it.
+#[test]
+fn the_message_prints_quantities_as_the_kubelet_does() {
+    use crate::policy::eviction::ThresholdValue;
+    let t = |signal: &str, value| Threshold {
+        signal: signal.into(),
+        value,
+        grace_period_secs: 0,
+        min_reclaim: None,
+    };
+    let q = |s: &str| ThresholdValue::Quantity(s.parse().unwrap());
+    let mem = "memory.available";
+    assert_eq!(
+        eviction_message(
+            Resource::Memory,
+            &t(mem, q("100Mi")),
+            104_857_600,
+            52_428_800
+        ),
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. "
+    );
+    assert_eq!(
+        eviction_message(
+            Resource::Memory,
+            &t(mem, ThresholdValue::Percentage(0.1)),
+            107_374_182,
+            12_345_678
+        ),
+        "The node was low on resource: memory. Threshold quantity: 107374182, available: 12345678. "
+    );
+    assert_eq!(
+        eviction_message(Resource::Memory, &t(mem, q("0.5Gi")), 536_870_912, 1000),
+        // Under 1024 a BinarySI quantity prints as DecimalSI: 1000 is "1k", as in Go.
+        "The node was low on resource: memory. Threshold quantity: 512Mi, available: 1k. "
+    );
+    assert_eq!(
+        eviction_message(Resource::Pids, &t("pid.available", q("1000")), 1000, 32_000),
+        "The node was low on resource: pids. Threshold quantity: 1k, available: 32k. "
+    );
+}
