@@ -129,11 +129,18 @@ pub fn ensure(b: &GoBuild) -> Result<PathBuf> {
         .join(format!("{}-{}", b.name, b.version));
     let bin = dir.join("bin");
     let stamp = dir.join("stamp");
-    let built = fs::read_to_string(&stamp).is_ok_and(|s| s == b.stamp())
-        && b.packages
-            .iter()
-            .all(|p| bin.join(binary_name(p)).is_file());
-    if built {
+    let built = || {
+        fs::read_to_string(&stamp).is_ok_and(|s| s == b.stamp())
+            && b.packages
+                .iter()
+                .all(|p| bin.join(binary_name(p)).is_file())
+    };
+    if built() {
+        return Ok(bin);
+    }
+    // Held to the end of the build and its cache clean; another xtask may have built it meanwhile.
+    let _lock = GoLock::acquire()?;
+    if built() {
         return Ok(bin);
     }
     check_go()?;
@@ -187,6 +194,30 @@ pub fn ensure(b: &GoBuild) -> Result<PathBuf> {
         t.elapsed()
     );
     Ok(bin)
+}
+
+/// The Go directory's lock: one `go build` and its cache clean at a time, across xtask processes.
+/// A clean beside a running build deletes the packages it compiled (seen: `cargo xtask
+/// validate-deploy` built helm beside a `cargo xtask cluster up`, and the Kubernetes build
+/// failed "could not import ... no such file or directory").
+struct GoLock(#[expect(dead_code, reason = "held for its descriptor's lock")] fs::File);
+
+impl GoLock {
+    fn acquire() -> Result<Self> {
+        let dir = go_dir()?;
+        fs::create_dir_all(&dir)?;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))?;
+        // SAFETY: flock(2) on the descriptor this function just opened and owns; blocks until
+        // the other holder closes its own.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(Self(file))
+    }
 }
 
 /// Empties the Go build cache once a build's binaries are stamped: the binaries are what is
