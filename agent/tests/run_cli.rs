@@ -54,3 +54,65 @@ fn without_bpf_privilege_run_says_so_in_one_sentence() {
         "{stderr}"
     );
 }
+
+/// Runs `qoslet run` in observe mode for two seconds with stderr a pipe, as under `kubectl logs`,
+/// and returns what it logged.
+fn observe_run_log(extra: &[&str]) -> String {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let work = std::env::temp_dir().join(format!(
+        "qoslet-run-cli-log-{}-{}",
+        std::process::id(),
+        extra.len()
+    ));
+    std::fs::create_dir_all(&work).unwrap();
+    let config = work.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nmetricsAddress: 127.0.0.1:0\nstateDir: {}\n",
+            work.join("state").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
+        .args(extra)
+        .arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--standalone")
+        .arg(examples.join("pods"))
+        .env_remove("NO_COLOR")
+        .env_remove("QOSLET_LOG_FORMAT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting qoslet");
+    thread::sleep(Duration::from_secs(2));
+    // SAFETY: plain kill(2) of the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("qoslet output");
+    let _ = std::fs::remove_dir_all(&work);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Logs read by `kubectl logs` or a log pipeline: text without colour codes when stderr is not a
+/// terminal, and with `--log-format json` one JSON object per line.
+#[test]
+fn logs_carry_no_colour_off_a_terminal_and_can_be_json() {
+    let text = observe_run_log(&[]);
+    assert!(text.contains("INFO"), "{text}");
+    assert!(!text.contains('\u{1b}'), "escape codes in: {text}");
+    let json = observe_run_log(&["--log-format", "json"]);
+    let lines: Vec<&str> = json.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for l in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(
+            v["level"].is_string() && v["fields"].is_object(),
+            "not a log record: {l}"
+        );
+    }
+}

@@ -22,8 +22,25 @@ pub const EXIT_CONFIG: u8 = 64;
     about = "eBPF-backed node enforcement agent for Kubernetes"
 )]
 pub struct Cli {
+    /// Log lines as text (coloured only when stderr is a terminal) or as JSON objects, one per
+    /// line, for a log pipeline.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "QOSLET_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,17 +87,22 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` filters them (default `info`).
-pub fn init_tracing() {
+/// Logs go to stderr; `RUST_LOG` filters them (default `info`). Text carries colour only on a
+/// terminal: `kubectl logs` and journald show the escape codes as they are.
+pub fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // With stderr gone (a closed pipe) tracing-subscriber would report the failed write with
         // eprintln!, which panics: qoslet must go on, and stop its pods when told to.
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }
 
 /// Paths given on the command line, for subcommands that read manifests.
