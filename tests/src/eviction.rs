@@ -207,6 +207,9 @@ pub fn managed_pod(
         revision: 0,
         memory: pod.memory_cgroup(v1),
         cgroups: pod.eviction_cgroups(v1),
+        containers: Vec::new(),
+        pod_memory_request: None,
+        seen: Default::default(),
     }
 }
 

@@ -323,6 +323,8 @@ mod action {
             cgroups,
             grace,
             message: "m".into(),
+            annotations: Default::default(),
+            seen: Default::default(),
             signal: "memory.available".into(),
             hard: grace.is_zero(),
             unit: None,

@@ -23,7 +23,9 @@
 //! honoured, a 429 retried) and kills nothing locally; a hard threshold is handled as above.
 //!
 //! Every write goes through the persistent [`WriteQueue`] bound to the pod's UID, with a Warning
-//! Event `Evicted`. With `gangEviction: unit`, a pod that goes with a `disruptionMode: all` unit
+//! Event `Evicted` annotated as the kubelet's (`AnnotatedEventf` in eviction_manager.go
+//! `evictPod`, line 643: `offending_containers`, `offending_containers_usage`,
+//! `starved_resource`, ...). With `gangEviction: unit`, a pod that goes with a `disruptionMode: all` unit
 //! also takes the unit's members on other nodes, resolved to their UIDs when the decision is made
 //! and evicted through the Eviction API.
 
@@ -95,6 +97,7 @@ impl ApiEviction {
                     pod: p.clone(),
                     message: req.message.clone(),
                     at: at.into(),
+                    seen: req.seen.clone(),
                 },
             )
         } else {
@@ -125,6 +128,7 @@ impl ApiEviction {
                     node: self.node.clone(),
                     at: at.into(),
                     count: 1,
+                    annotations: req.annotations.clone(),
                 },
             ),
         ]
@@ -225,7 +229,7 @@ impl EvictionAction for ApiEviction {
             Ok(Outcome {
                 first_signal_at: None,
                 signalled: 0,
-                status: EvictedStatus::new(req.message.clone()),
+                status: EvictedStatus::new(req.message.clone(), &req.seen),
             })
         }
     }

@@ -23,7 +23,7 @@ use super::{action::ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
     beneath,
     cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
-    eviction::EvictionRequest,
+    eviction::{EvictionRequest, SeenPod},
     node::state::EvictionMark,
     policy::settings::CgroupDriver,
     source::PodSet,
@@ -60,6 +60,7 @@ pub fn at_start(
         Some(LivePod {
             terminal: matches!(phase, Some("Succeeded" | "Failed")),
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+            seen: SeenPod::of(&p.pod),
         })
     };
     let queued = requeue(&found, live, action, queue);
@@ -168,6 +169,8 @@ pub struct LivePod {
     pub terminal: bool,
     /// `terminationGracePeriodSeconds`, for an Eviction API request.
     pub grace: Duration,
+    /// Its generation and conditions now, for the Failed status.
+    pub seen: SeenPod,
 }
 
 /// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal;
@@ -188,6 +191,9 @@ pub fn requeue(
             cgroups: Default::default(),
             grace: pod.grace,
             message: mark.message.clone(),
+            // The mark keeps the message, not the Event's annotations: the Event goes without.
+            annotations: Default::default(),
+            seen: pod.seen,
             signal: String::new(),
             hard: false,
             unit: None,

@@ -90,6 +90,7 @@ pub fn condition_writes(
                 node: node.into(),
                 at: at.into(),
                 count,
+                annotations: Default::default(),
             },
         ));
     }

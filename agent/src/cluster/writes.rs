@@ -9,7 +9,10 @@
 //! retried within the queue's TTL: an API server restarting, a token being rotated or an RBAC
 //! binding being applied answer so for a while.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use k8s_openapi::{
     api::{
@@ -27,7 +30,10 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::policy::pod::PodKey;
+use crate::{
+    eviction::{EvictedStatus, SeenPod},
+    policy::pod::PodKey,
+};
 
 /// The component that writes events, conditions and the lease.
 pub const COMPONENT: &str = "qoslet";
@@ -39,14 +45,20 @@ pub const COMPONENT: &str = "qoslet";
 #[serde(tag = "write", rename_all = "camelCase")]
 pub enum ApiWrite {
     /// `pods/status` as the kubelet's eviction manager leaves it: phase Failed, reason Evicted,
-    /// the eviction message and the `DisruptionTarget` condition (reason `TerminationByKubelet`).
-    /// The kubelet's pod worker tears down a pod the API shows Failed, and its containers are not
-    /// restarted; the pod object stays (the kubelet never deletes it either).
+    /// the eviction message, the `DisruptionTarget` condition (reason `TerminationByKubelet`),
+    /// `Ready` and `ContainersReady` False (reason `PodFailed`) and the observed generation
+    /// ([`EvictedStatus`]). The kubelet's pod worker tears down a pod the API shows Failed, and
+    /// its containers are not restarted; the pod object stays (the kubelet never deletes it
+    /// either).
     #[serde(rename_all = "camelCase")]
     PodEvicted {
         pod: PodKey,
         message: String,
         at: String,
+        /// The pod's generation and conditions when the eviction was decided (absent from a
+        /// write queued by an older qoslet: generation 0, no condition kept).
+        #[serde(default)]
+        seen: SeenPod,
     },
     /// The Eviction API (`evictionMethod: api`, and a unit's members on other nodes): honours
     /// PodDisruptionBudgets; a 429 is retried.
@@ -67,6 +79,10 @@ pub enum ApiWrite {
         at: String,
         #[serde(default = "one")]
         count: i32,
+        /// `metadata.annotations` (the kubelet's eviction Event: `AnnotatedEventf` with
+        /// `evictionMessage`'s annotations); none on other Events.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        annotations: BTreeMap<String, String>,
     },
     /// A node condition of qoslet's own type on `nodes/status`; the newest replaces older ones.
     #[serde(rename_all = "camelCase")]
@@ -188,24 +204,39 @@ fn delete_options(pod: &PodKey, grace_secs: u32) -> DeleteOptions {
 
 /// The strategic merge patch of `pods/status` the kubelet's status manager sends after an
 /// eviction (pkg/util/pod `PatchPodStatus`: `metadata.uid` in the patch is the precondition; the
-/// API server answers 422, uid immutable, when the pod is another one now).
-pub fn pod_evicted_patch(pod: &PodKey, message: &str, at: &str) -> serde_json::Value {
+/// API server answers 422, uid immutable, when the pod is another one now), with the status of
+/// [`EvictedStatus`]. Conditions merge by type; one the pod already had at the same status
+/// carries no `lastTransitionTime`, so the pod's stays (status_manager.go
+/// `updateLastTransitionTime`); the others' is the eviction's time. A generation of 0 (a pod
+/// without one) is left out, as the API's `omitempty` does.
+pub fn pod_evicted_patch(
+    pod: &PodKey,
+    message: &str,
+    seen: &SeenPod,
+    at: &str,
+) -> serde_json::Value {
     // The status an eviction leaves is said once (`eviction::action::EvictedStatus`).
-    let status = crate::eviction::action::EvictedStatus::new(message.to_owned());
+    let status = EvictedStatus::new(message.to_owned(), seen);
     let conditions: Vec<serde_json::Value> = status
         .conditions
         .iter()
         .map(|c| {
-            json!({
+            let mut v = json!({
                 "type": c.type_,
                 "status": c.status,
                 "reason": c.reason,
                 "message": c.message,
-                "lastTransitionTime": at,
-            })
+            });
+            if c.observed_generation != 0 {
+                v["observedGeneration"] = json!(c.observed_generation);
+            }
+            if !c.unchanged {
+                v["lastTransitionTime"] = json!(at);
+            }
+            v
         })
         .collect();
-    json!({
+    let mut patch = json!({
         "metadata": {"uid": pod.uid},
         "status": {
             "phase": status.phase,
@@ -213,7 +244,11 @@ pub fn pod_evicted_patch(pod: &PodKey, message: &str, at: &str) -> serde_json::V
             "message": status.message,
             "conditions": conditions,
         },
-    })
+    });
+    if status.observed_generation != 0 {
+        patch["status"]["observedGeneration"] = json!(status.observed_generation);
+    }
+    patch
 }
 
 /// The core/v1 Event: `POST namespaces/{ns}/events`.
@@ -228,6 +263,7 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
         node,
         at,
         count,
+        annotations,
     } = w
     else {
         return None;
@@ -237,6 +273,7 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(namespace.clone()),
+            annotations: (!annotations.is_empty()).then(|| annotations.clone()),
             ..ObjectMeta::default()
         },
         involved_object: ObjectReference {
@@ -335,9 +372,14 @@ fn sorted<T>(what: &str, answer: Result<T, kube::Error>) -> Delivery {
 /// Sends one write.
 pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
     match w {
-        ApiWrite::PodEvicted { pod, message, at } => {
+        ApiWrite::PodEvicted {
+            pod,
+            message,
+            at,
+            seen,
+        } => {
             let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-            let patch = Patch::Strategic(pod_evicted_patch(pod, message, at));
+            let patch = Patch::Strategic(pod_evicted_patch(pod, message, seen, at));
             sorted(
                 "pod status",
                 api.patch_status(&pod.name, &PatchParams::default(), &patch)

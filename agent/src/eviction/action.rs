@@ -4,17 +4,20 @@
 //! The cluster action (the Eviction API) wraps it.
 
 use std::{
+    collections::BTreeMap,
     io,
     os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
+use k8s_openapi::api::core::v1 as core;
 use nix::{
     errno::Errno,
     sys::signal::{Signal, kill},
     unistd::Pid,
 };
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
@@ -120,7 +123,11 @@ pub enum ActionError {
     NotEmpty { pod: PodKey, timeout: Duration },
 }
 
-/// The pod status an eviction leaves (pkg/kubelet/eviction/eviction_manager.go `evictPod`).
+/// The pod status an eviction leaves: what pkg/kubelet/eviction/eviction_manager.go `evictPod`
+/// (line 633) sets in its status function (phase, reason, message, the `DisruptionTarget`
+/// condition), and what the kubelet's status then reads for a Failed pod
+/// (pkg/kubelet/kubelet_pods.go `generateAPIPodStatus`, line 1910): `Ready` and
+/// `ContainersReady` False with reason `PodFailed`, and the pod's generation as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EvictedStatus {
     /// `Failed`.
@@ -128,17 +135,64 @@ pub struct EvictedStatus {
     /// `Evicted`.
     pub reason: &'static str,
     pub message: String,
+    /// `status.observedGeneration`: pkg/kubelet/status/status_manager.go `SetPodStatus` (line
+    /// 500) sets `CalculatePodStatusObservedGeneration` (pkg/api/v1/pod/util.go line 521), the
+    /// pod's generation, the `PodObservedGenerationTracking` gate being locked on.
+    pub observed_generation: i64,
+    /// `DisruptionTarget`, `Ready`, `ContainersReady`, in the order the kubelet lists them.
     pub conditions: Vec<PodCondition>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCondition {
-    /// `DisruptionTarget`.
     pub type_: &'static str,
     pub status: &'static str,
-    /// `TerminationByKubelet` (v1.PodReasonTerminationByKubelet).
     pub reason: &'static str,
+    /// Empty for `Ready` and `ContainersReady` (the API leaves an empty message out).
     pub message: String,
+    /// [`condition_observed_generation`].
+    pub observed_generation: i64,
+    /// The pod's status already had this condition at this status: its `lastTransitionTime`
+    /// stays (pkg/kubelet/status/status_manager.go `updateLastTransitionTime`, line 1116;
+    /// pkg/api/v1/pod/util.go `UpdatePodCondition`, line 363); else it is the eviction's time.
+    pub unchanged: bool,
+}
+
+/// The pod as the source last saw it, as far as the status an eviction leaves depends on it:
+/// the kubelet computes that status against the pod's generation and its current status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeenPod {
+    /// `metadata.generation`; 0 when unset (a manifest), which the API leaves out.
+    #[serde(default)]
+    pub generation: i64,
+    /// `status.conditions`: type -> status.
+    #[serde(default)]
+    pub conditions: BTreeMap<String, String>,
+}
+
+impl SeenPod {
+    pub fn of(pod: &core::Pod) -> Self {
+        Self {
+            generation: pod.metadata.generation.unwrap_or(0),
+            conditions: pod
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// pkg/api/v1/pod/util.go `CalculatePodConditionObservedGeneration` (line 533): the generation
+/// when the `PodObservedGenerationTracking` gate is on, else only for a condition whose current
+/// `observedGeneration` is set. The gate is GA and locked on from 1.35
+/// (pkg/features/kube_features.go line 1982; v1.37.2 refuses to start with it off), and the
+/// status it is given is never nil (`evictPod` passes the status being built), so it is the
+/// generation.
+pub fn condition_observed_generation(seen: &SeenPod) -> i64 {
+    seen.generation
 }
 
 /// The reason (pod status, Event) of a pod the node evicted, as the kubelet's eviction manager
@@ -146,17 +200,45 @@ pub struct PodCondition {
 /// it goes through this (`node::PodStatus::set_evicted`, `is_evicted`).
 pub const EVICTED: &str = "Evicted";
 
+/// The reason of `Ready` and `ContainersReady` in a Failed pod (pkg/kubelet/status/generate.go
+/// `PodFailed`).
+const POD_FAILED: &str = "PodFailed";
+
 impl EvictedStatus {
-    pub fn new(message: String) -> Self {
+    /// The status the eviction of `seen` with `message` leaves.
+    ///
+    /// - `DisruptionTarget` True, `TerminationByKubelet`, the message: eviction_manager.go
+    ///   `synchronize` (line 440) builds it, `evictPod` sets its observed generation.
+    /// - `Ready` and `ContainersReady` False, `PodFailed`, no message: pkg/kubelet/status/
+    ///   generate.go `GenerateContainersReadyCondition` (line 51) returns
+    ///   `generateContainersReadyConditionForTerminalPhase` (line 293) for phase Failed, and
+    ///   `GeneratePodReadyCondition` (line 127) copies a not-True ContainersReady's status,
+    ///   reason and message. (Reason `UnknownContainerStatuses` only without container
+    ///   statuses, which `convertToAPIContainerStatuses` gives every container of a pod.)
+    pub fn new(message: String, seen: &SeenPod) -> Self {
+        let generation = condition_observed_generation(seen);
+        let condition = |type_, status, reason, message| PodCondition {
+            type_,
+            status,
+            reason,
+            message,
+            observed_generation: generation,
+            unchanged: seen.conditions.get(type_).is_some_and(|s| s == status),
+        };
         Self {
             phase: "Failed",
             reason: EVICTED,
-            conditions: vec![PodCondition {
-                type_: "DisruptionTarget",
-                status: "True",
-                reason: "TerminationByKubelet",
-                message: message.clone(),
-            }],
+            conditions: vec![
+                condition(
+                    "DisruptionTarget",
+                    "True",
+                    "TerminationByKubelet",
+                    message.clone(),
+                ),
+                condition("Ready", "False", POD_FAILED, String::new()),
+                condition("ContainersReady", "False", POD_FAILED, String::new()),
+            ],
+            observed_generation: seen.generation,
             message,
         }
     }
@@ -181,6 +263,12 @@ pub struct EvictionRequest {
     pub grace: Duration,
     /// The kubelet's message: "The node was low on resource: memory. Threshold quantity: ...".
     pub message: String,
+    /// The Event's annotations (helpers.go `evictionMessage`): `offending_containers`,
+    /// `offending_containers_usage`, `starved_resource`, and for pod-level requests
+    /// `offending_pod`, `offending_pod_usage`. Empty when not known.
+    pub annotations: BTreeMap<String, String>,
+    /// What the pod's evicted status depends on.
+    pub seen: SeenPod,
     pub signal: String,
     /// A hard threshold: no grace, and (in a cluster) no PodDisruptionBudget can refuse it.
     pub hard: bool,
@@ -464,7 +552,7 @@ impl EvictionAction for CgroupKill {
         Ok(Outcome {
             first_signal_at,
             signalled,
-            status: EvictedStatus::new(req.message.clone()),
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
         })
     }
 }

@@ -13,7 +13,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    action::{ActionError, EvictionAction, EvictionRequest, PodCgroups},
+    action::{ActionError, EvictionAction, EvictionRequest, PodCgroups, SeenPod},
     conditions::{ConditionState, NodeCondition},
     held,
     node::NodeSignals,
@@ -56,6 +56,26 @@ pub struct ManagedPod {
     /// Where the pod's memory usage is read.
     pub memory: MemoryCgroup,
     pub cgroups: PodCgroups,
+    /// The pod's containers with a memory cgroup (init, sidecar and app), in the order of the
+    /// pod's stats (the Summary API's): the eviction message names those using more memory than
+    /// they request. Their working sets are read only for the pods evicted.
+    pub containers: Vec<ManagedContainer>,
+    /// Pod-level `spec.resources.requests.memory` as the pod object sets it, while the
+    /// `PodLevelResources` gate is on: the eviction message then gives the pod's usage.
+    pub pod_memory_request: Option<Quantity>,
+    /// What the status an eviction leaves depends on.
+    pub seen: SeenPod,
+}
+
+/// A container of a [`ManagedPod`], as the eviction message reads it.
+#[derive(Debug, Clone)]
+pub struct ManagedContainer {
+    pub name: String,
+    /// `resources.requests.memory` after API defaulting (a limit alone sets it); `None` when
+    /// unset, Go's zero Quantity.
+    pub memory_request: Option<Quantity>,
+    /// Where its working set is read.
+    pub memory: MemoryCgroup,
 }
 
 /// The pods and workload hierarchies, as the source last saw them.
@@ -320,31 +340,43 @@ impl<A: EvictionAction> Manager<A> {
             "Evicting to relieve node pressure."
         );
         let hard = threshold.grace_period_secs == 0;
-        let message = eviction_message(resource, &threshold, amount, o.available);
-        let action = &self.action;
+        let usage: BTreeMap<&PodKey, i64> = samples
+            .iter()
+            .map(|s| (&s.key, s.candidate.usage_bytes))
+            .collect();
         let max_grace = self.cfg.max_pod_grace_secs;
-        let evictions = choice.pods.iter().map(|k| {
-            let p = pods[k];
-            let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
-            let req = EvictionRequest {
-                pod: k.clone(),
-                cgroups: p.cgroups.clone(),
-                grace: Duration::from_secs(grace.max(0) as u64),
-                message: message.clone(),
-                signal: threshold.signal.clone(),
-                hard,
-                unit: unit.clone(),
-                revision: p.revision,
-            };
-            async move {
-                action
-                    .evict(&req)
-                    .await
-                    .map(|o| (req.pod, o))
-                    .map_err(|source| ManagerError::Action {
-                        pod: k.clone(),
-                        source,
-                    })
+        // The messages first: reading the containers' working sets is part of the decision.
+        let requests: Vec<EvictionRequest> = choice
+            .pods
+            .iter()
+            .map(|k| {
+                let p = pods[k];
+                let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
+                let pod_usage = pod_usage(p, usage.get(k).copied(), resource);
+                let (message, annotations) =
+                    eviction_message(resource, &threshold, amount, o.available, &pod_usage);
+                EvictionRequest {
+                    pod: k.clone(),
+                    cgroups: p.cgroups.clone(),
+                    grace: Duration::from_secs(grace.max(0) as u64),
+                    message,
+                    annotations,
+                    seen: p.seen.clone(),
+                    signal: threshold.signal.clone(),
+                    hard,
+                    unit: unit.clone(),
+                    revision: p.revision,
+                }
+            })
+            .collect();
+        let action = &self.action;
+        let evictions = requests.into_iter().map(|req| async move {
+            match action.evict(&req).await {
+                Ok(o) => Ok((req.pod, o)),
+                Err(source) => Err(ManagerError::Action {
+                    pod: req.pod,
+                    source,
+                }),
             }
         });
         let acting = Instant::now();
@@ -495,11 +527,86 @@ impl<A: EvictionAction> Manager<A> {
 #[cfg(test)]
 mod tests;
 
-/// The kubelet's eviction message (pkg/kubelet/eviction/helpers.go `evictionMessage`, its first
-/// sentences), with the quantities as the kubelet prints them: the threshold as configured, or
-/// for a percentage its amount of capacity in BinarySI (`GetThresholdQuantity`); the available
-/// amount in the observation's format (BinarySI for memory, DecimalSI for pids).
-fn eviction_message(resource: Resource, t: &Threshold, amount: i64, available: i64) -> String {
+/// What the kubelet's `evictionMessage` reads of one pod: its name, its stats (the pod's and its
+/// containers' working sets, `statsapi.PodStats`) and its memory requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PodUsage<'a> {
+    name: &'a str,
+    /// The pod's working set and its pod-level memory request, when it has one.
+    pod: Option<(i64, Quantity)>,
+    /// In the order of the pod's stats; a container whose working set could not be read has no
+    /// memory stats and is left out, as the kubelet skips one without them.
+    containers: Vec<ContainerUsage<'a>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ContainerUsage<'a> {
+    name: &'a str,
+    working_set: i64,
+    request: Option<Quantity>,
+}
+
+/// The stats of an evicted pod at decision time: its working set as sampled for the ranking
+/// (`usage`), and its containers' read now. Only memory evictions read them: the kubelet computes
+/// usage for memory and ephemeral storage only (helpers.go `evictionMessage`, line 1278).
+fn pod_usage(p: &ManagedPod, usage: Option<i64>, resource: Resource) -> PodUsage<'_> {
+    let mut stats = PodUsage {
+        name: &p.key.name,
+        pod: None,
+        containers: Vec::new(),
+    };
+    if resource != Resource::Memory {
+        return stats;
+    }
+    stats.pod = usage.zip(p.pod_memory_request);
+    for c in &p.containers {
+        match c.memory.read() {
+            Ok(r) => stats.containers.push(ContainerUsage {
+                name: &c.name,
+                working_set: r.working_set(),
+                request: c.memory_request,
+            }),
+            Err(e) => {
+                tracing::debug!(pod = %p.key, container = %c.name, error = %e, "No memory stats for a container of an evicted pod; the message leaves it out.");
+            }
+        }
+    }
+    stats
+}
+
+/// The Event annotation keys (pkg/kubelet/eviction/helpers.go, lines 63-72).
+const OFFENDING_CONTAINERS: &str = "offending_containers";
+const OFFENDING_CONTAINERS_USAGE: &str = "offending_containers_usage";
+const OFFENDING_POD: &str = "offending_pod";
+const OFFENDING_POD_USAGE: &str = "offending_pod_usage";
+const STARVED_RESOURCE: &str = "starved_resource";
+
+/// The kubelet's eviction message and Event annotations for one pod (pkg/kubelet/eviction/
+/// helpers.go `evictionMessage`, line 1240), with the quantities as the kubelet prints them:
+///
+/// - "The node was low on resource: R. Threshold quantity: T, available: A. ": the threshold as
+///   configured, or for a percentage its amount of capacity in BinarySI
+///   (`GetThresholdQuantity`); the available amount in the observation's format (BinarySI for
+///   memory, DecimalSI for pids).
+/// - For memory and a pod with a pod-level memory request: "Pod P was using U, request is Q,
+///   has larger consumption of memory. " whatever the usage, with annotations `offending_pod`
+///   and `offending_pod_usage` (line 1255).
+/// - For each container of the pod's stats, in their order, matched by name against the spec's
+///   app then init containers, whose usage (a BinarySI quantity of its working set) is above its
+///   memory request (Go's zero Quantity when unset): "Container C was using U, request is Q,
+///   has larger consumption of memory. " (line 1273). Pids have no usage: no sentence.
+/// - `offending_containers` and `offending_containers_usage` (those containers and usages
+///   joined by ",", empty when none) and `starved_resource` (line 1299).
+///
+/// Usages print as `resource.NewQuantity(v, BinarySI).String()`; a request as its spec
+/// quantity's `String()` (its own format: "100M" stays "100M").
+fn eviction_message(
+    resource: Resource,
+    t: &Threshold,
+    amount: i64,
+    available: i64,
+    stats: &PodUsage<'_>,
+) -> (String, BTreeMap<String, String>) {
     let (r, observed) = match resource {
         Resource::Memory => ("memory", Format::BinarySI),
         Resource::Pids => ("pids", Format::DecimalSI),
@@ -509,7 +616,47 @@ fn eviction_message(resource: Resource, t: &Threshold, amount: i64, available: i
         ThresholdValue::Percentage(_) => Quantity::from_int(amount, Format::BinarySI).canonical(),
     };
     let available = Quantity::from_int(available, observed).canonical();
-    format!(
+    let mut message = format!(
         "The node was low on resource: {r}. Threshold quantity: {threshold}, available: {available}. "
-    )
+    );
+    let mut annotations = BTreeMap::new();
+    if resource == Resource::Memory
+        && let Some((usage, request)) = &stats.pod
+    {
+        let usage = Quantity::from_int(*usage, Format::BinarySI).canonical();
+        message.push_str(&format!(
+            "Pod {} was using {usage}, request is {}, has larger consumption of {r}. ",
+            stats.name,
+            request.canonical()
+        ));
+        annotations.insert(OFFENDING_POD.into(), stats.name.to_owned());
+        annotations.insert(OFFENDING_POD_USAGE.into(), usage);
+    }
+    let zero = Quantity::from_int(0, Format::DecimalSI);
+    let mut offending = Vec::new();
+    let mut usages = Vec::new();
+    // Pids have no container usage (`usage` stays nil in the kubelet's switch).
+    let containers = if resource == Resource::Memory {
+        stats.containers.as_slice()
+    } else {
+        &[]
+    };
+    for c in containers {
+        let usage = Quantity::from_int(c.working_set, Format::BinarySI);
+        let request = c.request.unwrap_or(zero);
+        if usage > request {
+            let usage = usage.canonical();
+            message.push_str(&format!(
+                "Container {} was using {usage}, request is {}, has larger consumption of {r}. ",
+                c.name,
+                request.canonical()
+            ));
+            offending.push(c.name);
+            usages.push(usage);
+        }
+    }
+    annotations.insert(OFFENDING_CONTAINERS.into(), offending.join(","));
+    annotations.insert(OFFENDING_CONTAINERS_USAGE.into(), usages.join(","));
+    annotations.insert(STARVED_RESOURCE.into(), r.into());
+    (message, annotations)
 }

@@ -17,9 +17,11 @@ pub mod stats;
 pub mod thresholds;
 pub mod watch;
 
-pub use action::{CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups};
+pub use action::{
+    CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups, SeenPod,
+};
 pub use conditions::{Admission, NodeCondition, admit};
-pub use manager::{Inventory, ManagedPod, Manager, ManagerConfig, ManagerError};
+pub use manager::{Inventory, ManagedContainer, ManagedPod, Manager, ManagerConfig, ManagerError};
 pub use node::NodeSignals;
 pub use select::Order;
 pub use signals::MemoryCgroup;

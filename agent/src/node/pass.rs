@@ -21,11 +21,14 @@ use crate::{
         CgroupBeneath, CgroupPath, DesiredState, Tree, desired::Role, desired_state,
         layout::Controller,
     },
-    eviction::{Inventory, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups},
+    eviction::{
+        Inventory, ManagedContainer, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups, SeenPod,
+    },
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
         qos::QosClass,
+        quantity::Quantity,
     },
     sensors::{CgroupOwner, WatchedCgroup},
     server::{metrics::MemcgEventLabels, summary::PodReference},
@@ -351,6 +354,13 @@ impl Node {
                         procs: dirs,
                         unified: unified.clone(),
                     },
+                    containers: managed_containers(view, &containers),
+                    pod_memory_request: self
+                        .settings
+                        .pod_level_resources
+                        .then(|| pod_memory_request(&pod.pod))
+                        .flatten(),
+                    seen: SeenPod::of(&pod.pod),
                 });
             }
             if let Some(id) = cgroup_id(memory.dir()) {
@@ -433,4 +443,44 @@ impl Node {
             forests,
         }));
     }
+}
+
+/// The eviction manager's containers of a pod: those of its stats (`containers`, in the Summary
+/// API's order) with a memory cgroup, each with its memory request from the spec.
+fn managed_containers(
+    view: &PodSpecView,
+    containers: &[(String, StatsCgroup)],
+) -> Vec<ManagedContainer> {
+    containers
+        .iter()
+        .filter_map(|(name, c)| {
+            Some(ManagedContainer {
+                name: name.clone(),
+                memory_request: view
+                    .containers
+                    .iter()
+                    .find(|v| v.name == *name)
+                    .and_then(|v| v.resources.requests.memory),
+                memory: c.memory.clone()?,
+            })
+        })
+        .collect()
+}
+
+/// Pod-level `spec.resources.requests.memory` as the object sets it: the kubelet's eviction
+/// message reads `pod.Spec.Resources.Requests[memory]` (helpers.go `evictionMessage`, line
+/// 1256) as given, which for an API pod the API server has defaulted (1.37:
+/// `PrepareForCreate`, gate `PodLevelResourcesFixDefaulting`), not the view's request defaulted
+/// from the limit. A quantity that does not parse was refused at admission; here it is unset.
+fn pod_memory_request(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Quantity> {
+    pod.spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("memory")?
+        .0
+        .parse()
+        .ok()
 }

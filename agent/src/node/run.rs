@@ -460,6 +460,8 @@ async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mu
             cgroups,
             grace: Duration::ZERO,
             message: "left by an earlier run of qoslet".into(),
+            annotations: Default::default(),
+            seen: Default::default(),
             signal: String::new(),
             hard: true,
             unit: None,

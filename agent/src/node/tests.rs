@@ -150,7 +150,7 @@ impl PodExecutor for FakeExecutor {
                 p.pod
                     .spec
                     .iter()
-                    .flat_map(|s| &s.containers)
+                    .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
                     .map(|c| ((k.uid.clone(), c.name.clone()), c.name.clone()))
             })
             .collect()
@@ -401,6 +401,52 @@ async fn pods_added_changed_and_removed() {
     assert!(pod_dir(&tree, "burstable", UID_B).is_dir());
 }
 
+/// The pass hands the eviction manager what the kubelet's eviction message and evicted status
+/// read: the pod's containers in its stats' order (init first, as the Summary API lists them)
+/// with their memory requests (a limit alone sets it; none is `None`), the pod-level memory
+/// request as set, the generation and the status's conditions.
+#[tokio::test]
+async fn the_inventory_carries_what_the_eviction_message_reads() {
+    let tree = Tree0::new("message-inputs");
+    let (mut node, inventory, _) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: default, uid: {UID_A}, generation: 5}}\n\
+         spec:\n  resources: {{requests: {{memory: 256Mi}}}}\n\
+         \x20 initContainers: [{{name: init, command: ['true'], resources: {{limits: {{memory: 32Mi}}}}}}]\n\
+         \x20 containers: [{{name: main, command: [sleep, '60'], resources: {{requests: {{memory: 64Mi}}}}}}, {{name: bare, command: [sleep, '60']}}]\n\
+         status: {{conditions: [{{type: Ready, status: 'False'}}, {{type: PodScheduled, status: 'True'}}]}}\n"
+    );
+    node.pass(&pod_set(&yaml, &PodSet::default()), &exec, &[], &sensors);
+    let inv = inventory.borrow().clone();
+    let p = &inv.pods[0];
+    let containers: Vec<(&str, Option<String>)> = p
+        .containers
+        .iter()
+        .map(|c| (c.name.as_str(), c.memory_request.map(|q| q.canonical())))
+        .collect();
+    assert_eq!(
+        containers,
+        [
+            ("init", Some("32Mi".to_owned())),
+            ("main", Some("64Mi".to_owned())),
+            ("bare", None)
+        ]
+    );
+    assert_eq!(
+        p.pod_memory_request.map(|q| q.canonical()),
+        Some("256Mi".into())
+    );
+    assert_eq!(p.seen.generation, 5);
+    assert_eq!(
+        p.seen.conditions,
+        BTreeMap::from([
+            ("PodScheduled".to_owned(), "True".to_owned()),
+            ("Ready".to_owned(), "False".to_owned())
+        ])
+    );
+}
+
 #[tokio::test]
 async fn a_pod_the_executor_refuses_is_reported_once_and_never_planned() {
     let tree = Tree0::new("refused");
@@ -596,6 +642,9 @@ async fn a_hundred_evictions_are_all_counted() {
                     procs: vec![CgroupBeneath::own(&dir, Tree::V2).unwrap()],
                     unified: None,
                 },
+                containers: Vec::new(),
+                pod_memory_request: None,
+                seen: Default::default(),
             }
         })
         .collect();
@@ -616,7 +665,7 @@ async fn a_hundred_evictions_are_all_counted() {
             Ok(Outcome {
                 first_signal_at: Some(Instant::now()),
                 signalled: 1,
-                status: EvictedStatus::new(req.message.clone()),
+                status: EvictedStatus::new(req.message.clone(), &req.seen),
             })
         }
     }
@@ -944,7 +993,7 @@ impl EvictionAction for NotingKill {
         Ok(Outcome {
             first_signal_at: Some(Instant::now()),
             signalled: 1,
-            status: EvictedStatus::new(req.message.clone()),
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
         })
     }
 }
@@ -972,6 +1021,8 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
         },
         grace: Duration::ZERO,
         message: "The node was low on resource: memory. ".into(),
+        annotations: Default::default(),
+        seen: Default::default(),
         signal: "memory.available".into(),
         hard: true,
         unit: None,

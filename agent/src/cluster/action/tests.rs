@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -18,7 +18,7 @@ use crate::{
         source::workload_resources,
         writes::deliver,
     },
-    eviction::PodCgroups,
+    eviction::{PodCgroups, SeenPod},
 };
 
 const UID: &str = "00000000-0000-0000-0000-0000000000aa";
@@ -35,6 +35,8 @@ fn req(unit: bool, hard: bool) -> EvictionRequest {
         message:
             "The node was low on resource: memory. Threshold quantity: 100Mi, available: 40Mi."
                 .into(),
+        annotations: Default::default(),
+        seen: Default::default(),
         signal: "memory.available".into(),
         hard,
         unit: unit.then(|| "ns/Group(top)".into()),
@@ -175,6 +177,38 @@ fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
 
 /// The API server of the unit tests below: the namespace's workload objects and pods; writes
 /// succeed.
+/// The Event carries the request's annotations (the kubelet's `AnnotatedEventf`), and the
+/// status write the pod's generation and conditions, for both methods' Events.
+#[test]
+fn the_writes_carry_the_annotations_and_the_pods_generation() {
+    let (_dir, q) = mock::queue("action-annotations");
+    let mut r = req(false, true);
+    r.annotations = BTreeMap::from([
+        ("offending_containers".into(), "app".into()),
+        ("offending_containers_usage".into(), "300Mi".into()),
+        ("starved_resource".into(), "memory".into()),
+    ]);
+    r.seen = SeenPod {
+        generation: 2,
+        conditions: BTreeMap::from([("Ready".into(), "True".into())]),
+    };
+    for method in [EvictionMethod::Kubelet, EvictionMethod::Api] {
+        let a = ApiEviction::new(q.clone(), "node-a", method, GangEviction::Node, None);
+        let w = a.writes(&r, "2026-11-30T10:00:00Z");
+        let ApiWrite::PodEvicted { seen, .. } = &w[0].1 else {
+            panic!("{w:?}")
+        };
+        assert_eq!(seen, &r.seen);
+        let ApiWrite::Event { annotations, .. } = &w[1].1 else {
+            panic!("{w:?}")
+        };
+        assert_eq!(annotations, &r.annotations);
+    }
+    let a = ApiEviction::new(q, "node-a", EvictionMethod::Api, GangEviction::Node, None);
+    let w = a.writes(&req(false, false), "2026-11-30T10:00:00Z");
+    assert!(matches!(&w[1].1, ApiWrite::Event { annotations, .. } if annotations.is_empty()));
+}
+
 fn unit_api() -> Routes {
     let [w, pg, cpg] = namespace_json();
     let pod = |name: &str, uid: &str, node: &str, group: &str| {

@@ -130,10 +130,12 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
         RUNNING => Some(LivePod {
             terminal: false,
             grace: Duration::from_secs(30),
+            seen: Default::default(),
         }),
         FAILED => Some(LivePod {
             terminal: true,
             grace: Duration::from_secs(30),
+            seen: Default::default(),
         }),
         _ => None,
     };

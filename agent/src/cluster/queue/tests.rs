@@ -262,6 +262,7 @@ fn pod_status(name: &str) -> ApiWrite {
         },
         message: "m".into(),
         at: "2026-12-03T00:00:00Z".into(),
+        seen: Default::default(),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Each write as the API server receives it (method, path, query, content type and body,
 //! exactly), and how its answers sort into done, retry and rejected.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use super::*;
@@ -42,6 +44,7 @@ fn evicted() -> ApiWrite {
         pod: pod(),
         message: "The node was low on resource: memory.".into(),
         at: "2026-11-30T10:00:00Z".into(),
+        seen: SeenPod::default(),
     }
 }
 
@@ -63,6 +66,7 @@ fn pod_event(count: i32) -> ApiWrite {
         node: "node-a".into(),
         at: "2026-11-30T10:00:00Z".into(),
         count,
+        annotations: BTreeMap::new(),
     }
 }
 
@@ -185,7 +189,70 @@ async fn an_evicted_pod_is_failed_evicted_with_the_disruption_target_on_pod_stat
             "conditions": [{
             "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
             "message": "The node was low on resource: memory.",
+            "lastTransitionTime": "2026-11-30T10:00:00Z"}, {
+            "type": "Ready", "status": "False", "reason": "PodFailed", "message": "",
+            "lastTransitionTime": "2026-11-30T10:00:00Z"}, {
+            "type": "ContainersReady", "status": "False", "reason": "PodFailed", "message": "",
             "lastTransitionTime": "2026-11-30T10:00:00Z"}]}}),
+    );
+}
+
+/// The generation the kubelet observes (pkg/api/v1/pod/util.go
+/// `CalculatePodConditionObservedGeneration`, `CalculatePodStatusObservedGeneration`, the
+/// `PodObservedGenerationTracking` gate locked on in 1.37): on every condition and on the
+/// status. A condition the pod already had at the same status (here Ready False, a failing
+/// readiness probe) keeps its lastTransitionTime (status_manager.go
+/// `updateLastTransitionTime`): the patch leaves it out, so the merge keeps the pod's; one that
+/// changes (ContainersReady True -> False) or is new takes the eviction's time.
+#[tokio::test]
+async fn an_evicted_pod_status_carries_the_observed_generation() {
+    let w = ApiWrite::PodEvicted {
+        pod: pod(),
+        message: "The node was low on resource: memory.".into(),
+        at: "2026-11-30T10:00:00Z".into(),
+        seen: SeenPod {
+            generation: 3,
+            conditions: BTreeMap::from([
+                ("Ready".into(), "False".into()),
+                ("ContainersReady".into(), "True".into()),
+                ("PodScheduled".into(), "True".into()),
+            ]),
+        },
+    };
+    let answer = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hog"}});
+    taken(200, answer, &w).await.assert_is(
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/hog/status",
+        "application/strategic-merge-patch+json",
+        &json!({"metadata": {"uid": UID}, "status": {
+            "phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "observedGeneration": 3,
+            "conditions": [{
+            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+            "message": "The node was low on resource: memory.", "observedGeneration": 3,
+            "lastTransitionTime": "2026-11-30T10:00:00Z"}, {
+            "type": "Ready", "status": "False", "reason": "PodFailed", "message": "",
+            "observedGeneration": 3}, {
+            "type": "ContainersReady", "status": "False", "reason": "PodFailed", "message": "",
+            "observedGeneration": 3, "lastTransitionTime": "2026-11-30T10:00:00Z"}]}}),
+    );
+}
+
+/// Writes queued by an older qoslet read back: a status without `seen` (generation 0, left
+/// out of the patch), an Event without annotations.
+#[test]
+fn writes_of_an_older_qoslet_read_back() {
+    let old = json!({"write": "podEvicted", "pod": {"namespace": "ns", "name": "hog", "uid": UID},
+        "message": "The node was low on resource: memory.", "at": "2026-11-30T10:00:00Z"});
+    assert_eq!(serde_json::from_value::<ApiWrite>(old).unwrap(), evicted());
+    // An Event without annotations (every Event before, node Events now) is written and read
+    // without the field.
+    let old_event = serde_json::to_value(pod_event(1)).unwrap();
+    assert_eq!(old_event.get("annotations"), None, "{old_event}");
+    assert_eq!(
+        serde_json::from_value::<ApiWrite>(old_event).unwrap(),
+        pod_event(1)
     );
 }
 
@@ -212,6 +279,55 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
             "count": 1,
         }),
     );
+}
+
+/// The eviction Event carries the kubelet's annotations (`AnnotatedEventf` with
+/// `evictionMessage`'s: pkg/kubelet/eviction/eviction_manager.go `evictPod`) in its metadata.
+#[tokio::test]
+async fn an_eviction_event_carries_the_kubelets_annotations() {
+    let message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. Container hog was using 300Mi, request is 100Mi, has larger consumption of memory. ";
+    let mut w = pod_event(1);
+    if let ApiWrite::Event {
+        annotations,
+        message: m,
+        ..
+    } = &mut w
+    {
+        *m = message.into();
+        *annotations = BTreeMap::from([
+            ("offending_containers".into(), "hog".into()),
+            ("offending_containers_usage".into(), "300Mi".into()),
+            ("starved_resource".into(), "memory".into()),
+        ]);
+    }
+    let answer = json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "hog.qoslet-1"},
+        "involvedObject": {}});
+    taken(201, answer, &w).await.assert_is(
+        "POST",
+        "/api/v1/namespaces/ns/events",
+        "application/json",
+        &json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "hog.qoslet-1", "namespace": "ns", "annotations": {
+                "offending_containers": "hog",
+                "offending_containers_usage": "300Mi",
+                "starved_resource": "memory",
+            }},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": UID},
+            "reason": "Evicted",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "qoslet", "host": "node-a"},
+            "reportingComponent": "qoslet",
+            "reportingInstance": "node-a",
+            "firstTimestamp": "2026-11-30T10:00:00Z",
+            "lastTimestamp": "2026-11-30T10:00:00Z",
+            "count": 1,
+        }),
+    );
+    // Queued, the annotations read back.
+    let text = serde_json::to_string(&w).unwrap();
+    assert_eq!(serde_json::from_str::<ApiWrite>(&text).unwrap(), w);
 }
 
 /// A repeat of an Event that exists updates its count and last timestamp: one Event per series.
@@ -242,6 +358,7 @@ async fn a_repeated_event_counts_on_the_existing_one() {
         node: "n".into(),
         at: "2026-11-30T10:05:00Z".into(),
         count: 3,
+        annotations: BTreeMap::new(),
     };
     assert_eq!(deliver(&client, &w).await, Delivery::Done);
     let reqs = api.requests();

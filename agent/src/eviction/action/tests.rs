@@ -24,6 +24,8 @@ fn request(cgroups: PodCgroups) -> EvictionRequest {
         cgroups,
         grace: Duration::ZERO,
         message: "The node was low on resource: memory. ".into(),
+        annotations: Default::default(),
+        seen: Default::default(),
         signal: "memory.available".into(),
         hard: true,
         unit: None,

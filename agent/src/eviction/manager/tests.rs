@@ -7,7 +7,7 @@ use super::*;
 use crate::{
     cgroup::CgroupBeneath,
     eviction::action::{EvictedStatus, Outcome},
-    policy::eviction::{EvictionInput, parse_thresholds},
+    policy::eviction::{EvictionInput, ThresholdValue, parse_thresholds},
 };
 
 const MI: i64 = 1 << 20;
@@ -15,6 +15,7 @@ const MI: i64 = 1 << 20;
 struct Fake {
     node: PathBuf,
     calls: Mutex<Vec<(String, Duration)>>,
+    requests: Mutex<Vec<EvictionRequest>>,
 }
 
 impl EvictionAction for &Fake {
@@ -23,6 +24,7 @@ impl EvictionAction for &Fake {
             .lock()
             .unwrap()
             .push((req.pod.name.clone(), req.grace));
+        self.requests.lock().unwrap().push(req.clone());
         let dir = &req.cgroups.procs[0].display();
         let held: i64 = fs::read_to_string(dir.join("memory.current"))
             .unwrap()
@@ -40,7 +42,7 @@ impl EvictionAction for &Fake {
         Ok(Outcome {
             first_signal_at: Some(Instant::now()),
             signalled: 1,
-            status: EvictedStatus::new(req.message.clone()),
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
         })
     }
 }
@@ -100,6 +102,9 @@ fn pod(root: &Path, name: &str, mib: i64, request_mib: i64) -> ManagedPod {
             procs: vec![CgroupBeneath::own(&dir, crate::cgroup::Tree::V2).unwrap()],
             unified: None,
         },
+        containers: Vec::new(),
+        pod_memory_request: None,
+        seen: SeenPod::default(),
     }
 }
 
@@ -135,6 +140,7 @@ async fn nothing_happens_above_the_threshold() {
     let fake = Fake {
         node: root.clone(),
         calls: Mutex::default(),
+        requests: Mutex::default(),
     };
     let (_tx, rx) = watch::channel(inv);
     let mut m = Manager::new(
@@ -155,6 +161,7 @@ async fn one_unit_per_pass_then_minimum_reclaim_until_resolved() {
     let fake = Fake {
         node: root.clone(),
         calls: Mutex::default(),
+        requests: Mutex::default(),
     };
     let (_tx, rx) = watch::channel(inv);
     // Available 400Mi < 500Mi: met. Minimum reclaim 250Mi keeps it met until 750Mi available.
@@ -203,6 +210,7 @@ async fn a_soft_threshold_waits_for_its_grace_and_uses_the_pod_grace_period() {
     let fake = Fake {
         node: root.clone(),
         calls: Mutex::default(),
+        requests: Mutex::default(),
     };
     let (_tx, rx) = watch::channel(inv);
     let mut cfg = config(&[("memory.available", "100Mi")], &[]);
@@ -242,6 +250,7 @@ async fn nothing_evictable_is_counted() {
     let fake = Fake {
         node: root.clone(),
         calls: Mutex::default(),
+        requests: Mutex::default(),
     };
     let (_tx, rx) = watch::channel(Arc::new(Inventory::default()));
     let mut m = Manager::new(
@@ -257,20 +266,16 @@ async fn nothing_evictable_is_counted() {
 
 /// The kubelet's `evictionMessage` quantities: the threshold as configured (a percentage as its
 /// amount, BinarySI), memory available in BinarySI, pids available in DecimalSI, each as Go's
-/// `Quantity.String()` prints it.
+/// `Quantity.String()` prints it. A pod whose stats name no container over its request adds no
+/// sentence.
 #[test]
 fn the_message_prints_quantities_as_the_kubelet_does() {
-    use crate::policy::eviction::ThresholdValue;
-    let t = |signal: &str, value| Threshold {
-        signal: signal.into(),
-        value,
-        grace_period_secs: 0,
-        min_reclaim: None,
-    };
-    let q = |s: &str| ThresholdValue::Quantity(s.parse().unwrap());
     let mem = "memory.available";
+    let message = |resource, t: &Threshold, amount, available| {
+        eviction_message(resource, t, amount, available, &stats(None, Vec::new())).0
+    };
     assert_eq!(
-        eviction_message(
+        message(
             Resource::Memory,
             &t(mem, q("100Mi")),
             104_857_600,
@@ -279,7 +284,7 @@ fn the_message_prints_quantities_as_the_kubelet_does() {
         "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. "
     );
     assert_eq!(
-        eviction_message(
+        message(
             Resource::Memory,
             &t(mem, ThresholdValue::Percentage(0.1)),
             107_374_182,
@@ -288,12 +293,282 @@ fn the_message_prints_quantities_as_the_kubelet_does() {
         "The node was low on resource: memory. Threshold quantity: 107374182, available: 12345678. "
     );
     assert_eq!(
-        eviction_message(Resource::Memory, &t(mem, q("0.5Gi")), 536_870_912, 1000),
+        message(Resource::Memory, &t(mem, q("0.5Gi")), 536_870_912, 1000),
         // Under 1024 a BinarySI quantity prints as DecimalSI: 1000 is "1k", as in Go.
         "The node was low on resource: memory. Threshold quantity: 512Mi, available: 1k. "
     );
     assert_eq!(
-        eviction_message(Resource::Pids, &t("pid.available", q("1000")), 1000, 32_000),
+        message(Resource::Pids, &t("pid.available", q("1000")), 1000, 32_000),
         "The node was low on resource: pids. Threshold quantity: 1k, available: 32k. "
     );
+}
+
+fn t(signal: &str, value: ThresholdValue) -> Threshold {
+    Threshold {
+        signal: signal.into(),
+        value,
+        grace_period_secs: 0,
+        min_reclaim: None,
+    }
+}
+
+fn q(s: &str) -> ThresholdValue {
+    ThresholdValue::Quantity(s.parse().unwrap())
+}
+
+/// The stats of pod `hog`: its working set and pod-level request, its containers'.
+fn stats(
+    pod: Option<(i64, &str)>,
+    containers: Vec<(&'static str, i64, Option<&str>)>,
+) -> PodUsage<'static> {
+    PodUsage {
+        name: "hog",
+        pod: pod.map(|(usage, request)| (usage, request.parse().unwrap())),
+        containers: containers
+            .into_iter()
+            .map(|(name, working_set, request)| ContainerUsage {
+                name,
+                working_set,
+                request: request.map(|r| r.parse().unwrap()),
+            })
+            .collect(),
+    }
+}
+
+/// A memory eviction at `memory.available<100Mi` with 50Mi available.
+fn memory_message(s: &PodUsage<'_>) -> (String, BTreeMap<String, String>) {
+    eviction_message(
+        Resource::Memory,
+        &t("memory.available", q("100Mi")),
+        100 * MI,
+        50 * MI,
+        s,
+    )
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect()
+}
+
+const LOW: &str =
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ";
+
+/// helpers.go `evictionMessage`: a container above its memory request is named with its usage
+/// and request; one under it is not. The Event's annotations list the offenders.
+#[test]
+fn a_container_over_its_request_is_named_and_one_under_it_is_not() {
+    let (message, ann) = memory_message(&stats(
+        None,
+        vec![
+            ("app", 300 * MI, Some("100Mi")),
+            ("sidecar", 50 * MI, Some("64Mi")),
+        ],
+    ));
+    assert_eq!(
+        message,
+        format!(
+            "{LOW}Container app was using 300Mi, request is 100Mi, has larger consumption of memory. "
+        )
+    );
+    assert_eq!(
+        ann,
+        annotations(&[
+            ("offending_containers", "app"),
+            ("offending_containers_usage", "300Mi"),
+            ("starved_resource", "memory"),
+        ])
+    );
+    // Nobody over: the keys are there, empty.
+    let (message, ann) = memory_message(&stats(None, vec![("sidecar", 64 * MI, Some("64Mi"))]));
+    assert_eq!(message, LOW);
+    assert_eq!(
+        ann,
+        annotations(&[
+            ("offending_containers", ""),
+            ("offending_containers_usage", ""),
+            ("starved_resource", "memory"),
+        ])
+    );
+}
+
+/// An init container is compared as a regular one, in the order of the pod's stats; a usage that
+/// is no whole number of KiB prints as a plain number (Go's BinarySI `String()`), a request in
+/// its own format ("100M" stays "100M").
+#[test]
+fn an_init_container_is_named_in_the_order_of_the_stats() {
+    let (message, ann) = memory_message(&stats(
+        None,
+        vec![
+            ("init-db", 123_456_789, Some("100M")),
+            ("app", 2 * 1024 * MI, Some("1Gi")),
+        ],
+    ));
+    assert_eq!(
+        message,
+        format!(
+            "{LOW}Container init-db was using 123456789, request is 100M, has larger consumption of memory. \
+             Container app was using 2Gi, request is 1Gi, has larger consumption of memory. "
+        )
+    );
+    assert_eq!(
+        ann,
+        annotations(&[
+            ("offending_containers", "init-db,app"),
+            ("offending_containers_usage", "123456789,2Gi"),
+            ("starved_resource", "memory"),
+        ])
+    );
+}
+
+/// A container without a memory request has Go's zero Quantity as its request: any usage is
+/// over it, and it prints "0"; a usage of 0 is not over it.
+#[test]
+fn a_container_without_a_request_is_over_a_request_of_0() {
+    let (message, ann) = memory_message(&stats(
+        None,
+        vec![("idle", 0, None), ("worker", 1536 * 1024, None)],
+    ));
+    assert_eq!(
+        message,
+        format!(
+            "{LOW}Container worker was using 1536Ki, request is 0, has larger consumption of memory. "
+        )
+    );
+    assert_eq!(ann["offending_containers"], "worker");
+    assert_eq!(ann["offending_containers_usage"], "1536Ki");
+}
+
+/// The kubelet computes no usage for pids: no container sentence, empty offenders,
+/// `starved_resource: pids`; and no container is read for it.
+#[test]
+fn a_pids_eviction_names_no_container() {
+    let s = stats(
+        Some((2 * 1024 * MI, "1Gi")),
+        vec![("app", 300 * MI, Some("100Mi"))],
+    );
+    let (message, ann) = eviction_message(
+        Resource::Pids,
+        &t("pid.available", q("1000")),
+        1000,
+        32_000,
+        &s,
+    );
+    assert_eq!(
+        message,
+        "The node was low on resource: pids. Threshold quantity: 1k, available: 32k. "
+    );
+    assert_eq!(
+        ann,
+        annotations(&[
+            ("offending_containers", ""),
+            ("offending_containers_usage", ""),
+            ("starved_resource", "pids"),
+        ])
+    );
+    let (root, _, inv) = setup("pids-stats");
+    let mut p = inv.pods[0].clone();
+    container_cgroup(&root, "a", "app", 300);
+    p.containers = vec![container(&root, "a", "app", None)];
+    p.pod_memory_request = Some("1Gi".parse().unwrap());
+    let s = pod_usage(&p, Some(MI), Resource::Pids);
+    assert_eq!((s.pod, s.containers.len()), (None, 0));
+    fs::remove_dir_all(root).unwrap();
+}
+
+/// With pod-level resources (the `PodLevelResources` gate on, a pod-level memory request set),
+/// the pod's usage comes first, whatever it is, with annotations `offending_pod` and
+/// `offending_pod_usage` (helpers.go `evictionMessage`, `podMessageFmt`).
+#[test]
+fn a_pod_level_request_puts_the_pods_usage_first() {
+    let (message, ann) = memory_message(&stats(
+        Some((1536 * MI, "1Gi")),
+        vec![("app", 300 * MI, Some("100Mi"))],
+    ));
+    assert_eq!(
+        message,
+        format!(
+            "{LOW}Pod hog was using 1536Mi, request is 1Gi, has larger consumption of memory. \
+             Container app was using 300Mi, request is 100Mi, has larger consumption of memory. "
+        )
+    );
+    assert_eq!(
+        ann,
+        annotations(&[
+            ("offending_containers", "app"),
+            ("offending_containers_usage", "300Mi"),
+            ("offending_pod", "hog"),
+            ("offending_pod_usage", "1536Mi"),
+            ("starved_resource", "memory"),
+        ])
+    );
+}
+
+/// A container cgroup `name` of pod `pod` holding `mib` MiB, for the manager.
+fn container_cgroup(root: &Path, pod: &str, name: &str, mib: i64) {
+    cgroup(&root.join(pod).join(name), mib, "max");
+}
+
+fn container(root: &Path, pod: &str, name: &str, request: Option<&str>) -> ManagedContainer {
+    let dir = root.join(pod).join(name);
+    ManagedContainer {
+        name: name.into(),
+        memory_request: request.map(|r| r.parse().unwrap()),
+        memory: MemoryCgroup::own(&dir, crate::cgroup::Tree::V2).unwrap(),
+    }
+}
+
+/// A pass that evicts reads the evicted pod's containers' working sets then, and its request
+/// carries the kubelet's message and annotations; a container whose cgroup cannot be read is
+/// left out (no memory stats). The status carries the pod's generation.
+#[tokio::test]
+async fn an_eviction_reads_its_containers_and_names_those_over_their_request() {
+    let (root, signals, inv) = setup("containers");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    container_cgroup(&root, "a", "init", 20);
+    container_cgroup(&root, "a", "app", 250);
+    container_cgroup(&root, "a", "side", 30);
+    fs::create_dir_all(root.join("a/empty")).unwrap();
+    let mut inv = (*inv).clone();
+    inv.pods[0].containers = vec![
+        container(&root, "a", "init", None),
+        container(&root, "a", "app", Some("100Mi")),
+        container(&root, "a", "side", Some("64Mi")),
+        container(&root, "a", "empty", None),
+    ];
+    inv.pods[0].seen.generation = 4;
+    let (_tx, rx) = watch::channel(Arc::new(inv));
+    let mut m = Manager::new(
+        config(&[("memory.available", "500Mi")], &[]),
+        signals,
+        &fake,
+        rx,
+    );
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods[0].name, "a");
+    let req = fake.requests.lock().unwrap()[0].clone();
+    let expected = "The node was low on resource: memory. Threshold quantity: 500Mi, available: 400Mi. \
+        Container init was using 20Mi, request is 0, has larger consumption of memory. \
+        Container app was using 250Mi, request is 100Mi, has larger consumption of memory. ";
+    assert_eq!(req.message, expected);
+    assert_eq!(
+        req.annotations,
+        annotations(&[
+            ("offending_containers", "init,app"),
+            ("offending_containers_usage", "20Mi,250Mi"),
+            ("starved_resource", "memory"),
+        ])
+    );
+    assert_eq!(req.seen.generation, 4);
+    let status = &d.statuses[0].1;
+    assert_eq!(status.message, expected);
+    assert_eq!(status.observed_generation, 4);
+    assert!(status.conditions.iter().all(|c| c.observed_generation == 4));
+    fs::remove_dir_all(root).unwrap();
 }

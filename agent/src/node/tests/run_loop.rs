@@ -46,7 +46,7 @@ impl EvictionAction for Arc<Recording> {
         Ok(Outcome {
             first_signal_at: None,
             signalled: 0,
-            status: EvictedStatus::new(req.message.clone()),
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
         })
     }
 }
@@ -241,6 +241,8 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
             },
             grace: Duration::from_secs(3),
             message: "The node was low on resource: memory. ".into(),
+            annotations: Default::default(),
+            seen: Default::default(),
             signal: "memory.available".into(),
             hard: false,
             unit: None,
