@@ -8,6 +8,33 @@ use std::{
     time::Duration,
 };
 
+/// `cmd` (qoslet, or a wrapper about to run it) with `extra` options then `run` on the
+/// standalone example with `config`, interrupted after two seconds; stderr is a pipe.
+fn run_for_two_seconds(
+    mut cmd: Command,
+    extra: &[&str],
+    examples: &Path,
+    config: &Path,
+) -> std::process::Output {
+    let child = cmd
+        .args(extra)
+        .arg("run")
+        .arg("--kubelet-config")
+        .arg(examples.join("kubelet-config.yaml"))
+        .arg("--config")
+        .arg(config)
+        .arg("--standalone")
+        .arg(examples.join("pods"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting qoslet");
+    thread::sleep(Duration::from_secs(2));
+    // SAFETY: plain kill(2) of the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait_with_output().expect("qoslet output")
+}
+
 #[test]
 fn without_bpf_privilege_run_says_so_in_one_sentence() {
     // SAFETY: geteuid has no preconditions.
@@ -24,25 +51,11 @@ fn without_bpf_privilege_run_says_so_in_one_sentence() {
         "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: observe\nmetricsAddress: 127.0.0.1:0\n",
     )
     .unwrap();
-    let child = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_qoslet"))
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(examples.join("kubelet-config.yaml"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(examples.join("pods"))
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting qoslet as nobody");
-    thread::sleep(Duration::from_secs(2));
-    // SAFETY: plain kill(2) of the child this test started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("qoslet output");
+        .env("NO_COLOR", "1");
+    let out = run_for_two_seconds(cmd, &[], &examples, &config);
     let _ = std::fs::remove_file(&config);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
@@ -74,25 +87,9 @@ fn observe_run_log(extra: &[&str]) -> String {
         ),
     )
     .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_qoslet"))
-        .args(extra)
-        .arg("run")
-        .arg("--kubelet-config")
-        .arg(examples.join("kubelet-config.yaml"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--standalone")
-        .arg(examples.join("pods"))
-        .env_remove("NO_COLOR")
-        .env_remove("QOSLET_LOG_FORMAT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting qoslet");
-    thread::sleep(Duration::from_secs(2));
-    // SAFETY: plain kill(2) of the child this test started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("qoslet output");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_qoslet"));
+    cmd.env_remove("NO_COLOR").env_remove("QOSLET_LOG_FORMAT");
+    let out = run_for_two_seconds(cmd, extra, &examples, &config);
     let _ = std::fs::remove_dir_all(&work);
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
