@@ -99,7 +99,7 @@ pub fn find(
                 && let Some(mark) = EvictionMark::read(dir.as_fd())
             {
                 if check_pod_component(&path, driver, &mark.uid).is_ok() {
-                    finish_frozen(dir.as_fd(), &path);
+                    finish_frozen(&dir, &path);
                     found.push(mark);
                 } else {
                     tracing::warn!(cgroup = %path, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
@@ -119,7 +119,7 @@ pub fn find(
 /// Kills and thaws a marked pod cgroup that a crash left frozen (between the eviction's freeze
 /// and its kill): the decision was taken, and frozen processes would otherwise sit out the
 /// kubelet's whole grace period. A cgroup not frozen is left alone.
-fn finish_frozen(dir: BorrowedFd<'_>, path: &CgroupPath) {
+fn finish_frozen(dir: &OwnedFd, path: &CgroupPath) {
     use std::io::Write as _;
     let open = |file: &str, flags| {
         beneath::openat2(dir.as_raw_fd(), file, flags, 0, beneath::RESOLVE_STRICT)
@@ -133,8 +133,16 @@ fn finish_frozen(dir: BorrowedFd<'_>, path: &CgroupPath) {
     let write = |file: &str, value: &[u8]| {
         open(file, libc::O_WRONLY).and_then(|fd| std::fs::File::from(fd).write_all(value))
     };
-    // The kill reaches frozen processes; thawed after it, they die without running.
-    let killed = write("cgroup.kill", b"1");
+    // The kill reaches frozen processes; thawed after it, they die without running. Before
+    // Linux 5.14 there is no cgroup.kill: SIGKILL to each of its processes.
+    let killed = match write("cgroup.kill", b"1") {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            crate::eviction::action::sigkill_below(dir, std::path::Path::new(&path.to_string()))
+                .map(drop)
+                .map_err(std::io::Error::other)
+        }
+        other => other,
+    };
     let thawed = write("cgroup.freeze", b"0");
     match killed.and(thawed) {
         Ok(()) => {

@@ -408,6 +408,16 @@ fn children_procs(dir: &OwnedFd, path: &Path, out: &mut Vec<i32>) -> Result<(), 
     Ok(())
 }
 
+/// SIGKILL to every process of the cgroup open at `dir` (`path`, for errors) and of its
+/// descendants, each read beneath it: the kill of a kernel without `cgroup.kill` (before 5.14).
+/// A fatal signal reaches a frozen process too. How many were signalled.
+pub(crate) fn sigkill_below(dir: &OwnedFd, path: &Path) -> Result<usize, ActionError> {
+    let mut pids = Vec::new();
+    read_procs_at(dir, path, &mut pids)?;
+    children_procs(dir, path, &mut pids)?;
+    signal_all(&pids, Signal::SIGKILL)
+}
+
 /// Signals each pid; one that exited meanwhile is not an error.
 fn signal_all(pids: &[i32], sig: Signal) -> Result<usize, ActionError> {
     let mut n = 0;
