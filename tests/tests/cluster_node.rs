@@ -492,14 +492,14 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
     // What each member's cgroup said when the API server took its Failed status: frozen (or
     // already empty), never running.
     let at_status = Arc::new(Mutex::new(Vec::new()));
-    let v2 = s.root.mounts.trees.contains_key(&Tree::V2);
-    if v2 {
+    // The v2 tree, or a hybrid host's unified one: where the freeze is.
+    let v2 = s.root.mounts.id_tree();
+    if let Some(tree) = v2 {
         let seen = at_status.clone();
         let members = [("m1", &m1), ("m2", &m2)].map(|(name, m)| {
-            let dir = s.root.path(
-                Tree::V2,
-                &m.container_cgroup(Driver::Systemd, Runtime::CriO),
-            );
+            let dir = s
+                .root
+                .path(tree, &m.container_cgroup(Driver::Systemd, Runtime::CriO));
             (
                 format!("/api/v1/namespaces/ns/pods/{name}/status"),
                 name,
@@ -541,7 +541,7 @@ async fn systemd_crio_gang_with_disruption_mode_all_is_evicted_whole() {
         })
         .await;
     }
-    if v2 {
+    if v2.is_some() {
         let seen = at_status.lock().unwrap().clone();
         for name in ["m1", "m2"] {
             assert!(seen.iter().any(|(n, _)| *n == name), "{seen:?}");
@@ -720,9 +720,10 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
 
     require_root();
     let root = NodeRoot::create();
-    if !root.mounts.trees.contains_key(&Tree::V2) {
+    // The v2 tree, or a hybrid host's unified one: where the freeze is.
+    let Some(tree) = root.mounts.id_tree() else {
         return;
-    }
+    };
     let pod = KPod::new(
         "frozen",
         "33333333-2222-3333-4444-000000000001",
@@ -733,7 +734,7 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
     let mut victim = sleeper();
     join(&dirs, victim.id());
     let pod_rel = container.rsplit_once('/').unwrap().0;
-    let pod_dir = root.path(Tree::V2, pod_rel);
+    let pod_dir = root.path(tree, pod_rel);
     let key = PodKey {
         namespace: "ns".into(),
         name: pod.name.clone(),
@@ -752,7 +753,7 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
     }
 
     let cgroups = root.open();
-    let root_dir = cgroups.open_dir_fd(Tree::V2, &CgroupPath::root()).unwrap();
+    let root_dir = cgroups.open_dir_fd(tree, &CgroupPath::root()).unwrap();
     let found = cluster::marks::find(
         root_dir.as_fd(),
         cgroups.node_root(),
