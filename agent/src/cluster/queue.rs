@@ -92,18 +92,22 @@ struct BootTime {
     ms: u64,
 }
 
+/// `/proc/sys/kernel/random/boot_id`: read once, when the queue opens.
+fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_owned())
+}
+
 impl BootTime {
-    fn now() -> Option<Self> {
-        let id = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    /// Now, in the boot `id`.
+    fn now(id: &str) -> Option<Self> {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
         let ms = u64::try_from(t.tv_sec())
             .ok()?
             .checked_mul(1000)?
             .checked_add(u64::try_from(t.tv_nsec()).ok()? / 1_000_000)?;
-        Some(Self {
-            id: id.trim().to_owned(),
-            ms,
-        })
+        Some(Self { id: id.into(), ms })
     }
 }
 
@@ -192,6 +196,8 @@ pub struct WriteQueue {
     left: watch::Sender<u64>,
     persist_tx: Mutex<Option<mpsc::Sender<ToPersist>>>,
     persister: Mutex<Option<JoinHandle<()>>>,
+    /// This boot's id, which each write's [`BootTime`] names.
+    boot_id: Option<String>,
 }
 
 fn is_id(id: &str) -> bool {
@@ -212,7 +218,8 @@ impl WriteQueue {
         };
         fs::create_dir_all(dir).map_err(err(dir))?;
         let mut state = State::default();
-        let boot = BootTime::now();
+        let boot_id = boot_id();
+        let boot = boot_id.as_deref().and_then(BootTime::now);
         for entry in fs::read_dir(dir).map_err(err(dir))? {
             let path = entry.map_err(err(dir))?.path();
             let Some(id) = path
@@ -270,6 +277,7 @@ impl WriteQueue {
             left: watch::Sender::new(0),
             persist_tx: Mutex::new(Some(persist_tx)),
             persister: Mutex::new(Some(persister)),
+            boot_id,
         })
     }
 
@@ -294,7 +302,7 @@ impl WriteQueue {
             seq,
             key: key.into(),
             queued_at: unix_now(),
-            boot: BootTime::now(),
+            boot: self.boot_id.as_deref().and_then(BootTime::now),
             write,
         };
         let mut entry = Entry::new(stored, Instant::now(), false);

@@ -376,7 +376,9 @@ async fn retry_after_is_honoured() {
 async fn a_writes_age_is_kept_on_the_boots_clock() {
     let dir = TempDir::new("queue-boottime");
     fs::create_dir_all(&dir.0).unwrap();
-    let boot = BootTime::now().expect("CLOCK_BOOTTIME and a boot id");
+    let boot = boot_id()
+        .and_then(|id| BootTime::now(&id))
+        .expect("CLOCK_BOOTTIME and a boot id");
     if boot.ms <= TTL.as_millis() as u64 {
         // A machine up for less than the TTL cannot have a write that old.
         return;
