@@ -293,12 +293,16 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
         fs::remove_file(node.pod_file(&format!("hog{i}"))).unwrap();
     }
     // Released: level 0 with the tier back at the kubelet's values, both at once. The
-    // Guaranteed pod alone can still have a window past the target in a busy TCG VM; the
-    // controller then rightly engages again (and backs off), so what must hold is that it comes
-    // back, not that it never climbs.
+    // Guaranteed pod alone can still wait past the target in a busy TCG VM (the run in the 6.1
+    // VM of 2026-12-03 saw 4-16 ms p99 for minutes after the hogs left); with the tier idle that
+    // wait is not blamed on BestEffort, so the calm windows release it all the same.
     let mut windows = Vec::new();
     let released = poll_until(Duration::from_secs(180), Duration::from_millis(500), || {
-        let window = (node.level(), node.guaranteed_p99_us());
+        let window = (
+            node.level(),
+            node.guaranteed_p99_us(),
+            node.metric("qoslet_besteffort_cpu_used_millicores "),
+        );
         if windows.last() != Some(&window) {
             windows.push(window);
         }
@@ -308,13 +312,15 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
     assert!(
         released.is_some(),
         "not released to the kubelet's values {kubelet_weight:?} cpus {pod_cpus:?} in 180 s: \
-         (level, p99 µs) seen {windows:?}; the tier: cpu.idle {:?}, quota {:?}, weight {:?}, cpus {:?}",
+         (level, p99 µs, BestEffort millicores used) seen {windows:?}; the tier: cpu.idle {:?}, quota {:?}, weight {:?}, cpus {:?}",
         fs::read_to_string(tier.join("cpu.idle")).ok(),
         quota(&tier),
         ["cpu.shares", "cpu.weight"].map(|f| fs::read_to_string(tier.join(f)).ok()),
         fs::read_to_string(cpuset_tier.join("cpuset.cpus")).ok(),
     );
-    report(format!("released: (level, p99 µs) seen {windows:?}"));
+    report(format!(
+        "released: (level, p99 µs, BestEffort millicores used) seen {windows:?}"
+    ));
     let status = http_get(node.addr, "/status").unwrap_or_default();
     for step in [
         "cpu pressure: engage BestEffort tier",
@@ -328,12 +334,13 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
 /// 1 µs target any wake-up is pressure (the sensor's finest bucket is 0-2 µs, so a window's p99
 /// is at least about 2 µs), so the controller climbs to the floor; removing the Guaranteed pod
 /// leaves no protected wake-up, so the windows are calm and it releases level by level. A
-/// BestEffort pod runs throughout: on cgroup v1 its own cpuset must be narrowed before the
-/// tier's (the kernel refuses a parent narrower than a child) and widened after.
+/// BestEffort hog runs throughout (an idle tier is not blamed for any wait): on cgroup v1 its
+/// own cpuset must be narrowed before the tier's (the kernel refuses a parent narrower than a
+/// child) and widened after.
 #[test]
 fn every_lever_reaches_the_kernel_and_comes_back() {
     let node = Node::with_waker();
-    node.pod("be", "{}", &["sh", "-c", "while :; do sleep 1; done"]);
+    node.pod("be", "{}", &["sh", "-c", "while :; do :; done"]);
     let _q = node.start(1);
     let (tier, cpuset_tier) = node.tiers();
     let cpus = online_cpus();

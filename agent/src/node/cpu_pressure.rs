@@ -11,6 +11,7 @@
 use std::{
     collections::BTreeMap,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -19,7 +20,9 @@ use tracing::info;
 
 use super::{Node, sensing::SensorControl};
 use crate::{
-    cgroup::{CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller},
+    cgroup::{
+        CgroupBeneath, CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller,
+    },
     policy::{
         cpu::QUOTA_PERIOD_US,
         cpu_pressure::{
@@ -30,6 +33,7 @@ use crate::{
         plan::Plan,
         qos::QosClass,
     },
+    sensors::cpu_usage::read_cgroup_cpu,
     server::metrics::{QosLabels, StepLabels},
 };
 
@@ -41,6 +45,8 @@ pub(super) struct CpuPressure {
     /// Where the node's CPU PSI is read (only with a PSI target).
     psi_file: Option<PathBuf>,
     psi_last: Option<(u64, Instant)>,
+    /// The BestEffort tier's CPU usage counter (ns) at the last tick.
+    besteffort_last: Option<(u64, Instant)>,
     /// The levers the BestEffort tier offers; `None` until its directory exists.
     available: Option<Available>,
     /// A pass is due on the next tick: leaving `cpu.idle` makes the kernel reset the tier's
@@ -63,6 +69,7 @@ impl CpuPressure {
             last_hist: BTreeMap::new(),
             psi_file,
             psi_last: None,
+            besteffort_last: None,
             available: None,
             settle: false,
         }
@@ -85,6 +92,28 @@ impl CpuPressure {
         let (before, at) = last?;
         psi_share(before, total, now.duration_since(at))
     }
+
+    /// The share of the node's `cpu_millis` the tier used since the last tick, from its usage
+    /// counter `usage_ns` now; `None` on the first tick or when the counter went back.
+    fn besteffort_window(&mut self, usage_ns: Option<u64>, cpu_millis: i64) -> Option<f64> {
+        let now = Instant::now();
+        let last = std::mem::replace(&mut self.besteffort_last, usage_ns.map(|u| (u, now)));
+        let (before, at) = last?;
+        let used_ns = usage_ns?.checked_sub(before)?;
+        let capacity_ns = now.duration_since(at).as_secs_f64() * 1e9 * cpu_millis as f64 / 1000.0;
+        (capacity_ns > 0.0).then(|| used_ns as f64 / capacity_ns)
+    }
+}
+
+/// The BestEffort tier's CPU usage counter in ns: `cpu.stat usage_usec` of its v2 (or unified
+/// tree) directory, else the v1 `cpuacct.usage`; `None` where neither is read.
+fn besteffort_usage_ns(fs: &Arc<CgroupFs>, path: &CgroupPath) -> Option<u64> {
+    let dir = |tree| CgroupBeneath::new(fs, tree, path);
+    let v2 = fs.trees().find(|t| matches!(t, Tree::V2 | Tree::Unified));
+    let v1 = fs.trees().find(|t| matches!(t, Tree::V1(Controller::Cpu)));
+    v2.and_then(|t| read_cgroup_cpu(Some(&dir(t)), None).ok())
+        .or_else(|| v1.and_then(|t| read_cgroup_cpu(None, Some(&dir(t))).ok()))
+        .map(|u| u.usage_ns)
 }
 
 /// The tree holding the cpu controller's files (v2, or the v1 cpu hierarchy on hybrid hosts).
@@ -181,19 +210,30 @@ impl Node {
                 })
                 .set(p99.map_or(0.0, |d| d.as_secs_f64()));
         }
-        let window = Window {
-            latency_p99: quantile(&all, 0.99, cfg.min_wakeups),
-            psi_some: cp.psi_window(),
-        };
-        let step = cp
-            .stepper
-            .observe(&window, cp.available.unwrap_or_default());
         let cpu_millis = self
             .plan
             .as_ref()
             .map_or(self.settings.capacity.cpu_millis, |p| {
                 p.node.capacity.cpu_millis
             });
+        let besteffort_usage = self
+            .plan
+            .as_ref()
+            .and_then(|p| besteffort_path(p, &self.cgroups.naming.node_root))
+            .and_then(|path| besteffort_usage_ns(self.cgroups.fs(), &path));
+        let window = Window {
+            latency_p99: quantile(&all, 0.99, cfg.min_wakeups),
+            psi_some: cp.psi_window(),
+            besteffort_share: cp.besteffort_window(besteffort_usage, cpu_millis),
+        };
+        if let Some(share) = window.besteffort_share {
+            metrics
+                .besteffort_cpu_used
+                .set((share * cpu_millis as f64).round() as i64);
+        }
+        let step = cp
+            .stepper
+            .observe(&window, cp.available.unwrap_or_default());
         let pod_cpus = self
             .plan
             .as_ref()

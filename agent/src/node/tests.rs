@@ -894,6 +894,46 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
     );
 }
 
+/// A protected pod that waits while the BestEffort tier's `cpu.stat` does not move is waiting
+/// behind something else: the tier is left alone. Once the tier uses CPU, the same windows
+/// engage.
+#[tokio::test]
+async fn cpu_pressure_blames_no_wait_on_an_idle_besteffort_tier() {
+    use crate::policy::cpu_pressure::{CpuPressureConfig, Level};
+    let tree = Tree0::new("cpu-pressure-idle");
+    let cfg = CpuPressureConfig {
+        min_wakeups: 1,
+        ..CpuPressureConfig::default()
+    };
+    let (mut node, _, state) = build_node_with(&tree, Some(cfg), Mode::Enforce);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
+    let pods = pod_set(
+        &(pod_yaml("be", UID_A, None) + guaranteed),
+        &PodSet::default(),
+    );
+    node.pass(&pods, &exec, &[], &sensors);
+    let tier = tree.0.join("kubepods/besteffort");
+    let usage =
+        |usec: u64| std::fs::write(tier.join("cpu.stat"), format!("usage_usec {usec}\n")).unwrap();
+    usage(1000);
+    let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
+    *sensors.runq.lock().unwrap() = Some(hist);
+    node.housekeeping(&sensors);
+    // Waits in [16, 32) ms, far over the 5 ms target, while the tier's counter stands still.
+    for _ in 0..3 {
+        window(&mut node, &sensors, &mut hist, 14);
+        assert_eq!(node.cpu_pressure_level(), Some(Level::None));
+    }
+    assert_eq!(metric(&state, "qoslet_besteffort_cpu_used_millicores"), 0.0);
+    // The tier runs (a second of CPU between two ticks a moment apart): the same wait engages.
+    usage(1_001_000);
+    // (The fake tier has neither cpu.idle nor cpuset.cpus: its first lever is the cap.)
+    window(&mut node, &sensors, &mut hist, 14);
+    assert_eq!(node.cpu_pressure_level(), Some(Level::Cap));
+    assert!(metric(&state, "qoslet_besteffort_cpu_used_millicores") > 0.0);
+}
+
 /// Without the controller the BestEffort tier's cpu.idle and cpu.max are not qoslet's.
 #[tokio::test]
 async fn without_the_controller_the_besteffort_tier_keeps_its_cpu_files() {

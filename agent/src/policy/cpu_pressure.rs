@@ -26,6 +26,13 @@
 //! The tier's weight is not a lever: the kubelet already gives BestEffort the minimum (2 shares,
 //! weight 1), there is nothing lower to write.
 //!
+//! Whose pressure: a window counts only while the BestEffort tier uses CPU. When it used less
+//! than a quarter of the floor's grant ([`IDLE_SHARE_OF_FLOOR`]), the protected pods waited
+//! behind something else (Burstable pods, system daemons, a busy hypervisor) and no lever on
+//! BestEffort shortens that wait: engaging would only starve BestEffort pods started later, and
+//! holding a level would keep them starved for as long as the other load lasts. Such a window is
+//! calm here, so an engaged tier whose hogs are gone is released on schedule.
+//!
 //! Hysteresis: pressure steps up at once (one level per window), calm steps down only after
 //! `calm_windows` calm windows in a row, one level at a time. When pressure comes back soon after
 //! a release (within the calm run that allowed it), the calm run needed doubles, up to
@@ -153,6 +160,11 @@ impl Level {
     }
 }
 
+/// The BestEffort tier is idle in a window where it used less than the floor's grant divided by
+/// this (a quarter: 2.5% of the node's CPU with the default 10% floor). A tier held at the floor
+/// by hogs uses all of it, so the hogs never read as idle.
+pub const IDLE_SHARE_OF_FLOOR: f64 = 4.0;
+
 /// What one window measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Window {
@@ -160,6 +172,9 @@ pub struct Window {
     pub latency_p99: Option<Duration>,
     /// The node's CPU PSI `some` share of the window (0..1); `None`: not read.
     pub psi_some: Option<f64>,
+    /// The CPU the BestEffort tier used over the window, a share of the node's (0..1); `None`:
+    /// not read (then the tier counts as busy).
+    pub besteffort_share: Option<f64>,
 }
 
 /// A level change.
@@ -220,11 +235,18 @@ impl LevelStepper {
         self.required
     }
 
-    /// Whether `w` is under pressure.
+    /// Whether `w` is under pressure that a lever on BestEffort can relieve.
     pub fn pressured(&self, w: &Window) -> bool {
         let latency = w.latency_p99.is_some_and(|p| p > self.cfg.latency_target);
         let psi = matches!((w.psi_some, self.cfg.psi_some_target), (Some(s), Some(t)) if s > t);
-        latency || psi
+        (latency || psi) && !self.besteffort_idle(w)
+    }
+
+    /// Whether the BestEffort tier used too little CPU in `w` to be what the protected pods
+    /// waited behind.
+    pub fn besteffort_idle(&self, w: &Window) -> bool {
+        let idle_below = f64::from(self.cfg.floor_percent) / 100.0 / IDLE_SHARE_OF_FLOOR;
+        w.besteffort_share.is_some_and(|s| s < idle_below)
     }
 
     /// One window; the level change it caused, if any.

@@ -295,6 +295,8 @@ pub struct Metrics {
     pub cpu_pressure_level: Gauge,
     pub cpu_pressure_steps: Family<StepLabels, Counter>,
     pub besteffort_cpu_granted: Gauge,
+    /// The CPU the BestEffort tier used over the last window (the controller's idle test).
+    pub besteffort_cpu_used: Gauge,
     /// Cluster mode: API writes given up on.
     pub api_writes_dropped: Family<ApiWriteLabels, Counter>,
     /// Cluster mode: 1 while eviction is gang-aware, 0 when the cluster does not serve the
@@ -471,6 +473,12 @@ impl Metrics {
             "The CPU the BestEffort tier may use under the CPU-pressure controller (the node's CPU when uncapped)",
             besteffort_cpu_granted.clone(),
         );
+        let besteffort_cpu_used = Gauge::default();
+        reg.add(
+            "qoslet_besteffort_cpu_used_millicores",
+            "The CPU the BestEffort tier used over the last housekeeping window (under a quarter of the floor it is idle, and no wait is blamed on it)",
+            besteffort_cpu_used.clone(),
+        );
         let api_writes_dropped = Family::default();
         reg.add(
             "qoslet_api_writes_dropped",
@@ -512,6 +520,7 @@ impl Metrics {
             cpu_pressure_level,
             cpu_pressure_steps,
             besteffort_cpu_granted,
+            besteffort_cpu_used,
             api_writes_dropped,
             gang_awareness,
         }

@@ -20,14 +20,14 @@ const ALL: Available = Available {
 fn hot() -> Window {
     Window {
         latency_p99: Some(20 * MS),
-        psi_some: None,
+        ..Window::default()
     }
 }
 
 fn calm() -> Window {
     Window {
         latency_p99: Some(MS),
-        psi_some: None,
+        ..Window::default()
     }
 }
 
@@ -181,12 +181,12 @@ fn the_target_itself_is_calm() {
     let c = LevelStepper::new(cfg(1));
     let at = Window {
         latency_p99: Some(5 * MS),
-        psi_some: None,
+        ..Window::default()
     };
     assert!(!c.pressured(&at));
     assert!(c.pressured(&Window {
         latency_p99: Some(5 * MS + Duration::from_micros(1)),
-        psi_some: None
+        ..Window::default()
     }));
 }
 
@@ -195,6 +195,7 @@ fn psi_counts_only_with_a_target() {
     let busy = Window {
         latency_p99: None,
         psi_some: Some(0.9),
+        ..Window::default()
     };
     assert!(!LevelStepper::new(cfg(1)).pressured(&busy));
     let c = LevelStepper::new(CpuPressureConfig {
@@ -204,7 +205,8 @@ fn psi_counts_only_with_a_target() {
     assert!(c.pressured(&busy));
     assert!(!c.pressured(&Window {
         latency_p99: None,
-        psi_some: Some(0.5)
+        psi_some: Some(0.5),
+        ..Window::default()
     }));
 }
 
@@ -390,4 +392,35 @@ fn the_cpuset_lever_keeps_the_highest_cpus_and_never_all_or_none() {
     assert_eq!(granted_millis(&l, 4000), 2000);
     let l = lever(&cfg, Level::Floor, 4000, &CpuSet::first(4), 100_000, ALL);
     assert_eq!(granted_millis(&l, 4000), 400);
+}
+
+#[test]
+fn an_idle_besteffort_tier_is_not_what_the_protected_pods_wait_behind() {
+    let mut c = LevelStepper::new(cfg(2));
+    // The floor is 10%: the tier is idle under 2.5% of the node's CPU.
+    let with = |share| Window {
+        besteffort_share: Some(share),
+        ..hot()
+    };
+    assert!(!c.pressured(&with(0.02)));
+    assert!(c.pressured(&with(0.03)));
+    // Hogs held at the floor use all of it: still pressure, the tier stays at the floor.
+    assert_eq!(
+        run(&mut c, &[with(0.5), with(0.5), with(0.5), with(0.1)], IDLE),
+        [Level::Idle, Level::Cap, Level::Floor, Level::Floor]
+    );
+    // The hogs are gone but the pods still wait (behind something else): released on schedule.
+    assert_eq!(
+        run(&mut c, &[with(0.0); 6], IDLE),
+        [
+            Level::Floor,
+            Level::Cap,
+            Level::Cap,
+            Level::Idle,
+            Level::Idle,
+            Level::None
+        ]
+    );
+    // And never engaged for a wait the tier does not cause.
+    assert_eq!(run(&mut c, &[with(0.001); 3], IDLE), [Level::None; 3]);
 }
