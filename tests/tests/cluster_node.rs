@@ -741,7 +741,7 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
         uid: pod.uid.clone(),
     };
     let dir = fs::File::open(&pod_dir).unwrap();
-    EvictionMark::new(&key, 0, "The node was low on resource: memory. ")
+    EvictionMark::new(&key, 0, "The node was low on resource: memory. ", 0)
         .write(dir.as_fd())
         .expect("the mark");
     fs::write(pod_dir.join("cgroup.freeze"), "1").unwrap();

@@ -8,7 +8,7 @@
 //! the API server says, with the processes read from each container's cgroup.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     sync::Mutex,
     time::{Duration, SystemTime},
 };
@@ -22,6 +22,7 @@ use crate::{
     lock,
     node::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
+        state::{ran_again_since, unix_now},
     },
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
     source::{ManifestPod, PodSet},
@@ -86,7 +87,9 @@ pub fn container_ids(pods: &PodSet, runtime: ContainerRuntime) -> ContainerIds {
 pub struct KubeletExecutor {
     runtime: ContainerRuntime,
     statuses: Mutex<BTreeMap<PodKey, PodStatus>>,
-    evicted: Mutex<BTreeMap<PodKey, String>>,
+    /// Pods evicted, with the message and when (seconds since the Unix epoch): reported Failed
+    /// until they leave the API, or run again after it (the kubelet restarted them).
+    evicted: Mutex<BTreeMap<PodKey, (String, u64)>>,
     changed: Notify,
 }
 
@@ -124,20 +127,29 @@ impl PodExecutor for KubeletExecutor {
     }
 
     fn apply(&self, pods: Vec<PlannedPod<'_>>, _conditions: &[NodeCondition]) -> Vec<String> {
-        let evicted = lock(&self.evicted).clone();
+        let mut evicted = lock(&self.evicted);
+        evicted.retain(|k, (_, at)| {
+            let Some(p) = pods.iter().find(|p| &p.key == k) else {
+                return false;
+            };
+            let Some(started) = ran_again_since(&p.pod.pod, *at) else {
+                return true;
+            };
+            tracing::warn!(pod = %k, evicted_at = *at, started_at = started, "An evicted pod runs again (the kubelet started a container after the eviction); it is a candidate again.");
+            false
+        });
         let next: BTreeMap<PodKey, PodStatus> = pods
             .iter()
             .map(|p| {
                 let mut s = pod_status(&p.key, &p.pod.pod, &p.container_cgroups);
-                if let Some(m) = evicted.get(&p.key) {
+                if let Some((m, _)) = evicted.get(&p.key) {
                     s.set_evicted(m);
                     s.terminating = true;
                 }
                 (p.key.clone(), s)
             })
             .collect();
-        let keys: BTreeSet<&PodKey> = next.keys().collect();
-        lock(&self.evicted).retain(|k, _| keys.contains(k));
+        drop(evicted);
         let mut cur = lock(&self.statuses);
         if *cur != next {
             *cur = next;
@@ -156,7 +168,7 @@ impl PodExecutor for KubeletExecutor {
 
     fn mark_evicted(&self, key: &PodKey, message: &str, grace: Duration) {
         tracing::info!(pod = %key, grace_secs = grace.as_secs_f64(), reason = message, "Evicting pod.");
-        lock(&self.evicted).insert(key.clone(), message.into());
+        lock(&self.evicted).insert(key.clone(), (message.into(), unix_now()));
         if let Some(s) = lock(&self.statuses).get_mut(key) {
             s.set_evicted(message);
             s.terminating = true;

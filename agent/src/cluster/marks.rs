@@ -12,7 +12,10 @@
 //! Evicted (the kubelet then tears the pod down), or with `evictionMethod: api` the Eviction
 //! API's request, which honours PodDisruptionBudgets (whether the decision was at a hard
 //! threshold the mark does not say). The writes keep their idempotency ids, so a write that did
-//! reach the queue is replaced, not doubled.
+//! reach the queue is replaced, not doubled. A marked pod that ran again after the eviction (a
+//! container the API shows running started after the mark's time: the kubelet restarted what
+//! was killed) is no longer evicted: its mark is removed and nothing is queued, or the restart
+//! would evict, with a fresh time, a pod that has run fine since.
 
 use std::{
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
@@ -24,7 +27,7 @@ use crate::{
     beneath,
     cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
     eviction::{EvictionRequest, SeenPod},
-    node::state::EvictionMark,
+    node::state::{EvictionMark, latest_running_start},
     policy::settings::CgroupDriver,
     source::PodSet,
 };
@@ -48,6 +51,7 @@ pub fn at_start(
     if found.is_empty() {
         return;
     }
+    let marks: Vec<EvictionMark> = found.iter().map(|f| f.mark.clone()).collect();
     let live = |uid: &str| {
         let p = pods.pods.iter().find(|(k, _)| k.uid == uid)?.1;
         let phase = p.pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -61,14 +65,35 @@ pub fn at_start(
             terminal: matches!(phase, Some("Succeeded" | "Failed")),
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
             seen: SeenPod::of(&p.pod),
+            running_since: latest_running_start(&p.pod),
         })
     };
-    let queued = requeue(&found, live, action, queue);
+    let requeued = requeue(&marks, live, action, queue);
+    for uid in &requeued.ran_again {
+        let Some(f) = found.iter().find(|f| &f.mark.uid == uid) else {
+            continue;
+        };
+        if let Err(e) = fs
+            .open_dir_fd(unified, &f.path)
+            .and_then(|d| EvictionMark::clear(d.as_fd()))
+        {
+            tracing::warn!(cgroup = %f.path, error = %e, "Could not remove the eviction mark of a pod that runs again.");
+        }
+    }
     tracing::info!(
         marked = found.len(),
-        queued,
+        queued = requeued.queued,
+        ran_again = requeued.ran_again.len(),
         "Read back the eviction marks of the pods' cgroups."
     );
+}
+
+/// A mark found on a pod cgroup.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub mark: EvictionMark,
+    /// The pod cgroup it is on.
+    pub path: CgroupPath,
 }
 
 /// How deep below the node root a pod cgroup lies: `kubepods[.slice]`, the QoS tier (none for
@@ -78,11 +103,7 @@ const POD_DEPTH_MAX: usize = 3;
 /// The marks on the pod cgroups of the kubelet's tree below `root_dir` (the node root's cgroup
 /// v2 directory, open; `node_root` its path), each on the cgroup of the pod it names. Only the
 /// `kubepods*` directories are walked, three levels at most, each opened beneath its parent.
-pub fn find(
-    root_dir: BorrowedFd<'_>,
-    node_root: &CgroupPath,
-    driver: CgroupDriver,
-) -> Vec<EvictionMark> {
+pub fn find(root_dir: BorrowedFd<'_>, node_root: &CgroupPath, driver: CgroupDriver) -> Vec<Found> {
     let mut found = Vec::new();
     let mut level: Vec<(OwnedFd, CgroupPath)> = subdirs(root_dir, node_root)
         .into_iter()
@@ -100,7 +121,7 @@ pub fn find(
             {
                 if check_pod_component(&path, driver, &mark.uid).is_ok() {
                     finish_frozen(&dir, &path);
-                    found.push(mark);
+                    found.push(Found { mark, path });
                 } else {
                     tracing::warn!(cgroup = %path, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
                 }
@@ -179,21 +200,37 @@ pub struct LivePod {
     pub grace: Duration,
     /// Its generation and conditions now, for the Failed status.
     pub seen: SeenPod,
+    /// The start of its latest running container (seconds since the Unix epoch).
+    pub running_since: Option<u64>,
 }
 
-/// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal;
-/// returns how many were queued.
+/// What [`requeue`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Requeued {
+    /// Evictions whose writes were queued again.
+    pub queued: usize,
+    /// The uids of marked pods that ran again after their eviction: nothing queued.
+    pub ran_again: Vec<String>,
+}
+
+/// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal and
+/// not run again since the mark.
 pub fn requeue(
     marks: &[EvictionMark],
     live: impl Fn(&str) -> Option<LivePod>,
     action: &ApiEviction,
     queue: &WriteQueue,
-) -> usize {
-    let mut queued = 0;
+) -> Requeued {
+    let mut out = Requeued::default();
     for mark in marks {
         let Some(pod) = live(&mark.uid).filter(|p| !p.terminal) else {
             continue;
         };
+        if let Some(started) = pod.running_since.filter(|s| mark.at > 0 && *s > mark.at) {
+            tracing::warn!(pod = %mark.key(), evicted_at = mark.at, started_at = started, "A pod whose eviction a restart cut short runs again since (a container started after it); not evicted again.");
+            out.ran_again.push(mark.uid.clone());
+            continue;
+        }
         let req = EvictionRequest {
             pod: mark.key(),
             cgroups: Default::default(),
@@ -216,10 +253,10 @@ pub fn requeue(
         }
         if ok {
             tracing::warn!(pod = %req.pod, "An eviction's API writes were lost in a restart; queued again.");
-            queued += 1;
+            out.queued += 1;
         }
     }
-    queued
+    out
 }
 
 #[cfg(test)]

@@ -151,7 +151,10 @@ pub struct Manager<A> {
     thresholds: ThresholdState,
     conditions: ConditionState,
     conditions_tx: watch::Sender<Vec<NodeCondition>>,
-    /// Evicted pods, treated as Failed until the source drops them.
+    /// Pods this manager evicted that the inventory still lists: treated as Failed until the
+    /// node's next inventory leaves them out (it then counts them Failed itself). Forgotten
+    /// then, so a pod that runs again after its eviction, which the node lists again, is a
+    /// candidate again.
     evicted: BTreeSet<PodKey>,
     stats: Arc<Mutex<EvictionStats>>,
     /// Each signal as the last pass observed it.
@@ -318,6 +321,8 @@ impl<A: EvictionAction> Manager<A> {
         let o = obs[&threshold.signal];
         let need = shortfall(&threshold, &o);
         let inventory = self.inventory.borrow().clone();
+        self.evicted
+            .retain(|k| inventory.pods.iter().any(|p| &p.key == k));
         let (samples, pods) = self.samples(&inventory);
         let forests = self.forests_with_evictions(&inventory);
         let Some(choice) = choose(&samples, &forests, resource, need, self.cfg.order) else {

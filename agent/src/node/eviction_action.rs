@@ -17,7 +17,7 @@ use std::{
 
 use super::{
     seams::PodExecutor,
-    state::{EvictionMark, StateFile},
+    state::{EvictionMark, StateFile, unix_now},
 };
 use crate::eviction::{EvictionAction, EvictionRequest, Outcome, action::ActionError};
 
@@ -37,10 +37,10 @@ impl<E, A> ExecutorEviction<E, A> {
     }
 }
 
-/// Records the eviction in the state file; `durable` waits for the disk.
-fn record(state: &Mutex<StateFile>, req: &EvictionRequest, durable: bool) {
+/// Records the eviction (at `at`, Unix seconds) in the state file; `durable` waits for the disk.
+fn record(state: &Mutex<StateFile>, req: &EvictionRequest, at: u64, durable: bool) {
     let mut state = crate::lock(state);
-    state.record_evicted(&req.pod, req.revision, &req.message);
+    state.record_evicted(&req.pod, req.revision, &req.message, at);
     if let Err(e) = state.save(durable) {
         tracing::warn!(pod = %req.pod, error = %e, "Could not write the eviction to the state file.");
     }
@@ -48,8 +48,9 @@ fn record(state: &Mutex<StateFile>, req: &EvictionRequest, durable: bool) {
 
 impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A> {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        let at = unix_now();
         let marked = req.cgroups.unified.as_ref().is_some_and(|dir| {
-            let mark = EvictionMark::new(&req.pod, req.revision, &req.message);
+            let mark = EvictionMark::new(&req.pod, req.revision, &req.message, at);
             dir.open()
                 .and_then(|fd| mark.write(fd.as_fd()))
                 .inspect_err(|e| tracing::debug!(pod = %req.pod, error = %e, "Could not mark the pod's cgroup; the state file is written before the kill."))
@@ -57,7 +58,7 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
         });
         if !marked {
             // Page cache only: no disk wait before the kill (the node syncs it right after).
-            record(&self.state, req, false);
+            record(&self.state, req, at, false);
         }
         let bookkeeping = async {
             // The executor's own stop may signal the pod too (the standalone runtime does).
@@ -67,7 +68,7 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
             if marked {
                 let (state, req) = (self.state.clone(), req.clone());
                 // fsync off the runtime's threads; the mark covers the time until it is done.
-                let _ = tokio::task::spawn_blocking(move || record(&state, &req, true)).await;
+                let _ = tokio::task::spawn_blocking(move || record(&state, &req, at, true)).await;
             }
             told
         };

@@ -138,7 +138,12 @@ impl Node {
                     .iter()
                     .find(|(k, _)| k == pod)
                     .map_or_else(|| d.reason.clone(), |(_, s)| s.message.clone());
-                crate::lock(&self.persisted).record_evicted(pod, entry.spec_hash, &message);
+                crate::lock(&self.persisted).record_evicted(
+                    pod,
+                    entry.spec_hash,
+                    &message,
+                    super::state::unix_now(),
+                );
             }
         }
         if let Some(l) = d.latency {

@@ -94,8 +94,9 @@ impl Node {
         self.cgroups.reconcile(&desired, &self.report);
         let placement = self.place(&desired);
         self.apply_executor(pods, &plan, &views, &placement, executor, conditions);
-        let (managed, summary) = self.track_pods(&plan, &views, &placement, executor, sensors);
-        self.refresh_inventory(pods, managed);
+        let (managed, summary, evicted) =
+            self.track_pods(&plan, &views, &placement, executor, sensors);
+        self.refresh_inventory(pods, managed, &evicted);
         self.summary.set_targets(summary);
         self.report
             .record_plan(&plan, views.iter().map(|(k, v, _)| (k, *v)));
@@ -232,7 +233,7 @@ impl Node {
         placement: &Placement,
         executor: &impl PodExecutor,
         sensors: &impl SensorControl,
-    ) -> (Vec<ManagedPod>, SummaryTargets) {
+    ) -> (Vec<ManagedPod>, SummaryTargets, BTreeSet<PodKey>) {
         let old_pods = std::mem::take(&mut self.tracked.pods);
         self.tracked.memcg_owners.clear();
         // Pods that already ended evicted are not candidates again (after a restart, too).
@@ -276,13 +277,13 @@ impl Node {
             now_watched,
             managed,
             summary,
-            ..
+            evicted,
         } = tracked;
         for gone in self.tracked.watched.difference(&now_watched) {
             sensors.unwatch(*gone);
         }
         self.tracked.watched = now_watched;
-        (managed, summary)
+        (managed, summary, evicted)
     }
 
     /// One pod with a cgroup: its eviction inventory entry, its cgroups for the sensors and the
@@ -435,9 +436,23 @@ impl Node {
     }
 
     /// The eviction manager's new inventory: the managed pods and the workload objects above
-    /// them.
-    fn refresh_inventory(&self, pods: &PodSet, managed: Vec<ManagedPod>) {
-        let forests = Forest::by_namespace(pods.workload_objects().cloned());
+    /// them, the pods that ended evicted counted Failed there (the API may not show it yet), so
+    /// that gangs count right without the manager remembering its evictions for good.
+    fn refresh_inventory(
+        &self,
+        pods: &PodSet,
+        managed: Vec<ManagedPod>,
+        evicted: &BTreeSet<PodKey>,
+    ) {
+        let mut forests = Forest::by_namespace(pods.workload_objects().cloned());
+        for k in evicted {
+            if let Some(p) = forests
+                .get_mut(&k.namespace)
+                .and_then(|f| f.pods.get_mut(&k.name))
+            {
+                p.phase = Some("Failed".into());
+            }
+        }
         self.inventory_tx.send_replace(Arc::new(Inventory {
             pods: managed,
             forests,

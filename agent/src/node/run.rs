@@ -490,7 +490,7 @@ async fn stop_leftovers(fs: &Arc<CgroupFs>, driver: CgroupDriver, persisted: &mu
             warn!(cgroup = %p, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
             continue;
         }
-        persisted.record_evicted(&mark.key(), mark.spec, &mark.message);
+        persisted.record_evicted(&mark.key(), mark.spec, &mark.message, mark.at);
         recovered += 1;
     }
     let mut removed = 0;

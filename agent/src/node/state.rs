@@ -14,6 +14,11 @@
 //!   qoslet does not change, so a restart reads the marks of the earlier run's cgroups back into
 //!   the state before it removes them: a crash between the kill and the state file loses no
 //!   eviction.
+//!
+//! An eviction holds until the pod changes (its spec hash) or runs again: a container the API
+//! shows running that started after the eviction (the kubelet restarted what was killed, say
+//! because the Failed status never reached the API server). Such a pod is a candidate again;
+//! its record and mark carry the eviction's time for that ([`ran_again_since`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -102,6 +107,39 @@ struct EvictedRecord {
     /// A hash of the pod's spec when it was evicted: a changed manifest is a new pod.
     spec: u64,
     message: String,
+    /// When it was evicted, in seconds since the Unix epoch; 0 in the records of a qoslet that
+    /// did not keep it (such a record holds until the pod changes).
+    #[serde(default)]
+    at: u64,
+}
+
+/// Now in seconds since the Unix epoch: an eviction's time, compared with the kubelet's
+/// container start times (wall clock on both sides, and the API's resolution).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// When `pod` ran again after an eviction at `at` (seconds since the Unix epoch): the start of
+/// the latest container the API shows running that started after `at`. Never for `at == 0` (no
+/// time kept) or a pod without status (standalone manifests: qoslet's runtime does not start
+/// an evicted pod again).
+pub fn ran_again_since(pod: &k8s_openapi::api::core::v1::Pod, at: u64) -> Option<u64> {
+    latest_running_start(pod).filter(|started| at > 0 && *started > at)
+}
+
+/// The start (seconds since the Unix epoch) of the latest container the API shows running.
+pub fn latest_running_start(pod: &k8s_openapi::api::core::v1::Pod) -> Option<u64> {
+    let status = pod.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        .filter_map(|t| u64::try_from(t.0.as_second()).ok())
+        .max()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,8 +221,14 @@ impl StateFile {
         })
     }
 
-    /// Records an eviction of the pod whose spec has the hash `spec` ([`crate::source::spec_hash`]).
-    pub fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str) {
+    /// Records an eviction of the pod whose spec has the hash `spec` ([`crate::source::spec_hash`])
+    /// at `at` (seconds since the Unix epoch).
+    /// A second record of the same eviction keeps the first one's time.
+    pub fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str, at: u64) {
+        let at = match self.now.evicted.get(&key.uid) {
+            Some(r) if r.spec == spec && r.at > 0 => r.at.min(at),
+            _ => at,
+        };
         self.now.evicted.insert(
             key.uid.clone(),
             EvictedRecord {
@@ -192,20 +236,26 @@ impl StateFile {
                 name: key.name.clone(),
                 spec,
                 message: message.to_owned(),
+                at,
             },
         );
     }
 
-    /// Forgets evictions of pods that left the source or changed: those are new pods.
+    /// Forgets evictions of pods that left the source or changed (those are new pods), and of
+    /// pods that ran again since ([`ran_again_since`]): candidates again.
     pub fn retain_present(&mut self, pods: &PodSet) {
-        let present: BTreeMap<&str, u64> = pods
-            .pods
-            .iter()
-            .map(|(k, p)| (k.uid.as_str(), p.spec_hash))
-            .collect();
-        self.now
-            .evicted
-            .retain(|uid, r| present.get(uid.as_str()) == Some(&r.spec));
+        let present: BTreeMap<&str, &crate::source::ManifestPod> =
+            pods.pods.iter().map(|(k, p)| (k.uid.as_str(), p)).collect();
+        self.now.evicted.retain(|uid, r| {
+            let Some(p) = present.get(uid.as_str()).filter(|p| p.spec_hash == r.spec) else {
+                return false;
+            };
+            if let Some(started) = ran_again_since(&p.pod, r.at) {
+                tracing::warn!(pod = %format_args!("{}/{}", r.namespace, r.name), evicted_at = r.at, started_at = started, "A pod evicted earlier runs again (a container started after the eviction); it is a candidate again.");
+                return false;
+            }
+            true
+        });
     }
 
     /// The cgroups the earlier run created.
@@ -261,6 +311,10 @@ pub struct EvictionMark {
     /// [`crate::source::spec_hash`] of the pod when it was evicted.
     pub spec: u64,
     pub message: String,
+    /// When the eviction was decided, in seconds since the Unix epoch; 0 in the marks of a
+    /// qoslet that did not keep it.
+    #[serde(default)]
+    pub at: u64,
 }
 
 /// The extended attribute that holds an [`EvictionMark`] (cgroup v2 takes `user.` attributes
@@ -270,7 +324,7 @@ const MARK_ATTR: &std::ffi::CStr = c"user.qoslet.evicted";
 const MARK_MAX: usize = 4096;
 
 impl EvictionMark {
-    pub fn new(key: &PodKey, spec: u64, message: &str) -> Self {
+    pub fn new(key: &PodKey, spec: u64, message: &str, at: u64) -> Self {
         Self {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
@@ -278,6 +332,7 @@ impl EvictionMark {
             spec,
             // Bounded, so the mark always fits (the kubelet's message is about 120 bytes).
             message: message.chars().take(1024).collect(),
+            at,
         }
     }
 
@@ -304,6 +359,20 @@ impl EvictionMark {
         };
         if r < 0 {
             return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes the mark from `dir` (a pod that ran again since: the eviction no longer holds).
+    /// A directory without one is fine.
+    pub fn clear(dir: BorrowedFd<'_>) -> io::Result<()> {
+        // SAFETY: a descriptor we borrow and a NUL-terminated name.
+        let r = unsafe { libc::fremovexattr(dir.as_raw_fd(), MARK_ATTR.as_ptr()) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENODATA) {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -359,7 +428,7 @@ mod tests {
         let first = pod_set(&yaml("sleep"), &PodSet::default());
         let p = &first.pods[&key()];
         let mut s = StateFile::load(Some(&dir), &root);
-        s.record_evicted(&key(), p.spec_hash, "low on memory");
+        s.record_evicted(&key(), p.spec_hash, "low on memory", 0);
         s.set_created_cgroups(&[CgroupPath::parse("/kubepods/poda").unwrap()].into());
         s.save(true).unwrap();
 
@@ -376,6 +445,57 @@ mod tests {
         again.retain_present(&changed);
         assert_eq!(again.evicted().count(), 0);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The API shows a container of the evicted pod running, started after the eviction: the
+    /// record goes (a candidate again). Started before it, or a record without a time: kept.
+    #[test]
+    fn an_eviction_holds_until_the_pod_runs_again() {
+        let at = 1_800_000_000;
+        let running_since = |started: u64| {
+            let mut set = pod_set(&yaml("sleep"), &PodSet::default());
+            let p = set.pods.get_mut(&key()).unwrap();
+            p.pod.status = Some(
+                serde_json::from_value(serde_json::json!({
+                    "phase": "Running",
+                    "containerStatuses": [{
+                        "name": "c", "image": "i", "imageID": "", "ready": true, "restartCount": 1,
+                        "state": {"running": {"startedAt": jiff::Timestamp::from_second(started as i64).unwrap().to_string()}},
+                    }],
+                }))
+                .unwrap(),
+            );
+            set
+        };
+        for (recorded, started, kept) in [
+            (at, at + 1, false),
+            (at, at, true),
+            (at, at - 60, true),
+            (0, at + 1, true),
+        ] {
+            let set = running_since(started);
+            let mut s = StateFile::in_memory();
+            s.record_evicted(
+                &key(),
+                set.pods[&key()].spec_hash,
+                "low on memory",
+                recorded,
+            );
+            s.retain_present(&set);
+            assert_eq!(
+                s.evicted().count() == 1,
+                kept,
+                "evicted at {recorded}, started at {started}"
+            );
+        }
+        // A second record of the same eviction keeps the first time.
+        let set = running_since(at + 1);
+        let mut s = StateFile::in_memory();
+        let spec = set.pods[&key()].spec_hash;
+        s.record_evicted(&key(), spec, "m", at);
+        s.record_evicted(&key(), spec, "m", at + 5);
+        s.retain_present(&set);
+        assert_eq!(s.evicted().count(), 0);
     }
 
     #[test]

@@ -212,6 +212,47 @@ async fn an_evicted_pod_reads_evicted_until_it_leaves() {
     assert!(lock(&ex.evicted).is_empty());
 }
 
+/// The kubelet started a container of the evicted pod again (its Failed status never reached
+/// the API): the pod no longer reads evicted, and the node's next pass makes it a candidate
+/// again. A container that started before the eviction changes nothing.
+#[tokio::test]
+async fn an_evicted_pod_that_runs_again_is_no_longer_evicted() {
+    let ex = KubeletExecutor::new(ContainerRuntime::Containerd);
+    let started = |at: u64| {
+        let mut p = pod(&format!("containerd://{ID}"));
+        p.status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state = Some(
+            serde_json::from_value(json!({"running": {"startedAt":
+                jiff::Timestamp::from_second(at as i64).unwrap().to_string()}}))
+            .unwrap(),
+        );
+        manifest_pod(p)
+    };
+    let planned = |p| PlannedPod {
+        key: key(),
+        pod: p,
+        qos_class: crate::policy::qos::QosClass::Burstable,
+        critical: false,
+        startable: true,
+        container_cgroups: BTreeMap::new(),
+    };
+    let now = unix_now();
+    let before = started(now - 60);
+    ex.apply(vec![planned(&before)], &[]);
+    ex.mark_evicted(&key(), "low on memory", Duration::ZERO);
+    ex.apply(vec![planned(&before)], &[]);
+    assert_eq!(ex.status()[0].reason.as_deref(), Some("Evicted"));
+    let again = started(lock(&ex.evicted)[&key()].1 + 1);
+    ex.apply(vec![planned(&again)], &[]);
+    assert_ne!(ex.status()[0].reason.as_deref(), Some("Evicted"));
+    assert!(lock(&ex.evicted).is_empty());
+}
+
 /// A container's cgroup replaced by a symlink out of the node root is not read: its pods are
 /// none, not the processes of whatever the link points at. The control, a real directory, is.
 #[test]

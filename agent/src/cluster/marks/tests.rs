@@ -16,6 +16,8 @@ use crate::{
 const RUNNING: &str = "00000000-0000-0000-0000-0000000000aa";
 const FAILED: &str = "00000000-0000-0000-0000-0000000000bb";
 const OTHER: &str = "00000000-0000-0000-0000-0000000000cc";
+/// The marks' eviction time (seconds since the Unix epoch).
+const EVICTED_AT: u64 = 1_800_000_000;
 
 struct TempDir(PathBuf);
 impl Drop for TempDir {
@@ -62,7 +64,9 @@ fn kubelet_tree(root: &Path) {
     let message = "The node was low on resource: memory. ";
     let mark = |d: &Path, k: &PodKey| {
         let fd = open(d);
-        EvictionMark::new(k, 7, message).write(fd.as_fd()).unwrap();
+        EvictionMark::new(k, 7, message, EVICTED_AT)
+            .write(fd.as_fd())
+            .unwrap();
     };
     // A container's cgroup below the pod's, as the runtime makes it.
     dir(&format!("kubepods/burstable/pod{RUNNING}/ctr"));
@@ -92,7 +96,7 @@ fn marks_are_read_on_the_pod_cgroups_they_name_only() {
         CgroupDriver::Cgroupfs,
     )
     .into_iter()
-    .map(|m| m.uid)
+    .map(|f| f.mark.uid)
     .collect();
     uids.sort();
     assert_eq!(uids, [RUNNING, FAILED]);
@@ -121,25 +125,20 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
         GangEviction::Node,
         None,
     );
-    let marks = find(
-        open(&tree).as_fd(),
-        &CgroupPath::root(),
-        CgroupDriver::Cgroupfs,
-    );
+    let marks = found_marks(&tree);
+    // Its containers started before the eviction (a second at most: the API's resolution).
     let live = |uid: &str| match uid {
-        RUNNING => Some(LivePod {
-            terminal: false,
-            grace: Duration::from_secs(30),
-            seen: Default::default(),
-        }),
-        FAILED => Some(LivePod {
-            terminal: true,
-            grace: Duration::from_secs(30),
-            seen: Default::default(),
-        }),
+        RUNNING => Some(live_pod(false, Some(EVICTED_AT))),
+        FAILED => Some(live_pod(true, None)),
         _ => None,
     };
-    assert_eq!(requeue(&marks, live, &action, &queue), 1);
+    assert_eq!(
+        requeue(&marks, live, &action, &queue),
+        Requeued {
+            queued: 1,
+            ran_again: vec![]
+        }
+    );
 
     let task = tokio::spawn(queue.clone().run(move |w| {
         let c = client.clone();
@@ -161,4 +160,75 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
         requests.iter().all(|r| !r.path().contains("/failed")),
         "{requests:#?}"
     );
+}
+
+fn found_marks(tree: &Path) -> Vec<EvictionMark> {
+    find(
+        open(tree).as_fd(),
+        &CgroupPath::root(),
+        CgroupDriver::Cgroupfs,
+    )
+    .into_iter()
+    .map(|f| f.mark)
+    .collect()
+}
+
+fn live_pod(terminal: bool, running_since: Option<u64>) -> LivePod {
+    LivePod {
+        terminal,
+        grace: Duration::from_secs(30),
+        seen: Default::default(),
+        running_since,
+    }
+}
+
+/// The kubelet restarted the marked pod after its eviction (its Failed status was lost): at the
+/// next start the pod runs again, so nothing is queued and it is reported to have its mark
+/// removed; a mark of an older qoslet (no time) is queued as before.
+#[test]
+fn a_marked_pod_that_ran_again_is_not_evicted_again_at_start() {
+    let t = temp("ran-again");
+    let tree = t.0.join("cgroup");
+    kubelet_tree(&tree);
+    let queue = Arc::new(WriteQueue::open(&t.0.join("api-writes")).unwrap());
+    let action = ApiEviction::new(
+        queue.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Node,
+        None,
+    );
+    let marks = found_marks(&tree);
+    let live = |uid: &str| (uid == RUNNING).then(|| live_pod(false, Some(EVICTED_AT + 1)));
+    assert_eq!(
+        requeue(&marks, live, &action, &queue),
+        Requeued {
+            queued: 0,
+            ran_again: vec![RUNNING.to_owned()]
+        }
+    );
+    assert!(queue.pending().is_empty());
+
+    let mut old = marks.clone();
+    for m in &mut old {
+        m.at = 0;
+    }
+    assert_eq!(requeue(&old, live, &action, &queue).queued, 1);
+}
+
+#[test]
+fn a_mark_is_removed_once_and_reads_back_as_none() {
+    let t = temp("clear");
+    let dir = open(&t.0);
+    EvictionMark::new(&key("a", RUNNING), 1, "m", EVICTED_AT)
+        .write(dir.as_fd())
+        .unwrap();
+    assert_eq!(
+        EvictionMark::read(dir.as_fd()).map(|m| m.at),
+        Some(EVICTED_AT)
+    );
+    EvictionMark::clear(dir.as_fd()).unwrap();
+    assert!(EvictionMark::read(dir.as_fd()).is_none());
+    // Again: nothing to remove is not an error.
+    EvictionMark::clear(dir.as_fd()).unwrap();
 }

@@ -111,7 +111,9 @@ async fn a_pod_directory_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
     // The mark is written through a descriptor opened beneath the root, or not at all.
     let fd = dir("/kubepods/podreal").open().unwrap();
     let key = request(PodCgroups::default()).pod;
-    EvictionMark::new(&key, 1, "m").write(fd.as_fd()).unwrap();
+    EvictionMark::new(&key, 1, "m", 1)
+        .write(fd.as_fd())
+        .unwrap();
     assert_eq!(EvictionMark::read(fd.as_fd()).map(|m| m.key()), Some(key));
     assert!(dir("/podlink").open().is_err());
 
