@@ -200,6 +200,10 @@ fn event_name(pod: &str, uid: &str) -> String {
 }
 
 impl EvictionAction for ApiEviction {
+    fn awaiting(&self) -> Option<PodKey> {
+        self.queue.pending_eviction()
+    }
+
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
             // The order is the module doc's: freeze, publish, kill.

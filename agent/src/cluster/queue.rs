@@ -352,6 +352,20 @@ impl WriteQueue {
         std::mem::take(&mut self.state().dropped)
     }
 
+    /// The pod of the oldest Eviction API request still pending (refused for now, or not sent
+    /// yet), if any.
+    pub fn pending_eviction(&self) -> Option<crate::policy::pod::PodKey> {
+        let st = self.state();
+        st.pending
+            .values()
+            .filter_map(|e| match &e.stored.write {
+                ApiWrite::Evict { pod, .. } => Some((e.stored.seq, pod)),
+                _ => None,
+            })
+            .min_by_key(|(seq, _)| *seq)
+            .map(|(_, pod)| pod.clone())
+    }
+
     /// The pending writes, oldest first.
     pub fn pending(&self) -> Vec<(String, ApiWrite)> {
         let st = self.state();

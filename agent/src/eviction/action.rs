@@ -284,6 +284,14 @@ pub trait EvictionAction: Send + Sync {
         &self,
         req: &EvictionRequest,
     ) -> impl Future<Output = Result<Outcome, ActionError>> + Send;
+
+    /// A pod whose eviction this action still waits to hand over: an Eviction API request that
+    /// a PodDisruptionBudget refuses for now, say. The manager starts no other graceful
+    /// eviction meanwhile, so refused requests do not pile up, one per pass, to go all at once
+    /// when the budget allows. `None` for actions that hand nothing over.
+    fn awaiting(&self) -> Option<PodKey> {
+        None
+    }
 }
 
 /// The standalone action: signals and cgroup kills, no API server.

@@ -156,6 +156,8 @@ pub struct Manager<A> {
     /// then, so a pod that runs again after its eviction, which the node lists again, is a
     /// candidate again.
     evicted: BTreeSet<PodKey>,
+    /// The pod whose handed-over eviction the last pass waited for (said once per pod).
+    awaited: Option<PodKey>,
     stats: Arc<Mutex<EvictionStats>>,
     /// Each signal as the last pass observed it.
     observed_tx: watch::Sender<Observations>,
@@ -179,6 +181,7 @@ impl<A: EvictionAction> Manager<A> {
             conditions: ConditionState::default(),
             conditions_tx: watch::Sender::new(Vec::new()),
             evicted: BTreeSet::new(),
+            awaited: None,
             stats: Arc::default(),
             observed_tx: watch::Sender::new(Observations::new()),
             decisions_tx: None,
@@ -319,6 +322,18 @@ impl<A: EvictionAction> Manager<A> {
         };
         let threshold = threshold.clone();
         let o = obs[&threshold.signal];
+        // A hard threshold acts at once, whatever is still handed over (it kills locally).
+        if threshold.grace_period_secs != 0
+            && let Some(pod) = self.action.awaiting()
+        {
+            self.with_stats(|s| s.awaiting_handover += 1);
+            if self.awaited.as_ref() != Some(&pod) {
+                tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
+            }
+            self.awaited = Some(pod);
+            return Ok(None);
+        }
+        self.awaited = None;
         let need = shortfall(&threshold, &o);
         let inventory = self.inventory.borrow().clone();
         self.evicted

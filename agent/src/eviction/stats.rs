@@ -103,6 +103,9 @@ pub struct EvictionStats {
     pub evictions: BTreeMap<String, u64>,
     /// Passes where a threshold was met but nothing was evictable.
     pub nothing_to_evict: u64,
+    /// Passes where a soft threshold was met while an earlier eviction still waited to be handed
+    /// over (the Eviction API refused it for now).
+    pub awaiting_handover: u64,
     /// Failed reads or actions (each also logged).
     pub errors: u64,
     /// Waits for released memory that timed out.

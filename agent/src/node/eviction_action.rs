@@ -80,4 +80,8 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
         }
         Ok(outcome)
     }
+
+    fn awaiting(&self) -> Option<crate::policy::pod::PodKey> {
+        self.action.awaiting()
+    }
 }

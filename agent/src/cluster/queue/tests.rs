@@ -65,6 +65,40 @@ async fn a_write_is_persisted_retried_and_removed_once_delivered() {
     assert!(q.pending().is_empty());
 }
 
+/// The oldest pending Eviction API request names the pod the manager waits for; other writes
+/// do not count, and once it is delivered the next one does.
+#[tokio::test]
+async fn the_oldest_pending_eviction_is_the_one_awaited() {
+    let dir = TempDir::new("queue");
+    let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
+    assert_eq!(q.pending_eviction(), None);
+    q.push(
+        "event-x",
+        "pod-x",
+        ApiWrite::NodeTaint {
+            node: "n".into(),
+            on: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(q.pending_eviction(), None);
+    q.push("evict-b", "pod-b", evict("b")).unwrap();
+    q.push("evict-a", "pod-a", evict("a")).unwrap();
+    assert_eq!(q.pending_eviction().map(|p| p.name), Some("b".into()));
+    let task = tokio::spawn(q.clone().run(|w| async move {
+        match w {
+            ApiWrite::Evict { pod, .. } if pod.name == "b" => Delivery::Done,
+            _ => Delivery::retry("refused for now"),
+        }
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.pending_eviction().map(|p| p.name).as_deref() != Some("a") {
+        assert!(Instant::now() < deadline, "pending: {:?}", q.pending());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+}
+
 #[tokio::test]
 async fn pending_writes_survive_a_restart_in_their_order() {
     let dir = TempDir::new("queue");

@@ -18,6 +18,19 @@ struct Fake {
     requests: Mutex<Vec<EvictionRequest>>,
 }
 
+/// An action whose last Eviction API request is still refused (by a PodDisruptionBudget).
+struct Refused<'a>(&'a Fake, PodKey);
+
+impl EvictionAction for Refused<'_> {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.0.evict(req).await
+    }
+
+    fn awaiting(&self) -> Option<PodKey> {
+        Some(self.1.clone())
+    }
+}
+
 impl EvictionAction for &Fake {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         self.calls
@@ -240,6 +253,69 @@ async fn a_soft_threshold_waits_for_its_grace_and_uses_the_pod_grace_period() {
         fake.calls.lock().unwrap()[0].1,
         Duration::from_secs(10),
         "min(30, 10)"
+    );
+    fs::remove_dir_all(root).unwrap();
+}
+
+/// While the last Eviction API request waits (a PodDisruptionBudget refuses it), a soft
+/// threshold evicts no other pod, so refused requests do not pile up; a hard one still does.
+#[tokio::test]
+async fn a_refused_eviction_holds_back_soft_evictions_but_not_hard_ones() {
+    let (root, signals, inv) = setup("refused");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let waiting = PodKey {
+        namespace: "ns".into(),
+        name: "refused".into(),
+        uid: "00000000-0000-0000-0000-0000000000ee".into(),
+    };
+    let (_tx, rx) = watch::channel(inv.clone());
+    let mut cfg = config(&[], &[]);
+    let soft = BTreeMap::from([("memory.available".to_owned(), "500Mi".to_owned())]);
+    let grace = BTreeMap::from([("memory.available".to_owned(), "1s".to_owned())]);
+    cfg.soft = parse_thresholds(&EvictionInput {
+        hard: Some(&BTreeMap::new()),
+        soft: Some(&soft),
+        soft_grace: Some(&grace),
+        ..Default::default()
+    })
+    .unwrap()
+    .1;
+    let mut m = Manager::new(cfg, signals, Refused(&fake, waiting), rx);
+    assert_eq!(m.pass(None).await.unwrap(), None, "within the soft grace");
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    for _ in 0..3 {
+        assert_eq!(m.pass(None).await.unwrap(), None);
+    }
+    assert!(fake.calls.lock().unwrap().is_empty(), "another pod evicted");
+    assert_eq!(m.stats().lock().unwrap().awaiting_handover, 3);
+    assert_eq!(*m.conditions().borrow(), [NodeCondition::MemoryPressure]);
+    fs::remove_dir_all(root).unwrap();
+
+    let (root, signals, inv) = setup("refused-hard");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let (_tx, rx) = watch::channel(inv);
+    let waiting = PodKey {
+        namespace: "ns".into(),
+        name: "refused".into(),
+        uid: "00000000-0000-0000-0000-0000000000ee".into(),
+    };
+    let mut m = Manager::new(
+        config(&[("memory.available", "500Mi")], &[]),
+        signals,
+        Refused(&fake, waiting),
+        rx,
+    );
+    assert!(
+        m.pass(None).await.unwrap().is_some(),
+        "a hard threshold acts"
     );
     fs::remove_dir_all(root).unwrap();
 }
