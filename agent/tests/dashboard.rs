@@ -1,6 +1,7 @@
-//! deploy/grafana/qoslet.json cannot drift from the code: every metric name in every PromQL
-//! expression of the dashboard is one the agent's registry exposes, or one Prometheus makes
-//! itself for every scrape target (`up`).
+//! The monitoring that ships cannot drift from the code: every metric name in every PromQL
+//! expression of the dashboard (deploy/grafana/qoslet.json) is one the agent's registry exposes,
+//! or one Prometheus makes itself for every scrape target (`up`); and the metrics table of
+//! docs/usage.md lists exactly the registry's metrics, each with its type.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -157,4 +158,61 @@ fn every_dashboard_metric_is_registered_by_the_agent() {
         }
     }
     assert!(used.len() >= 10, "{used:?}");
+}
+
+/// The rows of docs/usage.md's metrics table: (name, type).
+fn documented_metrics() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/usage.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let table = text
+        .split_once("The metric names are a stable interface:")
+        .expect("the metrics table's heading line")
+        .1;
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_usage_docs_list_every_metric_the_agent_registers() {
+    let metrics = Metrics::new();
+    let exposed: BTreeSet<&str> = metrics.series_names().iter().map(String::as_str).collect();
+    let mut documented = BTreeSet::new();
+    for (name, kind) in documented_metrics() {
+        // The series a metric of each type carries, as the registry names them.
+        let series: Vec<String> = match kind.as_str() {
+            "histogram" => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{name}{s}"))
+                .collect(),
+            "counter" => {
+                assert!(name.ends_with("_total"), "counter {name} without _total");
+                vec![name.clone()]
+            }
+            "gauge" => vec![name.clone()],
+            other => panic!("{name}: unknown type {other}"),
+        };
+        for s in series {
+            assert!(
+                exposed.contains(s.as_str()),
+                "docs/usage.md lists {name} ({kind}), the agent has no {s}"
+            );
+            documented.insert(s);
+        }
+    }
+    let undocumented: Vec<&&str> = exposed
+        .iter()
+        .filter(|s| !documented.contains(**s))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "registered, not in docs/usage.md's metrics table: {undocumented:?}"
+    );
 }

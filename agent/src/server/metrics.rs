@@ -17,6 +17,7 @@ use prometheus_client::{
 
 use crate::{
     cgroup::{ReconcileReport, WriteResult},
+    eviction::thresholds::{Resource, resource_of},
     policy::plan::{CgroupPlan, Plan},
     sensors::event::MemcgEventKind,
 };
@@ -102,6 +103,42 @@ pub struct ThresholdLabels {
     pub signal: String,
     /// `hard` or `soft`.
     pub kind: String,
+}
+
+/// Labels that name an eviction signal.
+pub trait SignalLabel {
+    fn signal(&self) -> &str;
+}
+
+impl SignalLabel for SignalLabels {
+    fn signal(&self) -> &str {
+        &self.signal
+    }
+}
+
+impl SignalLabel for ThresholdLabels {
+    fn signal(&self) -> &str {
+        &self.signal
+    }
+}
+
+/// One gauge per eviction signal, in a family named after the signal's unit: the memory signals
+/// in `<name>_bytes`, `pid.available` in `<name>_pids`. A pid count under a bytes name would
+/// be scaled as bytes by every unit-aware tool (Grafana shows 4194304 pids as 4 MiB).
+#[derive(Clone, Debug)]
+pub struct SignalGauges<L: SignalLabel> {
+    bytes: Family<L, Gauge>,
+    pids: Family<L, Gauge>,
+}
+
+impl<L: SignalLabel + Clone + std::hash::Hash + Eq> SignalGauges<L> {
+    /// The gauge of `labels`' signal, in the family of its unit.
+    pub fn get_or_create(&self, labels: &L) -> Gauge {
+        match resource_of(labels.signal()) {
+            Some(Resource::Pids) => self.pids.get_or_create_owned(labels),
+            Some(Resource::Memory) | None => self.bytes.get_or_create_owned(labels),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -282,8 +319,8 @@ pub struct Metrics {
     pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
     pub ebpf_events_lost: Family<RingLabels, Counter>,
     pub sensor_active: Family<SensorLabels, Gauge>,
-    pub node_signal_available: Family<SignalLabels, Gauge>,
-    pub node_eviction_threshold: Family<ThresholdLabels, Gauge>,
+    pub node_signal_available: SignalGauges<SignalLabels>,
+    pub node_eviction_threshold: SignalGauges<ThresholdLabels>,
     pub node_condition: Family<ConditionLabels, Gauge>,
     /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
     /// exported from the start at 0, so an alert on its increase has a baseline.
@@ -416,19 +453,35 @@ impl Metrics {
             "1 for each sensor that runs, with its source (ebpf or a fallback)",
             sensor_active.clone(),
         );
-        let node_signal_available = Family::default();
+        let node_signal_available = SignalGauges {
+            bytes: Family::default(),
+            pids: Family::default(),
+        };
         reg.add_with_unit(
             "qoslet_node_signal_available",
-            "What an eviction signal observed last (memory.available, allocatableMemory.available, pid.available: bytes or pids)",
+            "What a memory eviction signal observed last (memory.available, allocatableMemory.available)",
             Unit::Bytes,
-            node_signal_available.clone(),
+            node_signal_available.bytes.clone(),
         );
-        let node_eviction_threshold = Family::default();
+        reg.add(
+            "qoslet_node_signal_available_pids",
+            "What the pid.available eviction signal observed last, in pids",
+            node_signal_available.pids.clone(),
+        );
+        let node_eviction_threshold = SignalGauges {
+            bytes: Family::default(),
+            pids: Family::default(),
+        };
         reg.add_with_unit(
             "qoslet_node_eviction_threshold",
-            "Each eviction threshold, as an amount of the signal (percentages taken of capacity)",
+            "Each eviction threshold of a memory signal, as an amount of the signal (percentages taken of capacity)",
             Unit::Bytes,
-            node_eviction_threshold.clone(),
+            node_eviction_threshold.bytes.clone(),
+        );
+        reg.add(
+            "qoslet_node_eviction_threshold_pids",
+            "Each eviction threshold of pid.available, in pids (percentages taken of capacity)",
+            node_eviction_threshold.pids.clone(),
         );
         let node_condition = Family::default();
         reg.add(

@@ -345,6 +345,18 @@ fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
             kind: "hard".into(),
         })
         .set(256 << 20);
+    // A pid count is no amount of bytes: pid.available has its own family.
+    m.node_signal_available
+        .get_or_create(&metrics::SignalLabels {
+            signal: "pid.available".into(),
+        })
+        .set(4000);
+    m.node_eviction_threshold
+        .get_or_create(&metrics::ThresholdLabels {
+            signal: "pid.available".into(),
+            kind: "hard".into(),
+        })
+        .set(100);
     m.node_condition
         .get_or_create(&metrics::ConditionLabels {
             condition: "MemoryPressure".into(),
@@ -355,10 +367,13 @@ fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
         "qoslet_reconcile_errors_total 1",
         "qoslet_node_signal_available_bytes{signal=\"memory.available\"} 734003200",
         "qoslet_node_eviction_threshold_bytes{signal=\"memory.available\",kind=\"hard\"} 268435456",
+        "qoslet_node_signal_available_pids{signal=\"pid.available\"} 4000",
+        "qoslet_node_eviction_threshold_pids{signal=\"pid.available\",kind=\"hard\"} 100",
         "qoslet_node_condition{condition=\"MemoryPressure\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in {text}");
     }
+    assert!(!text.contains("_bytes{signal=\"pid.available\""), "{text}");
 }
 
 #[test]
