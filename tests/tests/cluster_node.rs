@@ -837,3 +837,204 @@ async fn a_write_cut_half_open_is_delivered_once_the_server_answers() {
     );
     qoslet.crash();
 }
+
+/// A restart after a resurrection (issue #37): two pods carry eviction marks of an earlier run.
+/// The API shows `lost` with its container started before its eviction (the status write was
+/// lost in a crash): the start queues its Failed status again. It shows `back` with its
+/// container started after its eviction (the status never landed and the kubelet restarted
+/// it): that eviction no longer holds, so the start writes nothing for it and removes its mark,
+/// and `back` is a candidate again: when it hogs, it is evicted again, with a new mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_ran_again_after_its_eviction_is_not_evicted_again_at_start() {
+    use std::os::fd::AsFd as _;
+
+    use qoslet::{node::state::EvictionMark, policy::pod::PodKey};
+
+    require_root();
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    // The v2 tree, or a hybrid host's unified one: where the marks are.
+    let Some(tree) = s.root.mounts.id_tree() else {
+        return;
+    };
+    let mut back = KPod::new("back", "55555555-2222-3333-4444-000000000001", "BestEffort");
+    let mut lost = KPod::new("lost", "55555555-2222-3333-4444-000000000002", "BestEffort");
+    create(&s.fake, &mut back, Runtime::Containerd, NODE);
+    create(&s.fake, &mut lost, Runtime::Containerd, NODE);
+    // The kubelet_tree pods' containers started at 2026-11-30T10:00:00Z.
+    let started: u64 = 1_796_032_800;
+    let mut pod_dirs = Vec::new();
+    for (p, evicted_at) in [(&back, started - 60), (&lost, started + 60)] {
+        let container = p.container_cgroup(Driver::Cgroupfs, Runtime::Containerd);
+        make_cgroup(&s.root, &container);
+        let dir = s.root.path(tree, container.rsplit_once('/').unwrap().0);
+        let key = PodKey {
+            namespace: "ns".into(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+        };
+        EvictionMark::new(
+            &key,
+            0,
+            "The node was low on resource: memory. ",
+            evicted_at,
+        )
+        .write(fs::File::open(&dir).unwrap().as_fd())
+        .expect("the mark");
+        pod_dirs.push(dir);
+    }
+    let mark_at =
+        |dir: &Path| EvictionMark::read(fs::File::open(dir).unwrap().as_fd()).map(|m| m.at);
+    let hog = Hog::spawn(320);
+    join(
+        &make_cgroup(
+            &s.root,
+            &back.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
+        ),
+        hog.pid(),
+    );
+
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let status = |name: &str| format!("/api/v1/namespaces/ns/pods/{name}/status");
+    wait_for("the lost eviction's status written again", || {
+        (count(&s.fake.requests(), "PATCH", &status("lost"), 200) == 1).then_some(())
+    })
+    .await;
+    wait_for("the mark of the pod that ran again removed", || {
+        mark_at(&pod_dirs[0]).is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        mark_at(&pod_dirs[1]),
+        Some(started + 60),
+        "the lost one's mark stays"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(&s.fake.requests(), "PATCH", &status("back"), 200),
+        0,
+        "the pod that ran again was evicted again at start"
+    );
+    let now: Pod = s.fake.get("ns", "back").unwrap();
+    assert_eq!(
+        now.status.and_then(|st| st.phase).as_deref(),
+        Some("Running")
+    );
+
+    // A candidate again: it hogs and is evicted, a new mark with this eviction's time.
+    let signal = release_and_wait(hog).await;
+    assert_eq!(signal, Some(libc::SIGKILL));
+    wait_for("the second eviction's status", || {
+        (count(&s.fake.requests(), "PATCH", &status("back"), 200) == 1).then_some(())
+    })
+    .await;
+    let back_now: Pod = s.fake.get("ns", "back").unwrap();
+    assert_eq!(
+        back_now.status.and_then(|st| st.phase).as_deref(),
+        Some("Failed")
+    );
+    // A new mark on the pod cgroup, if it is still there (the kill may take it with it).
+    if pod_dirs[0].exists() {
+        assert!(
+            mark_at(&pod_dirs[0]).is_some_and(|at| at > started),
+            "the new eviction's mark"
+        );
+    }
+    qoslet.crash();
+}
+
+/// The cluster eviction's wait for the kubelet (`cluster/action.rs` `KUBELET_BEFORE_KILL`) on
+/// the real kernel. A frozen process with a SIGTERM handler keeps the signal pending, which
+/// `PodCgroups::wait_signalled` sees against the baseline taken after the freeze, and the
+/// handler never runs: the kill ends it. A frozen process without one dies of the signal at
+/// once (the kernel makes a fatal signal a group exit), which the wait sees as a process gone.
+/// Without a signal the wait times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_to_a_frozen_pod_is_seen() {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    use nix::{
+        sys::signal::{Signal, kill},
+        unistd::Pid,
+    };
+    use qoslet::{cgroup::CgroupBeneath, eviction::PodCgroups};
+
+    require_root();
+    let root = NodeRoot::create();
+    let Some(tree) = root.mounts.id_tree() else {
+        return;
+    };
+    let frozen_pod = |uid: &str, command: &[&str]| {
+        let pod = KPod::new("sig", uid, "BestEffort");
+        let container = pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd);
+        let dirs = make_cgroup(&root, &container);
+        let child = Command::new(command[0])
+            .args(&command[1..])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        join(&dirs, child.id());
+        let pod_dir = root.path(tree, container.rsplit_once('/').unwrap().0);
+        let dir = CgroupBeneath::own(&pod_dir, tree).unwrap();
+        let cgroups = PodCgroups {
+            procs: vec![dir.clone()],
+            unified: Some(dir),
+        };
+        (child, pod_dir, cgroups)
+    };
+    let pid = |c: &Child| Pid::from_raw(c.id() as i32);
+
+    // A handler: the signal waits, pending.
+    let (mut handler, pod_dir, cgroups) = frozen_pod(
+        "66666666-2222-3333-4444-000000000001",
+        &["sh", "-c", "trap 'exit 3' TERM; while :; do sleep 1; done"],
+    );
+    // The shell set its trap before it is frozen.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(cgroups.freeze().await.is_some(), "frozen");
+    let before = cgroups.pending_signals();
+    assert!(
+        before.contains_key(&(handler.id() as i32)),
+        "the shell's pending signals read: {before:?}"
+    );
+    assert!(
+        !cgroups
+            .wait_signalled(&before, Duration::from_millis(200))
+            .await,
+        "no signal was sent"
+    );
+    kill(pid(&handler), Signal::SIGTERM).unwrap();
+    let t = Instant::now();
+    assert!(
+        cgroups
+            .wait_signalled(&before, Duration::from_secs(5))
+            .await,
+        "the SIGTERM pending on the frozen shell"
+    );
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(handler.try_wait().unwrap().is_none(), "frozen: still there");
+    if fs::write(pod_dir.join("cgroup.kill"), "1").is_err() {
+        kill(pid(&handler), Signal::SIGKILL).unwrap();
+    }
+    let status = handler.wait().unwrap();
+    cgroups.thaw();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the handler ran: {status:?}"
+    );
+
+    // No handler: the process dies of the signal, frozen or not.
+    let (mut plain, _, cgroups) =
+        frozen_pod("66666666-2222-3333-4444-000000000002", &["sleep", "600"]);
+    assert!(cgroups.freeze().await.is_some(), "frozen");
+    let before = cgroups.pending_signals();
+    kill(pid(&plain), Signal::SIGTERM).unwrap();
+    assert!(
+        cgroups
+            .wait_signalled(&before, Duration::from_secs(5))
+            .await,
+        "the frozen sleeper gone"
+    );
+    assert_eq!(plain.wait().unwrap().signal(), Some(libc::SIGTERM));
+    cgroups.thaw();
+}

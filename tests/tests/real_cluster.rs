@@ -832,3 +832,458 @@ async fn writes_are_bound_to_qoslets_own_node() {
         }
     }
 }
+
+/// The workloads whose pods `evictions_under_real_controllers` evicts, by the label value its
+/// pods carry.
+const CHURN: [&str; 3] = ["statefulset", "job", "replicaset"];
+/// Evictions of each workload's pod (the issue's figure: 60 in all).
+const EVICTIONS_EACH: usize = 20;
+/// The hogs' trigger port (`QOSLET_HOG_LISTEN`, tests/src/bin/qoslet-test-hog.rs).
+const HOG_PORT: u16 = 7000;
+
+/// The pod template of a churn workload: the hog, waiting for a connection on [`HOG_PORT`], then
+/// growing at 100 MiB/s until it is evicted; its process carries the pod's name and uid.
+fn churn_template(kind: &str, restart: &str) -> Value {
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    json!({
+        "metadata": {"labels": {"qoslet-churn": kind}},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "containers": [{
+                "name": "main",
+                "image": "localhost/qoslet-test:latest",
+                "imagePullPolicy": "Never",
+                "command": ["/bin/qoslet-test-hog", "4000", "100", "$(POD_NAME)", "$(POD_UID)"],
+                "env": [
+                    {"name": "QOSLET_HOG_LISTEN", "value": HOG_PORT.to_string()},
+                    {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                    {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+                ],
+            }],
+        },
+    })
+}
+
+/// The node cgroup's working set in bytes (usage less inactive file pages, as the kubelet counts
+/// it), from the v1 memory hierarchy or the v2 tree.
+fn node_working_set(c: &Cluster) -> u64 {
+    let root = c.info.cgroup_root.trim_start_matches('/');
+    let v1 = Path::new("/sys/fs/cgroup/memory").join(root);
+    let (usage, stat, inactive) = if v1.join("memory.usage_in_bytes").exists() {
+        (
+            v1.join("memory.usage_in_bytes"),
+            v1.join("memory.stat"),
+            "total_inactive_file",
+        )
+    } else {
+        let v2 = Path::new("/sys/fs/cgroup").join(root);
+        (
+            v2.join("memory.current"),
+            v2.join("memory.stat"),
+            "inactive_file",
+        )
+    };
+    let usage: u64 = fs::read_to_string(&usage)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", usage.display()));
+    let inactive: u64 = fs::read_to_string(&stat)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(inactive)?.trim().parse().ok())
+        .unwrap_or(0);
+    usage.saturating_sub(inactive)
+}
+
+/// The node cgroup's memory limit in bytes (what qoslet and the kubelet take as the node's
+/// memory).
+fn node_memory_limit(c: &Cluster) -> u64 {
+    let root = c.info.cgroup_root.trim_start_matches('/');
+    let v1 = Path::new("/sys/fs/cgroup/memory")
+        .join(root)
+        .join("memory.limit_in_bytes");
+    let file = if v1.exists() {
+        v1
+    } else {
+        Path::new("/sys/fs/cgroup").join(root).join("memory.max")
+    };
+    fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no memory limit in {}", file.display()))
+}
+
+/// What the watch saw of one churn pod.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    kind: String,
+    name: String,
+    ip: Option<String>,
+    running: bool,
+    failed: bool,
+    disruption_target: bool,
+    reason_evicted: bool,
+    /// A container running, or restarted, in an update after the one that showed Failed.
+    restarted_after_failed: bool,
+    max_restarts: i32,
+    deleted: bool,
+}
+
+fn record(seen: &mut Seen, p: &Pod) {
+    let s = p.status.clone().unwrap_or_default();
+    seen.kind = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("qoslet-churn").cloned())
+        .unwrap_or_default();
+    seen.name = p.metadata.name.clone().unwrap_or_default();
+    seen.ip = s.pod_ip.clone().or(seen.ip.take());
+    let statuses = s.container_statuses.unwrap_or_default();
+    let restarts = statuses.iter().map(|c| c.restart_count).max().unwrap_or(0);
+    let any_running = statuses
+        .iter()
+        .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()));
+    if seen.failed && (any_running || restarts > seen.max_restarts) {
+        seen.restarted_after_failed = true;
+    }
+    seen.max_restarts = seen.max_restarts.max(restarts);
+    seen.running = s.phase.as_deref() == Some("Running")
+        && p.metadata.deletion_timestamp.is_none()
+        && statuses.iter().any(|c| c.ready);
+    if s.phase.as_deref() == Some("Failed") {
+        seen.failed = true;
+        seen.reason_evicted |= s.reason.as_deref() == Some("Evicted");
+        seen.disruption_target |= s.conditions.unwrap_or_default().iter().any(|c| {
+            c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("TerminationByKubelet")
+        });
+    }
+}
+
+/// The hog processes on this machine by the pod name they carry: each pod uid's pids.
+fn hog_processes() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> =
+        std::collections::BTreeMap::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let dir = entry.path();
+        if fs::read_to_string(dir.join("comm")).ok().as_deref() != Some("qoslet-test-hog\n") {
+            continue;
+        }
+        let Ok(cmdline) = fs::read(dir.join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if let [_, _, _, name, uid, ..] = args.as_slice() {
+            out.entry(name.clone()).or_default().insert(uid.clone());
+        }
+    }
+    out
+}
+
+/// Issue #37's real controllers: a StatefulSet's, a Job's (a `podFailurePolicy` that ignores
+/// `DisruptionTarget`, `backoffLimit: 0`) and a ReplicaSet's pod, each evicted by qoslet
+/// [`EVICTIONS_EACH`] times while the controller manager reacts. A new Job each round: the Job
+/// controller delays a replacement by 10 s doubling per failed pod, ignored ones included
+/// (`newBackoffRecord`, pkg/controller/job/backoff_utils.go, v1.37.2), so one Job's twentieth
+/// replacement would come hours later; each Job must still count no failure and replace its pod. One pod at a time grows (its
+/// hog is triggered through the pod network) past the eviction threshold; a Guaranteed ballast
+/// sized from the node's working set keeps each growth to about 300 MiB. Throughout, a thread
+/// reads /proc every 50 ms: never two processes of the StatefulSet's pod at once (a frozen one
+/// counts: it is not dead). A watch records every pod update: each evicted pod Failed with
+/// qoslet's `DisruptionTarget`, and never a container running or restarted after that; reason
+/// Evicted is counted (the kubelet's to keep). The Job ends with no failure counted, the
+/// ReplicaSet has its replica back, and the kernel killed nothing.
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn evictions_under_real_controllers() {
+    use std::{
+        collections::BTreeMap,
+        sync::{
+            Arc, Mutex,
+            atomic::{AtomicBool, Ordering},
+        },
+    };
+
+    use futures::StreamExt as _;
+    use k8s_openapi::api::{
+        apps::v1::{ReplicaSet, StatefulSet},
+        batch::v1::Job,
+    };
+    use kube::runtime::watcher;
+
+    let c = cluster().await;
+    let _q = qoslet_pod(&c).await;
+    let ns = TestNamespace::create(&c, "qoslet-e2e-churn").await;
+    let oom_before = node_oom_kills(&c);
+    let started = Instant::now();
+
+    // Every update of the namespace's pods, by uid.
+    let seen: Arc<Mutex<BTreeMap<String, Seen>>> = Arc::default();
+    let watch = {
+        let seen = seen.clone();
+        let stream = watcher(ns.pods(), watcher::Config::default());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let (p, deleted) = match event {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    _ => continue,
+                };
+                let mut seen = seen.lock().unwrap();
+                let s = seen.entry(uid(&p)).or_default();
+                record(s, &p);
+                s.deleted |= deleted;
+            }
+        })
+    };
+    // Copies of the StatefulSet's pod alive at once, sampled from /proc.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut samples, mut overlaps) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let procs = hog_processes();
+                if let Some(uids) = procs.get("churn-0")
+                    && uids.len() > 1
+                {
+                    overlaps.push(uids.clone());
+                }
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (samples, overlaps)
+        })
+    };
+
+    let post = PostParams::default();
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "churn"},
+        "spec": {
+            "replicas": 1, "serviceName": "churn",
+            "selector": {"matchLabels": {"qoslet-churn": "statefulset"}},
+            "template": churn_template("statefulset", "Always"),
+        },
+    }))
+    .unwrap();
+    let job = |round: usize| -> Job {
+        serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": format!("churn-{round}")},
+            "spec": {
+                "backoffLimit": 0,
+                "podFailurePolicy": {"rules": [{
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget"}],
+                }]},
+                "template": churn_template("job", "Never"),
+            },
+        }))
+        .unwrap()
+    };
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "churn"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"qoslet-churn": "replicaset"}},
+            "template": churn_template("replicaset", "Always"),
+        },
+    }))
+    .unwrap();
+    let sts_api: Api<StatefulSet> = Api::namespaced(c.client.clone(), &ns.name);
+    let job_api: Api<Job> = Api::namespaced(c.client.clone(), &ns.name);
+    let rs_api: Api<ReplicaSet> = Api::namespaced(c.client.clone(), &ns.name);
+    sts_api.create(&post, &sts).await.expect("the StatefulSet");
+    job_api.create(&post, &job(0)).await.expect("the Job");
+    rs_api.create(&post, &rs).await.expect("the ReplicaSet");
+
+    // The running pod of `kind`, once its hog listens.
+    let running = |kind: &'static str| {
+        let seen = seen.clone();
+        async move {
+            wait_for(&format!("the {kind}'s pod Running"), || async {
+                let seen = seen.lock().unwrap();
+                // Said at once: waiting on would only time out.
+                if let Some(s) = seen.values().find(|s| s.restarted_after_failed) {
+                    panic!("an evicted pod's container ran again: {s:#?}");
+                }
+                let (uid, ip) = seen
+                    .iter()
+                    .find(|(_, s)| s.kind == kind && s.running && !s.failed && !s.deleted)
+                    .and_then(|(u, s)| Some((u.clone(), s.ip.clone()?)))?;
+                let addr: std::net::SocketAddr = format!("{ip}:{HOG_PORT}").parse().ok()?;
+                Some((uid, addr))
+            })
+            .await
+        }
+    };
+    for kind in CHURN {
+        running(kind).await;
+    }
+    // The ballast leaves about 300 MiB to the threshold (memory.available 100Mi, the kubelet
+    // configuration's evictionHard, of the node cgroup's limit).
+    let mib = 1u64 << 20;
+    let limit = node_memory_limit(&c);
+    let free = (limit - 100 * mib).saturating_sub(node_working_set(&c));
+    let ballast_mib = (free / mib).saturating_sub(300);
+    println!(
+        "churn: node working set {} MiB, ballast {ballast_mib} MiB",
+        node_working_set(&c) / mib
+    );
+    let ballast = pod(
+        "ballast",
+        &format!("echo go | /bin/qoslet-test-hog {ballast_mib}"),
+        json!({"requests": {"cpu": "10m", "memory": format!("{}Mi", ballast_mib + 64)},
+               "limits": {"cpu": "10m", "memory": format!("{}Mi", ballast_mib + 64)}}),
+        "Always",
+    );
+    create_running(&ns, vec![ballast]).await;
+    let want = limit - 100 * mib - 400 * mib;
+    wait_for("the ballast's memory", || async {
+        (node_working_set(&c) >= want).then_some(())
+    })
+    .await;
+
+    // Round after round, each workload's pod in turn: triggered, then evicted.
+    let mut evicted: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut took = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20 * 60);
+    for round in 0..EVICTIONS_EACH {
+        for kind in CHURN {
+            assert!(
+                Instant::now() < deadline,
+                "20 minutes and only {:?} evictions",
+                evicted
+                    .iter()
+                    .map(|(k, v)| (*k, v.len()))
+                    .collect::<Vec<_>>()
+            );
+            let (victim, addr) = running(kind).await;
+            let t = Instant::now();
+            // Ready says the container started, not that the hog listens yet.
+            let mut connect = tokio::net::TcpStream::connect(addr).await;
+            while connect.is_err() && t.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                connect = tokio::net::TcpStream::connect(addr).await;
+            }
+            assert!(connect.is_ok(), "the {kind}'s hog at {addr}: {connect:?}");
+            drop(connect);
+            wait_for(
+                &format!("round {round}: the {kind}'s pod evicted"),
+                || async {
+                    let seen = seen.lock().unwrap();
+                    let s = seen.get(&victim)?;
+                    (s.failed || s.deleted).then_some(())
+                },
+            )
+            .await;
+            took.push(t.elapsed());
+            evicted.entry(kind).or_default().push(victim);
+            if kind == "job" && round + 1 < EVICTIONS_EACH {
+                job_api
+                    .create(&post, &job(round + 1))
+                    .await
+                    .expect("the next round's Job");
+            }
+        }
+        println!("churn: round {round} done at {:.0?}", started.elapsed());
+    }
+    // The ReplicaSet and the StatefulSet have their pod back.
+    for kind in ["statefulset", "replicaset"] {
+        running(kind).await;
+    }
+    // Every Job replaced its evicted pod (after its 10 s back-off) and counted no failure.
+    for round in 0..EVICTIONS_EACH {
+        let name = format!("churn-{round}");
+        let js = wait_for(&format!("Job {name} replaced its pod"), || async {
+            let js = job_api.get(&name).await.ok()?.status?;
+            (js.active.unwrap_or(0) + js.ready.unwrap_or(0) > 0).then_some(js)
+        })
+        .await;
+        assert_eq!(
+            js.failed.unwrap_or(0),
+            0,
+            "Job {name} counted failures: {js:#?}"
+        );
+        assert!(
+            js.conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != "Failed" || c.status != "True"),
+            "Job {name} failed: {js:#?}"
+        );
+    }
+    // Late updates (a restart the kubelet might still try) get their chance to show.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (samples, overlaps) = sampler.join().unwrap();
+    watch.abort();
+
+    let seen = seen.lock().unwrap().clone();
+    let mut report = Vec::new();
+    for kind in CHURN {
+        let uids = &evicted[kind];
+        let of = |f: fn(&Seen) -> bool| uids.iter().filter(|u| seen.get(*u).is_some_and(f)).count();
+        let failed = of(|s| s.failed);
+        let target = of(|s| s.disruption_target);
+        let reason = of(|s| s.reason_evicted);
+        let restarted: Vec<&Seen> = uids
+            .iter()
+            .filter_map(|u| seen.get(u))
+            .filter(|s| s.restarted_after_failed || s.max_restarts > 0)
+            .collect();
+        assert_eq!(failed, uids.len(), "{kind}: evicted pods never seen Failed");
+        assert_eq!(
+            target,
+            uids.len(),
+            "{kind}: evictions without qoslet's DisruptionTarget"
+        );
+        assert!(
+            restarted.is_empty(),
+            "{kind}: containers restarted after the eviction: {restarted:#?}"
+        );
+        report.push(format!(
+            "{kind}: {} evicted, Failed with DisruptionTarget {target}, reason Evicted kept {reason}, restarted 0",
+            uids.len()
+        ));
+    }
+    assert!(
+        overlaps.is_empty(),
+        "two copies of the StatefulSet's pod alive at once in {} of {samples} samples: {:?}",
+        overlaps.len(),
+        overlaps.iter().take(5).collect::<Vec<_>>()
+    );
+    let rs = rs_api.get("churn").await.unwrap();
+    assert_eq!(
+        rs.status.and_then(|s| s.ready_replicas),
+        Some(1),
+        "the ReplicaSet's replica"
+    );
+    assert_eq!(
+        node_oom_kills(&c),
+        oom_before,
+        "the kernel OOM-killed in the node's cgroup"
+    );
+    took.sort();
+    println!(
+        "churn: {} evictions in {:.0?}; trigger to Failed p50 {:.1?}, max {:.1?}; StatefulSet copies: at most 1 in {samples} /proc samples",
+        took.len(),
+        started.elapsed(),
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    for line in report {
+        println!("churn: {line}");
+    }
+}

@@ -6,7 +6,9 @@
 //! 2. **publish** `pods/status`: phase Failed, reason Evicted, the kubelet's message and the
 //!    `DisruptionTarget` condition, waiting for the API server to take it
 //!    ([`STATUS_BEFORE_KILL`] at most);
-//! 3. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
+//! 3. **wait for the kubelet** to start tearing the pod down ([`KUBELET_BEFORE_KILL`] at most):
+//!    its stop signal, pending on the frozen processes or fatal to them;
+//! 4. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
 //!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
 //!    the emptied cgroup.
 //!
@@ -53,6 +55,16 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// trouble. The frozen pod allocates nothing meanwhile, but holds what it has, so the node's
 /// memory is not left waiting longer.
 pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
+
+/// How long a frozen pod whose Failed status the API server took waits for the kubelet to act on
+/// it before the kill. The API server taking the status does not mean the kubelet has seen it:
+/// its pod worker syncs from its own copy of the pod, and a container that dies before that copy
+/// says Failed is restarted (restartPolicy Always) and the kubelet writes Running back over the
+/// status (the churn test on the real cluster saw it: 1 eviction in 22). Once the kubelet sees
+/// Failed it tears the pod down, and the runtime's stop signal, pending on the frozen processes,
+/// says so ([`PodCgroups::wait_signalled`]); then qoslet kills. A kubelet that does not act in
+/// time gets the kill anyway: the node's memory cannot wait longer.
+pub const KUBELET_BEFORE_KILL: Duration = Duration::from_secs(5);
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -206,13 +218,23 @@ impl EvictionAction for ApiEviction {
 
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The order is the module doc's: freeze, publish, kill.
+            // The order is the module doc's: freeze, publish, wait for the kubelet, kill.
             let frozen_at = req.cgroups.freeze().await;
+            let before = frozen_at
+                .map(|_| req.cgroups.pending_signals())
+                .unwrap_or_default();
             let writes = self.writes(req, &now());
             let status_id = writes.first().map(|(id, _)| id.clone()).unwrap_or_default();
             self.push(req, writes);
             if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
+            } else if frozen_at.is_some()
+                && !req
+                    .cgroups
+                    .wait_signalled(&before, KUBELET_BEFORE_KILL)
+                    .await
+            {
+                tracing::warn!(pod = %req.pod, waited = ?KUBELET_BEFORE_KILL, "The kubelet did not start tearing the evicted pod down in time; killing it anyway (it may restart its containers).");
             }
             let kill = EvictionRequest {
                 grace: Duration::ZERO,

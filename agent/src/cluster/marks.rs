@@ -73,8 +73,13 @@ pub fn at_start(
         let Some(f) = found.iter().find(|f| &f.mark.uid == uid) else {
             continue;
         };
-        if let Err(e) = fs
-            .open_dir_fd(unified, &f.path)
+        // `find` names cgroups from the node root's path; the descriptors open beneath it.
+        let beneath = f.path.components()[fs.node_root().components().len()..]
+            .iter()
+            .try_fold(CgroupPath::root(), |p, c| p.join(c))
+            .map_err(std::io::Error::other);
+        if let Err(e) = beneath
+            .and_then(|rel| fs.open_dir_fd(unified, &rel))
             .and_then(|d| EvictionMark::clear(d.as_fd()))
         {
             tracing::warn!(cgroup = %f.path, error = %e, "Could not remove the eviction mark of a pod that runs again.");

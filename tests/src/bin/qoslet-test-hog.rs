@@ -1,6 +1,9 @@
 //! Test helper: waits for a line on stdin, then allocates and touches memory 1 MiB at a time up
 //! to the cap given as the first argument (MiB), then sleeps until killed. An optional second
-//! argument paces the allocation at that many MiB per second (default: as fast as it can).
+//! argument paces the allocation at that many MiB per second (default: as fast as it can); more
+//! arguments are ignored (a test names the process with them). With `QOSLET_HOG_LISTEN=PORT` it
+//! waits for a TCP connection on that port instead of the line (a pod of a workload controller
+//! has no stdin a test can write).
 
 use std::{
     io::BufRead as _,
@@ -15,8 +18,17 @@ fn main() {
         .next()
         .and_then(|a| a.parse().ok())
         .filter(|r| *r > 0.0);
-    let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
+    match std::env::var("QOSLET_HOG_LISTEN") {
+        Ok(port) => {
+            let listener = std::net::TcpListener::bind(("0.0.0.0", port.parse().unwrap_or(7000)))
+                .expect("listen");
+            let _ = listener.accept();
+        }
+        Err(_) => {
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        }
+    }
     let start = Instant::now();
     let mut blocks: Vec<Vec<u8>> = Vec::new();
     for i in 0..cap_mib {
