@@ -241,6 +241,7 @@ impl Reconciler {
                 report.read += 1;
                 let copy = ctx.feed.is_some().then(|| files.clone());
                 let mut complete = dir.is_some();
+                let mut gone = false;
                 for (file, want) in files {
                     let read = match (&dir, first.take()) {
                         (None, _) => None,
@@ -254,6 +255,7 @@ impl Reconciler {
                             if vanished(&e) && !self.fs.exists(tree, &c.path).unwrap_or(false) =>
                         {
                             complete = false;
+                            gone = true;
                             break;
                         }
                         Some(Err(source)) => {
@@ -274,6 +276,9 @@ impl Reconciler {
                         current,
                         want,
                     });
+                }
+                if dir.is_some() && !gone {
+                    report.compared.push((c.path.clone(), tree));
                 }
                 if let Some(files) = copy.filter(|_| complete) {
                     out.checked.push((i, tree, files));
@@ -481,7 +486,7 @@ impl Reconciler {
                 Err(e) => self.failed(&path, file, new, e, report),
             },
             _ => {
-                debug!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs it once per value).");
+                debug!(path = %path.display(), file, old, new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs and counts each difference once, when first seen).");
                 WriteResult::Drift
             }
         };
@@ -524,7 +529,7 @@ impl Reconciler {
         let path = self.fs.display_path(w.tree, &c.path);
         let new = w.new.render();
         let result = if self.mode == Mode::Observe || !c.writes.allows(w.file) {
-            debug!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs it once per value).");
+            debug!(path = %path.display(), file = w.file, old = ?w.old, new = %new, "Cgroup file differs from the plan (observe mode or the kubelet's file: not written; the node logs and counts each difference once, when first seen).");
             WriteResult::Drift
         } else {
             match self.fs.write(w.tree, &c.path, w.file, &new) {

@@ -95,6 +95,10 @@ pub struct ReconcileReport {
     /// Cgroups (per tree) whose files this pass read; with a change feed, only those that may
     /// have changed.
     pub read: usize,
+    /// The cgroups (per tree) among them that exist and whose files were compared with the
+    /// plan: a file of theirs not in `writes` holds the plan's value now, or could not be read
+    /// (an entry of `errors`).
+    pub compared: Vec<(CgroupPath, Tree)>,
 }
 
 impl ReconcileReport {
@@ -105,6 +109,7 @@ impl ReconcileReport {
             writes: Vec::new(),
             errors: Vec::new(),
             read: 0,
+            compared: Vec::new(),
         }
     }
 
@@ -114,6 +119,7 @@ impl ReconcileReport {
         self.writes.extend(part.writes);
         self.errors.extend(part.errors);
         self.read += part.read;
+        self.compared.extend(part.compared);
     }
 
     /// Writes actually issued to the kernel (retries included).

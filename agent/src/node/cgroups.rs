@@ -4,8 +4,7 @@
 //! [`CgroupFs`], beneath the node root.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
+    collections::{BTreeMap, BTreeSet, HashSet},
     sync::Arc,
     time::Instant,
 };
@@ -14,16 +13,16 @@ use tracing::{info, warn};
 
 use super::report::Report;
 use crate::cgroup::{
-    CgroupFs, CgroupPath, DesiredState, Mode, OomTargets, Reconciler, Tree, WriteResult,
-    desired::Role,
+    CgroupFs, CgroupPath, DesiredState, Mode, OomTargets, ReconcileReport, Reconciler, Tree,
+    WriteResult, desired::Role,
 };
 
 /// Every file is read again at least this often, for changes inotify cannot see (the kernel
 /// itself narrowing a v1 cpuset when a CPU goes offline).
 const FULL_RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Files whose last logged drift is remembered.
-const MAX_LOGGED_DRIFT: usize = 10_000;
+/// A cgroup file: its cgroup, hierarchy and name.
+type FileKey = (CgroupPath, Tree, &'static str);
 
 pub(super) struct NodeCgroups {
     reconciler: Reconciler,
@@ -33,9 +32,10 @@ pub(super) struct NodeCgroups {
     pub(super) targets: Option<OomTargets>,
     /// Pod and container cgroups no longer desired, removed once their processes are gone.
     pub(super) stale: BTreeSet<CgroupPath>,
-    /// The drift last logged, per file: a file the kubelet keeps at another value drifts on
-    /// every pass that reads it, and is logged again only when either value changes.
-    logged_drift: BTreeMap<(PathBuf, &'static str), (Option<String>, String)>,
+    /// The differences from the plan that are still there, per file: (its value, the plan's).
+    /// A file the kubelet keeps at another value differs at every pass that reads it; the
+    /// difference is logged and counted (`qoslet_cgroup_drift_total`) once, when first seen.
+    drift: BTreeMap<FileKey, (Option<String>, String)>,
 }
 
 impl NodeCgroups {
@@ -51,7 +51,7 @@ impl NodeCgroups {
             desired: DesiredState::default(),
             targets: None,
             stale: BTreeSet::new(),
-            logged_drift: BTreeMap::new(),
+            drift: BTreeMap::new(),
         }
     }
 
@@ -74,17 +74,13 @@ impl NodeCgroups {
 
     /// Writes (or, observing, compares) the cgroup files and logs what went wrong.
     pub(super) fn reconcile(&mut self, desired: &DesiredState, report: &Report) {
-        // Removed pods' entries are never looked up again; a bound keeps them from piling up
-        // (at worst a drift still present is logged once more).
-        if self.logged_drift.len() > MAX_LOGGED_DRIFT {
-            self.logged_drift.clear();
-        }
         let started = Instant::now();
         let result = self.reconciler.reconcile(desired);
         report
             .state
             .metrics
             .record_reconcile(&result, started.elapsed());
+        let mut new_drift = 0;
         for w in &result.writes {
             match &w.result {
                 WriteResult::Failed { .. } => {
@@ -92,15 +88,16 @@ impl NodeCgroups {
                 }
                 WriteResult::Drift => {
                     let values = (w.old.clone(), w.new.clone());
-                    let key = (w.path.clone(), w.file);
-                    if self.logged_drift.get(&key) != Some(&values) {
+                    let key = (w.cgroup.clone(), w.tree, w.file);
+                    if self.drift.get(&key) != Some(&values) {
                         info!(path = %w.path.display(), file = w.file, current = ?w.old, wanted = %w.new, "Cgroup drift (observe mode or the kubelet's file: not written).");
-                        self.logged_drift.insert(key, values);
+                        new_drift += 1;
+                        self.drift.insert(key, values);
                     }
                 }
                 // Written now: a later drift of this file is news again.
                 WriteResult::Written => {
-                    self.logged_drift.remove(&(w.path.clone(), w.file));
+                    self.drift.remove(&(w.cgroup.clone(), w.tree, w.file));
                 }
                 _ => {}
             }
@@ -108,12 +105,30 @@ impl NodeCgroups {
         for e in &result.errors {
             warn!(error = %e, "Cgroup reconcile error.");
         }
-        let drift = result
-            .writes
-            .iter()
-            .filter(|w| w.result == WriteResult::Drift)
-            .count();
-        report.state.metrics.cgroup_drift.inc_by(drift as u64);
+        self.forget_drift_gone(desired, &result);
+        report.state.metrics.cgroup_drift.inc_by(new_drift);
+    }
+
+    /// Forgets the differences that are gone: the file was compared and holds the plan's value
+    /// (so its next difference is news again), or its cgroup is no longer desired. A file whose
+    /// read failed (a reconcile error) is forgotten too: should it differ at its next read, that
+    /// is logged and counted again.
+    fn forget_drift_gone(&mut self, desired: &DesiredState, result: &ReconcileReport) {
+        if self.drift.is_empty() {
+            return;
+        }
+        let compared: HashSet<(&CgroupPath, Tree)> =
+            result.compared.iter().map(|(c, t)| (c, *t)).collect();
+        let drifting: HashSet<(&CgroupPath, Tree, &str)> = result
+            .drift()
+            .map(|w| (&w.cgroup, w.tree, w.file))
+            .collect();
+        let wanted: HashSet<&CgroupPath> = desired.cgroups.iter().map(|c| &c.path).collect();
+        self.drift.retain(|(cgroup, tree, file), _| {
+            wanted.contains(cgroup)
+                && (!compared.contains(&(cgroup, *tree))
+                    || drifting.contains(&(cgroup, *tree, *file)))
+        });
     }
 
     /// The pass's desired state becomes current: its oom_score_adj targets, and the pod and

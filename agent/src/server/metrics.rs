@@ -325,8 +325,9 @@ pub struct Metrics {
     /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
     /// exported from the start at 0, so an alert on its increase has a baseline.
     pub reconcile_errors: Counter,
-    /// Cgroup files found differing from the plan and left alone (observe mode, or the
-    /// kubelet's files in cluster mode), counted at each reconcile that read them.
+    /// Differences from the plan found in cgroup files and left alone (observe mode, or the
+    /// kubelet's files in cluster mode), each counted once when first seen (the node's
+    /// `NodeCgroups::reconcile`, which logs each once too).
     pub cgroup_drift: Counter,
     pub qos_runqueue_latency_p99: Family<QosLabels, Gauge<f64, AtomicU64>>,
     pub cpu_pressure_level: Gauge,
@@ -498,7 +499,7 @@ impl Metrics {
         let cgroup_drift = Counter::default();
         reg.add(
             "qoslet_cgroup_drift",
-            "Cgroup files found differing from the plan and left alone (observe mode, or the kubelet's files in cluster mode), counted at each reconcile that read them",
+            "Differences from the plan found in cgroup files and left alone (observe mode, or the kubelet's files in cluster mode), each counted once when first seen: a file's value and the plan's, counted again only after either changes or the file held the plan's value",
             cgroup_drift.clone(),
         );
         let qos_runqueue_latency_p99 = Family::default();

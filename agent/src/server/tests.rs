@@ -399,6 +399,7 @@ fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
         ],
         errors: Vec::new(),
         read: 1,
+        compared: Vec::new(),
     };
     m.record_reconcile(&report, std::time::Duration::from_millis(3));
     let text = m.encode().unwrap();
