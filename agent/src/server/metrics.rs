@@ -4,6 +4,7 @@
 use std::sync::{Arc, RwLock, atomic::AtomicU64};
 
 use prometheus_client::{
+    collector::Collector,
     encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet, text::encode},
     metrics::{
         MetricType, TypedMetric,
@@ -15,9 +16,13 @@ use prometheus_client::{
     registry::{Metric, Registry, Unit},
 };
 
+use super::process::{self, ProcessCollector};
 use crate::{
     cgroup::{ReconcileReport, WriteResult},
-    eviction::thresholds::{Resource, resource_of},
+    eviction::{
+        Stages,
+        thresholds::{Resource, resource_of},
+    },
     policy::plan::{CgroupPlan, Plan},
     sensors::event::MemcgEventKind,
 };
@@ -163,6 +168,12 @@ pub struct ApiWriteLabels {
     pub reason: String,
 }
 
+/// What was built: the agent's version (the crate's). The build records no source revision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConditionLabels {
     /// `MemoryPressure`, `PIDPressure`.
@@ -288,6 +299,12 @@ impl Registrar {
         self.registry.register_with_unit(name, help, unit, metric);
     }
 
+    /// A collector encoded at each scrape, and the series it writes.
+    fn add_collector(&mut self, series: &[&str], collector: impl Collector) {
+        self.series.extend(series.iter().map(ToString::to_string));
+        self.registry.register_collector(Box::new(collector));
+    }
+
     fn note(&mut self, base: &str, metric: &impl Metric) {
         let suffixes: &[&str] = match metric.metric_type() {
             MetricType::Counter => &["_total"],
@@ -340,6 +357,8 @@ pub struct Metrics {
     /// Cluster mode: 1 while eviction is gang-aware, 0 when the cluster does not serve the
     /// Workload API.
     pub gang_awareness: Gauge,
+    /// 1, with the agent's version as a label.
+    pub build_info: Family<BuildLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -415,6 +434,19 @@ impl Metrics {
         let eviction_stage_latency = Family::<StageLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
+        // Every stage from the start, empty: a series born with the first eviction would hide
+        // that eviction from rate() and increase(), which need a sample before it.
+        let no_time = std::time::Duration::ZERO;
+        let stages = Stages {
+            wake: no_time,
+            decide: no_time,
+            kill: no_time,
+        };
+        for (stage, _) in stages.labelled() {
+            eviction_stage_latency.get_or_create_owned(&StageLabels {
+                stage: stage.into(),
+            });
+        }
         reg.add_with_unit(
             "qoslet_eviction_stage_latency",
             "The decision latency's parts: wake (wake-up seen to pass started), decide (to the action called), kill (to the first signal)",
@@ -534,6 +566,14 @@ impl Metrics {
             besteffort_cpu_used.clone(),
         );
         let api_writes_dropped = Family::default();
+        // The drops not about one write's answer, at 0 from the start, as a baseline for
+        // increase() (a `rejected-<status>` series is born with its first drop).
+        for reason in ["expired", "overflow"] {
+            api_writes_dropped.get_or_create_owned(&ApiWriteLabels {
+                write: String::new(),
+                reason: reason.into(),
+            });
+        }
         reg.add(
             "qoslet_api_writes_dropped",
             "Cluster mode: API writes given up on (reason rejected-<status> for a permanent refusal such as a failed UID precondition, expired after the queue's TTL, overflow of the bounded queue)",
@@ -546,6 +586,18 @@ impl Metrics {
             "1 while eviction is gang-aware; 0 in cluster mode when the cluster does not serve the Workload API",
             gang_awareness.clone(),
         );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
+        reg.add(
+            "qoslet_build_info",
+            "1, with the agent's version (the crate's; the build records no source revision)",
+            build_info.clone(),
+        );
+        reg.add_collector(&process::SERIES, ProcessCollector);
         Self {
             registry: reg.registry,
             series: reg.series,
@@ -577,6 +629,7 @@ impl Metrics {
             besteffort_cpu_used,
             api_writes_dropped,
             gang_awareness,
+            build_info,
         }
     }
 

@@ -3,6 +3,7 @@
 //! Summary API shape) and `/status` (what `qoslet status` shows).
 
 pub mod metrics;
+pub mod process;
 pub mod readiness;
 pub mod serve;
 pub mod status;

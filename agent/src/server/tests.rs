@@ -413,3 +413,38 @@ fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
         "{text}"
     );
 }
+
+#[test]
+fn the_agents_own_series_and_the_baselines_are_there_from_the_start() {
+    let text = Metrics::new().encode().unwrap();
+    let version = format!(
+        "qoslet_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    for line in [
+        version.as_str(),
+        // Rates and increases need a sample before the first drop or eviction.
+        "qoslet_api_writes_dropped_total{write=\"\",reason=\"expired\"} 0",
+        "qoslet_api_writes_dropped_total{write=\"\",reason=\"overflow\"} 0",
+        "qoslet_eviction_stage_latency_seconds_count{stage=\"wake\"} 0",
+        "qoslet_eviction_stage_latency_seconds_count{stage=\"decide\"} 0",
+        "qoslet_eviction_stage_latency_seconds_count{stage=\"kill\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    for series in process::SERIES {
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("{series} in {text}"));
+        assert!(
+            value.parse::<f64>().is_ok_and(f64::is_finite),
+            "{series} {value}"
+        );
+        let family = series.trim_end_matches("_total");
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "{family} in {text}"
+        );
+    }
+}
