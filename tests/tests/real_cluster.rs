@@ -926,9 +926,14 @@ struct Seen {
     failed: bool,
     disruption_target: bool,
     reason_evicted: bool,
-    /// A container running, or restarted, in an update after the one that showed Failed.
+    /// An update after the one that showed Failed in which the pod ran again: the phase back to
+    /// Pending or Running, a restart counted, or a container running that started later than
+    /// any the Failed update showed. (A container still shown running after Failed is not one:
+    /// our patch sets the phase, and the kubelet updates the containers' states later.)
     restarted_after_failed: bool,
     max_restarts: i32,
+    /// The latest container start the first Failed update showed.
+    started_at_failure: Option<String>,
     deleted: bool,
 }
 
@@ -942,19 +947,30 @@ fn record(seen: &mut Seen, p: &Pod) {
         .unwrap_or_default();
     seen.name = p.metadata.name.clone().unwrap_or_default();
     seen.ip = s.pod_ip.clone().or(seen.ip.take());
-    let statuses = s.container_statuses.unwrap_or_default();
+    let statuses = s.container_statuses.clone().unwrap_or_default();
     let restarts = statuses.iter().map(|c| c.restart_count).max().unwrap_or(0);
-    let any_running = statuses
+    // RFC 3339 in UTC with the API's second resolution: ordered as strings.
+    let latest_start = statuses
         .iter()
-        .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()));
-    if seen.failed && (any_running || restarts > seen.max_restarts) {
+        .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+        .map(|t| t.0.to_string())
+        .max();
+    let phase = s.phase.as_deref();
+    if seen.failed
+        && (matches!(phase, Some("Pending" | "Running"))
+            || restarts > seen.max_restarts
+            || latest_start > seen.started_at_failure)
+    {
         seen.restarted_after_failed = true;
     }
     seen.max_restarts = seen.max_restarts.max(restarts);
-    seen.running = s.phase.as_deref() == Some("Running")
+    seen.running = phase == Some("Running")
         && p.metadata.deletion_timestamp.is_none()
         && statuses.iter().any(|c| c.ready);
-    if s.phase.as_deref() == Some("Failed") {
+    if phase == Some("Failed") {
+        if !seen.failed {
+            seen.started_at_failure = latest_start;
+        }
         seen.failed = true;
         seen.reason_evicted |= s.reason.as_deref() == Some("Evicted");
         seen.disruption_target |= s.conditions.unwrap_or_default().iter().any(|c| {
@@ -1189,6 +1205,13 @@ async fn evictions_under_real_controllers() {
             )
             .await;
             took.push(t.elapsed());
+            // One eviction at a time: the next hog grows once this one's processes are gone
+            // (frozen, they hold their memory until the kill).
+            wait_for(&format!("round {round}: the {kind}'s hog gone"), || async {
+                let procs = hog_processes();
+                (!procs.values().any(|uids| uids.contains(&victim))).then_some(())
+            })
+            .await;
             evicted.entry(kind).or_default().push(victim);
             if kind == "job" && round + 1 < EVICTIONS_EACH {
                 job_api

@@ -33,6 +33,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
+
 use super::{
     queue::WriteQueue,
     unit::UnitMembers,
@@ -66,6 +69,9 @@ pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 /// time gets the kill anyway: the node's memory cannot wait longer.
 pub const KUBELET_BEFORE_KILL: Duration = Duration::from_secs(5);
 
+/// How often the wait for the kubelet looks for a phase written back over the status.
+const REPUBLISH_CHECK: Duration = Duration::from_millis(250);
+
 /// The cluster eviction action.
 pub struct ApiEviction {
     kill: CgroupKill,
@@ -74,6 +80,9 @@ pub struct ApiEviction {
     method: EvictionMethod,
     /// Set with `gangEviction: unit` (and a cluster that serves the Workload API).
     members: Option<UnitMembers>,
+    /// The node's pods as the source's watch keeps them: while a frozen pod waits for the
+    /// kubelet, a phase the kubelet wrote back over the Failed status is seen here.
+    pods: Option<Store<Pod>>,
 }
 
 impl ApiEviction {
@@ -90,6 +99,53 @@ impl ApiEviction {
             node: node.into(),
             method,
             members: members.filter(|_| gang == GangEviction::Unit),
+            pods: None,
+        }
+    }
+
+    /// Watches `pods` (the source's store) for a phase written back over an eviction's status.
+    pub fn with_pod_store(mut self, pods: Store<Pod>) -> Self {
+        self.pods = Some(pods);
+        self
+    }
+
+    /// Whether the API server (as the watch last showed it) has the pod, same UID, in a phase
+    /// other than Failed: the kubelet's status manager wrote its own phase over the eviction's
+    /// status before its pod worker saw it. `false` when unknown.
+    fn phase_written_back(&self, pod: &PodKey) -> bool {
+        let Some(store) = &self.pods else {
+            return false;
+        };
+        let key = ObjectRef::new(&pod.name).within(&pod.namespace);
+        store.get(&key).is_some_and(|p| {
+            p.metadata.uid.as_deref() == Some(pod.uid.as_str())
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed")
+        })
+    }
+
+    /// Waits for the kubelet to start tearing the frozen pod down ([`KUBELET_BEFORE_KILL`] at
+    /// most); the status goes out again whenever the watch shows the kubelet's phase written
+    /// back over it. Whether the kubelet acted in time.
+    async fn wait_for_kubelet(
+        &self,
+        req: &EvictionRequest,
+        before: &std::collections::BTreeMap<i32, u64>,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + KUBELET_BEFORE_KILL;
+        let mut republished = 0;
+        loop {
+            if req.cgroups.wait_signalled(before, REPUBLISH_CHECK).await {
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            if self.phase_written_back(&req.pod) {
+                republished += 1;
+                tracing::info!(pod = %req.pod, republished, "The kubelet wrote the evicted pod's phase back before it saw Failed; publishing the status again.");
+                let writes = self.writes(req, &now());
+                self.push(req, writes.into_iter().take(1).collect());
+            }
         }
     }
 
@@ -228,12 +284,7 @@ impl EvictionAction for ApiEviction {
             self.push(req, writes);
             if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
-            } else if frozen_at.is_some()
-                && !req
-                    .cgroups
-                    .wait_signalled(&before, KUBELET_BEFORE_KILL)
-                    .await
-            {
+            } else if frozen_at.is_some() && !self.wait_for_kubelet(req, &before).await {
                 tracing::warn!(pod = %req.pod, waited = ?KUBELET_BEFORE_KILL, "The kubelet did not start tearing the evicted pod down in time; killing it anyway (it may restart its containers).");
             }
             let kill = EvictionRequest {

@@ -309,7 +309,8 @@ pub async fn run(
             client: client.clone(),
             pods: source.pod_store(),
         }),
-    );
+    )
+    .with_pod_store(source.pod_store());
     if enforce {
         marks::at_start(&fs, settings.cgroup_driver, source.pods(), &action, &queue);
     }

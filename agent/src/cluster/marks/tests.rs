@@ -118,13 +118,7 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
             json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": r.path()}}),
         ))
     });
-    let action = ApiEviction::new(
-        queue.clone(),
-        "node-a",
-        EvictionMethod::Kubelet,
-        GangEviction::Node,
-        None,
-    );
+    let action = kubelet_action(&queue);
     let marks = found_marks(&tree);
     // Its containers started before the eviction (a second at most: the API's resolution).
     let live = |uid: &str| match uid {
@@ -162,6 +156,16 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
     );
 }
 
+fn kubelet_action(queue: &Arc<WriteQueue>) -> ApiEviction {
+    ApiEviction::new(
+        queue.clone(),
+        "node-a",
+        EvictionMethod::Kubelet,
+        GangEviction::Node,
+        None,
+    )
+}
+
 fn found_marks(tree: &Path) -> Vec<EvictionMark> {
     find(
         open(tree).as_fd(),
@@ -191,13 +195,7 @@ fn a_marked_pod_that_ran_again_is_not_evicted_again_at_start() {
     let tree = t.0.join("cgroup");
     kubelet_tree(&tree);
     let queue = Arc::new(WriteQueue::open(&t.0.join("api-writes")).unwrap());
-    let action = ApiEviction::new(
-        queue.clone(),
-        "node-a",
-        EvictionMethod::Kubelet,
-        GangEviction::Node,
-        None,
-    );
+    let action = kubelet_action(&queue);
     let marks = found_marks(&tree);
     let live = |uid: &str| (uid == RUNNING).then(|| live_pod(false, Some(EVICTED_AT + 1)));
     assert_eq!(

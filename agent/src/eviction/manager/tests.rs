@@ -60,6 +60,21 @@ impl EvictionAction for &Fake {
     }
 }
 
+/// A soft memory.available threshold of 500Mi with a 1 s grace period (a grace of 0s would make
+/// it hard, as upstream: `isHardEvictionThreshold`).
+fn soft_memory_500mi_1s() -> Vec<Threshold> {
+    let soft = BTreeMap::from([("memory.available".to_owned(), "500Mi".to_owned())]);
+    let grace = BTreeMap::from([("memory.available".to_owned(), "1s".to_owned())]);
+    parse_thresholds(&EvictionInput {
+        hard: Some(&BTreeMap::new()),
+        soft: Some(&soft),
+        soft_grace: Some(&grace),
+        ..Default::default()
+    })
+    .unwrap()
+    .1
+}
+
 fn write(dir: &Path, file: &str, v: &str) {
     fs::write(dir.join(file), v).unwrap();
 }
@@ -227,17 +242,7 @@ async fn a_soft_threshold_waits_for_its_grace_and_uses_the_pod_grace_period() {
     };
     let (_tx, rx) = watch::channel(inv);
     let mut cfg = config(&[("memory.available", "100Mi")], &[]);
-    let soft = BTreeMap::from([("memory.available".to_owned(), "500Mi".to_owned())]);
-    // A soft grace of 0s would make it hard, as upstream (`isHardEvictionThreshold`).
-    let grace = BTreeMap::from([("memory.available".to_owned(), "1s".to_owned())]);
-    cfg.soft = parse_thresholds(&EvictionInput {
-        hard: Some(&BTreeMap::new()),
-        soft: Some(&soft),
-        soft_grace: Some(&grace),
-        ..Default::default()
-    })
-    .unwrap()
-    .1;
+    cfg.soft = soft_memory_500mi_1s();
     cfg.max_pod_grace_secs = 10;
     let mut m = Manager::new(cfg, signals, &fake, rx);
     assert_eq!(
@@ -274,16 +279,7 @@ async fn a_refused_eviction_holds_back_soft_evictions_but_not_hard_ones() {
     };
     let (_tx, rx) = watch::channel(inv.clone());
     let mut cfg = config(&[], &[]);
-    let soft = BTreeMap::from([("memory.available".to_owned(), "500Mi".to_owned())]);
-    let grace = BTreeMap::from([("memory.available".to_owned(), "1s".to_owned())]);
-    cfg.soft = parse_thresholds(&EvictionInput {
-        hard: Some(&BTreeMap::new()),
-        soft: Some(&soft),
-        soft_grace: Some(&grace),
-        ..Default::default()
-    })
-    .unwrap()
-    .1;
+    cfg.soft = soft_memory_500mi_1s();
     let mut m = Manager::new(cfg, signals, Refused(&fake, waiting), rx);
     assert_eq!(m.pass(None).await.unwrap(), None, "within the soft grace");
     tokio::time::sleep(Duration::from_millis(1050)).await;
