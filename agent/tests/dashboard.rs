@@ -1,7 +1,9 @@
 //! The monitoring that ships cannot drift from the code: every metric name in every PromQL
-//! expression of the dashboard (deploy/grafana/qoslet.json) is one the agent's registry exposes,
-//! or one Prometheus makes itself for every scrape target (`up`); and the metrics table of
-//! docs/usage.md lists exactly the registry's metrics, each with its type.
+//! expression of the dashboard (deploy/grafana/qoslet.json) and the alert rules
+//! (deploy/kubernetes/prometheusrule.yaml) is one the agent's registry exposes, or one
+//! Prometheus makes itself for every scrape target (`up`); every metric docs/runbooks.md names
+//! is registered; and the metrics table of docs/usage.md lists exactly the registry's metrics,
+//! each with its type.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -215,4 +217,51 @@ fn the_usage_docs_list_every_metric_the_agent_registers() {
         undocumented.is_empty(),
         "registered, not in docs/usage.md's metrics table: {undocumented:?}"
     );
+}
+
+/// The series the agent's registry exposes, and `up`.
+fn exposed() -> BTreeSet<String> {
+    let mut exposed: BTreeSet<String> = Metrics::new().series_names().iter().cloned().collect();
+    exposed.insert("up".into());
+    exposed
+}
+
+#[test]
+fn every_alert_rule_metric_is_registered_by_the_agent() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/prometheusrule.yaml");
+    let rule: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let exposed = exposed();
+    let mut rules = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            let expr = r["expr"].as_str().unwrap();
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "no metric in {expr}");
+            for n in names {
+                assert!(exposed.contains(&n), "{n} (in {expr}) is not registered");
+            }
+            rules += 1;
+        }
+    }
+    assert!(rules >= 10, "{rules} rules");
+}
+
+#[test]
+fn every_metric_the_runbooks_name_is_registered_by_the_agent() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runbooks.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let exposed = exposed();
+    let mut named = 0;
+    for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("qoslet_") || word.starts_with("process_") {
+            // A histogram is named by its family, without the `_bucket` of its series.
+            assert!(
+                exposed.contains(word) || exposed.contains(&format!("{word}_bucket")),
+                "docs/runbooks.md names {word}, which the agent does not register"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 10, "{named} metric names");
 }

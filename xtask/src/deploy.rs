@@ -341,3 +341,56 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The alerts of deploy/kubernetes/prometheusrule.yaml: (name, runbook_url).
+    fn alerts() -> Vec<(String, String)> {
+        let text =
+            fs::read_to_string(workspace_root().join("deploy/kubernetes/prometheusrule.yaml"))
+                .unwrap();
+        let rule = &documents(&text).unwrap()[0];
+        rule["spec"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .filter_map(|r| {
+                let alert = r["alert"].as_str()?;
+                let url = r["annotations"]["runbook_url"].as_str().unwrap_or("");
+                Some((alert.to_owned(), url.to_owned()))
+            })
+            .collect()
+    }
+
+    /// Every alert links its own section of docs/runbooks.md (a `## Name` heading, whose anchor
+    /// is the name in lower case) and has a promtool unit test.
+    #[test]
+    fn every_alert_has_its_runbook_section_and_a_unit_test() {
+        let root = workspace_root();
+        let runbooks = fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
+        let tests =
+            fs::read_to_string(root.join("deploy/prometheus/qoslet-rules.test.yaml")).unwrap();
+        let alerts = alerts();
+        assert!(alerts.len() >= 10, "{alerts:?}");
+        for (alert, url) in alerts {
+            assert_eq!(
+                url,
+                format!("docs/runbooks.md#{}", alert.to_lowercase()),
+                "{alert}'s runbook_url"
+            );
+            assert!(
+                runbooks.lines().any(|l| l == format!("## {alert}")),
+                "docs/runbooks.md has no section {alert}"
+            );
+            assert!(
+                tests
+                    .lines()
+                    .any(|l| l.trim() == format!("alertname: {alert}")),
+                "deploy/prometheus/qoslet-rules.test.yaml does not test {alert}"
+            );
+        }
+    }
+}
