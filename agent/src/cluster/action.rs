@@ -6,8 +6,9 @@
 //! 2. **publish** `pods/status`: phase Failed, reason Evicted, the kubelet's message and the
 //!    `DisruptionTarget` condition, waiting for the API server to take it
 //!    ([`STATUS_BEFORE_KILL`] at most);
-//! 3. **wait for the kubelet** to start tearing the pod down ([`KUBELET_BEFORE_KILL`] at most):
-//!    its stop signal, pending on the frozen processes or fatal to them;
+//! 3. **settle**: the status must stand on the API server for [`STATUS_SETTLE`] as the pod watch
+//!    shows it, sent again when the kubelet's phase is written back over it, so that the
+//!    kubelet's copy of the pod says Failed when the kill makes it sync;
 //! 4. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
 //!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
 //!    the emptied cgroup.
@@ -39,7 +40,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::{
     queue::WriteQueue,
     unit::UnitMembers,
-    writes::{ApiWrite, EventObject, now},
+    writes::{ApiWrite, EventObject, now as now_rfc3339},
 };
 use crate::{
     config::{EvictionMethod, GangEviction},
@@ -59,18 +60,23 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// memory is not left waiting longer.
 pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 
-/// How long a frozen pod whose Failed status the API server took waits for the kubelet to act on
-/// it before the kill. The API server taking the status does not mean the kubelet has seen it:
-/// its pod worker syncs from its own copy of the pod, and a container that dies before that copy
-/// says Failed is restarted (restartPolicy Always) and the kubelet writes Running back over the
-/// status (the churn test on the real cluster saw it: 1 eviction in 22). Once the kubelet sees
-/// Failed it tears the pod down, and the runtime's stop signal, pending on the frozen processes,
-/// says so ([`PodCgroups::wait_signalled`]); then qoslet kills. A kubelet that does not act in
-/// time gets the kill anyway: the node's memory cannot wait longer.
-pub const KUBELET_BEFORE_KILL: Duration = Duration::from_secs(5);
+/// How long the pod's Failed status must stand on the API server, as the pod watch shows it,
+/// before the kill. The API server taking the status does not mean the kubelet holds it: a
+/// status-only update reaches the kubelet's copy of the pod through its own watch (v1.37.2
+/// `HandlePodReconcile` stores it and syncs nothing), and its status manager may write its own
+/// phase back over it (`mergePodStatus` keeps the kubelet's phase), for one when a container
+/// just became ready. The kill makes the kubelet sync the pod; if its copy does not say Failed
+/// by then, it restarts the container (restartPolicy Always) and writes Running back: the churn
+/// test on the real cluster saw that once in 22 evictions. A status seen standing for this long
+/// in qoslet's watch has reached the kubelet's too (both watch the same API server).
+pub const STATUS_SETTLE: Duration = Duration::from_millis(300);
 
-/// How often the wait for the kubelet looks for a phase written back over the status.
-const REPUBLISH_CHECK: Duration = Duration::from_millis(250);
+/// The most the settle may take with the status written back and sent again; the kill goes
+/// then (the node's memory cannot wait longer).
+pub const SETTLE_BEFORE_KILL: Duration = Duration::from_secs(3);
+
+/// How often the settle looks at the pod watch.
+const SETTLE_POLL: Duration = Duration::from_millis(20);
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -109,43 +115,44 @@ impl ApiEviction {
         self
     }
 
-    /// Whether the API server (as the watch last showed it) has the pod, same UID, in a phase
-    /// other than Failed: the kubelet's status manager wrote its own phase over the eviction's
-    /// status before its pod worker saw it. `false` when unknown.
-    fn phase_written_back(&self, pod: &PodKey) -> bool {
-        let Some(store) = &self.pods else {
-            return false;
-        };
+    /// The pod's phase as the watch last showed it (same UID); `None` without a store or pod.
+    fn watched_phase(&self, pod: &PodKey) -> Option<String> {
         let key = ObjectRef::new(&pod.name).within(&pod.namespace);
-        store.get(&key).is_some_and(|p| {
-            p.metadata.uid.as_deref() == Some(pod.uid.as_str())
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed")
-        })
+        let p = self.pods.as_ref()?.get(&key)?;
+        (p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
+            .then(|| p.status.as_ref()?.phase.clone())
+            .flatten()
     }
 
-    /// Waits for the kubelet to start tearing the frozen pod down ([`KUBELET_BEFORE_KILL`] at
-    /// most); the status goes out again whenever the watch shows the kubelet's phase written
-    /// back over it. Whether the kubelet acted in time.
-    async fn wait_for_kubelet(
-        &self,
-        req: &EvictionRequest,
-        before: &std::collections::BTreeMap<i32, u64>,
-    ) -> bool {
-        let deadline = tokio::time::Instant::now() + KUBELET_BEFORE_KILL;
-        let mut republished = 0;
+    /// Waits until the pod watch has shown the Failed status standing for [`STATUS_SETTLE`],
+    /// sending it again whenever the kubelet's phase is written back over it, at most
+    /// [`SETTLE_BEFORE_KILL`]. Whether it settled. Without a store: the settle time alone.
+    async fn settle_status(&self, req: &EvictionRequest) -> bool {
+        if self.pods.is_none() {
+            tokio::time::sleep(STATUS_SETTLE).await;
+            return true;
+        }
+        let deadline = tokio::time::Instant::now() + SETTLE_BEFORE_KILL;
+        let mut failed_since: Option<tokio::time::Instant> = None;
+        let mut sent_again = 0;
         loop {
-            if req.cgroups.wait_signalled(before, REPUBLISH_CHECK).await {
-                return true;
-            }
-            if tokio::time::Instant::now() > deadline {
-                return false;
-            }
-            if self.phase_written_back(&req.pod) {
-                republished += 1;
-                tracing::info!(pod = %req.pod, republished, "The kubelet wrote the evicted pod's phase back before it saw Failed; publishing the status again.");
-                let writes = self.writes(req, &now());
+            let now = tokio::time::Instant::now();
+            if self.watched_phase(&req.pod).as_deref() == Some("Failed") {
+                if now - *failed_since.get_or_insert(now) >= STATUS_SETTLE {
+                    return true;
+                }
+            } else if failed_since.take().is_some() {
+                // Failed was seen, and now another phase: written back. (Before Failed is seen
+                // at all, the watch has not delivered it yet.)
+                sent_again += 1;
+                tracing::info!(pod = %req.pod, sent_again, "The kubelet wrote the evicted pod's phase back over its Failed status; sending it again.");
+                let writes = self.writes(req, &now_rfc3339());
                 self.push(req, writes.into_iter().take(1).collect());
             }
+            if now > deadline {
+                return false;
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
         }
     }
 
@@ -274,18 +281,15 @@ impl EvictionAction for ApiEviction {
 
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The order is the module doc's: freeze, publish, wait for the kubelet, kill.
+            // The order is the module doc's: freeze, publish, settle, kill.
             let frozen_at = req.cgroups.freeze().await;
-            let before = frozen_at
-                .map(|_| req.cgroups.pending_signals())
-                .unwrap_or_default();
-            let writes = self.writes(req, &now());
+            let writes = self.writes(req, &now_rfc3339());
             let status_id = writes.first().map(|(id, _)| id.clone()).unwrap_or_default();
             self.push(req, writes);
             if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
-            } else if frozen_at.is_some() && !self.wait_for_kubelet(req, &before).await {
-                tracing::warn!(pod = %req.pod, waited = ?KUBELET_BEFORE_KILL, "The kubelet did not start tearing the evicted pod down in time; killing it anyway (it may restart its containers).");
+            } else if !self.settle_status(req).await {
+                tracing::warn!(pod = %req.pod, waited = ?SETTLE_BEFORE_KILL, "The pod's Failed status did not stand on the API server in time; killing it anyway (the kubelet may restart its containers).");
             }
             let kill = EvictionRequest {
                 grace: Duration::ZERO,
@@ -300,7 +304,7 @@ impl EvictionAction for ApiEviction {
             outcome.first_signal_at = frozen_at.into_iter().chain(outcome.first_signal_at).min();
             Ok(outcome)
         } else {
-            self.push(req, self.writes(req, &now()));
+            self.push(req, self.writes(req, &now_rfc3339()));
             let members = self.members_elsewhere(req).await;
             self.push(req, member_writes(&members, grace_secs(req)));
             Ok(Outcome {

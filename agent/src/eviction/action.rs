@@ -36,23 +36,6 @@ const POLL: Duration = Duration::from_millis(10);
 /// under memory pressure, I/O).
 pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
 const FREEZE_POLL: Duration = Duration::from_millis(1);
-/// How often [`PodCgroups::wait_signalled`] reads the frozen pod's pending signals.
-const SIGNALLED_POLL: Duration = Duration::from_millis(5);
-
-/// The pending signals of a /proc/<pid>/status text: thread-directed (`SigPnd`) and
-/// process-directed (`ShdPnd`) together.
-fn parse_pending(status: &str) -> u64 {
-    status
-        .lines()
-        .filter_map(|l| {
-            let hex = l
-                .strip_prefix("SigPnd:")
-                .or_else(|| l.strip_prefix("ShdPnd:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .fold(0, |a, b| a | b)
-}
-
 /// The cgroups of one pod: every directory its processes are in (the v1 controllers' and, on
 /// hybrid hosts, the unified tree's).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -91,48 +74,6 @@ impl PodCgroups {
                 return Some(at);
             }
             tokio::time::sleep(FREEZE_POLL).await;
-        }
-    }
-
-    /// The signals pending on each of the pod's processes (`SigPnd | ShdPnd` of
-    /// /proc/<pid>/status). A frozen process keeps what it is sent pending, so a bit that
-    /// appears here after the freeze is a signal someone sent it since: the runtime's stop
-    /// signal when the kubelet tears the pod down.
-    pub fn pending_signals(&self) -> BTreeMap<i32, u64> {
-        let Ok(pids) = procs(self) else {
-            return BTreeMap::new();
-        };
-        pids.into_iter()
-            .filter_map(|pid| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                Some((pid, parse_pending(&status)))
-            })
-            .collect()
-    }
-
-    /// Waits until the (frozen) pod is sent a signal after `before` ([`Self::pending_signals`]),
-    /// at most `timeout`; whether one came. A process with a handler keeps it pending; one
-    /// without dies of it at once, frozen or not (the kernel turns a fatal signal into a group
-    /// exit), so a process of `before` gone counts too: a frozen process exits no other way.
-    pub async fn wait_signalled(&self, before: &BTreeMap<i32, u64>, timeout: Duration) -> bool {
-        if before.is_empty() {
-            // No process to kill, none to restart.
-            return true;
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let now = self.pending_signals();
-            let new = now
-                .iter()
-                .any(|(pid, bits)| bits & !before.get(pid).copied().unwrap_or(0) != 0);
-            let gone = before.keys().any(|pid| !now.contains_key(pid));
-            if new || gone {
-                return true;
-            }
-            if tokio::time::Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(SIGNALLED_POLL).await;
         }
     }
 

@@ -120,14 +120,3 @@ async fn a_pod_directory_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
-
-#[test]
-fn pending_signals_are_both_masks_of_the_status() {
-    let status = "Name:\tsleep\nSigQ:\t1/63328\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000004000\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000004\n";
-    assert_eq!(parse_pending(status), 1 << (libc::SIGTERM - 1));
-    assert_eq!(
-        parse_pending("SigPnd:\t0000000000000100\nShdPnd:\t0000000000000001\n"),
-        0x101
-    );
-    assert_eq!(parse_pending("Name:\tx\n"), 0);
-}
