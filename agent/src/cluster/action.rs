@@ -6,12 +6,13 @@
 //! 2. **publish** `pods/status`: phase Failed, reason Evicted, the kubelet's message and the
 //!    `DisruptionTarget` condition, waiting for the API server to take it
 //!    ([`STATUS_BEFORE_KILL`] at most);
-//! 3. **settle**: the status must stand on the API server for [`STATUS_SETTLE`] as the pod watch
-//!    shows it, sent again when the kubelet's phase is written back over it, so that the
-//!    kubelet's copy of the pod says Failed when the kill makes it sync;
+//! 3. **see** the status in the pod watch ([`SEEN_BEFORE_KILL`] at most), as the kubelet's own
+//!    watch sees it;
 //! 4. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
 //!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
-//!    the emptied cgroup.
+//!    the emptied cgroup;
+//! 5. **guard** the status for [`GUARD_AFTER_KILL`]: a phase the kubelet's status manager writes
+//!    back over it is answered by sending it again, so that the kill's sync finds Failed.
 //!
 //! The status must reach the kubelet before its PLEG sees the containers die, or it restarts
 //! them (restartPolicy Always) and writes Running back; and it must not be published while they
@@ -60,23 +61,35 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// memory is not left waiting longer.
 pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 
-/// How long the pod's Failed status must stand on the API server, as the pod watch shows it,
-/// before the kill. The API server taking the status does not mean the kubelet holds it: a
-/// status-only update reaches the kubelet's copy of the pod through its own watch (v1.37.2
-/// `HandlePodReconcile` stores it and syncs nothing), and its status manager may write its own
-/// phase back over it (`mergePodStatus` keeps the kubelet's phase), for one when a container
-/// just became ready. The kill makes the kubelet sync the pod; if its copy does not say Failed
-/// by then, it restarts the container (restartPolicy Always) and writes Running back: the churn
-/// test on the real cluster saw that once in 22 evictions. A status seen standing for this long
-/// in qoslet's watch has reached the kubelet's too (both watch the same API server).
-pub const STATUS_SETTLE: Duration = Duration::from_millis(300);
+/// The API server taking the Failed status does not mean the kubelet holds it. A status-only
+/// update reaches the kubelet's copy of the pod through its own watch and makes it sync nothing
+/// (v1.37.2 `HandlePodReconcile`); the kill makes it sync, from whatever its copy says then. And
+/// its status manager writes its own cached phase (Running) back over a status that differs from
+/// it: when its own status changes (`mergePodStatus` keeps the kubelet's phase), and in its
+/// reconcile every 10 s (`syncBatch` / `needsReconcile`). If the copy says Running when the
+/// kill's sync comes (the generic PLEG's relist, up to 1 s after the kill), the kubelet restarts
+/// the container (restartPolicy Always) and the pod runs again. The churn test on the real
+/// cluster saw that about once in 20 evictions. So qoslet kills once its own pod watch shows the
+/// status (the kubelet's watch of the same API server has it then too), at most
+/// [`SEEN_BEFORE_KILL`] after the API server took it, and answers every phase written back over
+/// it, until [`GUARD_AFTER_KILL`] after the kill, by sending the status again at once.
+pub const SEEN_BEFORE_KILL: Duration = Duration::from_secs(1);
 
-/// The most the settle may take with the status written back and sent again; the kill goes
-/// then (the node's memory cannot wait longer).
-pub const SETTLE_BEFORE_KILL: Duration = Duration::from_secs(3);
+/// How long after the kill a phase written back over the Failed status is answered (the PLEG's
+/// 1 s relist and the sync after it, with margin).
+pub const GUARD_AFTER_KILL: Duration = Duration::from_secs(3);
 
-/// How often the settle looks at the pod watch.
-const SETTLE_POLL: Duration = Duration::from_millis(20);
+/// How often the pod watch is looked at before and after the kill.
+const WATCH_POLL: Duration = Duration::from_millis(10);
+
+/// The pod's phase in `store` (same UID); `None` without the pod.
+fn watched_phase(store: &Store<Pod>, pod: &PodKey) -> Option<String> {
+    let key = ObjectRef::new(&pod.name).within(&pod.namespace);
+    let p = store.get(&key)?;
+    (p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
+        .then(|| p.status.as_ref()?.phase.clone())
+        .flatten()
+}
 
 /// The cluster eviction action.
 pub struct ApiEviction {
@@ -115,45 +128,50 @@ impl ApiEviction {
         self
     }
 
-    /// The pod's phase as the watch last showed it (same UID); `None` without a store or pod.
-    fn watched_phase(&self, pod: &PodKey) -> Option<String> {
-        let key = ObjectRef::new(&pod.name).within(&pod.namespace);
-        let p = self.pods.as_ref()?.get(&key)?;
-        (p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
-            .then(|| p.status.as_ref()?.phase.clone())
-            .flatten()
-    }
-
-    /// Waits until the pod watch has shown the Failed status standing for [`STATUS_SETTLE`],
-    /// sending it again whenever the kubelet's phase is written back over it, at most
-    /// [`SETTLE_BEFORE_KILL`]. Whether it settled. Without a store: the settle time alone.
-    async fn settle_status(&self, req: &EvictionRequest) -> bool {
-        if self.pods.is_none() {
-            tokio::time::sleep(STATUS_SETTLE).await;
+    /// Waits until the pod watch shows the Failed status, at most [`SEEN_BEFORE_KILL`]; whether
+    /// it did. Without a store, at once.
+    async fn status_seen(&self, pod: &PodKey) -> bool {
+        let Some(store) = &self.pods else {
             return true;
-        }
-        let deadline = tokio::time::Instant::now() + SETTLE_BEFORE_KILL;
-        let mut failed_since: Option<tokio::time::Instant> = None;
-        let mut sent_again = 0;
-        loop {
-            let now = tokio::time::Instant::now();
-            if self.watched_phase(&req.pod).as_deref() == Some("Failed") {
-                if now - *failed_since.get_or_insert(now) >= STATUS_SETTLE {
-                    return true;
-                }
-            } else if failed_since.take().is_some() {
-                // Failed was seen, and now another phase: written back. (Before Failed is seen
-                // at all, the watch has not delivered it yet.)
-                sent_again += 1;
-                tracing::info!(pod = %req.pod, sent_again, "The kubelet wrote the evicted pod's phase back over its Failed status; sending it again.");
-                let writes = self.writes(req, &now_rfc3339());
-                self.push(req, writes.into_iter().take(1).collect());
-            }
-            if now > deadline {
+        };
+        let deadline = tokio::time::Instant::now() + SEEN_BEFORE_KILL;
+        while watched_phase(store, pod).as_deref() != Some("Failed") {
+            if tokio::time::Instant::now() > deadline {
                 return false;
             }
-            tokio::time::sleep(SETTLE_POLL).await;
+            tokio::time::sleep(WATCH_POLL).await;
         }
+        true
+    }
+
+    /// Until [`GUARD_AFTER_KILL`] from now, answers a phase written back over the pod's Failed
+    /// status (after the watch showed it Failed) by queueing `status` again, in a task of its
+    /// own: the eviction does not wait for it.
+    fn guard_status(&self, pod: &PodKey, status: (String, ApiWrite)) {
+        let Some(store) = self.pods.clone() else {
+            return;
+        };
+        let (queue, pod) = (self.queue.clone(), pod.clone());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + GUARD_AFTER_KILL;
+            let mut failed = false;
+            let mut sent_again = 0;
+            while tokio::time::Instant::now() < deadline {
+                match watched_phase(&store, &pod).as_deref() {
+                    Some("Failed") => failed = true,
+                    Some(_) if failed => {
+                        failed = false;
+                        sent_again += 1;
+                        tracing::info!(%pod, sent_again, "The kubelet wrote the evicted pod's phase back over its Failed status; sending it again.");
+                        if let Err(e) = queue.push(&status.0, &pod.uid, status.1.clone()) {
+                            tracing::error!(%pod, error = %e, "Could not queue the evicted pod's status again.");
+                        }
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(WATCH_POLL).await;
+            }
+        });
     }
 
     /// Whether this eviction kills locally (else the Eviction API alone acts).
@@ -281,15 +299,22 @@ impl EvictionAction for ApiEviction {
 
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The order is the module doc's: freeze, publish, settle, kill.
+            // The order is the module doc's: freeze, publish, kill, guard.
             let frozen_at = req.cgroups.freeze().await;
             let writes = self.writes(req, &now_rfc3339());
-            let status_id = writes.first().map(|(id, _)| id.clone()).unwrap_or_default();
+            let status = writes.first().cloned();
+            let status_id = status
+                .as_ref()
+                .map(|(id, _)| id.clone())
+                .unwrap_or_default();
             self.push(req, writes);
             if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
-            } else if !self.settle_status(req).await {
-                tracing::warn!(pod = %req.pod, waited = ?SETTLE_BEFORE_KILL, "The pod's Failed status did not stand on the API server in time; killing it anyway (the kubelet may restart its containers).");
+            } else if !self.status_seen(&req.pod).await {
+                tracing::warn!(pod = %req.pod, waited = ?SEEN_BEFORE_KILL, "The pod watch did not show the pod's Failed status in time; killing it anyway.");
+            }
+            if let Some(status) = status {
+                self.guard_status(&req.pod, status);
             }
             let kill = EvictionRequest {
                 grace: Duration::ZERO,
