@@ -926,11 +926,16 @@ struct Seen {
     failed: bool,
     disruption_target: bool,
     reason_evicted: bool,
-    /// An update after the one that showed Failed in which the pod ran again: the phase back to
-    /// Pending or Running, a restart counted, or a container running that started later than
-    /// any the Failed update showed. (A container still shown running after Failed is not one:
-    /// our patch sets the phase, and the kubelet updates the containers' states later.)
+    /// An update after the one that showed Failed in which a container ran again: a restart
+    /// counted, or a container running that started later than any the Failed update showed.
+    /// (A container still shown running after Failed is not one: the patch sets the phase, and
+    /// the kubelet updates the containers' states later.)
     restarted_after_failed: bool,
+    /// Updates that showed the phase back to Pending or Running after Failed (the kubelet's
+    /// status manager writing its cached phase back; qoslet sends the status again).
+    phase_written_back: u32,
+    /// The phase of the last update.
+    phase: Option<String>,
     max_restarts: i32,
     /// The latest container start the first Failed update showed.
     started_at_failure: Option<String>,
@@ -956,13 +961,13 @@ fn record(seen: &mut Seen, p: &Pod) {
         .map(|t| t.0.to_string())
         .max();
     let phase = s.phase.as_deref();
-    if seen.failed
-        && (matches!(phase, Some("Pending" | "Running"))
-            || restarts > seen.max_restarts
-            || latest_start > seen.started_at_failure)
-    {
+    if seen.failed && (restarts > seen.max_restarts || latest_start > seen.started_at_failure) {
         seen.restarted_after_failed = true;
     }
+    if seen.failed && seen.phase.as_deref() == Some("Failed") && phase != Some("Failed") {
+        seen.phase_written_back += 1;
+    }
+    seen.phase = phase.map(str::to_owned);
     seen.max_restarts = seen.max_restarts.max(restarts);
     seen.running = phase == Some("Running")
         && p.metadata.deletion_timestamp.is_none()
@@ -981,9 +986,11 @@ fn record(seen: &mut Seen, p: &Pod) {
     }
 }
 
-/// The hog processes on this machine by the pod name they carry: each pod uid's pids.
-fn hog_processes() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let mut out: std::collections::BTreeMap<_, std::collections::BTreeSet<_>> =
+/// The hog processes on this machine by the pod name they carry: each pod uid, with whether its
+/// process is frozen (`frozen 1` in its cgroup v2 `cgroup.events`: a frozen process runs no code
+/// but is not dead either).
+fn hog_processes() -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, bool>> {
+    let mut out: std::collections::BTreeMap<_, std::collections::BTreeMap<_, _>> =
         std::collections::BTreeMap::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let dir = entry.path();
@@ -998,10 +1005,36 @@ fn hog_processes() -> std::collections::BTreeMap<String, std::collections::BTree
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         if let [_, _, _, name, uid, ..] = args.as_slice() {
-            out.entry(name.clone()).or_default().insert(uid.clone());
+            out.entry(name.clone())
+                .or_default()
+                .insert(uid.clone(), frozen(&dir));
         }
     }
     out
+}
+
+/// Whether the process at `/proc/<pid>` is frozen: its cgroup v2 directory (the unified tree on
+/// a hybrid host) says `frozen 1`.
+fn frozen(proc_dir: &Path) -> bool {
+    let Some(rel) = fs::read_to_string(proc_dir.join("cgroup"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
+    else {
+        return false;
+    };
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .any(|mount| {
+            fs::read_to_string(
+                Path::new(mount)
+                    .join(rel.trim_start_matches('/'))
+                    .join("cgroup.events"),
+            )
+            .is_ok_and(|e| e.lines().any(|l| l == "frozen 1"))
+        })
 }
 
 /// Issue #37's real controllers: a StatefulSet's, a Job's (a `podFailurePolicy` that ignores
@@ -1069,10 +1102,10 @@ async fn evictions_under_real_controllers() {
             let (mut samples, mut overlaps) = (0u64, Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 let procs = hog_processes();
-                if let Some(uids) = procs.get("churn-0")
-                    && uids.len() > 1
+                if let Some(copies) = procs.get("churn-0")
+                    && copies.len() > 1
                 {
-                    overlaps.push(uids.clone());
+                    overlaps.push(copies.clone());
                 }
                 samples += 1;
                 std::thread::sleep(Duration::from_millis(50));
@@ -1209,7 +1242,7 @@ async fn evictions_under_real_controllers() {
             // (frozen, they hold their memory until the kill).
             wait_for(&format!("round {round}: the {kind}'s hog gone"), || async {
                 let procs = hog_processes();
-                (!procs.values().any(|uids| uids.contains(&victim))).then_some(())
+                (!procs.values().any(|copies| copies.contains_key(&victim))).then_some(())
             })
             .await;
             evicted.entry(kind).or_default().push(victim);
@@ -1276,14 +1309,30 @@ async fn evictions_under_real_controllers() {
             restarted.is_empty(),
             "{kind}: containers restarted after the eviction: {restarted:#?}"
         );
+        // The phase the kubelet wrote back is sent again: every pod still there ends Failed.
+        let not_failed: Vec<&Seen> = uids
+            .iter()
+            .filter_map(|u| seen.get(u))
+            .filter(|s| !s.deleted && s.phase.as_deref() != Some("Failed"))
+            .collect();
+        assert!(
+            not_failed.is_empty(),
+            "{kind}: evicted pods not Failed at the end: {not_failed:#?}"
+        );
+        let written_back: u32 = uids
+            .iter()
+            .filter_map(|u| seen.get(u))
+            .map(|s| s.phase_written_back)
+            .sum();
         report.push(format!(
-            "{kind}: {} evicted, Failed with DisruptionTarget {target}, reason Evicted kept {reason}, restarted 0",
+            "{kind}: {} evicted, Failed with DisruptionTarget {target}, reason Evicted kept {reason}, restarted 0, phase written back by the kubelet and sent again {written_back} times",
             uids.len()
         ));
     }
+    // Alive, frozen or not: a frozen copy runs no code, but it still holds what it held.
     assert!(
         overlaps.is_empty(),
-        "two copies of the StatefulSet's pod alive at once in {} of {samples} samples: {:?}",
+        "two copies of the StatefulSet's pod alive at once in {} of {samples} samples (uid: frozen): {:?}",
         overlaps.len(),
         overlaps.iter().take(5).collect::<Vec<_>>()
     );

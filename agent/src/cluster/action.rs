@@ -82,13 +82,17 @@ pub const GUARD_AFTER_KILL: Duration = Duration::from_secs(3);
 /// How often the pod watch is looked at before and after the kill.
 const WATCH_POLL: Duration = Duration::from_millis(10);
 
-/// The pod's phase in `store` (same UID); `None` without the pod.
+/// The pod's phase in `store` (same UID; an empty string without one); `None` when the pod is
+/// gone (or replaced under its name).
 fn watched_phase(store: &Store<Pod>, pod: &PodKey) -> Option<String> {
     let key = ObjectRef::new(&pod.name).within(&pod.namespace);
     let p = store.get(&key)?;
-    (p.metadata.uid.as_deref() == Some(pod.uid.as_str()))
-        .then(|| p.status.as_ref()?.phase.clone())
-        .flatten()
+    (p.metadata.uid.as_deref() == Some(pod.uid.as_str())).then(|| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default()
+    })
 }
 
 /// The cluster eviction action.
@@ -128,14 +132,16 @@ impl ApiEviction {
         self
     }
 
-    /// Waits until the pod watch shows the Failed status, at most [`SEEN_BEFORE_KILL`]; whether
+    /// Waits until the pod watch shows the Failed status, or the pod gone (a StatefulSet's
+    /// controller deletes a Failed pod at once: a terminal pod needs no graceful deletion, and
+    /// its replacement may start while this one waits), at most [`SEEN_BEFORE_KILL`]; whether
     /// it did. Without a store, at once.
     async fn status_seen(&self, pod: &PodKey) -> bool {
         let Some(store) = &self.pods else {
             return true;
         };
         let deadline = tokio::time::Instant::now() + SEEN_BEFORE_KILL;
-        while watched_phase(store, pod).as_deref() != Some("Failed") {
+        while watched_phase(store, pod).is_some_and(|phase| phase != "Failed") {
             if tokio::time::Instant::now() > deadline {
                 return false;
             }
