@@ -748,6 +748,23 @@ fn window(
     node.housekeeping(sensors)
 }
 
+/// A node with the CPU-pressure controller, a BestEffort pod and a Guaranteed one, after its
+/// first pass.
+fn cpu_pressure_node(
+    tree: &Tree0,
+    cfg: CpuPressureConfig,
+) -> (Node, Arc<AgentState>, FakeExecutor, FakeSensors, PodSet) {
+    let (mut node, _, state) = build_node_with(tree, Some(cfg), Mode::Enforce);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
+    let pods = pod_set(
+        &(pod_yaml("be", UID_A, None) + guaranteed),
+        &PodSet::default(),
+    );
+    node.pass(&pods, &exec, &[], &sensors);
+    (node, state, exec, sensors, pods)
+}
+
 /// A Guaranteed pod's run-queue latency over the target raises the controller one level per
 /// housekeeping tick; each level reaches the BestEffort tier's files through a pass; calm
 /// windows release it level by level back to the kubelet's values.
@@ -760,14 +777,7 @@ async fn cpu_pressure_constrains_and_releases_the_besteffort_tier() {
         min_wakeups: 1,
         ..CpuPressureConfig::default()
     };
-    let (mut node, _, state) = build_node_with(&tree, Some(cfg), Mode::Enforce);
-    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
-    let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
-    let pods = pod_set(
-        &(pod_yaml("be", UID_A, None) + guaranteed),
-        &PodSet::default(),
-    );
-    node.pass(&pods, &exec, &[], &sensors);
+    let (mut node, state, exec, sensors, pods) = cpu_pressure_node(&tree, cfg);
     let tier = tree.0.join("kubepods/besteffort");
     assert!(tier.is_dir());
     // The files a kernel with cpu.idle and the cpuset controller has, at their defaults (an
@@ -905,14 +915,7 @@ async fn cpu_pressure_blames_no_wait_on_an_idle_besteffort_tier() {
         min_wakeups: 1,
         ..CpuPressureConfig::default()
     };
-    let (mut node, _, state) = build_node_with(&tree, Some(cfg), Mode::Enforce);
-    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
-    let guaranteed = "apiVersion: v1\nkind: Pod\nmetadata: {name: g, namespace: default, uid: aaaaaaaa-0000-4000-8000-000000000003}\nspec:\n  containers: [{name: main, command: [sleep, '60'], resources: {limits: {cpu: '1', memory: 64Mi}}}]\n---\n";
-    let pods = pod_set(
-        &(pod_yaml("be", UID_A, None) + guaranteed),
-        &PodSet::default(),
-    );
-    node.pass(&pods, &exec, &[], &sensors);
+    let (mut node, state, _, sensors, _) = cpu_pressure_node(&tree, cfg);
     let tier = tree.0.join("kubepods/besteffort");
     let usage =
         |usec: u64| std::fs::write(tier.join("cpu.stat"), format!("usage_usec {usec}\n")).unwrap();
