@@ -241,8 +241,7 @@ pub fn requeue(
             cgroups: Default::default(),
             grace: pod.grace,
             message: mark.message.clone(),
-            // The mark keeps the message, not the Event's annotations: the Event goes without.
-            annotations: Default::default(),
+            annotations: mark.annotations.clone(),
             seen: pod.seen,
             signal: String::new(),
             hard: false,

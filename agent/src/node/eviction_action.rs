@@ -50,7 +50,8 @@ impl<E: PodExecutor, A: EvictionAction> EvictionAction for ExecutorEviction<E, A
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let at = unix_now();
         let marked = req.cgroups.unified.as_ref().is_some_and(|dir| {
-            let mark = EvictionMark::new(&req.pod, req.revision, &req.message, at);
+            let mark = EvictionMark::new(&req.pod, req.revision, &req.message, at)
+                .with_annotations(&req.annotations);
             dir.open()
                 .and_then(|fd| mark.write(fd.as_fd()))
                 .inspect_err(|e| tracing::debug!(pod = %req.pod, error = %e, "Could not mark the pod's cgroup; the state file is written before the kill."))

@@ -315,6 +315,10 @@ pub struct EvictionMark {
     /// qoslet that did not keep it.
     #[serde(default)]
     pub at: u64,
+    /// The Event's annotations (`offending_containers`, ...), so that an eviction finished after
+    /// a restart posts the kubelet's Event whole; left out when the mark would not fit.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// The extended attribute that holds an [`EvictionMark`] (cgroup v2 takes `user.` attributes
@@ -333,7 +337,19 @@ impl EvictionMark {
             // Bounded, so the mark always fits (the kubelet's message is about 120 bytes).
             message: message.chars().take(1024).collect(),
             at,
+            annotations: BTreeMap::new(),
         }
+    }
+
+    /// With the Event's annotations, when the mark still fits in [`MARK_MAX`] with them.
+    pub fn with_annotations(mut self, annotations: &BTreeMap<String, String>) -> Self {
+        let size = |m: &Self| serde_json::to_vec(m).map_or(usize::MAX, |b| b.len());
+        let without = size(&self);
+        self.annotations = annotations.clone();
+        if size(&self) > MARK_MAX && without <= MARK_MAX {
+            self.annotations.clear();
+        }
+        self
     }
 
     pub fn key(&self) -> PodKey {

@@ -65,6 +65,7 @@ fn kubelet_tree(root: &Path) {
     let mark = |d: &Path, k: &PodKey| {
         let fd = open(d);
         EvictionMark::new(k, 7, message, EVICTED_AT)
+            .with_annotations(&event_annotations())
             .write(fd.as_fd())
             .unwrap();
     };
@@ -154,6 +155,44 @@ async fn after_a_crash_between_the_mark_and_the_queue_the_api_gets_the_status() 
         requests.iter().all(|r| !r.path().contains("/failed")),
         "{requests:#?}"
     );
+    // The Event is the kubelet's whole: its annotations came back with the mark.
+    let event = requests
+        .iter()
+        .find(|r| r.method == "POST" && r.path().ends_with("/events"))
+        .unwrap_or_else(|| panic!("no Event: {requests:#?}"));
+    assert_eq!(
+        event.body["metadata"]["annotations"]["starved_resource"], "memory",
+        "{:#}",
+        event.body
+    );
+    assert_eq!(
+        event.body["metadata"]["annotations"]["offending_containers_usage"],
+        "300Mi"
+    );
+}
+
+#[test]
+fn a_mark_too_large_with_its_annotations_keeps_the_eviction_without_them() {
+    let many: std::collections::BTreeMap<String, String> = (0..200)
+        .map(|i| (format!("offending_containers_{i}"), "x".repeat(40)))
+        .collect();
+    let m = EvictionMark::new(&key("a", RUNNING), 1, "m", EVICTED_AT).with_annotations(&many);
+    assert!(m.annotations.is_empty());
+    let m = EvictionMark::new(&key("a", RUNNING), 1, "m", EVICTED_AT)
+        .with_annotations(&event_annotations());
+    assert_eq!(m.annotations, event_annotations());
+}
+
+/// The kubelet's eviction Event annotations, as the mark keeps them.
+fn event_annotations() -> std::collections::BTreeMap<String, String> {
+    [
+        ("offending_containers", "c"),
+        ("offending_containers_usage", "300Mi"),
+        ("starved_resource", "memory"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 fn kubelet_action(queue: &Arc<WriteQueue>) -> ApiEviction {
