@@ -264,21 +264,30 @@ async fn an_eviction_event_is_a_warning_on_the_pod_and_a_duplicate_is_done() {
         "POST",
         "/api/v1/namespaces/ns/events",
         "application/json",
-        &json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": "hog.qoslet-1", "namespace": "ns"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": UID},
-            "reason": "Evicted",
-            "message": "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi.",
-            "type": "Warning",
-            "source": {"component": "qoslet", "host": "node-a"},
-            "reportingComponent": "qoslet",
-            "reportingInstance": "node-a",
-            "firstTimestamp": "2026-11-30T10:00:00Z",
-            "lastTimestamp": "2026-11-30T10:00:00Z",
-            "count": 1,
-        }),
+        &eviction_event(
+            json!({"name": "hog.qoslet-1", "namespace": "ns"}),
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi.",
+        ),
     );
+}
+
+/// The eviction Event of `pod_event(1)` as the API server receives it, with `metadata` and
+/// `message`.
+fn eviction_event(metadata: Value, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": metadata,
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": UID},
+        "reason": "Evicted",
+        "message": message,
+        "type": "Warning",
+        "source": {"component": "qoslet", "host": "node-a"},
+        "reportingComponent": "qoslet",
+        "reportingInstance": "node-a",
+        "firstTimestamp": "2026-11-30T10:00:00Z",
+        "lastTimestamp": "2026-11-30T10:00:00Z",
+        "count": 1,
+    })
 }
 
 /// The eviction Event carries the kubelet's annotations (`AnnotatedEventf` with
@@ -306,24 +315,14 @@ async fn an_eviction_event_carries_the_kubelets_annotations() {
         "POST",
         "/api/v1/namespaces/ns/events",
         "application/json",
-        &json!({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": "hog.qoslet-1", "namespace": "ns", "annotations": {
+        &eviction_event(
+            json!({"name": "hog.qoslet-1", "namespace": "ns", "annotations": {
                 "offending_containers": "hog",
                 "offending_containers_usage": "300Mi",
                 "starved_resource": "memory",
-            }},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "hog", "uid": UID},
-            "reason": "Evicted",
-            "message": message,
-            "type": "Warning",
-            "source": {"component": "qoslet", "host": "node-a"},
-            "reportingComponent": "qoslet",
-            "reportingInstance": "node-a",
-            "firstTimestamp": "2026-11-30T10:00:00Z",
-            "lastTimestamp": "2026-11-30T10:00:00Z",
-            "count": 1,
-        }),
+            }}),
+            message,
+        ),
     );
     // Queued, the annotations read back.
     let text = serde_json::to_string(&w).unwrap();
