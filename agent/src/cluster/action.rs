@@ -41,7 +41,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::{
     queue::WriteQueue,
     unit::UnitMembers,
-    writes::{ApiWrite, EventObject, now as now_rfc3339},
+    writes::{ApiWrite, EventObject, now},
 };
 use crate::{
     config::{EvictionMethod, GangEviction},
@@ -307,7 +307,7 @@ impl EvictionAction for ApiEviction {
         if self.kills_locally(req) {
             // The order is the module doc's: freeze, publish, kill, guard.
             let frozen_at = req.cgroups.freeze().await;
-            let writes = self.writes(req, &now_rfc3339());
+            let writes = self.writes(req, &now());
             let status = writes.first().cloned();
             let status_id = status
                 .as_ref()
@@ -335,7 +335,7 @@ impl EvictionAction for ApiEviction {
             outcome.first_signal_at = frozen_at.into_iter().chain(outcome.first_signal_at).min();
             Ok(outcome)
         } else {
-            self.push(req, self.writes(req, &now_rfc3339()));
+            self.push(req, self.writes(req, &now()));
             let members = self.members_elsewhere(req).await;
             self.push(req, member_writes(&members, grace_secs(req)));
             Ok(Outcome {

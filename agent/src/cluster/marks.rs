@@ -27,7 +27,7 @@ use crate::{
     beneath,
     cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
     eviction::{EvictionRequest, SeenPod},
-    node::state::{EvictionMark, latest_running_start},
+    node::state::{EvictionMark, latest_running_start, started_after},
     policy::settings::CgroupDriver,
     source::PodSet,
 };
@@ -73,15 +73,7 @@ pub fn at_start(
         let Some(f) = found.iter().find(|f| &f.mark.uid == uid) else {
             continue;
         };
-        // `find` names cgroups from the node root's path; the descriptors open beneath it.
-        let beneath = f.path.components()[fs.node_root().components().len()..]
-            .iter()
-            .try_fold(CgroupPath::root(), |p, c| p.join(c))
-            .map_err(std::io::Error::other);
-        if let Err(e) = beneath
-            .and_then(|rel| fs.open_dir_fd(unified, &rel))
-            .and_then(|d| EvictionMark::clear(d.as_fd()))
-        {
+        if let Err(e) = EvictionMark::clear(f.dir.as_fd()) {
             tracing::warn!(cgroup = %f.path, error = %e, "Could not remove the eviction mark of a pod that runs again.");
         }
     }
@@ -94,11 +86,14 @@ pub fn at_start(
 }
 
 /// A mark found on a pod cgroup.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Found {
     pub mark: EvictionMark,
     /// The pod cgroup it is on.
     pub path: CgroupPath,
+    /// That cgroup's directory, opened beneath its parent while walking: the mark is removed
+    /// through it, with no second lookup by path.
+    pub dir: OwnedFd,
 }
 
 /// How deep below the node root a pod cgroup lies: `kubepods[.slice]`, the QoS tier (none for
@@ -126,7 +121,7 @@ pub fn find(root_dir: BorrowedFd<'_>, node_root: &CgroupPath, driver: CgroupDriv
             {
                 if check_pod_component(&path, driver, &mark.uid).is_ok() {
                     finish_frozen(&dir, &path);
-                    found.push(Found { mark, path });
+                    found.push(Found { mark, path, dir });
                 } else {
                     tracing::warn!(cgroup = %path, uid = %mark.uid, "An eviction mark names a pod other than its cgroup's; ignored.");
                 }
@@ -231,7 +226,7 @@ pub fn requeue(
         let Some(pod) = live(&mark.uid).filter(|p| !p.terminal) else {
             continue;
         };
-        if let Some(started) = pod.running_since.filter(|s| mark.at > 0 && *s > mark.at) {
+        if let Some(started) = started_after(pod.running_since, mark.at) {
             tracing::warn!(pod = %mark.key(), evicted_at = mark.at, started_at = started, "A pod whose eviction a restart cut short runs again since (a container started after it); not evicted again.");
             out.ran_again.push(mark.uid.clone());
             continue;

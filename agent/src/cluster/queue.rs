@@ -45,7 +45,7 @@ use tokio::{
 };
 
 use super::writes::{ApiWrite, Delivery};
-use crate::lock;
+use crate::{lock, node::state::unix_now, policy::pod::PodKey};
 
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY: Duration = Duration::from_secs(30);
@@ -354,7 +354,7 @@ impl WriteQueue {
 
     /// The pod of the oldest Eviction API request still pending (refused for now, or not sent
     /// yet), if any.
-    pub fn pending_eviction(&self) -> Option<crate::policy::pod::PodKey> {
+    pub fn pending_eviction(&self) -> Option<PodKey> {
         let st = self.state();
         st.pending
             .values()
@@ -608,12 +608,6 @@ impl Shared {
             None => self.remove_file(id),
         }
     }
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// `d` scaled by a random factor in [0.5, 1.0): retries of many writes (and nodes) spread out.

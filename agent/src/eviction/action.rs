@@ -36,6 +36,7 @@ const POLL: Duration = Duration::from_millis(10);
 /// under memory pressure, I/O).
 pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
 const FREEZE_POLL: Duration = Duration::from_millis(1);
+
 /// The cgroups of one pod: every directory its processes are in (the v1 controllers' and, on
 /// hybrid hosts, the unified tree's).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

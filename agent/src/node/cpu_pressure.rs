@@ -18,7 +18,7 @@ use std::{
 use qoslet_common::sched::RUNQ_HIST_BUCKETS;
 use tracing::info;
 
-use super::{Node, sensing::SensorControl};
+use super::{Node, sensing::SensorControl, trees::unified_tree};
 use crate::{
     cgroup::{
         CgroupBeneath, CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller,
@@ -58,8 +58,7 @@ impl CpuPressure {
     pub(super) fn new(cfg: CpuPressureConfig, fs: &CgroupFs) -> Self {
         let psi_file = cfg.psi_some_target.map(|_| {
             // The node root's own PSI where the unified tree has it; the machine's otherwise.
-            fs.trees()
-                .find(|t| matches!(t, Tree::V2 | Tree::Unified))
+            unified_tree(fs.trees())
                 .map(|t| fs.display_path(t, &CgroupPath::root()).join("cpu.pressure"))
                 .filter(|f| f.exists())
                 .unwrap_or_else(|| PathBuf::from("/proc/pressure/cpu"))
@@ -109,7 +108,7 @@ impl CpuPressure {
 /// tree) directory, else the v1 `cpuacct.usage`; `None` where neither is read.
 fn besteffort_usage_ns(fs: &Arc<CgroupFs>, path: &CgroupPath) -> Option<u64> {
     let dir = |tree| CgroupBeneath::new(fs, tree, path);
-    let v2 = fs.trees().find(|t| matches!(t, Tree::V2 | Tree::Unified));
+    let v2 = unified_tree(fs.trees());
     let v1 = fs.trees().find(|t| matches!(t, Tree::V1(Controller::Cpu)));
     v2.and_then(|t| read_cgroup_cpu(Some(&dir(t)), None).ok())
         .or_else(|| v1.and_then(|t| read_cgroup_cpu(None, Some(&dir(t))).ok()))

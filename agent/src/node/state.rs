@@ -126,7 +126,13 @@ pub fn unix_now() -> u64 {
 /// time kept) or a pod without status (standalone manifests: qoslet's runtime does not start
 /// an evicted pod again).
 pub fn ran_again_since(pod: &k8s_openapi::api::core::v1::Pod, at: u64) -> Option<u64> {
-    latest_running_start(pod).filter(|started| at > 0 && *started > at)
+    started_after(latest_running_start(pod), at)
+}
+
+/// `running_since` ([`latest_running_start`]) when it is after an eviction at `at` (0: no time
+/// kept, never).
+pub fn started_after(running_since: Option<u64>, at: u64) -> Option<u64> {
+    running_since.filter(|started| at > 0 && *started > at)
 }
 
 /// The start (seconds since the Unix epoch) of the latest container the API shows running.
