@@ -322,10 +322,10 @@ impl<A: EvictionAction> Manager<A> {
         };
         let threshold = threshold.clone();
         let o = obs[&threshold.signal];
+        // As upstream's `isHardEvictionThreshold`: no grace period.
+        let hard = threshold.grace_period_secs == 0;
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
-        if threshold.grace_period_secs != 0
-            && let Some(pod) = self.action.awaiting()
-        {
+        if !hard && let Some(pod) = self.action.awaiting() {
             self.with_stats(|s| s.awaiting_handover += 1);
             if self.awaited.as_ref() != Some(&pod) {
                 tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
@@ -359,7 +359,6 @@ impl<A: EvictionAction> Manager<A> {
             wake = trigger.map_or("none", |w| w.source.as_str()),
             "Evicting to relieve node pressure."
         );
-        let hard = threshold.grace_period_secs == 0;
         let usage: BTreeMap<&PodKey, i64> = samples
             .iter()
             .map(|s| (&s.key, s.candidate.usage_bytes))
