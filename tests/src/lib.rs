@@ -249,6 +249,38 @@ impl Hog {
         stdin.flush().expect("releasing the hog");
     }
 
+    /// Waits up to `timeout` until the hog has touched `mib` MiB of anonymous memory (its
+    /// `RssAnon`): a hog still allocating grows between a test's read of the usage and its write.
+    pub fn wait_resident(&mut self, mib: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let status = format!("/proc/{}/status", self.pid());
+        loop {
+            let kib = fs::read_to_string(&status)
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("RssAnon:"))
+                        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                })
+                .unwrap_or(0);
+            if kib >= mib * 1024 {
+                return;
+            }
+            assert!(
+                self.child
+                    .try_wait()
+                    .expect("waiting for the hog")
+                    .is_none(),
+                "the hog exited at {kib} KiB resident, before {mib} MiB"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the hog reached {kib} KiB resident, not {mib} MiB, within {timeout:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits up to `timeout` for the hog to exit; returns the signal that killed it, if any.
     pub fn wait_signal(&mut self, timeout: Duration) -> Option<i32> {
         use std::os::unix::process::ExitStatusExt as _;
