@@ -271,11 +271,16 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
         "engaged after {:.1} s: {seen:?}",
         started.elapsed().as_secs_f64()
     ));
-    // Two windows in a row under the target with a lever on (one alone can be a lucky one).
+    // Two windows in a row under the target while the hogs run (one alone can be a lucky one),
+    // at least one of them with a lever on. Not both with a lever: a spike that engaged the
+    // controller may pass at once, and then its calm windows (3 here) release the tier before
+    // this loop, a window behind the controller's, sees a second one (a loaded host, CI of
+    // 2026-12-03: (1861 µs, level 1), then level 0 at under 2 ms for a minute).
     let mut seen = Vec::new();
     let mut in_a_row = 0;
+    let mut lever_held = false;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while in_a_row < 2 {
+    while in_a_row < 2 || !lever_held {
         assert!(
             Instant::now() < deadline,
             "the p99 did not fall under the {TARGET_US} µs target: (p99 µs, level) per window: {seen:?}"
@@ -285,11 +290,10 @@ fn besteffort_hogs_are_constrained_while_a_guaranteed_pod_waits_and_released_aft
             continue;
         };
         seen.push((p, l));
-        in_a_row = if l >= 1 && p <= TARGET_US as f64 {
-            in_a_row + 1
-        } else {
-            0
-        };
+        let under = p <= TARGET_US as f64;
+        in_a_row = if under { in_a_row + 1 } else { 0 };
+        // Held under the target with a lever on, within the current run.
+        lever_held = under && (l >= 1 || (lever_held && in_a_row > 1));
     }
     report(format!("under the target: {seen:?}"));
     for i in 0..hogs {
