@@ -390,6 +390,31 @@ async fn cgroupfs_containerd_hog_is_killed_while_the_api_is_down_and_reported_on
         hog_pod.uid,
         "the patch is bound to the pod's UID"
     );
+    // Then, after the status, the annotation that makes the kubelet sync the pod (bound to the
+    // UID too).
+    let status_at = log
+        .iter()
+        .position(|r| r.method == "PATCH" && r.path == status_path);
+    let annotated_at = log
+        .iter()
+        .position(|r| r.method == "PATCH" && r.path == pod_path && r.code == 200);
+    assert!(
+        annotated_at > status_at,
+        "the annotation follows the status: {log:#?}"
+    );
+    let annotation = &log[annotated_at.unwrap()];
+    assert_eq!(
+        annotation.body.as_ref().unwrap()["metadata"]["uid"],
+        hog_pod.uid
+    );
+    assert!(
+        hog_now
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("qoslet.dev/evicted-at"),
+        "the pod is annotated"
+    );
     let event = log
         .iter()
         .find(|r| r.method == "POST" && r.path == "/api/v1/namespaces/ns/events" && r.code == 201)

@@ -719,8 +719,9 @@ async fn client_with_token(kubeconfig: &Path, token: &str) -> Client {
 /// The shipped ValidatingAdmissionPolicy (deploy/kubernetes/node-binding.yaml) binds qoslet's
 /// writes to its node. With the credentials the DaemonSet's pod has (a token of its service
 /// account bound to that pod, which names its node), qoslet may write its own node's status and
-/// the status of a pod on its node, and neither the status of a second Node nor that of a pod
-/// bound to it: the API server answers 422 with the policy's message, which qoslet's queue drops,
+/// the status and the `qoslet.dev/evicted-at` annotation of a pod on its node, neither any other
+/// annotation or label of that pod, nor the status of a second Node, nor the status or
+/// annotation of a pod bound to it: the API server answers 422 with the policy's message, which qoslet's queue drops,
 /// counted, and never retries (agent/src/cluster/writes.rs). No second kubelet is needed: the
 /// second Node object and its pod are enough for the API server.
 #[tokio::test]
@@ -777,6 +778,11 @@ async fn writes_are_bound_to_qoslets_own_node() {
     let params = PatchParams::default();
     let qoslet_nodes: Api<Node> = Api::all(as_qoslet.clone());
     let qoslet_pods: Api<Pod> = Api::namespaced(as_qoslet.clone(), &ns.name);
+    let here_name = here[0].metadata.name.as_deref().unwrap();
+    let annotate = |key: &str| {
+        Patch::Merge(json!({"metadata": {"annotations": {key: "2026-12-03T10:00:00Z"}}}))
+    };
+    let evicted_at = annotate("qoslet.dev/evicted-at");
 
     let allowed = [
         (
@@ -789,10 +795,33 @@ async fn writes_are_bound_to_qoslets_own_node() {
         (
             "the status of a pod on its node",
             qoslet_pods
-                .patch_status(
-                    here[0].metadata.name.as_deref().unwrap(),
+                .patch_status(here_name, &params, &condition)
+                .await
+                .map(drop),
+        ),
+        (
+            "the annotation qoslet.dev/evicted-at of a pod on its node",
+            qoslet_pods
+                .patch(here_name, &params, &evicted_at)
+                .await
+                .map(drop),
+        ),
+    ];
+    let other_change = [
+        (
+            "another annotation of a pod on its node",
+            qoslet_pods
+                .patch(here_name, &params, &annotate("example.com/other"))
+                .await
+                .map(drop),
+        ),
+        (
+            "a label of a pod on its node",
+            qoslet_pods
+                .patch(
+                    here_name,
                     &params,
-                    &condition,
+                    &Patch::Merge(json!({"metadata": {"labels": {"qoslet-test": "x"}}})),
                 )
                 .await
                 .map(drop),
@@ -813,6 +842,13 @@ async fn writes_are_bound_to_qoslets_own_node() {
                 .await
                 .map(drop),
         ),
+        (
+            "the annotation qoslet.dev/evicted-at of the pod on the second node",
+            qoslet_pods
+                .patch("elsewhere", &params, &evicted_at)
+                .await
+                .map(drop),
+        ),
     ];
     // Gone before the asserts can fail: a pod bound to a node without a kubelet is deleted at
     // once only with no grace, and then its node.
@@ -829,6 +865,15 @@ async fn writes_are_bound_to_qoslets_own_node() {
             Err(kube::Error::Api(s))
                 if s.code == 422 && s.message.contains("may write only its own node") => {}
             other => panic!("qoslet wrote {what}, or was refused otherwise: {other:?}"),
+        }
+    }
+    for (what, r) in other_change {
+        match r {
+            Err(kube::Error::Api(s))
+                if s.code == 422
+                    && s.message
+                        .contains("may change only the annotation qoslet.dev/evicted-at") => {}
+            other => panic!("qoslet changed {what}, or was refused otherwise: {other:?}"),
         }
     }
 }

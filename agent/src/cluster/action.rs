@@ -6,12 +6,15 @@
 //! 2. **publish** `pods/status`: phase Failed, reason Evicted, the kubelet's message and the
 //!    `DisruptionTarget` condition, waiting for the API server to take it
 //!    ([`STATUS_BEFORE_KILL`] at most);
-//! 3. **see** the status in the pod watch ([`SEEN_BEFORE_KILL`] at most), as the kubelet's own
-//!    watch sees it;
-//! 4. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
+//! 3. **annotate** the pod ([`ApiWrite::EvictedAt`], `qoslet.dev/evicted-at`), once the status
+//!    was taken: a metadata change makes the kubelet's pod worker sync the pod from a copy that
+//!    says Failed, so its status manager holds Failed from then on;
+//! 4. **see** the annotated, Failed copy in the pod watch ([`SEEN_BEFORE_KILL`] at most), as the
+//!    kubelet's own watch sees it;
+//! 5. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
 //!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
 //!    the emptied cgroup;
-//! 5. **guard** the status for [`GUARD_AFTER_KILL`]: a phase the kubelet's status manager writes
+//! 6. **guard** the status for [`GUARD_AFTER_KILL`]: a phase the kubelet's status manager writes
 //!    back over it is answered by sending it again, so that the kill's sync finds Failed.
 //!
 //! The status must reach the kubelet before its PLEG sees the containers die, or it restarts
@@ -41,7 +44,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::{
     queue::WriteQueue,
     unit::UnitMembers,
-    writes::{ApiWrite, EventObject, now},
+    writes::{ApiWrite, EVICTED_AT, EventObject, now},
 };
 use crate::{
     config::{EvictionMethod, GangEviction},
@@ -69,10 +72,16 @@ pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 /// reconcile every 10 s (`syncBatch` / `needsReconcile`). If the copy says Running when the
 /// kill's sync comes (the generic PLEG's relist, up to 1 s after the kill), the kubelet restarts
 /// the container (restartPolicy Always) and the pod runs again. The churn test on the real
-/// cluster saw that about once in 20 evictions. So qoslet kills once its own pod watch shows the
-/// status (the kubelet's watch of the same API server has it then too), at most
-/// [`SEEN_BEFORE_KILL`] after the API server took it, and answers every phase written back over
-/// it, until [`GUARD_AFTER_KILL`] after the kill, by sending the status again at once.
+/// cluster saw that about once in 20 evictions. Waiting for qoslet's watch to show the status
+/// and answering every write-back narrows that race; it cannot close it. A metadata change is an
+/// UPDATE to the kubelet (config.go `podsDifferSemantically`): its pod worker syncs at once from
+/// the copy that says Failed, its status manager takes Failed (`generateAPIPodStatus` keeps a
+/// terminal API phase) and stops writing Running back, and the pod is torn down, not restarted.
+/// So the status is followed by the [`ApiWrite::EvictedAt`] annotation, and qoslet kills once
+/// its own pod watch shows the annotated copy Failed (the kubelet's watch of the same API server
+/// has it then too), at most [`SEEN_BEFORE_KILL`] after the API server took both; a phase still
+/// written back over it is answered, until [`GUARD_AFTER_KILL`] after the kill, by sending the
+/// status again at once.
 pub const SEEN_BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// How long after the kill a phase written back over the Failed status is answered (the PLEG's
@@ -82,17 +91,28 @@ pub const GUARD_AFTER_KILL: Duration = Duration::from_secs(3);
 /// How often the pod watch is looked at before and after the kill.
 const WATCH_POLL: Duration = Duration::from_millis(10);
 
-/// The pod's phase in `store` (same UID; an empty string without one); `None` when the pod is
-/// gone (or replaced under its name).
-fn watched_phase(store: &Store<Pod>, pod: &PodKey) -> Option<String> {
+/// The pod as `store` has it (same UID): its phase (empty without one) and its [`EVICTED_AT`]
+/// annotation; `None` when the pod is gone (or replaced under its name).
+fn watched(store: &Store<Pod>, pod: &PodKey) -> Option<(String, Option<String>)> {
     let key = ObjectRef::new(&pod.name).within(&pod.namespace);
     let p = store.get(&key)?;
     (p.metadata.uid.as_deref() == Some(pod.uid.as_str())).then(|| {
-        p.status
+        let phase = p
+            .status
             .as_ref()
             .and_then(|s| s.phase.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let at = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EVICTED_AT).cloned());
+        (phase, at)
     })
+}
+
+fn watched_phase(store: &Store<Pod>, pod: &PodKey) -> Option<String> {
+    watched(store, pod).map(|(phase, _)| phase)
 }
 
 /// The cluster eviction action.
@@ -132,22 +152,39 @@ impl ApiEviction {
         self
     }
 
-    /// Waits until the pod watch shows the Failed status, or the pod gone (a StatefulSet's
-    /// controller deletes a Failed pod at once: a terminal pod needs no graceful deletion, and
-    /// its replacement may start while this one waits), at most [`SEEN_BEFORE_KILL`]; whether
-    /// it did. Without a store, at once.
-    async fn status_seen(&self, pod: &PodKey) -> bool {
+    /// Waits until the pod watch shows the pod annotated [`EVICTED_AT`] `at` with phase Failed
+    /// in the same copy (the copy the kubelet's pod worker syncs), or the pod gone (a
+    /// StatefulSet's controller deletes a Failed pod at once: a terminal pod needs no graceful
+    /// deletion, and its replacement may start while this one waits), at most
+    /// [`SEEN_BEFORE_KILL`]; whether it did. A copy annotated but Running again (the kubelet's
+    /// status manager wrote its phase back between the two writes) gets `status` and a new
+    /// annotation again. Without a store, at once.
+    async fn kubelet_synced(&self, pod: &PodKey, at: &str, status: &(String, ApiWrite)) -> bool {
         let Some(store) = &self.pods else {
             return true;
         };
         let deadline = tokio::time::Instant::now() + SEEN_BEFORE_KILL;
-        while watched_phase(store, pod).is_some_and(|phase| phase != "Failed") {
+        let mut at = at.to_owned();
+        loop {
+            match watched(store, pod) {
+                None => return true,
+                Some((phase, seen)) if seen.as_deref() == Some(at.as_str()) => {
+                    if phase == "Failed" {
+                        return true;
+                    }
+                    tracing::info!(%pod, "The kubelet wrote the phase back before the pod was annotated; sending the status and the annotation again.");
+                    at = now();
+                    let _ = self.queue.push(&status.0, &pod.uid, status.1.clone());
+                    let (id, w) = evicted_at(pod, &at);
+                    let _ = self.queue.push(&id, &pod.uid, w);
+                }
+                Some(_) => {}
+            }
             if tokio::time::Instant::now() > deadline {
                 return false;
             }
             tokio::time::sleep(WATCH_POLL).await;
         }
-        true
     }
 
     /// Until [`GUARD_AFTER_KILL`] from now, answers a phase written back over the pod's Failed
@@ -208,9 +245,13 @@ impl ApiEviction {
                 },
             )
         };
-        vec![
-            first,
-            (
+        // Same key (the UID): the queue sends them in this order, the annotation once the
+        // status was taken, so the annotated copy says Failed.
+        let annotated = self.kills_locally(req).then(|| evicted_at(p, at));
+        [first]
+            .into_iter()
+            .chain(annotated)
+            .chain([(
                 format!("event-{}", p.uid),
                 ApiWrite::Event {
                     name: event_name(&p.name, &p.uid),
@@ -229,8 +270,8 @@ impl ApiEviction {
                     count: 1,
                     annotations: req.annotations.clone(),
                 },
-            ),
-        ]
+            )])
+            .collect()
     }
 
     /// The unit's live members on other nodes, by UID, now; empty when the pod goes alone or
@@ -286,6 +327,17 @@ pub fn member_writes(members: &[PodKey], grace_secs: u32) -> Vec<(String, ApiWri
         .collect()
 }
 
+/// The [`ApiWrite::EvictedAt`] of an eviction at `at`, with its idempotency id.
+fn evicted_at(pod: &PodKey, at: &str) -> (String, ApiWrite) {
+    (
+        format!("evicted-at-{}", pod.uid),
+        ApiWrite::EvictedAt {
+            pod: pod.clone(),
+            at: at.into(),
+        },
+    )
+}
+
 /// `<pod>.qoslet-evicted-<first 8 of the uid>`: one event per evicted pod, a valid name.
 fn event_name(pod: &str, uid: &str) -> String {
     let short: String = uid
@@ -305,23 +357,19 @@ impl EvictionAction for ApiEviction {
 
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         if self.kills_locally(req) {
-            // The order is the module doc's: freeze, publish, kill, guard.
+            // The order is the module doc's: freeze, publish, annotate, see, kill, guard.
             let frozen_at = req.cgroups.freeze().await;
-            let writes = self.writes(req, &now());
-            let status = writes.first().cloned();
-            let status_id = status
-                .as_ref()
-                .map(|(id, _)| id.clone())
-                .unwrap_or_default();
+            let at = now();
+            let writes = self.writes(req, &at);
+            let status = writes[0].clone();
+            let annotation_id = evicted_at(&req.pod, &at).0;
             self.push(req, writes);
-            if !self.queue.settled(&status_id, STATUS_BEFORE_KILL).await {
-                tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
-            } else if !self.status_seen(&req.pod).await {
-                tracing::warn!(pod = %req.pod, waited = ?SEEN_BEFORE_KILL, "The pod watch did not show the pod's Failed status in time; killing it anyway.");
+            if !self.queue.settled(&annotation_id, STATUS_BEFORE_KILL).await {
+                tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status and annotation in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
+            } else if !self.kubelet_synced(&req.pod, &at, &status).await {
+                tracing::warn!(pod = %req.pod, waited = ?SEEN_BEFORE_KILL, "The pod watch did not show the pod Failed and annotated in time; killing it anyway.");
             }
-            if let Some(status) = status {
-                self.guard_status(&req.pod, status);
-            }
+            self.guard_status(&req.pod, status);
             let kill = EvictionRequest {
                 grace: Duration::ZERO,
                 ..req.clone()

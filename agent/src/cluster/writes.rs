@@ -60,6 +60,15 @@ pub enum ApiWrite {
         #[serde(default)]
         seen: SeenPod,
     },
+    /// The annotation [`EVICTED_AT`] on the pod (metadata, not status), sent once its Failed
+    /// status was taken. A change of a pod's annotations is an UPDATE to the kubelet's pod config
+    /// (v1.37.2 config.go `podsDifferSemantically`), which makes its pod worker sync the pod with
+    /// the copy that says Failed: its status manager then holds Failed and the pod is torn down,
+    /// not restarted. A status-only change is a RECONCILE and syncs nothing (`action.rs` says
+    /// more). The node-binding admission policy allows qoslet only this annotation, only on its
+    /// own node's pods.
+    #[serde(rename_all = "camelCase")]
+    EvictedAt { pod: PodKey, at: String },
     /// The Eviction API (`evictionMethod: api`, and a unit's members on other nodes): honours
     /// PodDisruptionBudgets; a 429 is retried.
     #[serde(rename_all = "camelCase")]
@@ -103,6 +112,10 @@ fn one() -> i32 {
     1
 }
 
+/// The annotation of [`ApiWrite::EvictedAt`]: the eviction's time (RFC 3339), on a pod qoslet
+/// evicted in the kubelet's way.
+pub const EVICTED_AT: &str = "qoslet.dev/evicted-at";
+
 /// The taint `taintOnPressure` sets while a qoslet pressure condition is true.
 pub const TAINT_KEY: &str = "qoslet.dev/pressure";
 
@@ -111,7 +124,7 @@ impl ApiWrite {
     /// must see before the kill, then Eviction API calls, then Events and node writes.
     pub fn priority(&self) -> u8 {
         match self {
-            Self::PodEvicted { .. } => 0,
+            Self::PodEvicted { .. } | Self::EvictedAt { .. } => 0,
             Self::Evict { .. } => 1,
             Self::Event { .. } => 2,
             Self::NodeCondition { .. } => 3,
@@ -123,6 +136,7 @@ impl ApiWrite {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::PodEvicted { .. } => "podEvicted",
+            Self::EvictedAt { .. } => "evictedAt",
             Self::Evict { .. } => "evict",
             Self::Event { .. } => "event",
             Self::NodeCondition { .. } => "nodeCondition",
@@ -249,6 +263,12 @@ pub fn pod_evicted_patch(
         patch["status"]["observedGeneration"] = json!(status.observed_generation);
     }
     patch
+}
+
+/// The merge patch of [`ApiWrite::EvictedAt`]: the annotation alone, with `metadata.uid` as the
+/// precondition (a pod that is another one now answers 422, uid immutable).
+pub fn evicted_at_patch(pod: &PodKey, at: &str) -> serde_json::Value {
+    json!({"metadata": {"uid": pod.uid, "annotations": {EVICTED_AT: at}}})
 }
 
 /// The core/v1 Event: `POST namespaces/{ns}/events`.
@@ -384,6 +404,14 @@ pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
                 "pod status",
                 api.patch_status(&pod.name, &PatchParams::default(), &patch)
                     .await,
+            )
+        }
+        ApiWrite::EvictedAt { pod, at } => {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+            let patch = Patch::Merge(evicted_at_patch(pod, at));
+            sorted(
+                "pod annotation",
+                api.patch(&pod.name, &PatchParams::default(), &patch).await,
             )
         }
         // Not `Api::evict`: kube (5.0) sends its `delete_options` in snake case, which the API

@@ -1,6 +1,6 @@
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
     Client,
     api::{ApiResource, DynamicObject},
@@ -151,9 +151,17 @@ fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
     for hard in [false, true] {
         assert_eq!(
             ids(&kubelet, hard),
-            [format!("evicted-{UID}"), format!("event-{UID}")]
+            [
+                format!("evicted-{UID}"),
+                format!("evicted-at-{UID}"),
+                format!("event-{UID}")
+            ]
         );
     }
+    assert!(matches!(
+        &kubelet.writes(&req(false, false), "2026-11-30T10:00:00Z")[1].1,
+        ApiWrite::EvictedAt { pod, at } if pod.uid == UID && at == "2026-11-30T10:00:00Z"
+    ));
     let w = kubelet.writes(&req(false, false), "2026-11-30T10:00:00Z");
     let ApiWrite::PodEvicted { pod, message, .. } = &w[0].1 else {
         panic!("{w:?}")
@@ -171,7 +179,10 @@ fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
         &api.writes(&req(false, false), "t")[0].1,
         ApiWrite::Evict { grace_secs: 5, .. }
     ));
-    assert_eq!(ids(&api, true)[0], format!("evicted-{UID}"));
+    assert_eq!(
+        ids(&api, true)[..2],
+        [format!("evicted-{UID}"), format!("evicted-at-{UID}")]
+    );
     assert_eq!(event_name("m1", UID), "m1.qoslet-evicted-00000000");
 }
 
@@ -199,7 +210,7 @@ fn the_writes_carry_the_annotations_and_the_pods_generation() {
             panic!("{w:?}")
         };
         assert_eq!(seen, &r.seen);
-        let ApiWrite::Event { annotations, .. } = &w[1].1 else {
+        let ApiWrite::Event { annotations, .. } = &w.last().unwrap().1 else {
             panic!("{w:?}")
         };
         assert_eq!(annotations, &r.annotations);
@@ -276,6 +287,7 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
         pending,
         [
             format!("evicted-{UID}"),
+            format!("evicted-at-{UID}"),
             format!("event-{UID}"),
             "evict-u2".into()
         ]
@@ -336,10 +348,41 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
     assert_eq!(
         seen,
         [
+            s("PATCH", "/api/v1/namespaces/ns/pods/m1"),
             s("PATCH", "/api/v1/namespaces/ns/pods/m1/status"),
             s("POST", "/api/v1/namespaces/ns/events"),
             s("POST", "/api/v1/namespaces/ns/pods/m2/eviction"),
         ]
+    );
+    // The status before the annotation (one key, in order), the annotation alone with the UID
+    // as its precondition.
+    let paths: Vec<String> = api.requests()[resolved..]
+        .iter()
+        .map(|r| r.path().to_owned())
+        .filter(|p| p.contains("/pods/m1"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/api/v1/namespaces/ns/pods/m1/status",
+            "/api/v1/namespaces/ns/pods/m1"
+        ]
+    );
+    let annotation = api
+        .requests()
+        .into_iter()
+        .find(|r| r.path() == "/api/v1/namespaces/ns/pods/m1")
+        .unwrap();
+    let at = annotation.body["metadata"]["annotations"]["qoslet.dev/evicted-at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(at.parse::<Timestamp>().is_ok(), "the eviction's time: {at}");
+    annotation.assert_is(
+        "PATCH",
+        "/api/v1/namespaces/ns/pods/m1",
+        "application/merge-patch+json",
+        &json!({"metadata": {"uid": UID, "annotations": {"qoslet.dev/evicted-at": at}}}),
     );
     let m2 = api
         .requests()
@@ -361,6 +404,6 @@ async fn unit_members_elsewhere_are_resolved_at_decision_and_evicted_by_uid() {
 async fn by_default_only_this_nodes_pod_is_written() {
     let (a, q, _dir, _client, api) = evicting(GangEviction::Node);
     a.evict(&req(true, false)).await.unwrap();
-    assert_eq!(q.pending().len(), 2);
+    assert_eq!(q.pending().len(), 3);
     assert!(api.requests().is_empty(), "{:?}", api.requests());
 }
