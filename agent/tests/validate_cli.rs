@@ -193,7 +193,7 @@ fn malformed_document_is_a_problem_line() {
     let s = Scratch::new("malformed");
     fs::write(
         s.0.join("m.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\n- not a mapping\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: c, image: x}]}\n---\n- not a mapping\n",
     )
     .expect("write");
     let o = qoslet(&["validate", s.path()]);
@@ -249,4 +249,45 @@ fn unreadable_input_exits_2() {
         dir.to_str().expect("utf-8"),
     ]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn a_forward_reference_is_pending_not_a_problem() {
+    let s = Scratch::new("pending");
+    fs::write(
+        s.0.join("pod.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\n\
+         spec:\n  schedulingGroup: {podGroupName: later}\n  containers: [{name: main, image: busybox}]\n",
+    )
+    .expect("write");
+    let o = qoslet(&["validate", s.path()]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(o.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .collect::<Vec<_>>(),
+        vec![format!(
+            "pending: {}/pod.yaml: Pod/team-a/p: reference-exists: PodGroup/later does not exist",
+            s.path()
+        )]
+    );
+
+    // An invalid name is no forward reference: the API server refuses it.
+    fs::write(
+        s.0.join("pod.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\n\
+         spec:\n  schedulingGroup: {podGroupName: Later_1}\n  containers: [{name: main, image: busybox}]\n",
+    )
+    .expect("write");
+    let o = qoslet(&["validate", s.path()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stdout_lines(&o),
+        vec![format!(
+            "{}/pod.yaml: Pod/team-a/p: reference-name: spec.schedulingGroup.podGroupName: \"Later_1\" is not a valid name",
+            s.path()
+        )]
+    );
+    assert!(o.stderr.is_empty());
 }

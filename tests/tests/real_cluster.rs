@@ -33,6 +33,9 @@ use kube::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+#[path = "real_cluster/gangs.rs"]
+mod gangs;
+
 const WAIT: Duration = Duration::from_secs(180);
 
 /// xtask's `cluster.json`.

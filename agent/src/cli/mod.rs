@@ -6,7 +6,7 @@ mod plan;
 mod recommend_reserved;
 mod run;
 mod status;
-mod validate;
+pub mod validate;
 
 use std::{path::PathBuf, process::ExitCode};
 

@@ -1,7 +1,9 @@
 //! `qoslet validate [--previous DIR] [--feature-gates G=true,...] PATH...`: checks Pods, Workloads,
 //! PodGroups, CompositePodGroups and configuration files (docs/usage.md). Exit 0 when valid, 1 with
 //! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
-//! input or a malformed flag.
+//! input or a malformed flag. A reference to an object not in the set (a forward reference) is
+//! no problem: the API server takes it and the scheduler holds the object until the target
+//! exists, so it is one `pending: ` line on stderr.
 
 use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
 
@@ -63,11 +65,14 @@ pub fn run(args: ValidateArgs) -> ExitCode {
         },
         None => None,
     };
-    let lines = check(current, previous, &opts);
-    for l in &lines {
+    let checked = check(current, previous, &opts);
+    for l in &checked.pending {
+        eprintln!("pending: {l}");
+    }
+    for l in &checked.problems {
         println!("{l}");
     }
-    if lines.is_empty() {
+    if checked.problems.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -93,9 +98,19 @@ pub fn options(gates: &[String]) -> Result<ValidationOptions, String> {
     Ok(opts)
 }
 
-/// All problem lines of a change set (and the objects it replaces), sorted.
-pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Vec<String> {
+/// What `validate` reports of a change set, each list sorted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// The problem lines: the set is invalid when there is one.
+    pub problems: Vec<String>,
+    /// Forward references (`reference-exists`): held by the scheduler, not refused.
+    pub pending: Vec<String>,
+}
+
+/// The problem and pending lines of a change set (and the objects it replaces).
+pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Checked {
     let mut problems: Vec<Problem> = Vec::new();
+    let mut pending: Vec<Problem> = Vec::new();
     let decode_all = |loaded: Loaded, problems: &mut Vec<Problem>| -> Vec<Object> {
         for m in loaded.malformed {
             let origin = Origin {
@@ -132,11 +147,17 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
     };
     for forest in Forest::by_namespace(objects).values() {
         problems.extend(validate_forest(forest, opts));
-        problems.extend(dangling(forest));
+        pending.extend(dangling(forest));
     }
-    problems.sort();
-    problems.dedup();
-    problems.iter().map(Problem::to_string).collect()
+    let lines = |mut v: Vec<Problem>| {
+        v.sort();
+        v.dedup();
+        v.iter().map(Problem::to_string).collect()
+    };
+    Checked {
+        problems: lines(problems),
+        pending: lines(pending),
+    }
 }
 
 /// An admitted object (what `plan` and `run` accept), nothing (a valid configuration file), or

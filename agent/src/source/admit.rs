@@ -20,6 +20,7 @@
 //!   server's quantities are arbitrary-precision; the kubelet computes cgroup values in int64
 //!   and such a value cannot be written to any cgroup file.
 //! - `request-within-limit`: a request is at most its limit (`validateResourceRequirements`).
+//! - `containers-required`: a Pod has at least one container (`validateContainers`).
 //! - `schema`: the object decodes, and its quantities parse.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -159,7 +160,13 @@ fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String)) {
             ),
         );
     }
-    let Some(spec) = &pod.spec else { return };
+    let Some(spec) = pod.spec.as_ref().filter(|s| !s.containers.is_empty()) else {
+        push(
+            Rule::ContainersRequired,
+            "spec.containers: a pod needs at least one container".into(),
+        );
+        return;
+    };
     let init = spec.init_containers.iter().flatten();
     let names = init
         .enumerate()

@@ -33,11 +33,16 @@ pub enum Rule {
     PriorityConsistent,
     PreemptionPolicyConsistent,
     ReferenceExists,
+    ReferenceName,
+    PriorityClass,
+    PriorityRange,
     ImmutableMinGroupCount,
     ImmutableSchedulingPolicy,
     ImmutableParent,
     ImmutableDisruptionMode,
     ImmutableSchedulingGroup,
+    ImmutableWorkloadRef,
+    ImmutableWorkloadSpec,
     KindKnown,
     ApiVersion,
     Schema,
@@ -49,11 +54,12 @@ pub enum Rule {
     QuantityNonNegative,
     QuantityRange,
     RequestWithinLimit,
+    ContainersRequired,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 40] = [
+    pub const ALL: [Rule; 46] = [
         Rule::NameDnsSubdomain,
         Rule::NameDnsLabel,
         Rule::NameUnique,
@@ -78,11 +84,16 @@ impl Rule {
         Rule::PriorityConsistent,
         Rule::PreemptionPolicyConsistent,
         Rule::ReferenceExists,
+        Rule::ReferenceName,
+        Rule::PriorityClass,
+        Rule::PriorityRange,
         Rule::ImmutableMinGroupCount,
         Rule::ImmutableSchedulingPolicy,
         Rule::ImmutableParent,
         Rule::ImmutableDisruptionMode,
         Rule::ImmutableSchedulingGroup,
+        Rule::ImmutableWorkloadRef,
+        Rule::ImmutableWorkloadSpec,
         Rule::KindKnown,
         Rule::ApiVersion,
         Rule::Schema,
@@ -94,11 +105,12 @@ impl Rule {
         Rule::QuantityNonNegative,
         Rule::QuantityRange,
         Rule::RequestWithinLimit,
+        Rule::ContainersRequired,
     ];
 
     /// The rules source/admit.rs checks on each object before the forest sees it (with
     /// `name-dns-subdomain`, which the forest checks too).
-    pub const ADMISSION: [Rule; 8] = [
+    pub const ADMISSION: [Rule; 9] = [
         Rule::NamespaceDnsLabel,
         Rule::ContainerNameDnsLabel,
         Rule::ContainerNameUnique,
@@ -107,6 +119,7 @@ impl Rule {
         Rule::QuantityNonNegative,
         Rule::QuantityRange,
         Rule::RequestWithinLimit,
+        Rule::ContainersRequired,
     ];
 
     pub fn name(self) -> &'static str {
@@ -135,11 +148,16 @@ impl Rule {
             Rule::PriorityConsistent => "priority-consistent",
             Rule::PreemptionPolicyConsistent => "preemption-policy-consistent",
             Rule::ReferenceExists => "reference-exists",
+            Rule::ReferenceName => "reference-name",
+            Rule::PriorityClass => "priority-class",
+            Rule::PriorityRange => "priority-range",
             Rule::ImmutableMinGroupCount => "immutable-min-group-count",
             Rule::ImmutableSchedulingPolicy => "immutable-scheduling-policy",
             Rule::ImmutableParent => "immutable-parent",
             Rule::ImmutableDisruptionMode => "immutable-disruption-mode",
             Rule::ImmutableSchedulingGroup => "immutable-scheduling-group",
+            Rule::ImmutableWorkloadRef => "immutable-workload-ref",
+            Rule::ImmutableWorkloadSpec => "immutable-workload-spec",
             Rule::KindKnown => "kind-known",
             Rule::ApiVersion => "api-version",
             Rule::Schema => "schema",
@@ -151,6 +169,7 @@ impl Rule {
             Rule::QuantityNonNegative => "quantity-non-negative",
             Rule::QuantityRange => "quantity-range",
             Rule::RequestWithinLimit => "request-within-limit",
+            Rule::ContainersRequired => "containers-required",
         }
     }
 }

@@ -687,7 +687,20 @@ fn satisfies_rules(root: &TNode, gate_on: bool) -> bool {
         .collect();
     let root_pre = root.preemption.unwrap_or("PreemptLowerPriority");
     let pre_ok = pres.len() <= 1 && (!gate_on || pres.is_empty() || pres.contains(root_pre));
+    // priority-class: with no class, a priority set is 0 and a pod's preemptionPolicy the default;
+    // priority-consistent within the Workload: every template says the same.
+    let class_ok = all
+        .iter()
+        .filter_map(|(n, _, _)| n.priority)
+        .chain(pods.iter().filter_map(|p| p.1))
+        .all(|p| p == 0)
+        && pods
+            .iter()
+            .all(|p| p.2.is_none_or(|x| x == "PreemptLowerPriority"));
+    let templates_ok = all.iter().all(|(n, _, _)| n.priority == root.priority);
     depth_ok
+        && class_ok
+        && templates_ok
         && mins_ok
         && basic_all_ok
         && inherit_ok

@@ -154,7 +154,8 @@ impl Policy {
 pub enum Disruption {
     Single,
     All,
-    /// Both set: reported by `disruption-mode-exclusive`, treated as single elsewhere.
+    /// Both set, or the field set with neither: reported by `disruption-mode-exclusive`, treated
+    /// as single elsewhere.
     Ambiguous,
 }
 
@@ -368,15 +369,17 @@ fn policy(basic: bool, gang_min: Option<i32>) -> Policy {
     }
 }
 
-fn disruption(all: bool, single: bool) -> Disruption {
-    match (all, single) {
-        (true, true) => Disruption::Ambiguous,
-        (true, false) => Disruption::All,
-        _ => Disruption::Single,
+/// `disruptionMode` unset is single; set, it names exactly one mode (a union).
+fn disruption(set: bool, all: bool, single: bool) -> Disruption {
+    match (set, all, single) {
+        (_, true, false) => Disruption::All,
+        (false, ..) | (true, false, true) => Disruption::Single,
+        _ => Disruption::Ambiguous,
     }
 }
 
 fn pg_template(t: v1beta1::PodGroupTemplate) -> Template {
+    let set = t.disruption_mode.is_some();
     let d = t.disruption_mode.unwrap_or_default();
     Template {
         name: t.name,
@@ -386,7 +389,7 @@ fn pg_template(t: v1beta1::PodGroupTemplate) -> Template {
                 t.scheduling_policy.basic.is_some(),
                 t.scheduling_policy.gang.map(|g| g.min_count),
             ),
-            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            disruption: disruption(set, d.all.is_some(), d.single.is_some()),
             priority: t.priority,
             priority_class_name: t.priority_class_name,
             preemption_policy: t.preemption_policy,
@@ -396,6 +399,7 @@ fn pg_template(t: v1beta1::PodGroupTemplate) -> Template {
 }
 
 fn cpg_template(t: v1beta1::CompositePodGroupTemplate) -> Template {
+    let set = t.disruption_mode.is_some();
     let d = t.disruption_mode.unwrap_or_default();
     let mut children: Vec<Template> = t
         .composite_pod_group_templates
@@ -417,7 +421,7 @@ fn cpg_template(t: v1beta1::CompositePodGroupTemplate) -> Template {
                 t.scheduling_policy.basic.is_some(),
                 t.scheduling_policy.gang.map(|g| g.min_group_count),
             ),
-            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            disruption: disruption(set, d.all.is_some(), d.single.is_some()),
             priority: t.priority,
             priority_class_name: t.priority_class_name,
             preemption_policy: t.preemption_policy,
@@ -451,6 +455,7 @@ fn workload(w: v1beta1::Workload, origin: Origin) -> Workload {
 
 fn pod_group(g: v1beta1::PodGroup, origin: Origin) -> Group {
     let s = g.spec;
+    let set = s.disruption_mode.is_some();
     let d = s.disruption_mode.unwrap_or_default();
     Group {
         meta: meta(g.metadata, origin),
@@ -465,7 +470,7 @@ fn pod_group(g: v1beta1::PodGroup, origin: Origin) -> Group {
                 s.scheduling_policy.basic.is_some(),
                 s.scheduling_policy.gang.map(|g| g.min_count),
             ),
-            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            disruption: disruption(set, d.all.is_some(), d.single.is_some()),
             priority: s.priority,
             priority_class_name: s.priority_class_name,
             preemption_policy: s.preemption_policy,
@@ -475,6 +480,7 @@ fn pod_group(g: v1beta1::PodGroup, origin: Origin) -> Group {
 
 fn composite(g: v1alpha3::CompositePodGroup, origin: Origin) -> Group {
     let s = g.spec;
+    let set = s.disruption_mode.is_some();
     let d = s.disruption_mode.unwrap_or_default();
     // workloadRef is required on a CompositePodGroup; k8s-openapi defaults a missing required
     // field to empty strings, which `workload-ref-required` reports.
@@ -494,7 +500,7 @@ fn composite(g: v1alpha3::CompositePodGroup, origin: Origin) -> Group {
                 s.scheduling_policy.basic.is_some(),
                 s.scheduling_policy.gang.map(|g| g.min_group_count),
             ),
-            disruption: disruption(d.all.is_some(), d.single.is_some()),
+            disruption: disruption(set, d.all.is_some(), d.single.is_some()),
             priority: s.priority,
             priority_class_name: s.priority_class_name,
             preemption_policy: s.preemption_policy,

@@ -1,11 +1,12 @@
-//! Update rules: fields that cannot change once set (seed 002 "불변", KEP-5710, KEP-6012). An
+//! Update rules: fields that cannot change once set (seed 002 "불변", KEP-5710, KEP-6012, and the
+//! API server's `+k8s:immutable` / `NoAddItem` / `NoRemoveItem` tags of scheduling.k8s.io). An
 //! update that tries is rejected and the old object kept, as the API server would.
 
 use std::collections::BTreeMap;
 
 use super::{
     problem::{Problem, Rule},
-    types::{Kind, Object},
+    types::{Kind, Object, Template, Workload},
 };
 
 /// An update the API server would refuse.
@@ -38,7 +39,21 @@ pub fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
         });
     };
     match (old, new) {
+        (Object::Workload(a), Object::Workload(b)) => {
+            for m in workload_changes(a, b) {
+                reject(Rule::ImmutableWorkloadSpec, m);
+            }
+        }
         (Object::Group(a), Object::Group(b)) => {
+            if a.workload_ref != b.workload_ref {
+                reject(
+                    Rule::ImmutableWorkloadRef,
+                    format!(
+                        "workloadRef cannot change ({:?} -> {:?})",
+                        a.workload_ref, b.workload_ref
+                    ),
+                );
+            }
             if a.parent != b.parent {
                 reject(
                     Rule::ImmutableParent,
@@ -86,6 +101,60 @@ pub fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
             ),
         ),
         _ => {}
+    }
+    out
+}
+
+/// Every template of a Workload by name, with its parent's name.
+fn templates(w: &Workload) -> BTreeMap<&str, (&Template, Option<&str>)> {
+    let mut out = BTreeMap::new();
+    let mut stack: Vec<(&Template, Option<&str>)> = w.templates.iter().map(|t| (t, None)).collect();
+    while let Some((t, parent)) = stack.pop() {
+        out.insert(t.name.as_str(), (t, parent));
+        stack.extend(t.children.iter().map(|c| (c, Some(t.name.as_str()))));
+    }
+    out
+}
+
+/// What a Workload update changes that the API server keeps: its controllerRef, its templates
+/// (none added, removed or moved) and each template's kind of schedulingPolicy, disruptionMode
+/// and priority (a gang's minimum stays mutable).
+fn workload_changes(a: &Workload, b: &Workload) -> Vec<String> {
+    let mut out = Vec::new();
+    if a.controller_ref != b.controller_ref {
+        out.push(format!(
+            "controllerRef cannot change ({:?} -> {:?})",
+            a.controller_ref, b.controller_ref
+        ));
+    }
+    let (ta, tb) = (templates(a), templates(b));
+    for name in ta.keys().filter(|n| !tb.contains_key(*n)) {
+        out.push(format!("template {name:?} cannot be removed"));
+    }
+    for name in tb.keys().filter(|n| !ta.contains_key(*n)) {
+        out.push(format!("template {name:?} cannot be added"));
+    }
+    for (name, (x, px)) in &ta {
+        let Some((y, py)) = tb.get(name) else {
+            continue;
+        };
+        let (sx, sy) = (&x.scheduling, &y.scheduling);
+        if x.kind != y.kind || px != py {
+            out.push(format!("template {name:?} cannot change its kind or place"));
+        }
+        if std::mem::discriminant(&sx.policy) != std::mem::discriminant(&sy.policy) {
+            out.push(format!(
+                "template {name:?}: schedulingPolicy cannot switch between basic and gang"
+            ));
+        }
+        if sx.disruption != sy.disruption {
+            out.push(format!("template {name:?}: disruptionMode cannot change"));
+        }
+        if (sx.priority, &sx.priority_class_name) != (sy.priority, &sy.priority_class_name) {
+            out.push(format!(
+                "template {name:?}: priority and priorityClassName cannot change"
+            ));
+        }
     }
     out
 }

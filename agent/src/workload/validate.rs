@@ -12,7 +12,7 @@
 //! - `template-count`: at most 8 child templates per level, both lists together (seed 002).
 //! - `depth-limit`: template trees and group trees are at most 4 levels deep (seed 002).
 //! - `scheduling-policy-exclusive`: exactly one of `basic` / `gang`.
-//! - `disruption-mode-exclusive`: at most one of `single` / `all`.
+//! - `disruption-mode-exclusive`: `disruptionMode`, when set, sets exactly one of `single` / `all`.
 //! - `preemption-policy-value`: `PreemptLowerPriority` or `Never`.
 //! - `min-count-positive`: PodGroup gang `minCount` >= 1.
 //! - `min-group-count-positive`: CompositePodGroup gang `minGroupCount` >= 1.
@@ -28,12 +28,26 @@
 //! - `priority-consistent`: one `priority` for all groups and pods, equal to the root's (seed 002).
 //! - `preemption-policy-consistent`: one `preemptionPolicy` for all pods; with the
 //!   PodGroupPreemptionPolicy gate the root's equals theirs (seed 002).
+//! - `priority-consistent` also holds within a Workload: every template has the same
+//!   `priority` and `priorityClassName` (`validateWorkloadPriority`).
+//! - `reference-name`: every name a reference holds is a valid name of its target, as the API
+//!   server checks it: `podGroupName`, `parentCompositePodGroupName`, `workloadName` and
+//!   `priorityClassName` DNS subdomains, `templateName` a DNS label.
+//! - `priority-class`: a Pod's, PodGroup's or CompositePodGroup's `priority` (and a Pod's
+//!   `preemptionPolicy`), when set, is what the Priority admission plugin computes from
+//!   `priorityClassName`: no class, 0 and PreemptLowerPriority (qoslet assumes no globalDefault
+//!   PriorityClass); `system-cluster-critical` and `system-node-critical`, their built-in values.
+//!   Another class is not in qoslet's input, so its value is not checked.
+//! - `priority-range`: a group's or template's priority is at most 1000000000
+//!   (HighestUserDefinablePriority), its own or the one its class gives it.
 //!
-//! [`dangling`] reports `reference-exists` (a parent, PodGroup or Workload that is not in the set):
-//! the scheduler holds such objects rather than rejecting them, so gating uses it differently.
+//! [`dangling`] reports `reference-exists` (a parent, PodGroup or Workload that is not in the set,
+//! under a valid name): the API server takes such objects and the scheduler holds them until the
+//! target exists, so `qoslet validate` reports them as pending, and gating holds them.
 //! Update rules live in `update.rs` (`immutable-min-group-count`, `immutable-scheduling-policy`,
-//! `immutable-parent`, `immutable-disruption-mode`, `immutable-scheduling-group`); `kind-known`,
-//! `api-version` and `schema` are the CLI's.
+//! `immutable-parent`, `immutable-disruption-mode`, `immutable-scheduling-group`,
+//! `immutable-workload-ref`, `immutable-workload-spec`); `kind-known`, `api-version` and `schema`
+//! are the CLI's.
 
 use std::collections::BTreeMap;
 
@@ -50,6 +64,14 @@ use super::{
 pub const MAX_DEPTH: usize = 4;
 /// Maximum number of child templates at any level of a Workload (seed 002).
 pub const MAX_TEMPLATES: usize = 8;
+/// The highest priority a group or template may hold (HighestUserDefinablePriority).
+pub const MAX_USER_PRIORITY: i32 = 1_000_000_000;
+/// The PriorityClasses every cluster has (`scheduling/v1.SystemPriorityClasses`), with their
+/// values; their preemptionPolicy is PreemptLowerPriority.
+pub const SYSTEM_PRIORITY_CLASSES: [(&str, i32); 2] = [
+    ("system-cluster-critical", 2_000_000_000),
+    ("system-node-critical", 2_000_001_000),
+];
 
 /// Settings validation depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,6 +128,16 @@ pub fn validate(f: &Forest, opts: &ValidationOptions) -> Vec<Problem> {
         {
             check_preemption_value(o, pp, &mut out);
         }
+        for (field, name, valid) in references(o) {
+            if !valid {
+                out.push(Problem::on(
+                    o,
+                    Rule::ReferenceName,
+                    format!("{field}: {name:?} is not a valid name"),
+                ));
+            }
+        }
+        check_priority_class(o, &mut out);
     }
     for w in f.workloads.values() {
         check_workload(w, &mut out);
@@ -128,6 +160,7 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
         let o = Object::Group(g.clone());
         if let Some(p) = f.parent_ref(&g.obj_ref())
             && !f.groups.contains_key(&p)
+            && is_dns_subdomain(&p.name)
         {
             out.push(Problem::on(
                 &o,
@@ -137,6 +170,7 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
         }
         if let Some(r) = &g.workload_ref
             && !f.workloads.contains_key(&r.workload_name)
+            && is_dns_subdomain(&r.workload_name)
         {
             out.push(Problem::on(
                 &o,
@@ -148,6 +182,7 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
     for p in f.pods.values() {
         if let Some(pg) = &p.pod_group
             && !f.groups.contains_key(&ObjRef::new(Kind::PodGroup, pg))
+            && is_dns_subdomain(pg)
         {
             out.push(Problem::on(
                 &Object::Pod(p.clone()),
@@ -158,6 +193,117 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
     }
     out.sort();
     out
+}
+
+/// The names `o`'s references hold: (field, name, whether it is a valid name of the target).
+fn references(o: &Object) -> Vec<(&'static str, &str, bool)> {
+    let mut out = Vec::new();
+    fn subdomain<'a>(
+        out: &mut Vec<(&'static str, &'a str, bool)>,
+        field: &'static str,
+        name: &'a Option<String>,
+    ) {
+        if let Some(n) = name.as_deref().filter(|n| !n.is_empty()) {
+            out.push((field, n, is_dns_subdomain(n)));
+        }
+    }
+    match o {
+        Object::Pod(p) => {
+            subdomain(&mut out, "spec.schedulingGroup.podGroupName", &p.pod_group);
+            subdomain(&mut out, "spec.priorityClassName", &p.priority_class_name);
+        }
+        Object::Group(g) => {
+            subdomain(&mut out, "spec.parentCompositePodGroupName", &g.parent);
+            subdomain(
+                &mut out,
+                "spec.priorityClassName",
+                &g.scheduling.priority_class_name,
+            );
+            if let Some(r) = &g.workload_ref {
+                out.push((
+                    "spec.workloadRef.workloadName",
+                    r.workload_name.as_str(),
+                    is_dns_subdomain(&r.workload_name),
+                ));
+                out.push((
+                    "spec.workloadRef.templateName",
+                    r.template_name.as_str(),
+                    is_dns_label(&r.template_name),
+                ));
+            }
+        }
+        Object::Workload(_) => {}
+    }
+    out
+}
+
+/// The value and preemptionPolicy the Priority admission plugin gives an object of `class`:
+/// `None` for a class qoslet does not know (one only the cluster holds).
+fn class_priority(class: &Option<String>) -> Option<(i32, &'static str)> {
+    match class.as_deref().filter(|c| !c.is_empty()) {
+        None => Some((0, DEFAULT_PREEMPTION)),
+        Some(c) => SYSTEM_PRIORITY_CLASSES
+            .iter()
+            .find(|(name, _)| *name == c)
+            .map(|(_, v)| (*v, DEFAULT_PREEMPTION)),
+    }
+}
+
+/// `priority-class` and, for groups, `priority-range` (module doc).
+fn check_priority_class(o: &Object, out: &mut Vec<Problem>) {
+    let (priority, class, preemption) = match o {
+        Object::Pod(p) => (p.priority, &p.priority_class_name, &p.preemption_policy),
+        Object::Group(g) => (
+            g.scheduling.priority,
+            &g.scheduling.priority_class_name,
+            &None,
+        ),
+        Object::Workload(_) => return,
+    };
+    let computed = class_priority(class);
+    let from = match class.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => format!("PriorityClass {c}"),
+        None => "no priorityClassName".to_owned(),
+    };
+    if let (Some(p), Some((v, _))) = (priority, computed)
+        && p != v
+    {
+        out.push(Problem::on(
+            o,
+            Rule::PriorityClass,
+            format!(
+                "priority {p} is not {v}, the value the Priority admission computes from {from}"
+            ),
+        ));
+    }
+    // An unknown value is `preemption-policy-value`'s.
+    if let (Some(pp), Some((_, want))) = (preemption, computed)
+        && pp != want
+        && is_preemption_policy(pp)
+    {
+        out.push(Problem::on(
+            o,
+            Rule::PriorityClass,
+            format!("preemptionPolicy {pp:?} is not {want:?}, the one the Priority admission computes from {from}"),
+        ));
+    }
+    if matches!(o, Object::Group(_))
+        && let Some(p) = priority.or(computed.map(|(v, _)| v))
+    {
+        check_priority_range(o, "", p, out);
+    }
+}
+
+fn check_priority_range(o: &Object, what: &str, p: i32, out: &mut Vec<Problem>) {
+    if p > MAX_USER_PRIORITY {
+        out.push(Problem::on(
+            o,
+            Rule::PriorityRange,
+            format!(
+                "{what}priority {p} is above {MAX_USER_PRIORITY}, the highest a group may have"
+            ),
+        ));
+    }
 }
 
 fn is_preemption_policy(value: &str) -> bool {
@@ -195,7 +341,7 @@ fn check_scheduling(o: &Object, what: &str, kind: Kind, s: &Scheduling, out: &mu
     if s.disruption == Disruption::Ambiguous {
         push(
             Rule::DisruptionModeExclusive,
-            "disruptionMode must set at most one of single and all".into(),
+            "disruptionMode, when set, must set exactly one of single and all".into(),
         );
     }
     // KEP-5710: `all` means "evict together", which only a gang defines.
@@ -253,6 +399,9 @@ fn check_workload(w: &Workload, out: &mut Vec<Problem>) {
             ));
         }
         check_scheduling(&o, &what, t.kind, &t.scheduling, out);
+        if let Some(p) = t.scheduling.priority {
+            check_priority_range(&o, &what, p, out);
+        }
         if parent.is_some_and(|p| p.scheduling.disruption.is_all())
             && !t.scheduling.disruption.is_all()
         {
@@ -289,6 +438,28 @@ fn check_workload(w: &Workload, out: &mut Vec<Problem>) {
             }
         }
         stack.extend(t.children.iter().map(|c| (c, depth + 1, Some(t))));
+    }
+    // One priority and class for the whole template tree (`validateWorkloadPriority`).
+    let mut all: Vec<&Template> = Vec::new();
+    let mut stack: Vec<&Template> = w.templates.iter().collect();
+    while let Some(t) = stack.pop() {
+        all.push(t);
+        stack.extend(t.children.iter());
+    }
+    let key = |t: &Template| {
+        (
+            t.scheduling.priority,
+            t.scheduling.priority_class_name.clone().unwrap_or_default(),
+        )
+    };
+    if let Some(first) = all.first()
+        && all.iter().any(|t| key(t) != key(first))
+    {
+        out.push(Problem::on(
+            &o,
+            Rule::PriorityConsistent,
+            "the templates' priority and priorityClassName differ: all must be the same",
+        ));
     }
     for (name, n) in names {
         if n > 1 {
@@ -350,6 +521,12 @@ fn check_group(f: &Forest, g: &Group, out: &mut Vec<Problem>) {
                 Rule::WorkloadRefRequired,
                 "spec.workloadRef is required",
             ));
+        } else if g.parent.is_some() {
+            out.push(Problem::on(
+                &o,
+                Rule::WorkloadRefRequired,
+                "spec.workloadRef must be set when parentCompositePodGroupName is set",
+            ));
         }
         return;
     };
@@ -396,10 +573,10 @@ fn check_group(f: &Forest, g: &Group, out: &mut Vec<Problem>) {
     }
 }
 
-/// Effective priority: unset with no class resolves to 0; unset with a class is unknown here
-/// (admission resolves it from the PriorityClass).
+/// Effective priority: what is set, else what the Priority admission computes from the class
+/// (unknown for a class qoslet does not know).
 fn effective_priority(priority: Option<i32>, class: &Option<String>) -> Option<i32> {
-    priority.or(if class.is_none() { Some(0) } else { None })
+    priority.or(class_priority(class).map(|(v, _)| v))
 }
 
 fn check_hierarchy(

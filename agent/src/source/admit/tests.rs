@@ -198,6 +198,7 @@ fn every_admission_rule_is_exercised() {
             "name: p",
             "  containers: [{name: c, command: [a], resources: {limits: {cpu: \"1\"}, requests: {cpu: \"2\"}}}]\n",
         ),
+        pod("name: p", "  containers: []\n"),
     ];
     let mut seen: BTreeSet<String> = cases
         .iter()
