@@ -49,11 +49,12 @@ impl NodeSignals {
                 capacity,
             },
         );
-        if let Some(k) = &self.kubepods {
-            let r = k.read()?;
-            let capacity = r
-                .limit_bytes
-                .ok_or_else(|| SignalError::NoCapacity { path: k.display() })?;
+        // Absent, as the kubelet's is, while the pods' cgroup has no limit (`pods` not in
+        // enforceNodeAllocatable) or cannot be read (not made yet): `memory.available` stands.
+        if let Some(k) = &self.kubepods
+            && let Ok(r) = k.read()
+            && let Some(capacity) = r.limit_bytes
+        {
             obs.insert(
                 "allocatableMemory.available".into(),
                 Observed {

@@ -33,8 +33,11 @@ use crate::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, MemoryCgroup,
         NodeSignals, PodCgroups, Wake, watch::WatchConfig,
     },
-    policy::settings::CgroupDriver,
-    policy::{pod::PodKey, settings::NodeSettings},
+    policy::{
+        cgroup_name::render,
+        pod::PodKey,
+        settings::{CgroupDriver, NodeSettings},
+    },
     sensors::{SensorEvent, SensorMode, Sensors, SensorsConfig},
     server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
     workload::ValidationOptions,
@@ -162,6 +165,21 @@ where
         None
     };
     let node_root_memory = MemoryCgroup::new(node_root(memory_tree));
+    // `allocatableMemory.available`, which the kubelet adds beside every hard
+    // `memory.available` threshold, reads the pods' cgroup (kubepods) the kubelet keeps.
+    let kubepods_memory = cfg
+        .settings
+        .cgroups_per_qos
+        .then(|| {
+            let name = render(
+                cfg.settings.cgroup_driver,
+                &cfg.settings.cgroup_root,
+                &["kubepods"],
+            );
+            CgroupPath::under_root(&name, cfg.fs.node_root()).ok()
+        })
+        .flatten()
+        .map(|path| MemoryCgroup::new(CgroupBeneath::new(&fs, memory_tree, &path)));
     let summary = CgroupSummary::new(StatsCgroup {
         memory: Some(node_root_memory.clone()),
         cpu: trees::unified_tree(fs.trees()).map(node_root),
@@ -271,7 +289,7 @@ where
         NodeSignals {
             node_root: node_root_memory.clone(),
             capacity_bytes: Some(cfg.settings.capacity.memory_bytes),
-            kubepods: None,
+            kubepods: kubepods_memory,
             pids: None,
         },
         ExecutorEviction::new(executor.clone(), action, state_file),

@@ -183,6 +183,52 @@ async fn nothing_happens_above_the_threshold() {
     fs::remove_dir_all(root).unwrap();
 }
 
+/// `allocatableMemory.available` (the kubelet's copy of the hard `memory.available` threshold)
+/// reads the pods' cgroup: its limit less its working set. Met there while the node has room,
+/// it evicts as the kubelet does; without a limit on the pods' cgroup, or with no pods' cgroup
+/// at all, it is not observed.
+#[tokio::test]
+async fn the_pods_cgroup_meets_the_allocatable_threshold_while_the_node_has_room() {
+    let (root, mut signals, inv) = setup("allocatable");
+    let kubepods = root.join("kubepods");
+    // 600 MiB used of a 650 MiB limit: 50Mi available to pods; the node has 400Mi.
+    cgroup(&kubepods, 600, &(650 * MI).to_string());
+    signals.kubepods = Some(MemoryCgroup::own(&kubepods, crate::cgroup::Tree::V2).unwrap());
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let (_tx, rx) = watch::channel(inv);
+    let cfg = config(
+        &[
+            ("memory.available", "100Mi"),
+            ("allocatableMemory.available", "100Mi"),
+        ],
+        &[],
+    );
+    let observed = signals.observe().unwrap();
+    assert_eq!(observed["allocatableMemory.available"].available, 50 * MI);
+    let mut m = Manager::new(cfg.clone(), signals, &fake, rx);
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.signal, "allocatableMemory.available");
+    assert_eq!((d.observed, d.threshold), (50 * MI, 100 * MI));
+    assert_eq!(d.pods[0].name, "a");
+
+    // No limit on the pods' cgroup: not observed, as the kubelet's is absent then.
+    write(&kubepods, "memory.max", "max");
+    let (root2, mut no_limit, _) = setup("allocatable-none");
+    no_limit.kubepods = Some(MemoryCgroup::own(&kubepods, crate::cgroup::Tree::V2).unwrap());
+    assert!(
+        !no_limit
+            .observe()
+            .unwrap()
+            .contains_key("allocatableMemory.available")
+    );
+    fs::remove_dir_all(root).unwrap();
+    fs::remove_dir_all(root2).unwrap();
+}
+
 #[tokio::test]
 async fn one_unit_per_pass_then_minimum_reclaim_until_resolved() {
     let (root, signals, inv) = setup("reclaim");
