@@ -260,7 +260,7 @@ impl EvictionRun {
             .expect("reading the node root")
             .limit_bytes
             .expect("the node root has a limit");
-        let level = cfg.watch_level(capacity);
+        let level = cfg.watch_level("memory.available", capacity);
         let (_inv_tx, inv_rx) = tokio::sync::watch::channel(std::sync::Arc::new(inventory));
         let manager = Manager::new(cfg, signals, CgroupKill, inv_rx);
         let stats = manager.stats();

@@ -116,14 +116,15 @@ impl ManagerConfig {
         }
     }
 
-    /// Usage at which the node root is worth a look: capacity minus the largest memory.available
-    /// amount (for the watcher).
-    pub fn watch_level(&self, capacity: i64) -> i64 {
+    /// Usage at which the cgroup `signal` reads (the node root for `memory.available`, the pods'
+    /// cgroup for `allocatableMemory.available`) is worth a look: `capacity` minus the largest
+    /// amount of `signal`'s thresholds (for the watcher).
+    pub fn watch_level(&self, signal: &str, capacity: i64) -> i64 {
         let largest = self
             .hard
             .iter()
             .chain(&self.soft)
-            .filter(|t| t.signal == "memory.available")
+            .filter(|t| t.signal == signal)
             .map(|t| threshold_amount(t, capacity, false))
             .max()
             .unwrap_or(0);

@@ -289,7 +289,7 @@ where
         NodeSignals {
             node_root: node_root_memory.clone(),
             capacity_bytes: Some(cfg.settings.capacity.memory_bytes),
-            kubepods: kubepods_memory,
+            kubepods: kubepods_memory.clone(),
             pids: None,
         },
         ExecutorEviction::new(executor.clone(), action, state_file),
@@ -305,12 +305,30 @@ where
     if enforce && wake_on_events {
         let watch_cfg = WatchConfig {
             node_root: node_root_memory.clone(),
-            level_bytes: manager_cfg.watch_level(cfg.settings.capacity.memory_bytes),
+            level_bytes: manager_cfg
+                .watch_level("memory.available", cfg.settings.capacity.memory_bytes),
             // At the level: earlyoom's 100 ms divided by ten; far from it, up to 1 s.
             poll: Some(Duration::from_millis(10)),
         };
         if let Err(e) = crate::eviction::watch::spawn_watcher(watch_cfg, wake_tx.clone()) {
             warn!(error = %e, "Memory watcher unavailable; eviction runs on sensor events and housekeeping.");
+        }
+        // The pods' cgroup crosses its own level (`allocatableMemory.available`) before the
+        // node's when its limit is lower than the node's capacity less that threshold.
+        let kubepods_limit = kubepods_memory
+            .as_ref()
+            .and_then(|k| Some((k.clone(), k.read().ok()?.limit_bytes?)));
+        if let Some((kubepods, limit)) = kubepods_limit
+            && manager_cfg.watch_level("allocatableMemory.available", limit) < limit
+        {
+            let watch_cfg = WatchConfig {
+                node_root: kubepods,
+                level_bytes: manager_cfg.watch_level("allocatableMemory.available", limit),
+                poll: Some(Duration::from_millis(10)),
+            };
+            if let Err(e) = crate::eviction::watch::spawn_watcher(watch_cfg, wake_tx.clone()) {
+                warn!(error = %e, "Memory watcher of the pods' cgroup unavailable; allocatableMemory.available is read on the node's wake-ups and housekeeping.");
+            }
         }
     }
     state
