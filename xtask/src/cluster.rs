@@ -186,6 +186,7 @@ impl Cluster {
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         // nsenter execs the program: this pid is the daemon's.
         let pid = child.id();
+        fs::write(self.path(&format!("{name}.pid")), pid.to_string())?;
         for h in hierarchies()? {
             fs::write(
                 h.join(&self.name).join("system/cgroup.procs"),
@@ -542,6 +543,15 @@ state = "{state}"
         }))?,
     )?;
     fs::write(c.path("run/resolv.conf"), "nameserver 127.0.0.1\n")?;
+    write_kubelet_config(c, KUBELET_MEMORY_AVAILABLE)
+}
+
+/// The kubelet's `evictionHard` `memory.available` of the cluster's tests.
+const KUBELET_MEMORY_AVAILABLE: &str = "100Mi";
+
+/// The kubelet's configuration, with `memory_available` its hard threshold on memory.
+fn write_kubelet_config(c: &Cluster, memory_available: &str) -> Result<()> {
+    let sock = c.p("containerd/containerd.sock");
     // Paths as the kubelet sees them in its mount namespace (/var/lib, /var/log and /run are
     // the cluster's) or as the host sees them (pki, containerd: not remounted).
     fs::write(
@@ -558,7 +568,7 @@ enforceNodeAllocatable: [pods]
 systemReserved: {{cpu: 100m, memory: 128Mi}}
 kubeReserved: {{cpu: 100m, memory: 128Mi}}
 podPidsLimit: 1024
-evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
+evictionHard: {{memory.available: "{memory_available}", nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
 # The images were imported (there is no registry): never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -689,6 +699,11 @@ fn start_node(c: &Cluster, archives: &[PathBuf]) -> Result<()> {
         apt::run(ctr(&["images", "import", "--snapshotter", "native"]).arg(a))?;
         println!("cluster: imported {} in {:.1?}", a.display(), t.elapsed());
     }
+    start_kubelet(c)
+}
+
+/// Starts the kubelet and waits for its node to be Ready.
+fn start_kubelet(c: &Cluster) -> Result<()> {
     c.start(
         "kubelet",
         &c.bins.kube("kubelet"),
@@ -999,6 +1014,8 @@ fn test() -> Result<()> {
         "--test-threads=1",
         // Their summaries (the values compared, the log checked) are the run's record.
         "--nocapture",
+        "--skip",
+        SIDE_BY_SIDE,
     ];
     // Built outside the namespace (cargo may fetch), run inside (the API server is there).
     cargo::run(
@@ -1026,15 +1043,129 @@ fn test() -> Result<()> {
         )],
     )?;
     println!("cluster test: {} in {:.0?}", counts.summary(), t.elapsed());
-    if !counts.ok || counts.passed == 0 {
-        bail!(
+    let failed = || {
+        anyhow::anyhow!(
             "the real-cluster tests failed (logs: {} and {}, moved to {} when the cluster goes down)",
             dir.join("logs").display(),
             dir.join("var-log/pods").display(),
             kept_logs().display()
-        );
+        )
+    };
+    if !counts.ok || counts.passed == 0 {
+        return Err(failed());
     }
+    // The kubelet's own eviction beside qoslet's: its threshold moved to where qoslet's is, for
+    // that one test, and back for what follows (its pods keep running through both restarts).
+    let c = Cluster {
+        name: info.name.clone(),
+        dir: info.dir.clone(),
+        bins: parts::ensure()?,
+    };
+    let t = Instant::now();
+    restart_kubelet(&c, &side_by_side_threshold(&c)?)?;
+    let side = cargo::test_through(
+        &tc,
+        &[
+            "nsenter".into(),
+            format!("--net=/run/netns/{}", info.netns),
+            "--".into(),
+        ],
+        &[
+            "test",
+            "-p",
+            "qoslet-tests",
+            "--test",
+            "real_cluster",
+            "--",
+            "--ignored",
+            "--exact",
+            SIDE_BY_SIDE,
+            "--nocapture",
+        ],
+        &[(
+            "QOSLET_CLUSTER".into(),
+            dir.join("cluster.json").display().to_string(),
+        )],
+    );
+    restart_kubelet(&c, KUBELET_MEMORY_AVAILABLE)?;
+    let side = side?;
+    println!(
+        "cluster test: beside the kubelet's own eviction: {} in {:.0?}",
+        side.summary(),
+        t.elapsed()
+    );
+    if !side.ok || side.passed != 1 {
+        return Err(failed());
+    }
+    // The test left qoslet in observe mode with the kubelet's capacity; the Helm install that
+    // follows replaces it and its configuration.
     helm_install(&info)
+}
+
+/// The real-cluster test that compares qoslet's eviction with the kubelet's own: run alone, after
+/// the others, with the kubelet's threshold moved to where qoslet's is.
+const SIDE_BY_SIDE: &str = "an_eviction_by_qoslet_reads_as_the_kubelets_own";
+
+/// Restarts the kubelet with `memory_available` its hard threshold on memory (its pods keep
+/// running: they are containerd's), and waits for its node to be Ready.
+fn restart_kubelet(c: &Cluster, memory_available: &str) -> Result<()> {
+    let pid: i32 = fs::read_to_string(c.path("kubelet.pid"))?.trim().parse()?;
+    // SAFETY: kill(2) takes plain integers; the pid is the kubelet's, written when it started.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    wait("the kubelet to stop", Duration::from_secs(30), || {
+        // Reaped here when this process started it (`cluster test` bringing the cluster up);
+        // else its parent is init, which reaps it.
+        // SAFETY: waitpid(2) with WNOHANG and no status pointer only reaps a child of ours.
+        unsafe {
+            libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+        }
+        fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| stat.contains(") Z "))
+    })?;
+    write_kubelet_config(c, memory_available)?;
+    start_kubelet(c)?;
+    // The node's Ready condition may still be the old kubelet's: ask the new one itself.
+    wait("the new kubelet to serve", Duration::from_secs(120), || {
+        c.kubectl()
+            .args([
+                "get",
+                "--raw",
+                &format!("/api/v1/nodes/{NODE}/proxy/healthz"),
+            ])
+            .output()
+            .is_ok_and(|o| o.stdout == b"ok")
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("kubelet")))?;
+    println!("cluster: kubelet restarted with evictionHard memory.available {memory_available}");
+    Ok(())
+}
+
+/// The kubelet's threshold at which its `memory.available` (the machine's MemTotal, its node
+/// capacity, less the node cgroup's working set) crosses where qoslet's (the node cgroup's limit
+/// less the same working set) crosses 100Mi: the capacity less the limit, plus 100Mi.
+fn side_by_side_threshold(c: &Cluster) -> Result<String> {
+    let out = c
+        .kubectl()
+        .args([
+            "get",
+            "node",
+            NODE,
+            "-o",
+            "jsonpath={.status.capacity.memory}",
+        ])
+        .output()?;
+    let capacity = String::from_utf8(out.stdout)?;
+    let kib: u64 = capacity
+        .trim()
+        .strip_suffix("Ki")
+        .and_then(|k| k.parse().ok())
+        .with_context(|| format!("the node's memory capacity {capacity:?} in Ki"))?;
+    let bytes = (kib << 10)
+        .checked_sub(NODE_MEMORY)
+        .context("a node cgroup limit above the machine's memory")?
+        + (100 << 20);
+    Ok(bytes.to_string())
 }
 
 /// The README's other install path on the same cluster: the kustomize install removed, `helm
