@@ -190,6 +190,12 @@ async fn create_running(ns: &TestNamespace, pods: Vec<Pod>) -> Vec<Pod> {
 
 /// qoslet's pod on the node, once Ready.
 async fn qoslet_pod(c: &Cluster) -> Pod {
+    qoslet_pod_other_than(c, None).await
+}
+
+/// qoslet's pod on the node, once Ready and not being deleted; with `old`, another one than
+/// the pod of that uid.
+async fn qoslet_pod_other_than(c: &Cluster, old: Option<&str>) -> Pod {
     let api: Api<Pod> = Api::namespaced(c.client.clone(), "qoslet-system");
     wait_for("qoslet's pod Ready", || async {
         let list = api
@@ -197,10 +203,12 @@ async fn qoslet_pod(c: &Cluster) -> Pod {
             .await
             .ok()?;
         list.items.into_iter().find(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            old.is_none_or(|old| uid(p) != old)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
     })
     .await
@@ -1433,21 +1441,7 @@ async fn reconfigure_qoslet(c: &Cluster, edit: impl FnOnce(&str) -> String) -> P
     )
     .await
     .expect("qoslet's pod deleted");
-    wait_for("qoslet's new pod Ready", || async {
-        let list = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/name=qoslet"))
-            .await
-            .ok()?;
-        list.items.into_iter().find(|p| {
-            uid(p) != old
-                && p.metadata.deletion_timestamp.is_none()
-                && p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-    })
-    .await
+    qoslet_pod_other_than(c, Some(&old)).await
 }
 
 /// A message with every number (a quantity, a byte count) as `N`: the two evictions' messages

@@ -1003,20 +1003,6 @@ fn test() -> Result<()> {
     let info: Info = serde_json::from_str(&fs::read_to_string(dir.join("cluster.json"))?)?;
     let tc = toolchain::ensure()?;
     let t = Instant::now();
-    let args = [
-        "test",
-        "-p",
-        "qoslet-tests",
-        "--test",
-        "real_cluster",
-        "--",
-        "--ignored",
-        "--test-threads=1",
-        // Their summaries (the values compared, the log checked) are the run's record.
-        "--nocapture",
-        "--skip",
-        SIDE_BY_SIDE,
-    ];
     // Built outside the namespace (cargo may fetch), run inside (the API server is there).
     cargo::run(
         &tc,
@@ -1029,18 +1015,11 @@ fn test() -> Result<()> {
             "--no-run",
         ],
     )?;
-    let counts = cargo::test_through(
+    // Their summaries (the values compared, the log checked) are the run's record.
+    let counts = real_cluster_tests(
         &tc,
-        &[
-            "nsenter".into(),
-            format!("--net=/run/netns/{}", info.netns),
-            "--".into(),
-        ],
-        &args,
-        &[(
-            "QOSLET_CLUSTER".into(),
-            dir.join("cluster.json").display().to_string(),
-        )],
+        &info,
+        &["--test-threads=1", "--nocapture", "--skip", SIDE_BY_SIDE],
     )?;
     println!("cluster test: {} in {:.0?}", counts.summary(), t.elapsed());
     let failed = || {
@@ -1063,30 +1042,7 @@ fn test() -> Result<()> {
     };
     let t = Instant::now();
     restart_kubelet(&c, &side_by_side_threshold(&c)?)?;
-    let side = cargo::test_through(
-        &tc,
-        &[
-            "nsenter".into(),
-            format!("--net=/run/netns/{}", info.netns),
-            "--".into(),
-        ],
-        &[
-            "test",
-            "-p",
-            "qoslet-tests",
-            "--test",
-            "real_cluster",
-            "--",
-            "--ignored",
-            "--exact",
-            SIDE_BY_SIDE,
-            "--nocapture",
-        ],
-        &[(
-            "QOSLET_CLUSTER".into(),
-            dir.join("cluster.json").display().to_string(),
-        )],
-    );
+    let side = real_cluster_tests(&tc, &info, &["--exact", SIDE_BY_SIDE, "--nocapture"]);
     restart_kubelet(&c, KUBELET_MEMORY_AVAILABLE)?;
     let side = side?;
     println!(
@@ -1100,6 +1056,40 @@ fn test() -> Result<()> {
     // The test left qoslet in observe mode with the kubelet's capacity; the Helm install that
     // follows replaces it and its configuration.
     helm_install(&info)
+}
+
+/// The ignored tests of `tests/tests/real_cluster.rs` (built) with `filter`, in the cluster's
+/// network namespace.
+fn real_cluster_tests(
+    tc: &toolchain::Toolchain,
+    info: &Info,
+    filter: &[&str],
+) -> Result<cargo::TestCounts> {
+    let args: Vec<&str> = [
+        "test",
+        "-p",
+        "qoslet-tests",
+        "--test",
+        "real_cluster",
+        "--",
+        "--ignored",
+    ]
+    .into_iter()
+    .chain(filter.iter().copied())
+    .collect();
+    cargo::test_through(
+        tc,
+        &[
+            "nsenter".into(),
+            format!("--net=/run/netns/{}", info.netns),
+            "--".into(),
+        ],
+        &args,
+        &[(
+            "QOSLET_CLUSTER".into(),
+            info.dir.join("cluster.json").display().to_string(),
+        )],
+    )
 }
 
 /// The real-cluster test that compares qoslet's eviction with the kubelet's own: run alone, after
