@@ -168,7 +168,11 @@ impl Cluster {
 
     /// Starts a daemon in the namespaces, in `/<name>/system`, logging to `logs/<name>.log`.
     fn start(&self, name: &str, program: &Path, args: &[String]) -> Result<()> {
-        let log = fs::File::create(self.path(&format!("logs/{name}.log")))?;
+        // Appended: a restarted daemon (the kubelet, for one test) keeps its earlier lines.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("logs/{name}.log")))?;
         let mut cmd = self.inside(true, program);
         cmd.args(args)
             .env(
