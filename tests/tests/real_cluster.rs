@@ -1603,11 +1603,16 @@ async fn an_eviction_by_qoslet_reads_as_the_kubelets_own() {
         .and_then(|c| c.get("memory").cloned())
         .expect("the node's memory capacity")
         .0;
+    // The kustomize ConfigMap has no `capacity`, the Helm chart's `capacity: {}`; a block of
+    // its own is this test's, from an earlier run.
+    let block = format!("capacity:\n  memory: \"{capacity}\"\n");
     let with_capacity = |text: &str| {
-        if text.contains("\ncapacity:") {
+        if text.contains("\ncapacity: {}\n") {
+            text.replace("\ncapacity: {}\n", &format!("\n{block}"))
+        } else if text.contains("\ncapacity:") {
             text.to_owned()
         } else {
-            format!("{text}capacity:\n  memory: \"{capacity}\"\n")
+            format!("{text}{block}")
         }
     };
     reconfigure_qoslet(&c, |t| {
