@@ -629,13 +629,17 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     }
 }
 
-/// A log line that reports a 403 (the number alone, not inside a larger one) or "forbidden".
+/// A log line that reports a 403 (the number alone: not inside a larger number, a hex run or a
+/// UID such as `a14d-403ca92bbe01`) or "forbidden".
 fn denial(line: &str) -> bool {
     let b = line.as_bytes();
-    let digit_at = |i: Option<usize>| i.and_then(|i| b.get(i)).is_some_and(u8::is_ascii_digit);
+    let word_at = |i: Option<usize>| {
+        i.and_then(|i| b.get(i))
+            .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_')
+    };
     let status = line
         .match_indices("403")
-        .any(|(i, _)| !digit_at(i.checked_sub(1)) && !digit_at(Some(i + 3)));
+        .any(|(i, _)| !word_at(i.checked_sub(1)) && !word_at(Some(i + 3)));
     status || line.to_ascii_lowercase().contains("forbidden")
 }
 
@@ -646,6 +650,12 @@ fn denials_are_told_from_numbers() {
     assert!(denial("pods is forbidden: User cannot list"));
     assert!(!denial("observed=103440384 threshold=104857600"));
     assert!(!denial("uid=4031"));
+    // A pod's UID in a cgroup path (a cluster test saw this one).
+    assert!(!denial(
+        "path=/sys/fs/cgroup/cpu/kubepods/pod8af068d6-5d76-4460-a14d-403ca92bbe01 file=\"cpu.shares\""
+    ));
+    assert!(denial("code: 403, reason: Forbidden"));
+    assert!(denial("(403)"));
 }
 
 #[tokio::test]
