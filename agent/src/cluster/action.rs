@@ -159,10 +159,16 @@ impl ApiEviction {
     /// [`SEEN_BEFORE_KILL`]; whether it did. A copy annotated but Running again (the kubelet's
     /// status manager wrote its phase back between the two writes) gets `status` and a new
     /// annotation again. Without a store, at once.
-    async fn kubelet_synced(&self, pod: &PodKey, at: &str, status: &(String, ApiWrite)) -> bool {
+    async fn kubelet_synced(
+        &self,
+        req: &EvictionRequest,
+        at: &str,
+        status: &(String, ApiWrite),
+    ) -> bool {
         let Some(store) = &self.pods else {
             return true;
         };
+        let pod = &req.pod;
         let deadline = tokio::time::Instant::now() + SEEN_BEFORE_KILL;
         let mut at = at.to_owned();
         loop {
@@ -174,9 +180,7 @@ impl ApiEviction {
                     }
                     tracing::info!(%pod, "The kubelet wrote the phase back before the pod was annotated; sending the status and the annotation again.");
                     at = now();
-                    let _ = self.queue.push(&status.0, &pod.uid, status.1.clone());
-                    let (id, w) = evicted_at(pod, &at);
-                    let _ = self.queue.push(&id, &pod.uid, w);
+                    self.push(req, vec![status.clone(), evicted_at(pod, &at)]);
                 }
                 Some(_) => {}
             }
@@ -366,7 +370,7 @@ impl EvictionAction for ApiEviction {
             self.push(req, writes);
             if !self.queue.settled(&annotation_id, STATUS_BEFORE_KILL).await {
                 tracing::warn!(pod = %req.pod, waited = ?STATUS_BEFORE_KILL, "The API server did not take the pod's Failed status and annotation in time; killing it anyway (the kubelet may restart its containers until the status arrives).");
-            } else if !self.kubelet_synced(&req.pod, &at, &status).await {
+            } else if !self.kubelet_synced(req, &at, &status).await {
                 tracing::warn!(pod = %req.pod, waited = ?SEEN_BEFORE_KILL, "The pod watch did not show the pod Failed and annotated in time; killing it anyway.");
             }
             self.guard_status(&req.pod, status);
