@@ -319,11 +319,12 @@ where
             .as_ref()
             .and_then(|k| Some((k.clone(), k.read().ok()?.limit_bytes?)));
         if let Some((kubepods, limit)) = kubepods_limit
-            && manager_cfg.watch_level("allocatableMemory.available", limit) < limit
+            && let level = manager_cfg.watch_level("allocatableMemory.available", limit)
+            && level < limit
         {
             let watch_cfg = WatchConfig {
                 node_root: kubepods,
-                level_bytes: manager_cfg.watch_level("allocatableMemory.available", limit),
+                level_bytes: level,
                 poll: Some(Duration::from_millis(10)),
             };
             if let Err(e) = crate::eviction::watch::spawn_watcher(watch_cfg, wake_tx.clone()) {
