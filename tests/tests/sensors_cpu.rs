@@ -66,16 +66,14 @@ async fn asleep(pid: u32) {
 }
 
 /// The part of the kernel's `run_delay` the program sees, at the least. On a quiet machine it sees
-/// all of it (every run, to the microsecond). Beside a build (a `cargo build` and `stress-ng
-/// --cpu 1`, 6.18 host, 2026-12-03) it missed some of the spinning task's arrivals on the CPU:
-/// in about half of some 50 runs, 2 to 10 of 26 to 99 arrivals, and as little as 77.6% of the
-/// wait was seen.
-/// The arrivals are real switches (the task's context-switch count equals them), every slice's
-/// on-CPU time is still counted exactly, and the program counted no recursion miss, no failed
-/// lookup of a watched cgroup and no zero or negative timestamp; why some `sched_switch` calls
-/// do not reach it is not known yet (docs/kernels.md, "Run-queue wait accuracy"). The program
-/// never counts more than the kernel.
-const WAIT_SEEN_AT_LEAST: f64 = 0.6;
+/// all of it, to the microsecond. The 6.18 development host's kernel fires no tracepoint while a
+/// thread of its init (PID 1, the sandbox's agent) is the current task, and `sched_switch` fires
+/// in the context of the task leaving the CPU: the arrival of a task right after such a thread
+/// is counted by `sched_info_arrive` (`pcount`, `run_delay`) but reaches no probe. Beside
+/// `stress-ng --cpu 1 --fork 1` (2026-12-03) the heavy task lost 1 to 11 arrivals in 31 of 48
+/// runs, and at worst 82.2% of its wait was seen (79.8% and 77.6% in other series); an upstream
+/// kernel reports every switch (docs/kernels.md, "Run-queue wait accuracy").
+const WAIT_SEEN_AT_LEAST: f64 = 0.75;
 
 /// `a` within `pct` percent (and 2 ms) of `b`.
 fn close(a: u64, b: u64, pct: f64) -> bool {
