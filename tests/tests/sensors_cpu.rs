@@ -72,8 +72,10 @@ async fn asleep(pid: u32) {
 /// is counted by `sched_info_arrive` (`pcount`, `run_delay`) but reaches no probe. Beside
 /// `stress-ng --cpu 1 --fork 1` (2026-12-03) the heavy task lost 1 to 11 arrivals in 31 of 48
 /// runs, and at worst 82.2% of its wait was seen (79.8% and 77.6% in other series); an upstream
-/// kernel reports every switch (docs/kernels.md, "Run-queue wait accuracy").
-const WAIT_SEEN_AT_LEAST: f64 = 0.75;
+/// kernel reports every switch (docs/kernels.md, "Run-queue wait accuracy"). The bound stays
+/// well under the worst seen: one lost arrival loses a whole wait, milliseconds behind a nice -10
+/// thread, and a test that fails under a shared machine's load is a broken test.
+const WAIT_SEEN_AT_LEAST: f64 = 0.6;
 
 /// `a` within `pct` percent (and 2 ms) of `b`.
 fn close(a: u64, b: u64, pct: f64) -> bool {
