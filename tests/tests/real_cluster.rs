@@ -33,6 +33,8 @@ use kube::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+#[path = "real_cluster/api_eviction.rs"]
+mod api_eviction;
 #[path = "real_cluster/gangs.rs"]
 mod gangs;
 
@@ -121,29 +123,35 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let kubeconfig = self.kubeconfig.clone();
-        // Drop runs inside the test's runtime, which the client's worker needs: a thread with
-        // a runtime and a client of its own deletes the namespace (and its pods).
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(async move {
-                    let Ok(client) = client(&kubeconfig).await else {
-                        return;
-                    };
-                    let api = Api::<Namespace>::all(client);
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                    // Gone before the next test, whose node then has only its own pods.
-                    let deadline = Instant::now() + WAIT;
-                    while Instant::now() < deadline
-                        && api.get_opt(&name).await.is_ok_and(|n| n.is_some())
-                    {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                });
-        })
-        .join();
+        with_own_client(&self.kubeconfig, |client| async move {
+            let api = Api::<Namespace>::all(client);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+            // Gone before the next test, whose node then has only its own pods.
+            let deadline = Instant::now() + WAIT;
+            while Instant::now() < deadline && api.get_opt(&name).await.is_ok_and(|n| n.is_some()) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
     }
+}
+
+/// Runs `cleanup` to its end with a client of its own, for a `Drop`: a drop runs inside the
+/// test's runtime, which a client's worker needs, so a thread with a runtime of its own does it.
+fn with_own_client<F: Future<Output = ()>>(
+    kubeconfig: &Path,
+    cleanup: impl FnOnce(Client) -> F + Send + 'static,
+) {
+    let kubeconfig = kubeconfig.to_owned();
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async move {
+                if let Ok(client) = client(&kubeconfig).await {
+                    cleanup(client).await;
+                }
+            });
+    })
+    .join();
 }
 
 /// A pod of the test image (busybox and the hog, see xtask/src/cluster/images.rs).
@@ -907,9 +915,10 @@ const EVICTIONS_EACH: usize = 20;
 /// The hogs' trigger port (`QOSLET_HOG_LISTEN`, tests/src/bin/qoslet-test-hog.rs).
 const HOG_PORT: u16 = 7000;
 
-/// The pod template of a churn workload: the hog, waiting for a connection on [`HOG_PORT`], then
-/// growing at 100 MiB/s until it is evicted; its process carries the pod's name and uid.
-fn churn_template(kind: &str, restart: &str) -> Value {
+/// The pod template of a workload's hog, labelled `qoslet-churn: kind`: it waits for a
+/// connection on [`HOG_PORT`], then grows at 100 MiB/s to `cap_mib` (or until it is evicted);
+/// its process carries the pod's name and uid.
+fn hog_template(kind: &str, restart: &str, cap_mib: u64) -> Value {
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     json!({
         "metadata": {"labels": {"qoslet-churn": kind}},
@@ -922,7 +931,7 @@ fn churn_template(kind: &str, restart: &str) -> Value {
                 "name": "main",
                 "image": "localhost/qoslet-test:latest",
                 "imagePullPolicy": "Never",
-                "command": ["/bin/qoslet-test-hog", "4000", "100", "$(POD_NAME)", "$(POD_UID)"],
+                "command": ["/bin/qoslet-test-hog", cap_mib.to_string(), "100", "$(POD_NAME)", "$(POD_UID)"],
                 "env": [
                     {"name": "QOSLET_HOG_LISTEN", "value": HOG_PORT.to_string()},
                     {"name": "POD_NAME", "valueFrom": field("metadata.name")},
@@ -1187,7 +1196,7 @@ async fn evictions_under_real_controllers() {
         "spec": {
             "replicas": 1, "serviceName": "churn",
             "selector": {"matchLabels": {"qoslet-churn": "statefulset"}},
-            "template": churn_template("statefulset", "Always"),
+            "template": hog_template("statefulset", "Always", 4000),
         },
     }))
     .unwrap();
@@ -1201,7 +1210,7 @@ async fn evictions_under_real_controllers() {
                     "action": "Ignore",
                     "onPodConditions": [{"type": "DisruptionTarget"}],
                 }]},
-                "template": churn_template("job", "Never"),
+                "template": hog_template("job", "Never", 4000),
             },
         }))
         .unwrap()
@@ -1212,7 +1221,7 @@ async fn evictions_under_real_controllers() {
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"qoslet-churn": "replicaset"}},
-            "template": churn_template("replicaset", "Always"),
+            "template": hog_template("replicaset", "Always", 4000),
         },
     }))
     .unwrap();

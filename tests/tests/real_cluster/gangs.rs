@@ -24,7 +24,7 @@ use qoslet::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{TestNamespace, client, cluster};
+use super::{TestNamespace, cluster, with_own_client};
 
 /// Lets the namespace's PodGroups go when dropped (before the namespace, so declared after it):
 /// the API server gives each the `scheduling.k8s.io/podgroup-protection` finalizer, and this
@@ -37,33 +37,24 @@ struct ReleasePodGroups {
 
 impl Drop for ReleasePodGroups {
     fn drop(&mut self) {
-        let (ns, kubeconfig) = (self.namespace.clone(), self.kubeconfig.clone());
-        // As TestNamespace's drop: a thread with a runtime and a client of its own.
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(async move {
-                    let Ok(client) = client(&kubeconfig).await else {
-                        return;
-                    };
-                    let gvk = GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup");
-                    let api: Api<DynamicObject> = Api::namespaced_with(
-                        client,
-                        &ns,
-                        &ApiResource::from_gvk_with_plural(&gvk, "podgroups"),
-                    );
-                    let Ok(list) = api.list(&Default::default()).await else {
-                        return;
-                    };
-                    let release = json!({"metadata": {"finalizers": null}});
-                    for pg in list.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
-                        let _ = api
-                            .patch(pg, &PatchParams::default(), &Patch::Merge(&release))
-                            .await;
-                    }
-                });
-        })
-        .join();
+        let ns = self.namespace.clone();
+        with_own_client(&self.kubeconfig, |client| async move {
+            let gvk = GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup");
+            let api: Api<DynamicObject> = Api::namespaced_with(
+                client,
+                &ns,
+                &ApiResource::from_gvk_with_plural(&gvk, "podgroups"),
+            );
+            let Ok(list) = api.list(&Default::default()).await else {
+                return;
+            };
+            let release = json!({"metadata": {"finalizers": null}});
+            for pg in list.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                let _ = api
+                    .patch(pg, &PatchParams::default(), &Patch::Merge(&release))
+                    .await;
+            }
+        });
     }
 }
 
