@@ -942,6 +942,19 @@ fn hog_template(kind: &str, restart: &str, cap_mib: u64) -> Value {
     })
 }
 
+/// Starts the hog of a [`hog_template`] pod at `addr` (its pod IP and [`HOG_PORT`]): a
+/// connection is its trigger. Ready says the container started, not that the hog listens yet,
+/// so refused connections are tried again for 10 s.
+async fn trigger_hog(addr: std::net::SocketAddr) {
+    let t = Instant::now();
+    let mut connect = tokio::net::TcpStream::connect(addr).await;
+    while connect.is_err() && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        connect = tokio::net::TcpStream::connect(addr).await;
+    }
+    assert!(connect.is_ok(), "the hog at {addr}: {connect:?}");
+}
+
 /// The node cgroup's working set in bytes (usage less inactive file pages, as the kubelet counts
 /// it), from the v1 memory hierarchy or the v2 tree.
 fn node_working_set(c: &Cluster) -> u64 {
@@ -1295,14 +1308,7 @@ async fn evictions_under_real_controllers() {
             );
             let (victim, addr) = running(kind).await;
             let t = Instant::now();
-            // Ready says the container started, not that the hog listens yet.
-            let mut connect = tokio::net::TcpStream::connect(addr).await;
-            while connect.is_err() && t.elapsed() < Duration::from_secs(10) {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                connect = tokio::net::TcpStream::connect(addr).await;
-            }
-            assert!(connect.is_ok(), "the {kind}'s hog at {addr}: {connect:?}");
-            drop(connect);
+            trigger_hog(addr).await;
             wait_for(
                 &format!("round {round}: the {kind}'s pod evicted"),
                 || async {

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::{
     Cluster, HOG_PORT, TestNamespace, cluster, hog_template, node_memory_limit, node_working_set,
-    uid, wait_for, with_own_client,
+    trigger_hog, uid, wait_for, with_own_client,
 };
 
 /// The soft threshold the copy of the kubelet's file adds, and what the two hogs leave free:
@@ -283,13 +283,7 @@ async fn api_eviction_waits_for_the_disruption_budget_and_evicts_one() {
     for p in &hogs {
         let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
         let addr: std::net::SocketAddr = format!("{ip}:{HOG_PORT}").parse().unwrap();
-        let t = Instant::now();
-        let mut connect = tokio::net::TcpStream::connect(addr).await;
-        while connect.is_err() && t.elapsed() < Duration::from_secs(10) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            connect = tokio::net::TcpStream::connect(addr).await;
-        }
-        assert!(connect.is_ok(), "the hog at {addr}: {connect:?}");
+        trigger_hog(addr).await;
     }
     wait_for("the budget's first refusal", || async {
         (evictions_answered(&c, 429).await > refused_before).then_some(())
