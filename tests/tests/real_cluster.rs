@@ -290,6 +290,10 @@ async fn cgroups_of_every_pod_are_found() {
             p.metadata.name.as_deref().unwrap()
         );
     }
+    // The Summary API names the Node object, as the kubelet's does, not the machine's hostname.
+    let summary: Value =
+        serde_json::from_str(&qoslet_get(&q, "/stats/summary").expect("/stats/summary")).unwrap();
+    assert_eq!(summary["node"]["nodeName"], json!(c.info.node), "{summary}");
 }
 
 /// A cgroup file's value; the kernel's "no limit" as `None`.

@@ -214,7 +214,7 @@ async fn serve_while_starting(
         metrics: crate::server::metrics::Metrics::new(),
         readiness: crate::server::readiness::Readiness::default(),
         status: crate::server::status::StatusStore::default(),
-        summary: Box::new(node::summary::CgroupSummary::new(Default::default())),
+        summary: Box::new(node::summary::CgroupSummary::new(Default::default(), None)),
         conditions: Default::default(),
     });
     state.readiness.register("api");
@@ -319,6 +319,7 @@ pub async fn run(
     let mut cfg = start.run_config(settings, &kc, fs, runtime, opts.shutdown_grace);
     cfg.listener = Some(listener);
     cfg.on_start = Some(on_start);
+    cfg.node_name = Some(opts.node_name.clone());
     let result = node::run(cfg, source, executor, action).await;
     if let Ok(t) = reporter_rx.await {
         t.abort();

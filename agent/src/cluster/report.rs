@@ -481,7 +481,10 @@ mod tests {
             metrics: crate::server::Metrics::new(),
             readiness: crate::server::Readiness::default(),
             status: crate::server::StatusStore::default(),
-            summary: Box::new(crate::node::summary::CgroupSummary::new(Default::default())),
+            summary: Box::new(crate::node::summary::CgroupSummary::new(
+                Default::default(),
+                None,
+            )),
             conditions: Default::default(),
         })
     }

@@ -100,6 +100,9 @@ pub struct RunConfig {
     /// Called once the agent's state exists, before the first pass: a mode's own tasks (cluster
     /// mode: the API watch readiness, node conditions and the lease) read and report through it.
     pub on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
+    /// The Node object's name (cluster mode), which `/stats/summary` reports as `nodeName`, as the
+    /// kubelet does; `None`: the hostname (standalone).
+    pub node_name: Option<String>,
 }
 
 /// Runs the node until SIGINT, SIGTERM or SIGHUP; then drains and stops.
@@ -180,10 +183,13 @@ where
         })
         .flatten()
         .map(|path| MemoryCgroup::new(CgroupBeneath::new(&fs, memory_tree, &path)));
-    let summary = CgroupSummary::new(StatsCgroup {
-        memory: Some(node_root_memory.clone()),
-        cpu: trees::unified_tree(fs.trees()).map(node_root),
-    });
+    let summary = CgroupSummary::new(
+        StatsCgroup {
+            memory: Some(node_root_memory.clone()),
+            cpu: trees::unified_tree(fs.trees()).map(node_root),
+        },
+        cfg.node_name.clone(),
+    );
     let state = Arc::new(AgentState {
         metrics: Metrics::new(),
         readiness: Readiness::default(),

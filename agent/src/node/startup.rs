@@ -142,6 +142,7 @@ impl ModeStart {
             listener: None,
             shutdown_grace,
             on_start: None,
+            node_name: None,
         }
     }
 }

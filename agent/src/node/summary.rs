@@ -80,10 +80,13 @@ struct Inner {
 }
 
 impl CgroupSummary {
-    pub fn new(node: StatsCgroup) -> Self {
-        let node_name = fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_default();
+    /// `node_name`: the Node object's name; `None` takes the hostname.
+    pub fn new(node: StatsCgroup, node_name: Option<String>) -> Self {
+        let node_name = node_name.unwrap_or_else(|| {
+            fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default()
+        });
         Self {
             inner: Arc::new(Inner {
                 node_name,

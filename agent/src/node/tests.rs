@@ -301,7 +301,7 @@ fn build_node_with(
         metrics: Metrics::new(),
         readiness: Readiness::default(),
         status: StatusStore::default(),
-        summary: Box::new(CgroupSummary::new(Default::default())),
+        summary: Box::new(CgroupSummary::new(Default::default(), None)),
         conditions: Default::default(),
     });
     let (node, inventory) = Node::new(NodeParts {
@@ -317,7 +317,7 @@ fn build_node_with(
         mode,
         validation: ValidationOptions::default(),
         state: state.clone(),
-        summary: CgroupSummary::new(Default::default()),
+        summary: CgroupSummary::new(Default::default(), None),
         persisted: StateFile::load(Some(&tree.state_dir()), &CgroupPath::root()),
         stats_interval: Duration::from_secs(10),
         cpu_pressure,

@@ -72,6 +72,7 @@ fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
         listener: None,
         shutdown_grace: GRACE,
         on_start: None,
+        node_name: None,
     }
 }
 
