@@ -120,6 +120,14 @@ pub fn pods_selector(node: &str) -> String {
     format!("spec.nodeName={node}")
 }
 
+/// The listed pods bound to `node`, and the others. The watch asks for [`pods_selector`], but a
+/// server or proxy that ignored the selector would hand over every node's pods, which this node
+/// must never manage: their status written, their cgroups looked for, their memory counted.
+pub fn on_node(pods: Vec<Arc<Pod>>, node: &str) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+    pods.into_iter()
+        .partition(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+}
+
 /// A watcher configuration whose lists the API server may answer from its watch cache
 /// (`resourceVersion=0`, `any_semantic`) instead of a quorum read of etcd: what informers do.
 /// Unpaged, since a paged list is always read from etcd (kube then leaves `resourceVersion=0`
@@ -191,6 +199,8 @@ pub struct ApiSource {
     changes: watch::Receiver<u64>,
     states: ApiWatchStates,
     tasks: Vec<JoinHandle<()>>,
+    /// The UIDs of listed pods bound to another node, each warned about once while listed.
+    foreign: BTreeSet<String>,
 }
 
 impl Drop for ApiSource {
@@ -293,6 +303,7 @@ impl ApiSource {
             changes,
             states,
             tasks,
+            foreign: BTreeSet::new(),
         }
     }
 
@@ -382,7 +393,19 @@ impl ApiSource {
 
     fn rebuild(&mut self) -> Diff {
         self.changes.borrow_and_update();
-        let pods = self.pods.state();
+        let (pods, foreign) = on_node(self.pods.state(), &self.node_name);
+        self.foreign
+            .retain(|uid| foreign.iter().any(|p| p.metadata.uid.as_ref() == Some(uid)));
+        for p in &foreign {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            if self.foreign.insert(uid) {
+                tracing::warn!(
+                    pod = %format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default()),
+                    bound_to = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
+                    "The API server listed a pod of another node (the spec.nodeName selector was not applied); ignored."
+                );
+            }
+        }
         let gang = *lock(&self.gang);
         let workloads = if gang == GangAwareness::On {
             self.workloads.snapshot()

@@ -251,6 +251,33 @@ async fn an_invalid_pod_is_reported_and_skipped() {
     );
 }
 
+/// A server that ignores the `spec.nodeName` selector (as this mock does) lists another node's
+/// pod: it is left out of the node's pods, which hold only those bound to this node.
+#[tokio::test]
+async fn a_pod_of_another_node_is_never_admitted() {
+    let mut other = pod(
+        "other",
+        "aaaaaaaa-0000-4000-8000-0000000000b0",
+        "Running",
+        None,
+    );
+    other["spec"]["nodeName"] = json!("node-b");
+    let (client, _api) = node_a(
+        vec![pod("a", UID_A, "Running", None), other],
+        json!({"metadata": {"name": "node-a"}}),
+    )
+    .list("/apis/*", "X", "1", vec![])
+    .client();
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(src.pods()), ["a"]);
+    assert!(d.new_problems.is_empty(), "{:?}", d.new_problems);
+    assert_eq!(src.foreign.len(), 1);
+}
+
 /// A cluster without the Workload API (discovery: 404): gang-awareness off, no workload watch,
 /// the pods still managed, and readiness needs the pod watch only.
 #[tokio::test]
