@@ -240,7 +240,17 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
         match alert {
             "QosletKernelOOMKill" => assert_eq!(labels["pod"], "oomer", "{firing:?}"),
             _ => {
-                assert_eq!(labels["signal"], "memory.available", "{firing:?}");
+                // The example kubelet configuration reserves 128Mi, so the pods' cgroup crosses
+                // allocatableMemory.available (its 896Mi limit less 256Mi) before the node
+                // crosses memory.available (1Gi less 256Mi); the hog, `tail /dev/zero`, covers the
+                // 128 MiB between them in a fraction of a second, so a pass that runs later (a
+                // loaded machine) finds both met and names memory.available, as the kubelet's
+                // priority order does. Either is the kubelet's answer; which one is timing.
+                assert!(
+                    ["memory.available", "allocatableMemory.available"]
+                        .contains(&labels["signal"].as_str().unwrap_or_default()),
+                    "{firing:?}"
+                );
                 assert_eq!(labels["qos_class"], "BestEffort", "{firing:?}");
             }
         }
