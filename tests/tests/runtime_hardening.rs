@@ -129,7 +129,7 @@ async fn a_container_without_its_own_cgroup_never_starts() {
         ],
     )];
     let key = specs[0].key.clone();
-    rt.apply(specs, |_| true);
+    rt.apply(specs, |_| None);
     let s = wait_for_pod(&rt, &key, "the bad container refused", |s| {
         waiting(s, 1).is_some_and(|(r, _)| r == "CreateContainerError")
     })
@@ -157,7 +157,7 @@ async fn a_container_without_its_own_cgroup_never_starts() {
             )],
         );
         let key = spec.key.clone();
-        rt.apply(vec![spec], |_| true);
+        rt.apply(vec![spec], |_| None);
         let s = wait_for_pod(&rt, &key, "the container refused", |s| {
             waiting(s, 0).is_some_and(|(r, _)| r == "CreateContainerError")
         })
@@ -210,7 +210,7 @@ async fn two_containers_never_share_a_cgroup_or_a_log() {
         ],
     );
     let (ka, kb) = (a.key.clone(), b.key.clone());
-    rt.apply(vec![a, b], |_| true);
+    rt.apply(vec![a, b], |_| None);
     for key in [&ka, &kb] {
         let s = wait_for_pod(&rt, key, "one running, one refused", |s| {
             let running = s
@@ -288,7 +288,7 @@ async fn names_built_to_escape_the_log_dir_write_nothing_outside_it() {
         keep.push(cgs);
     }
     let keys: Vec<PodKey> = specs.iter().map(|s| s.key.clone()).collect();
-    rt.apply(specs, |_| true);
+    rt.apply(specs, |_| None);
     for key in &keys {
         let s = wait_for_pod(&rt, key, "the hostile container refused", |s| {
             waiting(s, 0).is_some_and(|(r, _)| r == "CreateContainerError")
@@ -325,7 +325,7 @@ async fn a_crash_looping_container_reports_crash_loop_back_off() {
     let spec = pod("rt", "crash", &unique_name(), vec![c]);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     let s = wait_for_pod(&rt, &key, "crash-loop back-off after a restart", |s| {
         s.containers[0].restart_count >= 1
             && waiting(s, 0).is_some_and(|(r, _)| r == "CrashLoopBackOff")
@@ -353,7 +353,7 @@ async fn nothing_the_runtime_started_survives_stop_all() {
     let spec = pod("rt", "forker", &unique_name(), vec![c]);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     wait_for_pod(&rt, &key, "the forker running", |s| {
         matches!(s.containers[0].state, ContainerState::Running { .. })
     })

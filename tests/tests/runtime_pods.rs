@@ -96,7 +96,7 @@ spec:
     let (spec, cgroups) = pod(&yaml);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     let s = wait_for_pod(&rt, &key, "the app running", |s| {
         running_pid(s, "app").is_some()
     })
@@ -186,7 +186,7 @@ spec:
     let (spec, _cgroups) = pod(&yaml);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     let s = wait_for_pod(&rt, &key, "the app running", |s| {
         running_pid(s, "app").is_some()
     })
@@ -232,7 +232,7 @@ spec:
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
     let t0 = Instant::now();
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     let s = wait_for_pod(&rt, &key, "three restarts", |s| {
         s.containers[0].restart_count >= 3
     })
@@ -282,7 +282,7 @@ spec:
     let (spec, cgroups) = pod(yaml);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     wait_for_pod(&rt, &key, "both running", |s| {
         running_pid(s, "stubborn").is_some() && running_pid(s, "polite").is_some()
     })
@@ -331,28 +331,31 @@ spec:
     let (spec, _cgroups) = pod(yaml);
     let key = spec.key.clone();
     let rt = fast_runtime(&logs.path);
-    rt.apply(vec![spec.clone()], |_| false);
+    let why = "waiting for PodGroup/g to exist";
+    rt.apply(vec![spec.clone()], |_| Some(why.into()));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let s = find_pod(&rt, &key);
     assert_eq!(s.phase, PodPhase::Pending);
     assert_eq!(s.reason.as_deref(), Some("SchedulingGated"));
+    assert_eq!(s.message.as_deref(), Some(why));
     assert!(
         !container_log_path(&logs.path, &key, "app", 0).exists(),
         "a held pod ran"
     );
 
-    rt.apply(vec![spec.clone()], |_| true);
-    wait_for_pod(&rt, &key, "the released pod running", |s| {
+    rt.apply(vec![spec.clone()], |_| None);
+    let s = wait_for_pod(&rt, &key, "the released pod running", |s| {
         running_pid(s, "app").is_some()
     })
     .await;
+    assert_eq!((s.reason, s.message), (None, None), "released");
 
     assert!(rt.mark_evicted(&key, "memory pressure", Duration::from_secs(1)));
     let s = wait_for_pod(&rt, &key, "the eviction", |s| s.phase == PodPhase::Failed).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(s.message.as_deref(), Some("memory pressure"));
     // Still desired with the same spec: it stays evicted, not restarted.
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let s = find_pod(&rt, &key);
     assert_eq!(
@@ -361,7 +364,7 @@ spec:
     );
     assert!(running_pid(&s, "app").is_none());
     // Removed from the desired state: gone from the status once stopped.
-    rt.apply(Vec::new(), |_| true);
+    rt.apply(Vec::new(), |_| None);
     rt.stop_all(Duration::from_secs(1)).await;
     assert!(rt.status().is_empty(), "{:#?}", rt.status());
 }
@@ -404,7 +407,7 @@ spec:
             wakes
         }
     };
-    rt.apply(vec![spec], |_| true);
+    rt.apply(vec![spec], |_| None);
     let to_running = wake_until(PodPhase::Running).await;
     let to_succeeded = wake_until(PodPhase::Succeeded).await;
     eprintln!("Running after {to_running} wake-ups, Succeeded after {to_succeeded} more");

@@ -192,7 +192,7 @@ impl Node {
         if !self.cgroups.enforce() {
             return;
         }
-        let startable = pods.startable_pods(&self.validation);
+        let held = pods.held_pods(&self.validation);
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
@@ -202,7 +202,7 @@ impl Node {
                 pod,
                 qos_class: p.qos_class,
                 critical: view.is_critical(),
-                startable: startable.contains(key),
+                held: held.get(key).cloned(),
                 container_cgroups: view
                     .containers
                     .iter()

@@ -35,8 +35,9 @@ pub struct PlannedPod<'a> {
     pub qos_class: QosClass,
     /// Static, mirror or priority >= system-cluster-critical: admitted under pressure.
     pub critical: bool,
-    /// Workload gating lets it start now (its PodGroup and every ancestor exist, and so on).
-    pub startable: bool,
+    /// Why workload gating holds it (its PodGroup or an ancestor not created yet, a group short
+    /// of its minimum, ...); `None`: it may start now.
+    pub held: Option<String>,
     /// Each container's cgroup directories, one per hierarchy, by container name, named
     /// beneath the node root (the path comes from the pod's UID and the container's id). A
     /// container missing here has no cgroup and must not be started.

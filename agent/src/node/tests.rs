@@ -164,7 +164,7 @@ impl PodExecutor for FakeExecutor {
                 (
                     p.key.name.clone(),
                     Applied {
-                        startable: p.startable,
+                        startable: p.held.is_none(),
                         containers: p
                             .container_cgroups
                             .into_iter()

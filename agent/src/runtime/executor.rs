@@ -56,7 +56,7 @@ impl PodExecutor for Runtime {
             .collect();
         let mut problems = Vec::new();
         let mut specs = Vec::new();
-        let mut may_start = BTreeMap::new();
+        let mut held = BTreeMap::new();
         for p in pods {
             let Some(mut spec) = p.pod.runtime.clone() else {
                 problems.push(not_read(p.pod));
@@ -67,10 +67,15 @@ impl PodExecutor for Runtime {
             }
             let admitted = running.get(&p.key).copied().unwrap_or(false)
                 || admit(conditions, p.qos_class, p.critical, false) == Admission::Admit;
-            may_start.insert(p.key.clone(), p.startable && admitted);
+            let hold = p.held.or_else(|| {
+                (!admitted).then(|| {
+                    "the node has MemoryPressure: a BestEffort pod that is not running waits".into()
+                })
+            });
+            held.insert(p.key.clone(), hold);
             specs.push(spec);
         }
-        Runtime::apply(self, specs, |k| may_start.get(k).copied().unwrap_or(false));
+        Runtime::apply(self, specs, |k| held.get(k).cloned().flatten());
         problems
     }
 

@@ -110,11 +110,12 @@ impl Runtime {
         crate::lock(&self.state)
     }
 
-    /// Makes the running pods match `desired`: new pods start (once `may_start` says workload
-    /// gating released them), removed pods stop within their grace period, changed pods are
-    /// stopped and started again from the new spec. Held pods are released by a later call.
-    /// Pods that finished (succeeded, failed, evicted) stay finished while their spec is the same.
-    pub fn apply(&self, desired: Vec<PodRuntimeSpec>, may_start: impl Fn(&PodKey) -> bool) {
+    /// Makes the running pods match `desired`: new pods start (once `held` gives no reason to
+    /// hold them: workload gating released them), removed pods stop within their grace period,
+    /// changed pods are stopped and started again from the new spec. Held pods wait with reason
+    /// `SchedulingGated` and the hold as their message, and are released by a later call. Pods
+    /// that finished (succeeded, failed, evicted) stay finished while their spec is the same.
+    pub fn apply(&self, desired: Vec<PodRuntimeSpec>, held: impl Fn(&PodKey) -> Option<String>) {
         let mut state = self.state();
         state.stopping.retain(|p| !p.is_done());
         let mut desired: BTreeMap<PodKey, PodRuntimeSpec> =
@@ -133,13 +134,13 @@ impl Runtime {
             }
         }
         for (key, spec) in std::mem::take(&mut desired) {
-            let release = may_start(&key);
+            let hold = held(&key);
             let mut previous = None;
             if let Some(h) = state.pods.get(&key) {
                 if h.spec == spec {
                     h.control.send_if_modified(|c| {
-                        let changed = c.may_start != release;
-                        c.may_start = release;
+                        let changed = c.held != hold;
+                        c.held = hold;
                         changed
                     });
                     continue;
@@ -154,7 +155,7 @@ impl Runtime {
                 // and logs, so it starts once the old one is gone.
                 previous = Some(h.done.clone());
             }
-            let handle = self.start(spec, release, previous);
+            let handle = self.start(spec, hold, previous);
             state.pods.insert(key, handle);
         }
     }
@@ -162,10 +163,10 @@ impl Runtime {
     fn start(
         &self,
         spec: PodRuntimeSpec,
-        may_start: bool,
+        held: Option<String>,
         previous: Option<watch::Receiver<bool>>,
     ) -> PodHandle {
-        let waiting = if may_start {
+        let waiting = if held.is_none() {
             status::default_waiting(spec.containers.iter().map(|c| c.kind))
         } else {
             "SchedulingGated"
@@ -174,8 +175,8 @@ impl Runtime {
             PodStatus {
                 key: spec.key.clone(),
                 phase: PodPhase::Pending,
-                reason: (!may_start).then(|| "SchedulingGated".into()),
-                message: None,
+                reason: held.is_some().then(|| "SchedulingGated".into()),
+                message: held.clone(),
                 restart_policy: spec.restart_policy,
                 containers: spec
                     .containers
@@ -186,10 +187,7 @@ impl Runtime {
             },
             self.changed.clone(),
         );
-        let (control_tx, control_rx) = watch::channel(Control {
-            may_start,
-            stop: None,
-        });
+        let (control_tx, control_rx) = watch::channel(Control { held, stop: None });
         let (done_tx, done_rx) = watch::channel(false);
         let task = PodTask {
             spec: spec.clone(),

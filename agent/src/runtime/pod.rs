@@ -22,10 +22,10 @@ use super::{
 use crate::policy::pod::{ContainerKind, RestartPolicy};
 
 /// What the runtime tells a pod task.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Control {
-    /// Workload gating released the pod.
-    pub may_start: bool,
+    /// Why the pod waits (workload gating, admission); `None`: it may start.
+    pub held: Option<String>,
     /// Stop by this deadline (SIGKILL after it).
     pub stop: Option<Instant>,
 }
@@ -112,17 +112,23 @@ impl PodTask {
 /// The pod's course; returns when it is over (completed, failed or stopped).
 async fn body(task: &PodTask, mut stop: StopRx) {
     let mut control = task.control.clone();
-    // Held by workload gating until released.
+    // Held by workload gating until released, its status saying why.
     loop {
-        if control.borrow_and_update().may_start {
+        let Some(why) = control.borrow_and_update().held.clone() else {
             break;
-        }
+        };
+        task.status.update(|s| {
+            if s.message.as_ref() != Some(&why) {
+                s.message = Some(why);
+            }
+        });
         tokio::select! {
             r = control.changed() => if r.is_err() { return },
             _ = stop.wait_for(Option::is_some) => return,
         }
     }
     task.set_reason(None);
+    task.status.update(|s| s.message = None);
     task.set_waiting(
         &[
             ContainerKind::Init,

@@ -340,11 +340,25 @@ mod tests {
             s1.startable_pods(&ValidationOptions::default()).is_empty(),
             "held without its group"
         );
+        // A forward reference is held, as the scheduler holds it, and says so.
+        assert_eq!(
+            s1.held_pods(&ValidationOptions::default())
+                .into_values()
+                .collect::<Vec<_>>(),
+            ["waiting for PodGroup/g to exist"]
+        );
+        assert!(d1.new_problems.is_empty(), "{:?}", d1.new_problems);
         let (s2, d2) = load(&[("g.yaml", group), ("m1.yaml", &member("m1"))], &s1);
         assert_eq!(d2.objects_added.len(), 1);
         assert!(
             s2.startable_pods(&ValidationOptions::default()).is_empty(),
             "gang of 2 with 1 pod"
+        );
+        assert_eq!(
+            s2.held_pods(&ValidationOptions::default())
+                .into_values()
+                .collect::<Vec<_>>(),
+            ["waiting for PodGroup/g to reach its minimum"]
         );
         let (s3, _) = load(
             &[

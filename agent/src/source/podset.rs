@@ -85,19 +85,29 @@ impl PodSet {
 
     /// The pods workload gating lets start now (`workload::startable`, per namespace).
     pub fn startable_pods(&self, opts: &ValidationOptions) -> BTreeSet<PodKey> {
-        let mut names: BTreeSet<(String, String)> = BTreeSet::new();
+        let held = self.held_pods(opts);
+        self.pods
+            .keys()
+            .filter(|k| !held.contains_key(*k))
+            .cloned()
+            .collect()
+    }
+
+    /// The pods workload gating holds, each with why (`workload::held`, per namespace).
+    pub fn held_pods(&self, opts: &ValidationOptions) -> BTreeMap<PodKey, String> {
+        let mut why: BTreeMap<(String, String), String> = BTreeMap::new();
         for (ns, forest) in Forest::by_namespace(self.workload_objects().cloned()) {
-            for name in workload::startable(&forest, opts) {
-                names.insert((ns.clone(), name));
+            for (name, reason) in workload::held(&forest, opts) {
+                why.insert((ns.clone(), name), reason);
             }
         }
         self.pods
             .iter()
-            .filter(|(_, p)| {
+            .filter_map(|(k, p)| {
                 let m = p.object.meta();
-                names.contains(&(m.namespace.clone(), m.name.clone()))
+                let reason = why.get(&(m.namespace.clone(), m.name.clone()))?;
+                Some((k.clone(), reason.clone()))
             })
-            .map(|(k, _)| k.clone())
             .collect()
     }
 }

@@ -179,20 +179,36 @@ pub(crate) fn admissible_count(
 /// The pods the scheduler may start now: released, and every group from the pod's PodGroup to
 /// the root admissible. Pods outside any hierarchy are always startable.
 pub fn startable(f: &Forest, opts: &ValidationOptions) -> BTreeSet<String> {
-    let gates = gate(f, opts);
+    let held = held(f, opts);
     f.pods
         .values()
-        .filter(|p| gates.get(&ObjRef::new(Kind::Pod, &p.meta.name)) == Some(&Gate::Released))
-        .filter(|p| match &p.pod_group {
-            None => true,
-            Some(pg) => {
+        .filter(|p| !held.contains_key(&p.meta.name))
+        .map(|p| p.meta.name.clone())
+        .collect()
+}
+
+/// The pods the scheduler would not start now, by name, each with why, as a pod's status
+/// message says it: a forward reference (its PodGroup or an ancestor not created yet) is held,
+/// not an error, and so is a hierarchy that fails validation or a group short of its minimum.
+pub fn held(f: &Forest, opts: &ValidationOptions) -> BTreeMap<String, String> {
+    let gates = gate(f, opts);
+    let mut out = BTreeMap::new();
+    for p in f.pods.values() {
+        let Some(pg) = &p.pod_group else { continue };
+        let why = match gates.get(&ObjRef::new(Kind::Pod, &p.meta.name)) {
+            Some(Gate::Held(r)) => Some(r.to_string()),
+            _ => {
                 let g = ObjRef::new(Kind::PodGroup, pg);
                 let chain = f.ancestors(&g).unwrap_or_default();
                 std::iter::once(&g)
                     .chain(chain.iter())
-                    .all(|x| admissible(f, x))
+                    .find(|x| !admissible(f, x))
+                    .map(|x| format!("waiting for {x} to reach its minimum"))
             }
-        })
-        .map(|p| p.meta.name.clone())
-        .collect()
+        };
+        if let Some(why) = why {
+            out.insert(p.meta.name.clone(), why);
+        }
+    }
+    out
 }

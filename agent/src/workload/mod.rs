@@ -16,7 +16,7 @@ pub mod validate;
 
 pub use disruption::{GangBreak, Unit, UnitRoot, breaks_gang, disruption_unit};
 pub use forest::{Forest, Top};
-pub use gate::{Gate, HoldReason, admissible, gate, startable};
+pub use gate::{Gate, HoldReason, admissible, gate, held, startable};
 pub use lifecycle::{Finalisation, cascade_delete, finalise};
 pub use problem::{Problem, Rule};
 pub use types::{

@@ -196,7 +196,7 @@ async fn an_evicted_pod_reads_evicted_until_it_leaves() {
         pod: &p,
         qos_class: crate::policy::qos::QosClass::Burstable,
         critical: false,
-        startable: true,
+        held: None,
         container_cgroups: BTreeMap::new(),
     };
     ex.apply(vec![planned()], &[]);
@@ -238,7 +238,7 @@ async fn an_evicted_pod_that_runs_again_is_no_longer_evicted() {
         pod: p,
         qos_class: crate::policy::qos::QosClass::Burstable,
         critical: false,
-        startable: true,
+        held: None,
         container_cgroups: BTreeMap::new(),
     };
     let now = unix_now();
