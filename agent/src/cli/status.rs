@@ -96,6 +96,10 @@ pub fn render(s: &StatusSnapshot) -> String {
             p.restarts
         );
     }
+    for p in s.pods.iter().filter(|p| p.message.is_some()) {
+        let message = p.message.as_deref().unwrap_or_default();
+        let _ = writeln!(out, "  {}/{}: {message}", p.namespace, p.name);
+    }
     let _ = writeln!(out, "\nlast events:");
     for e in s.events.iter().rev().take(10) {
         let _ = writeln!(out, "  {} {} {}", e.time, e.pod, e.message);
@@ -137,6 +141,25 @@ mod tests {
         assert!(row.contains("Burstable") && row.contains("app=321") && row.contains("256Mi"));
         let events: Vec<&str> = table.lines().filter(|l| l.contains("event ")).collect();
         assert_eq!(events, ["  t1 shop/web event 1", "  t0 shop/web event 0"]);
+    }
+
+    #[test]
+    fn a_held_pod_says_why_under_the_table() {
+        let mut s = StatusSnapshot::default();
+        s.pods.push(PodRow {
+            namespace: "ml".into(),
+            name: "worker-0".into(),
+            phase: "Pending (SchedulingGated)".into(),
+            message: Some("waiting for PodGroup/train to exist".into()),
+            ..Default::default()
+        });
+        let table = render(&s);
+        assert!(
+            table
+                .lines()
+                .any(|l| l == "  ml/worker-0: waiting for PodGroup/train to exist"),
+            "{table}"
+        );
     }
 
     #[test]

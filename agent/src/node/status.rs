@@ -46,6 +46,7 @@ impl Node {
                     runqueue_p99_seconds: entry.and_then(|(_, e)| e.runq_p99),
                     restarts: status
                         .map_or(0, |s| s.containers.iter().map(|c| c.restart_count).sum()),
+                    message: status.and_then(|s| s.message.clone()),
                 }
             })
             .collect();

@@ -35,6 +35,9 @@ pub struct PodRow {
     pub memory_limit_bytes: Option<i64>,
     pub runqueue_p99_seconds: Option<f64>,
     pub restarts: u32,
+    /// The pod status's message: why a held pod waits, why an evicted one ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
