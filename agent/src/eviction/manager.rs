@@ -33,8 +33,13 @@ use crate::{
         quantity::{Format, Quantity},
         settings::NodeSettings,
     },
-    workload::Forest,
+    workload::{Forest, UnitRoot},
 };
+
+/// The Event annotation naming the `disruptionMode: all` group an evicted pod went with
+/// (`PodGroup/NAME` or `CompositePodGroup/NAME`, in the pod's namespace): qoslet's own key
+/// beside the kubelet's, so that the message stays the kubelet's word for word.
+pub const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
 
 const RELEASE_POLL: Duration = Duration::from_millis(10);
 
@@ -367,6 +372,10 @@ impl<A: EvictionAction> Manager<A> {
         };
         let amount = threshold_amount(&threshold, o.capacity, false);
         let unit = choice.unit.as_ref().map(|(ns, r)| format!("{ns}/{r:?}"));
+        let unit_group = choice.unit.as_ref().and_then(|(_, r)| match r {
+            UnitRoot::Group(g) => Some(g.to_string()),
+            UnitRoot::Pod(_) => None,
+        });
         let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
         tracing::warn!(
             signal = %threshold.signal,
@@ -392,8 +401,11 @@ impl<A: EvictionAction> Manager<A> {
                 let p = pods[k];
                 let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
                 let pod_usage = pod_usage(p, usage.get(k).copied(), resource);
-                let (message, annotations) =
+                let (message, mut annotations) =
                     eviction_message(resource, &threshold, amount, o.available, &pod_usage);
+                if let Some(g) = &unit_group {
+                    annotations.insert(UNIT_ANNOTATION.into(), g.clone());
+                }
                 EvictionRequest {
                     pod: k.clone(),
                     cgroups: p.cgroups.clone(),

@@ -764,3 +764,105 @@ async fn an_eviction_reads_its_containers_and_names_those_over_their_request() {
     assert!(status.conditions.iter().all(|c| c.observed_generation == 4));
     fs::remove_dir_all(root).unwrap();
 }
+
+/// The namespace `ns` of `setup`'s pods with a and b in the PodGroup `gang`, whose
+/// `disruptionMode` is `all` or single; c alone.
+fn gang_of_a_and_b(all: bool) -> Forest {
+    use crate::workload::{
+        Kind, Object,
+        types::{Disruption, Group, Meta, Origin, Pod, Policy, Scheduling, WorkloadRef},
+    };
+    let meta = |name: &str| Meta {
+        name: name.into(),
+        namespace: "ns".into(),
+        uid: None,
+        owners: Vec::new(),
+        origin: Origin::default(),
+    };
+    let member = |name: &str, group: Option<&str>| {
+        Object::Pod(Pod {
+            meta: meta(name),
+            pod_group: group.map(str::to_owned),
+            scheduler_name: None,
+            priority: None,
+            priority_class_name: None,
+            preemption_policy: None,
+            phase: Some("Running".into()),
+        })
+    };
+    let group = Object::Group(Group {
+        meta: meta("gang"),
+        kind: Kind::PodGroup,
+        parent: None,
+        workload_ref: Some(WorkloadRef {
+            workload_name: "w".into(),
+            template_name: "gang".into(),
+        }),
+        scheduling: Scheduling {
+            policy: Policy::Basic,
+            disruption: if all {
+                Disruption::All
+            } else {
+                Disruption::Single
+            },
+            priority: None,
+            priority_class_name: None,
+            preemption_policy: None,
+        },
+    });
+    Forest::new(
+        "ns",
+        vec![
+            group,
+            member("a", Some("gang")),
+            member("b", Some("gang")),
+            member("c", None),
+        ],
+    )
+}
+
+/// Each pod evicted with a `disruptionMode: all` unit names the unit in its Event's
+/// `qoslet.dev/unit` annotation, beside the kubelet's annotations and with the kubelet's
+/// message; a pod of a single-mode group goes alone and carries only the kubelet's.
+#[tokio::test]
+async fn a_pod_evicted_with_its_unit_names_the_unit_in_an_annotation() {
+    for all in [true, false] {
+        let (root, signals, inv) = setup(&format!("unit-{all}"));
+        let fake = Fake {
+            node: root.clone(),
+            calls: Mutex::default(),
+            requests: Mutex::default(),
+        };
+        let mut inv = (*inv).clone();
+        inv.forests = [("ns".to_owned(), gang_of_a_and_b(all))].into();
+        let (_tx, rx) = watch::channel(Arc::new(inv));
+        let mut m = Manager::new(
+            config(&[("memory.available", "500Mi")], &[]),
+            signals,
+            &fake,
+            rx,
+        );
+        m.pass(None).await.unwrap().expect("an eviction");
+        let requests = fake.requests.lock().unwrap().clone();
+        let names: Vec<&str> = requests.iter().map(|r| r.pod.name.as_str()).collect();
+        let units: Vec<Option<&str>> = requests
+            .iter()
+            .map(|r| r.annotations.get(UNIT_ANNOTATION).map(String::as_str))
+            .collect();
+        if all {
+            assert_eq!(names, ["a", "b"]);
+            assert_eq!(units, [Some("PodGroup/gang"); 2]);
+        } else {
+            assert_eq!(names, ["a"]);
+            assert_eq!(units, [None]);
+        }
+        for r in &requests {
+            assert!(
+                r.message
+                    .starts_with("The node was low on resource: memory.")
+            );
+            assert_eq!(r.annotations["starved_resource"], "memory");
+        }
+        fs::remove_dir_all(root).unwrap();
+    }
+}
