@@ -35,6 +35,8 @@ use serde_json::{Value, json};
 
 #[path = "real_cluster/api_eviction.rs"]
 mod api_eviction;
+#[path = "real_cluster/gang_eviction.rs"]
+mod gang_eviction;
 #[path = "real_cluster/gangs.rs"]
 mod gangs;
 
