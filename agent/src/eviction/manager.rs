@@ -453,6 +453,11 @@ impl<A: EvictionAction> Manager<A> {
             observed: o.available,
             threshold: amount,
             pods: choice.pods.clone(),
+            qos: choice
+                .pods
+                .iter()
+                .map(|k| (k.clone(), pods[k].qos))
+                .collect(),
             unit,
             reason: choice.reason.to_string(),
             latency: first_signal.map(|f| f.saturating_duration_since(seen)),

@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::action::EvictedStatus;
-use crate::policy::pod::PodKey;
+use crate::policy::{pod::PodKey, qos::QosClass};
 
 /// Upper bounds of the latency buckets, seconds (Prometheus `le`).
 pub const LATENCY_BUCKETS_SECS: &[f64] = &[
@@ -58,6 +58,9 @@ pub struct Decision {
     pub observed: i64,
     pub threshold: i64,
     pub pods: Vec<PodKey>,
+    /// Each evicted pod's QoS class as the manager ranked it: by the time the node records the
+    /// decision, its plan may have dropped the pod (cluster mode: the Failed status came first).
+    pub qos: BTreeMap<PodKey, QosClass>,
     /// The `disruptionMode: all` group, as `Kind/name`, when the unit is one.
     pub unit: Option<String>,
     pub reason: String,

@@ -21,6 +21,7 @@ use crate::{
     policy::{
         cpuset::CpuSet,
         eviction::{EvictionInput, parse_thresholds},
+        qos::QosClass,
         settings::{Capacity, CgroupDriver},
     },
     sensors::{CgroupOwner, CpuUsage, WatchedCgroup, kmaps::ProgramCost},
@@ -523,6 +524,7 @@ fn decision(pods: &[(&str, &str)]) -> Decision {
                 uid: (*uid).into(),
             })
             .collect(),
+        qos: BTreeMap::new(),
         unit: None,
         reason: "usage above request".into(),
         latency: Some(Duration::from_millis(1)),
@@ -542,6 +544,32 @@ fn metric(state: &AgentState, series: &str) -> f64 {
         .filter(|l| l.starts_with(series))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// The decision carries the evicted pod's QoS class: recorded after the pod left the plan (in
+/// cluster mode its Failed status can come first), the eviction is still counted under its
+/// class, not `unknown`.
+#[tokio::test]
+async fn an_eviction_recorded_after_its_pod_left_the_plan_keeps_its_qos_class() {
+    let tree = Tree0::new("left-plan");
+    let (mut node, _inventory, state) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    node.pass(
+        &pod_set(&pod_yaml("b", UID_B, None), &PodSet::default()),
+        &exec,
+        &[],
+        &sensors,
+    );
+    let mut d = decision(&[("a", UID_A)]);
+    d.qos.insert(d.pods[0].clone(), QosClass::BestEffort);
+    node.on_eviction(&d);
+    assert_eq!(
+        metric(
+            &state,
+            "qoslet_evictions_total{signal=\"memory.available\",qos_class=\"BestEffort\"}"
+        ),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -630,7 +658,7 @@ async fn a_hundred_evictions_are_all_counted() {
                     name: format!("p{i}"),
                     uid: format!("uid-{i}"),
                 },
-                qos: crate::policy::qos::QosClass::BestEffort,
+                qos: QosClass::BestEffort,
                 request_bytes: 0,
                 priority: 0,
                 critical: false,
