@@ -87,6 +87,34 @@ impl Drop for Cleanup {
                 let _ = Api::<Node>::all(client.clone())
                     .delete(&other, &DeleteParams::default())
                     .await;
+                // qoslet's DaemonSet (which tolerates every taint) made a pod for the second
+                // Node; its controller deletes it with the Node, but once left it after a failed
+                // sync ("read version ... is not as new as written version").
+                let qoslet: Api<Pod> = Api::namespaced(client.clone(), "qoslet-system");
+                let labels = ListParams::default().labels("app.kubernetes.io/name=qoslet");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline {
+                    let for_other: Vec<String> = qoslet
+                        .list(&labels)
+                        .await
+                        .map(|l| l.items)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|p| {
+                            let affinity = p.spec.as_ref().and_then(|s| s.affinity.as_ref());
+                            serde_json::to_string(&affinity)
+                                .is_ok_and(|a| a.contains(&format!("\"{other}\"")))
+                        })
+                        .filter_map(|p| p.metadata.name)
+                        .collect();
+                    if for_other.is_empty() {
+                        break;
+                    }
+                    for name in for_other {
+                        let _ = qoslet.delete(&name, &DeleteParams::default()).await;
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
             }
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, &ns, &scheduling("PodGroup", "podgroups"));
