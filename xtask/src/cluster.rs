@@ -595,6 +595,12 @@ authorization: {{mode: Webhook}}
     Ok(())
 }
 
+/// The gang-aware Workload API (scheduling.k8s.io v1beta1 Workload and PodGroup, v1alpha3
+/// CompositePodGroup) that qoslet's gang-aware eviction reads: the API server serves it, and the
+/// controller manager runs its controllers (podgroup-protection, which lets a deleted PodGroup
+/// go once no running pod references it).
+const WORKLOAD_API_GATES: &str = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true,CompositePodGroup=true";
+
 fn start_control_plane(c: &Cluster) -> Result<()> {
     let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
     c.start(
@@ -633,15 +639,17 @@ fn start_control_plane(c: &Cluster) -> Result<()> {
                 "--kubelet-client-certificate={}",
                 pki("apiserver-kubelet-client.crt")
             ),
-            format!("--kubelet-client-key={}", pki("apiserver-kubelet-client.key")),
+            format!(
+                "--kubelet-client-key={}",
+                pki("apiserver-kubelet-client.key")
+            ),
             "--kubelet-preferred-address-types=InternalIP".into(),
             format!("--service-account-key-file={}", pki("sa.pub")),
             format!("--service-account-signing-key-file={}", pki("sa.key")),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            // The gang-aware Workload API (scheduling.k8s.io v1beta1 Workload and PodGroup,
-            // v1alpha3 CompositePodGroup) that qoslet's gang-aware eviction reads.
-            "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true,CompositePodGroup=true".into(),
-            "--runtime-config=scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true".into(),
+            WORKLOAD_API_GATES.into(),
+            "--runtime-config=scheduling.k8s.io/v1beta1=true,scheduling.k8s.io/v1alpha3=true"
+                .into(),
             format!("--cert-dir={}", pki("apiserver-certs")),
             "--profiling=false".into(),
         ],
@@ -657,6 +665,7 @@ fn start_control_plane(c: &Cluster) -> Result<()> {
         "--leader-elect=false",
         "--use-service-account-credentials=true",
         "--controllers=*,-nodeipam",
+        WORKLOAD_API_GATES,
     ]);
     kcm.extend([
         format!("--kubeconfig={}", kc("controller-manager")),

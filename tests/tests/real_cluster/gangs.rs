@@ -27,9 +27,9 @@ use serde_json::{Value, json};
 use super::{TestNamespace, cluster, with_own_client};
 
 /// Lets the namespace's PodGroups go when dropped (before the namespace, so declared after it):
-/// the API server gives each the `scheduling.k8s.io/podgroup-protection` finalizer, and this
-/// cluster's controller manager runs no controller that removes it, so they, and with them the
-/// namespace, would never be deleted.
+/// the API server gives each the `scheduling.k8s.io/podgroup-protection` finalizer, which the
+/// controller manager removes only once no running pod references the group, and the examples'
+/// gated pods never run: the namespace would wait on them.
 struct ReleasePodGroups {
     namespace: String,
     kubeconfig: PathBuf,
