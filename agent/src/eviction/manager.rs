@@ -163,9 +163,12 @@ pub struct Manager<A> {
     /// candidate again.
     evicted: BTreeSet<PodKey>,
     /// The pod whose handed-over eviction the last pass waited for (said once per pod), with its
-    /// cgroups as the inventory listed it then: once the Eviction API takes the eviction, the
-    /// inventory drops the deleted pod while its processes still run out their grace period.
+    /// cgroups as the last decision had them: the node drops a pod from the inventory once it is
+    /// decided, while with the Eviction API its processes run until the API takes the eviction
+    /// and then out their grace period.
     awaited: Option<(PodKey, Option<ManagedPod>)>,
+    /// The pods of the last decision, as the inventory listed them then.
+    last_decided: Vec<ManagedPod>,
     stats: Arc<Mutex<EvictionStats>>,
     /// Each signal as the last pass observed it.
     observed_tx: watch::Sender<Observations>,
@@ -190,6 +193,7 @@ impl<A: EvictionAction> Manager<A> {
             conditions_tx: watch::Sender::new(Vec::new()),
             evicted: BTreeSet::new(),
             awaited: None,
+            last_decided: Vec::new(),
             stats: Arc::default(),
             observed_tx: watch::Sender::new(Observations::new()),
             decisions_tx: None,
@@ -337,13 +341,7 @@ impl<A: EvictionAction> Manager<A> {
             self.with_stats(|s| s.awaiting_handover += 1);
             if self.awaited.as_ref().map(|(k, _)| k) != Some(&pod) {
                 tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
-                let listed = self
-                    .inventory
-                    .borrow()
-                    .pods
-                    .iter()
-                    .find(|p| p.key == pod)
-                    .cloned();
+                let listed = self.last_decided.iter().find(|p| p.key == pod).cloned();
                 self.awaited = Some((pod, listed));
             }
             return Ok(None);
@@ -483,6 +481,7 @@ impl<A: EvictionAction> Manager<A> {
             return Err(e);
         }
         let unit_pods: Vec<&ManagedPod> = choice.pods.iter().map(|k| pods[k]).collect();
+        self.last_decided = unit_pods.iter().map(|p| (*p).clone()).collect();
         self.wait_released(&threshold, &unit_pods, choice.frees, resource)
             .await;
         if let Some(f) = first_signal {
