@@ -198,6 +198,15 @@ async fn create_running(ns: &TestNamespace, pods: Vec<Pod>) -> Vec<Pod> {
     out
 }
 
+/// The API server's own metrics (`/metrics`, Prometheus text), read with the admin's client.
+async fn apiserver_metrics(c: &Cluster) -> String {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    c.client
+        .request_text(req)
+        .await
+        .expect("the API server's /metrics")
+}
+
 /// qoslet's pod on the node, once Ready.
 async fn qoslet_pod(c: &Cluster) -> Pod {
     qoslet_pod_other_than(c, None).await

@@ -27,8 +27,8 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    Cluster, HOG_PORT, TestNamespace, cluster, hog_template, node_memory_limit, node_working_set,
-    trigger_hog, uid, wait_for, with_own_client,
+    Cluster, HOG_PORT, TestNamespace, apiserver_metrics, cluster, hog_template, node_memory_limit,
+    node_working_set, trigger_hog, uid, wait_for, with_own_client,
 };
 
 /// The soft threshold the copy of the kubelet's file adds, and what the two hogs leave free:
@@ -121,12 +121,7 @@ impl Drop for Restore {
 /// The API server's count of Eviction API calls answered `code`, from its own metrics
 /// (`apiserver_request_total`).
 async fn evictions_answered(c: &Cluster, code: u16) -> u64 {
-    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = c
-        .client
-        .request_text(req)
-        .await
-        .expect("the API server's /metrics");
+    let text = apiserver_metrics(c).await;
     let code = format!("code=\"{code}\"");
     text.lines()
         .filter(|l| {

@@ -30,8 +30,8 @@ use kube::{
 use serde_json::{Value, json};
 
 use super::{
-    Cluster, TestNamespace, cluster, create_running, pod, qoslet_pod, uid, wait_for,
-    with_own_client,
+    Cluster, TestNamespace, apiserver_metrics, cluster, create_running, pod, qoslet_pod, uid,
+    wait_for, with_own_client,
 };
 
 /// The gang's PodGroup, and the Event annotation that names it (agent/src/eviction/manager.rs).
@@ -296,12 +296,7 @@ async fn qoslet_complaints(c: &Cluster, namespace: &str) -> Vec<String> {
 /// `metadata.name=X`: qoslet's watches of the objects its pods reference; the controller
 /// manager's are cluster-wide) of Workloads and PodGroups.
 async fn object_watches(c: &Cluster) -> u64 {
-    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = c
-        .client
-        .request_text(req)
-        .await
-        .expect("the API server's /metrics");
+    let text = apiserver_metrics(c).await;
     text.lines()
         .filter(|l| {
             l.starts_with("apiserver_longrunning_requests{")
