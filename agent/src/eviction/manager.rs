@@ -369,7 +369,10 @@ impl<A: EvictionAction> Manager<A> {
             return Ok(None);
         };
         let amount = threshold_amount(&threshold, o.capacity, false);
-        let unit = choice.unit.as_ref().map(|(ns, r)| format!("{ns}/{r:?}"));
+        let unit = choice.unit.as_ref().map(|(ns, r)| match r {
+            UnitRoot::Group(g) => format!("{ns}/{g}"),
+            UnitRoot::Pod(p) => format!("{ns}/Pod/{p}"),
+        });
         let unit_group = choice.unit.as_ref().and_then(|(_, r)| match r {
             UnitRoot::Group(g) => Some(g.to_string()),
             UnitRoot::Pod(_) => None,

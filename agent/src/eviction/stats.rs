@@ -61,7 +61,8 @@ pub struct Decision {
     /// Each evicted pod's QoS class as the manager ranked it: by the time the node records the
     /// decision, its plan may have dropped the pod (cluster mode: the Failed status came first).
     pub qos: BTreeMap<PodKey, QosClass>,
-    /// The `disruptionMode: all` group, as `Kind/name`, when the unit is one.
+    /// The unit the pods went as, `namespace/Kind/name` (a `disruptionMode: all` group, or a
+    /// gang's pod alone); `None` for a pod of no gang.
     pub unit: Option<String>,
     pub reason: String,
     /// Signal crossing seen -> the pod first stopped (frozen in cluster mode, else the first

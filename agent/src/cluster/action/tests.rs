@@ -39,7 +39,7 @@ fn req(unit: bool, hard: bool) -> EvictionRequest {
         seen: Default::default(),
         signal: "memory.available".into(),
         hard,
-        unit: unit.then(|| "ns/Group(top)".into()),
+        unit: unit.then(|| "ns/PodGroup/top".into()),
         revision: 0,
     }
 }
