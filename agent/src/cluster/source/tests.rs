@@ -251,6 +251,47 @@ async fn an_invalid_pod_is_reported_and_skipped() {
     );
 }
 
+/// A bound pod whose PodGroup does not exist yet (a forward reference, which the scheduler holds
+/// until the group exists, unless the pod was bound by hand) is managed as the pod it is: no
+/// problem line, no skipped object, and its group is watched for by name.
+#[tokio::test]
+async fn a_pod_whose_group_does_not_exist_yet_is_managed_with_no_problem() {
+    let (client, api) = node_a(
+        vec![pod("a", UID_A, "Running", Some("later"))],
+        json!({"metadata": {"name": "node-a"}}),
+    )
+    .on(
+        "GET",
+        "/apis/scheduling.k8s.io/v1beta1",
+        200,
+        discovery(&["workloads", "podgroups"]),
+    )
+    .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
+    .client();
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(names(src.pods()), ["a"]);
+    assert!(d.new_problems.is_empty(), "{:?}", d.new_problems);
+    let watched = || {
+        api.requests().iter().any(|r| {
+            r.path() == "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups"
+                && r.query("fieldSelector").as_deref() == Some("metadata.name=later")
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !watched() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the group never asked for"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(src.pods().problems.is_empty(), "{:?}", src.pods().problems);
+}
+
 /// A server that ignores the `spec.nodeName` selector (as this mock does) lists another node's
 /// pod: it is left out of the node's pods, which hold only those bound to this node.
 #[tokio::test]
