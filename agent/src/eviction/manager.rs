@@ -162,12 +162,11 @@ pub struct Manager<A> {
     /// then, so a pod that runs again after its eviction, which the node lists again, is a
     /// candidate again.
     evicted: BTreeSet<PodKey>,
-    /// The pod whose handed-over eviction the last pass waited for (said once per pod), with its
-    /// cgroups as the last decision had them: the node drops a pod from the inventory once it is
-    /// decided, while with the Eviction API its processes run until the API takes the eviction
-    /// and then out their grace period.
-    awaited: Option<(PodKey, Option<ManagedPod>)>,
-    /// The pods of the last decision, as the inventory listed them then.
+    /// The pod whose handed-over eviction the last pass waited for (said once per pod).
+    awaited: Option<PodKey>,
+    /// The pods of the last decision, as the inventory listed them then: the node drops a pod
+    /// from the inventory once it is decided, while with the Eviction API its processes run
+    /// until the API takes the eviction and then out their grace period.
     last_decided: Vec<ManagedPod>,
     stats: Arc<Mutex<EvictionStats>>,
     /// Each signal as the last pass observed it.
@@ -339,21 +338,23 @@ impl<A: EvictionAction> Manager<A> {
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
         if !hard && let Some(pod) = self.action.awaiting() {
             self.with_stats(|s| s.awaiting_handover += 1);
-            if self.awaited.as_ref().map(|(k, _)| k) != Some(&pod) {
+            if self.awaited.as_ref() != Some(&pod) {
                 tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
-                let listed = self.last_decided.iter().find(|p| p.key == pod).cloned();
-                self.awaited = Some((pod, listed));
             }
+            self.awaited = Some(pod);
             return Ok(None);
         }
         // The Eviction API has just taken the eviction that waited: its pod is terminating now.
         // As the kubelet waits for an evicted pod's cleanup before it evicts again
         // (`waitForPodsCleanup`), the pass waits for the pod to release what it holds; choosing
         // now would evict a second pod for the same shortfall.
-        if !hard && let Some((pod, Some(p))) = self.awaited.take() {
+        if !hard
+            && let Some(pod) = self.awaited.take()
+            && let Some(p) = self.last_decided.iter().find(|p| p.key == pod)
+        {
             let holds = p.memory.read().map_or(0, |r| r.working_set());
             tracing::info!(%pod, "The Eviction API took the eviction that waited; waiting for the pod to release its resources before choosing again.");
-            self.wait_released(&threshold, &[&p], holds, resource).await;
+            self.wait_released(&threshold, &[p], holds, resource).await;
             return Ok(None);
         }
         self.awaited = None;

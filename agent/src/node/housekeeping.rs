@@ -111,12 +111,7 @@ impl Node {
     /// restart neither starts the pod again nor evicts it twice.
     pub fn on_eviction(&mut self, d: &Decision) {
         for pod in &d.pods {
-            let qos = d.qos.get(pod).map(|q| q.as_str()).unwrap_or_else(|| {
-                self.plan
-                    .as_ref()
-                    .and_then(|p| p.pods.iter().find(|pp| pp.uid == pod.uid))
-                    .map_or("unknown", |pp| pp.qos_class.as_str())
-            });
+            let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
             self.report
                 .state
                 .metrics

@@ -511,20 +511,25 @@ async fn gating_holds_a_gang_until_it_is_complete() {
     assert!(applied["m0"].startable && applied["m1"].startable);
 }
 
+/// A decision as the manager makes it: each pod with the QoS class it was ranked with.
 fn decision(pods: &[(&str, &str)]) -> Decision {
+    let pods: Vec<PodKey> = pods
+        .iter()
+        .map(|(name, uid)| PodKey {
+            namespace: "default".into(),
+            name: (*name).into(),
+            uid: (*uid).into(),
+        })
+        .collect();
     Decision {
         signal: "memory.available".into(),
         observed: 10 * MI,
         threshold: 100 * MI,
-        pods: pods
+        qos: pods
             .iter()
-            .map(|(name, uid)| PodKey {
-                namespace: "default".into(),
-                name: (*name).into(),
-                uid: (*uid).into(),
-            })
+            .map(|k| (k.clone(), QosClass::BestEffort))
             .collect(),
-        qos: BTreeMap::new(),
+        pods,
         unit: None,
         reason: "usage above request".into(),
         latency: Some(Duration::from_millis(1)),
@@ -560,9 +565,7 @@ async fn an_eviction_recorded_after_its_pod_left_the_plan_keeps_its_qos_class() 
         &[],
         &sensors,
     );
-    let mut d = decision(&[("a", UID_A)]);
-    d.qos.insert(d.pods[0].clone(), QosClass::BestEffort);
-    node.on_eviction(&d);
+    node.on_eviction(&decision(&[("a", UID_A)]));
     assert_eq!(
         metric(
             &state,
