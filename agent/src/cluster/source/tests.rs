@@ -48,6 +48,17 @@ fn node_a(pods: Vec<Value>, node: Value) -> Routes {
     )
 }
 
+/// The source of node `node-a`, started on `client`, and its first diff once every watch synced
+/// (5 s at most).
+async fn synced(client: Client) -> (ApiSource, Diff) {
+    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let first = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
+        .await
+        .unwrap()
+        .unwrap();
+    (src, first)
+}
+
 /// Takes the source's changes until `done` holds (5 s at most).
 async fn changes_until(src: &mut ApiSource, what: &str, done: impl Fn(&ApiSource) -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -96,11 +107,7 @@ async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
     )
     .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
     .client();
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    let first = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (mut src, first) = synced(client).await;
     let reqs = api.requests();
     let pods_list = reqs.iter().find(|r| r.path() == "/api/v1/pods").unwrap();
     assert_eq!(pods_list.method, "GET");
@@ -195,11 +202,7 @@ async fn a_410_gone_relists_and_the_diff_shows_it() {
         ("/api/v1/nodes", false) => Some((200, list("Node", "1", vec![]))),
         _ => Some((200, list("X", "1", vec![]))),
     });
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (mut src, _) = synced(client).await;
     assert_eq!(names(src.pods()), ["a"]);
     let mut added = Vec::new();
     let mut removed = Vec::new();
@@ -237,11 +240,7 @@ async fn an_invalid_pod_is_reported_and_skipped() {
     )
     .list("/apis/*", "X", "1", vec![])
     .client();
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (src, d) = synced(client).await;
     assert_eq!(names(src.pods()), ["a"]);
     assert_eq!(d.new_problems.len(), 1, "{:?}", d.new_problems);
     assert!(
@@ -268,11 +267,7 @@ async fn a_pod_whose_group_does_not_exist_yet_is_managed_with_no_problem() {
     )
     .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
     .client();
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (src, d) = synced(client).await;
     assert_eq!(names(src.pods()), ["a"]);
     assert!(d.new_problems.is_empty(), "{:?}", d.new_problems);
     let watched = || {
@@ -309,11 +304,7 @@ async fn a_pod_of_another_node_is_never_admitted() {
     )
     .list("/apis/*", "X", "1", vec![])
     .client();
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    let d = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (src, d) = synced(client).await;
     assert_eq!(names(src.pods()), ["a"]);
     assert!(d.new_problems.is_empty(), "{:?}", d.new_problems);
     assert_eq!(src.foreign.len(), 1);
@@ -329,11 +320,7 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
         json!({"metadata": {"name": "node-a"}}),
     )
     .client();
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
-    tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
-        .await
-        .unwrap()
-        .unwrap();
+    let (mut src, _) = synced(client).await;
     changes_until(&mut src, "gang-awareness off", |s| {
         *s.gang_awareness().lock().unwrap() == GangAwareness::Off
     })
