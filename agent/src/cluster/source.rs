@@ -399,9 +399,11 @@ impl ApiSource {
         for p in &foreign {
             let uid = p.metadata.uid.clone().unwrap_or_default();
             if self.foreign.insert(uid) {
+                // Debug-quoted: a pod that is never admitted is never validated either, so its
+                // names reach the log escaped.
                 tracing::warn!(
-                    pod = %format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default()),
-                    bound_to = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
+                    pod = ?format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default()),
+                    bound_to = ?p.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or(""),
                     "The API server listed a pod of another node (the spec.nodeName selector was not applied); ignored."
                 );
             }
