@@ -142,6 +142,14 @@ async fn a_container_without_its_own_cgroup_never_starts() {
     .await;
     assert_eq!(s.phase, PodPhase::Pending, "an app container never ran");
     assert_eq!(s.reason.as_deref(), Some("CreateContainerError"));
+    // Running means started; its shell writes the mark a moment later (under load, after
+    // `stop_all` would have killed it).
+    let ok_mark = work.path.join(format!("{name}-ok"));
+    let deadline = Instant::now() + WAIT;
+    while !ok_mark.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok_mark.exists(), "the good container ran");
     rt.stop_all(Duration::from_secs(2)).await;
 
     for (name, d, cause) in &cases[1..] {
@@ -177,7 +185,6 @@ async fn a_container_without_its_own_cgroup_never_starts() {
             "{name}: the refused container ran"
         );
     }
-    assert!(work.path.join("none-ok").exists(), "the good container ran");
 }
 
 /// Two containers of one name: the second cannot take the first one's cgroups or log file.
