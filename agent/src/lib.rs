@@ -13,6 +13,7 @@ pub mod eviction;
 pub mod fuzzing;
 pub mod inotify;
 pub mod node;
+pub mod persist;
 pub mod policy;
 pub mod runtime;
 pub mod sensors;

@@ -739,7 +739,7 @@ fn a_pod_left_frozen_by_a_crash_is_killed_at_the_next_start() {
     use std::os::{fd::AsFd as _, unix::process::ExitStatusExt as _};
 
     use qoslet::{
-        cgroup::CgroupPath, node::state::EvictionMark, policy::pod::PodKey,
+        cgroup::CgroupPath, persist::EvictionMark, policy::pod::PodKey,
         policy::settings::CgroupDriver,
     };
 
@@ -876,7 +876,7 @@ async fn a_write_cut_half_open_is_delivered_once_the_server_answers() {
 async fn a_pod_that_ran_again_after_its_eviction_is_not_evicted_again_at_start() {
     use std::os::fd::AsFd as _;
 
-    use qoslet::{node::state::EvictionMark, policy::pod::PodKey};
+    use qoslet::{persist::EvictionMark, policy::pod::PodKey};
 
     require_root();
     let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;

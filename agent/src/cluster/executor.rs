@@ -22,8 +22,8 @@ use crate::{
     lock,
     node::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
-        state::{ran_again_since, unix_now},
     },
+    persist::{ran_again_since, unix_now},
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
     source::{ManifestPod, PodSet},
 };

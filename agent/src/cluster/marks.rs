@@ -3,7 +3,7 @@
 //! queued again.
 //!
 //! An eviction marks the pod's cgroup v2 directory, freezes it, queues its API writes (their
-//! files written by the queue's thread) and kills (`node/eviction_action.rs`, [`ApiEviction`]).
+//! files written by the queue's thread) and kills (`eviction/pipeline.rs`, [`ApiEviction`]).
 //! A crash before the writes reached the API server or their files leaves a pod the API server
 //! shows Running that qoslet had decided to evict, and a crash between the freeze and the kill
 //! leaves it frozen. The mark is on the pod's cgroup, which the kubelet keeps while the pod
@@ -27,7 +27,7 @@ use crate::{
     beneath,
     cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
     eviction::{EvictionRequest, SeenPod},
-    node::state::{EvictionMark, latest_running_start, started_after},
+    persist::{EvictionMark, latest_running_start, started_after},
     policy::settings::CgroupDriver,
     source::PodSet,
 };

@@ -107,8 +107,8 @@ impl Node {
         self.summary.sample_cpu();
     }
 
-    /// An eviction the manager made: metrics, the status events, and the persisted record so a
-    /// restart neither starts the pod again nor evicts it twice.
+    /// An eviction the manager made: metrics and the status events. The eviction pipeline has
+    /// recorded it in the state file already (`eviction/pipeline.rs`).
     pub fn on_eviction(&mut self, d: &Decision) {
         for pod in &d.pods {
             let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
@@ -128,19 +128,6 @@ impl Node {
                     d.signal, d.observed, d.threshold, d.reason
                 ),
             );
-            if let Some(entry) = self.tracked.pods.get(pod) {
-                let message = d
-                    .statuses
-                    .iter()
-                    .find(|(k, _)| k == pod)
-                    .map_or_else(|| d.reason.clone(), |(_, s)| s.message.clone());
-                crate::lock(&self.persisted).record_evicted(
-                    pod,
-                    entry.spec_hash,
-                    &message,
-                    super::state::unix_now(),
-                );
-            }
         }
         if let Some(l) = d.latency {
             self.report

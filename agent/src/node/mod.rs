@@ -6,12 +6,12 @@
 //!
 //! The node's state is split by job: [`cgroups::NodeCgroups`] (the reconciler and what it
 //! wants), [`Tracking`] (the pods on the node and their cgroup ids, for the sensors and the
-//! metrics), [`report::Report`] (what operators see), [`state::StateFile`] (what survives a
-//! crash); the eviction manager runs on its own task and talks to the node through channels.
+//! metrics), [`report::Report`] (what operators see), and the state file
+//! (`crate::persist::StateFile`, what survives a crash), which it shares with the eviction
+//! pipeline; the eviction manager runs on its own task and talks to the node through channels.
 
 mod cgroups;
 mod cpu_pressure;
-mod eviction_action;
 mod housekeeping;
 mod pass;
 pub mod pod_status;
@@ -20,7 +20,6 @@ mod run;
 mod seams;
 mod sensing;
 pub mod startup;
-pub mod state;
 mod status;
 pub mod summary;
 mod summary_targets;
@@ -38,7 +37,6 @@ use std::{
 use tokio::sync::watch;
 
 pub use crate::cgroup::Runner;
-pub use eviction_action::ExecutorEviction;
 pub use pod_status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
 pub use run::{NodeError, RunConfig, run};
 pub use seams::{PlannedPod, PodExecutor, PodSource};
@@ -48,6 +46,7 @@ pub use startup::{ModeStart, StartError};
 use crate::{
     cgroup::{CgroupFs, Mode, Naming},
     eviction::Inventory,
+    persist::StateFile,
     policy::{
         cpu_pressure::CpuPressureConfig, eviction::Threshold, plan::Plan, pod::PodKey,
         settings::NodeSettings,
@@ -58,7 +57,7 @@ use crate::{
 
 use self::{
     cgroups::NodeCgroups, cpu_pressure::CpuPressure, pass::PodEntry, report::Report,
-    state::StateFile, summary::CgroupSummary,
+    summary::CgroupSummary,
 };
 
 /// The pods on the node after the last pass, and the ids the kernel knows their cgroups by.
@@ -160,7 +159,7 @@ impl Node {
         self.report.noted(&lines);
     }
 
-    /// The state file, for the eviction path ([`ExecutorEviction`]).
+    /// The state file, for the eviction pipeline (`crate::eviction::Pipeline`).
     pub fn state_file(&self) -> Arc<Mutex<StateFile>> {
         self.persisted.clone()
     }

@@ -48,8 +48,6 @@ pub(super) struct PodEntry {
     pub(super) runq_p99: Option<f64>,
     /// Working set (bytes) at the last statistics sample.
     pub(super) working_set: Option<u64>,
-    /// The hash of the pod's spec, recorded with an eviction ([`crate::source::spec_hash`]).
-    pub(super) spec_hash: u64,
 }
 
 /// A source pod the pass can plan: its key, its policy view (computed at admission) and the pod.
@@ -430,7 +428,6 @@ impl Node {
                 container_ids,
                 runq_p99,
                 working_set,
-                spec_hash: pod.spec_hash,
             },
         );
     }

@@ -17,9 +17,8 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    ExecutorEviction, Node, NodeParts, SensorControl,
+    Node, NodeParts, SensorControl,
     seams::{PodExecutor, PodSource},
-    state::{EvictionMark, NodeLock, StateError, StateFile},
     summary::{CgroupSummary, StatsCgroup},
     trees,
 };
@@ -31,8 +30,9 @@ use crate::{
     config::QosletConfiguration,
     eviction::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, MemoryCgroup,
-        NodeSignals, PodCgroups, Wake, watch::WatchConfig,
+        NodeSignals, Pipeline, PodCgroups, Wake, watch::WatchConfig,
     },
+    persist::{EvictionMark, NodeLock, StateError, StateFile},
     policy::{
         cgroup_name::render,
         pod::PodKey,
@@ -298,7 +298,7 @@ where
             kubepods: kubepods_memory.clone(),
             pids: None,
         },
-        ExecutorEviction::new(executor.clone(), action, state_file),
+        Pipeline::new(action, executor.clone(), state_file),
         inventory_rx,
     );
     let mut decisions = manager.decisions();

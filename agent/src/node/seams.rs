@@ -1,14 +1,15 @@
 //! The seams between the node and its mode (docs/architecture.md, "Seams"): where pods come
 //! from ([`PodSource`]), who runs them and where their cgroups are ([`PodExecutor`]), and what an
-//! eviction does (`crate::eviction::EvictionAction`). The node only ever sees these traits, so
-//! the standalone node and the cluster node share every part between them.
+//! eviction does (`crate::eviction::EvictionAction`, the mode's step of the eviction pipeline,
+//! where the executor takes part as `crate::eviction::HoldEvicted`). The node only ever sees
+//! these traits, so the standalone node and the cluster node share every part between them.
 
 use std::{collections::BTreeMap, future::Future, time::Duration};
 
 use super::pod_status::PodStatus;
 use crate::{
     cgroup::{CgroupBeneath, ContainerIds, Runner},
-    eviction::NodeCondition,
+    eviction::{HoldEvicted, NodeCondition},
     policy::{pod::PodKey, qos::QosClass},
     source::{Diff, ManifestPod, PodSet},
 };
@@ -77,4 +78,15 @@ pub trait PodExecutor: Send + Sync + 'static {
     /// At shutdown: stops what the executor started, each pod within the shorter of its own
     /// grace period and `grace`, and waits for them.
     fn stop_all(&self, grace: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// The executor's part in the eviction pipeline (`eviction/pipeline.rs`).
+impl<E: PodExecutor> HoldEvicted for E {
+    fn hold(&self, pod: &PodKey, message: &str, grace: Duration) {
+        self.mark_evicted(pod, message, grace);
+    }
+
+    fn signals_on_hold(&self) -> bool {
+        self.runner().signals_on_evict()
+    }
 }

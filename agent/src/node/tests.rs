@@ -15,7 +15,7 @@ use crate::{
     cgroup::{CgroupBeneath, CgroupPath, ContainerRuntime, LayoutKind, Mounts, Tree},
     eviction::{
         Decision, EvictedStatus, EvictionAction, EvictionRequest, ManagedPod, Manager,
-        ManagerConfig, MemoryCgroup, NodeCondition, NodeSignals, Order, Outcome,
+        ManagerConfig, MemoryCgroup, NodeCondition, NodeSignals, Order, Outcome, Pipeline,
         action::ActionError,
     },
     policy::{
@@ -26,27 +26,10 @@ use crate::{
     },
     sensors::{CgroupOwner, CpuUsage, WatchedCgroup, kmaps::ProgramCost},
     server::{AgentState, Metrics, Readiness, StatusStore},
-    source::{
-        Diff, PodSet, build,
-        manifest::{Loaded, parse_documents},
-    },
+    source::{Diff, PodSet, pod_set},
 };
 
 const MI: i64 = 1 << 20;
-
-/// A PodSet from YAML documents, through the manifest source's own decoding and validation.
-pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
-    let mut loaded = Loaded::default();
-    parse_documents(Path::new("test.yaml"), yaml, &mut loaded);
-    build(
-        loaded,
-        previous,
-        &ValidationOptions::default(),
-        BTreeSet::new(),
-        Runner::Qoslet,
-    )
-    .0
-}
 
 fn pod_yaml(name: &str, uid: &str, memory_request: Option<&str>) -> String {
     let resources = memory_request.map_or(String::new(), |m| {
@@ -579,13 +562,42 @@ async fn an_eviction_recorded_after_its_pod_left_the_plan_keeps_its_qos_class() 
 async fn an_eviction_is_reported_once_and_survives_a_restart() {
     let tree = Tree0::new("evicted");
     let (mut node, inventory, state) = build_node(&tree);
-    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let (exec, sensors) = (Arc::new(FakeExecutor::default()), FakeSensors::default());
     let set = pod_set(
         &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, None)),
         &PodSet::default(),
     );
-    node.pass(&set, &exec, &[], &sensors);
-    node.on_eviction(&decision(&[("a", UID_A)]));
+    node.pass(&set, &*exec, &[], &sensors);
+    // The pipeline records the eviction in the node's state file; the node reports it.
+    struct Stops;
+    impl EvictionAction for Stops {
+        async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+            Ok(Outcome {
+                first_signal_at: Some(Instant::now()),
+                signalled: 1,
+                status: EvictedStatus::new(req.message.clone(), &req.seen),
+            })
+        }
+    }
+    let a = decision(&[("a", UID_A)]);
+    let req = EvictionRequest {
+        pod: a.pods[0].clone(),
+        cgroups: Default::default(),
+        grace: Duration::ZERO,
+        message: "The node was low on resource: memory. ".into(),
+        annotations: Default::default(),
+        seen: Default::default(),
+        signal: a.signal.clone(),
+        hard: true,
+        unit: None,
+        revision: set.pods[&a.pods[0]].spec_hash,
+    };
+    Pipeline::new(Stops, exec.clone(), node.state_file())
+        .evict(&req)
+        .await
+        .unwrap();
+    node.on_eviction(&a);
+    let exec = FakeExecutor::default();
     node.pass(&set, &exec, &[], &sensors);
     node.pass(&set, &exec, &[], &sensors);
     assert_eq!(metric(&state, "qoslet_evictions_total"), 1.0);
@@ -1090,7 +1102,7 @@ impl EvictionAction for NotingKill {
                 .unified
                 .as_ref()
                 .and_then(|d| d.open().ok())
-                .and_then(|d| state::EvictionMark::read(d.as_fd()))
+                .and_then(|d| crate::persist::EvictionMark::read(d.as_fd()))
                 .is_some(),
         };
         *self.seen.lock().unwrap() = Some(at);
@@ -1142,7 +1154,7 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
             exec: exec.clone(),
             seen: seen.clone(),
         };
-        let e = ExecutorEviction::new(exec.clone(), action, state.clone());
+        let e = Pipeline::new(action, exec.clone(), state.clone());
         e.evict(&r).await.unwrap();
         let seen = seen.lock().unwrap().expect("the action ran");
         let after = (
@@ -1166,7 +1178,7 @@ async fn the_kill_goes_first_and_the_mark_on_the_pods_cgroup_keeps_the_eviction(
     assert_eq!(after, (true, true));
     // The mark is what a restart reads if the state file never got it.
     let fd = pod.open().unwrap();
-    let mark = state::EvictionMark::read(fd.as_fd()).expect("the pod's cgroup is marked");
+    let mark = crate::persist::EvictionMark::read(fd.as_fd()).expect("the pod's cgroup is marked");
     assert_eq!((mark.key(), mark.spec), (key.clone(), 42));
 
     // No v2 directory, nothing to mark: the state file has it before the kill.

@@ -11,3 +11,18 @@ pub mod watch;
 
 pub use build::build;
 pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, spec_hash};
+
+/// A PodSet from YAML documents, through the manifest source's own decoding and validation.
+#[cfg(test)]
+pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
+    let mut loaded = manifest::Loaded::default();
+    manifest::parse_documents(std::path::Path::new("test.yaml"), yaml, &mut loaded);
+    build(
+        loaded,
+        previous,
+        &crate::workload::ValidationOptions::default(),
+        std::collections::BTreeSet::new(),
+        crate::cgroup::Runner::Qoslet,
+    )
+    .0
+}

@@ -77,7 +77,7 @@ pub async fn run(
         .map_err(|e| start.setting("capacity.memory", e))?;
     let mounts = ModeStart::mounts()?;
     let node_root = if start.enforce() {
-        let marker = node::state::node_root_marker(&start.qc.state_dir, &start.node_root);
+        let marker = crate::persist::node_root_marker(&start.qc.state_dir, &start.node_root);
         NodeRoot::ensure(&mounts, &start.node_root, node_memory, Some(marker))?
     } else {
         NodeRoot::default()
@@ -88,7 +88,7 @@ pub async fn run(
     if !matches!(
         result,
         Err(StandaloneError::Node(NodeError::State(
-            node::state::StateError::Locked { .. }
+            crate::persist::StateError::Locked { .. }
         )))
     ) {
         node_root.remove();

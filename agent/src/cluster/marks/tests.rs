@@ -53,7 +53,7 @@ fn key(name: &str, uid: &str) -> PodKey {
 }
 
 /// The kubelet's cgroupfs tree below a node root: a Burstable pod and a Guaranteed one (no
-/// tier), each marked as `ExecutorEviction` marks before its kill, and a third pod whose
+/// tier), each marked as the eviction pipeline marks before its kill, and a third pod whose
 /// cgroup carries a mark naming another pod.
 fn kubelet_tree(root: &Path) {
     let dir = |rel: &str| {

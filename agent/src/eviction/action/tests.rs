@@ -3,7 +3,7 @@ use std::{os::fd::AsFd as _, process::Command};
 use super::*;
 use crate::{
     cgroup::{CgroupFs, CgroupPath, Mounts, Tree},
-    node::state::EvictionMark,
+    persist::EvictionMark,
 };
 use std::sync::Arc;
 

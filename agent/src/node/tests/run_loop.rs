@@ -1,4 +1,4 @@
-//! The run loop (`run.rs` `drive`) and the eviction seam (`ExecutorEviction`) with executors of
+//! The run loop (`run.rs` `drive`) and the eviction pipeline (`eviction::Pipeline`) with executors of
 //! both shapes: standalone-shaped (qoslet runs the pods: it creates their cgroups, recovers what
 //! a crashed run left, signals an evicted pod itself) and cluster-shaped (the kubelet runs them:
 //! qoslet only finds their cgroups). Over a cgroup tree in a temporary directory, with fake
@@ -214,11 +214,11 @@ async fn the_cluster_shaped_loop_finds_cgroups_and_creates_none() {
     assert!(a_dir.is_dir(), "the kubelet's cgroups outlive qoslet");
 }
 
-/// `ExecutorEviction` over both shapes: the executor hears of the eviction, the action gets the
+/// The eviction pipeline (`eviction/pipeline.rs`) over both shapes: the executor hears of the eviction, the action gets the
 /// request, the state file on disk holds the pod; the executor's own signal counts as the first
 /// only where it sends one (standalone-shaped).
 #[tokio::test]
-async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
+async fn the_eviction_pipeline_tells_the_executor_the_action_and_the_state_file() {
     for exec in [FakeExecutor::default(), FakeExecutor::kubelet()] {
         let runner = exec.runner;
         let tree = Tree0::new(&format!("eviction-{runner:?}"));
@@ -255,7 +255,7 @@ async fn executor_eviction_tells_the_executor_the_action_and_the_state_file() {
         )));
         let exec = Arc::new(exec);
         let action = Arc::new(Recording::default());
-        let seam = ExecutorEviction::new(exec.clone(), action.clone(), state);
+        let seam = Pipeline::new(action.clone(), exec.clone(), state);
 
         let outcome = seam.evict(&req).await.unwrap();
 

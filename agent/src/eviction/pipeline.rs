@@ -1,0 +1,103 @@
+//! One eviction, in the order both modes share; the manager (`manager.rs`) decides and reports,
+//! this runs what is decided:
+//!
+//! 1. **mark** the pod's cgroup v2 directory ([`EvictionMark`], one syscall), which a restart
+//!    after a crash reads back (`node/run.rs` `stop_leftovers`, `cluster/marks.rs`); a pod
+//!    without a v2 directory cannot be marked, and is recorded in the state file first instead;
+//! 2. **stop** the offender: the mode's one step, an [`EvictionAction`] (standalone:
+//!    [`CgroupKill`](super::CgroupKill); cluster mode: `cluster::ApiEviction`, the freeze, the
+//!    API's writes and the kill). Its future is polled first and runs up to its first wait before
+//!    anything below starts;
+//! 3. beside it, **hold** the pod where it runs ([`HoldEvicted`], the node's executor: it does
+//!    not start the pod again and reports it Failed with reason `Evicted`) and **record** it in
+//!    the state file ([`StateFile`]), synced, off the runtime's threads.
+//!
+//! The [`Outcome`] goes back to the manager, which reports the decision (metrics, status, the
+//! node's events). The evicted set lives in the state file alone: the manager keeps its own
+//! evictions only until the node's next inventory leaves them out.
+
+use std::{
+    os::fd::AsFd as _,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use super::{EvictionAction, EvictionRequest, Outcome, action::ActionError};
+use crate::{
+    persist::{EvictionMark, StateFile, unix_now},
+    policy::pod::PodKey,
+};
+
+/// Whoever runs the pods, in an eviction: it must not start the evicted pod again, and it reports
+/// it Failed with reason `Evicted` (the node's executor, `node::PodExecutor`).
+pub trait HoldEvicted: Send + Sync {
+    /// The pod is being evicted, within `grace`.
+    fn hold(&self, pod: &PodKey, message: &str, grace: Duration);
+
+    /// Whether [`Self::hold`] itself signals the pod's processes (qoslet's own runtime stops an
+    /// evicted pod at once), so the eviction's first signal may be there.
+    fn signals_on_hold(&self) -> bool;
+}
+
+/// The eviction pipeline: the mode's step `S`, the runner `H`, the state file.
+pub struct Pipeline<S, H> {
+    stop: S,
+    runner: Arc<H>,
+    records: Arc<Mutex<StateFile>>,
+}
+
+impl<S, H> Pipeline<S, H> {
+    pub fn new(stop: S, runner: Arc<H>, records: Arc<Mutex<StateFile>>) -> Self {
+        Self {
+            stop,
+            runner,
+            records,
+        }
+    }
+}
+
+/// Records the eviction (at `at`, Unix seconds) in the state file; `durable` waits for the disk.
+fn record(records: &Mutex<StateFile>, req: &EvictionRequest, at: u64, durable: bool) {
+    let mut records = crate::lock(records);
+    records.record_evicted(&req.pod, req.revision, &req.message, at);
+    if let Err(e) = records.save(durable) {
+        tracing::warn!(pod = %req.pod, error = %e, "Could not write the eviction to the state file.");
+    }
+}
+
+impl<S: EvictionAction, H: HoldEvicted> EvictionAction for Pipeline<S, H> {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        let at = unix_now();
+        let marked = req.cgroups.unified.as_ref().is_some_and(|dir| {
+            let mark = EvictionMark::new(&req.pod, req.revision, &req.message, at)
+                .with_annotations(&req.annotations);
+            dir.open()
+                .and_then(|fd| mark.write(fd.as_fd()))
+                .inspect_err(|e| tracing::debug!(pod = %req.pod, error = %e, "Could not mark the pod's cgroup; the state file is written before the mode's action."))
+                .is_ok()
+        });
+        if !marked {
+            // Page cache only: no disk wait before the action (synced right after it starts).
+            record(&self.records, req, at, false);
+        }
+        let hold_and_record = async {
+            let held = Instant::now();
+            self.runner.hold(&req.pod, &req.message, req.grace);
+            let (records, req) = (self.records.clone(), req.clone());
+            // fsync off the runtime's threads; the mark covers the time until it is done.
+            let _ = tokio::task::spawn_blocking(move || record(&records, &req, at, true)).await;
+            held
+        };
+        // `join` polls the mode's step first: its kill or freeze goes out before the rest starts.
+        let (outcome, held) = futures::future::join(self.stop.evict(req), hold_and_record).await;
+        let mut outcome = outcome?;
+        if self.runner.signals_on_hold() {
+            outcome.first_signal_at = Some(outcome.first_signal_at.map_or(held, |t| t.min(held)));
+        }
+        Ok(outcome)
+    }
+
+    fn awaiting(&self) -> Option<PodKey> {
+        self.stop.awaiting()
+    }
+}
