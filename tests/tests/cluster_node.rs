@@ -969,3 +969,135 @@ async fn a_pod_that_ran_again_after_its_eviction_is_not_evicted_again_at_start()
     }
     qoslet.crash();
 }
+
+/// When each request reached the fake, by method and path: a watch's path with `?watch`.
+type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
+
+fn record_arrivals(fake: &FakeApi) -> Arrivals {
+    let arrivals = Arrivals::default();
+    let seen = arrivals.clone();
+    fake.on_request(move |r| {
+        let watch = if r.param("watch").as_deref() == Some("true") {
+            "?watch"
+        } else {
+            ""
+        };
+        seen.lock()
+            .unwrap()
+            .push((format!("{} {}{watch}", r.method, r.path), Instant::now()));
+    });
+    arrivals
+}
+
+/// Per request kind (method, path, watch or not) within `[from, to)`: how many, and the most
+/// in any one second.
+fn rates(arrivals: &Arrivals, from: Instant, to: Instant) -> Vec<(String, usize, usize)> {
+    let mut by: std::collections::BTreeMap<String, Vec<Instant>> = Default::default();
+    for (what, at) in arrivals.lock().unwrap().iter() {
+        if *at >= from && *at < to {
+            by.entry(what.clone()).or_default().push(*at);
+        }
+    }
+    by.into_iter()
+        .map(|(what, times)| {
+            let most = times
+                .iter()
+                .map(|t| {
+                    times
+                        .iter()
+                        .filter(|u| **u >= *t && **u < *t + Duration::from_secs(1))
+                        .count()
+                })
+                .max()
+                .unwrap_or(0);
+            (what, times.len(), most)
+        })
+        .collect()
+}
+
+/// What one node asks of an API server that fails it (cluster/client.rs): a node started during
+/// a 503 outage lists under client-go's growing backoff, not every second for good; watches that
+/// a server ends at once are asked again at most twice a second per resource, not in a loop;
+/// after both, the node is in sync again. The rates are printed for the README's figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_per_resource() {
+    require_root();
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let arrivals = record_arrivals(&s.fake);
+    let metrics = s.metrics;
+
+    // Started while every request answers 503.
+    s.fake.go_down(Outage::Unavailable).await;
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let started = Instant::now();
+    let outage = Duration::from_secs(20);
+    tokio::time::sleep(outage).await;
+    let during = rates(&arrivals, started, Instant::now());
+    println!("20 s of 503 from the start (request, count, most in one second): {during:#?}");
+    let pod_lists = during
+        .iter()
+        .find(|(what, ..)| what == "GET /api/v1/pods")
+        .map_or(0, |(_, n, _)| *n);
+    // client-go's backoff from 0.8 s, doubling: at most 6 tries in 20 s (kube-runtime's own
+    // backoff, reset before every list, tries 13 to 25 times).
+    assert!(
+        (1..=6).contains(&pod_lists),
+        "pod lists in 20 s of 503: {pod_lists}: {during:#?}"
+    );
+    for (what, n, most) in &during {
+        assert!(*most <= 3, "{what}: {most} in one second ({n} in all)");
+    }
+    let ready = http_get(metrics, "/readyz").unwrap_or_default();
+    assert!(ready.contains("api: not ready"), "{ready}");
+
+    s.fake.come_up().await.expect("the fake comes back");
+    // The backoff may have grown to 30 s plus jitter.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let body = http_get(metrics, "/readyz").unwrap_or_default();
+        if body.contains("api: ready: ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready after the outage: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Every watch now ends at once, without an error.
+    s.fake.go_down(Outage::WatchesEnd).await;
+    let from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let to = Instant::now();
+    let during = rates(&arrivals, from, to);
+    println!("10 s of watches that end at once (request, count, most in one second): {during:#?}");
+    let watches: Vec<_> = during
+        .iter()
+        .filter(|(what, ..)| what.ends_with("?watch"))
+        .collect();
+    assert!(
+        watches
+            .iter()
+            .any(|(what, ..)| what == "GET /api/v1/pods?watch"),
+        "the pods are watched again: {during:#?}"
+    );
+    for (what, n, most) in &during {
+        assert!(
+            *most <= 3 && *n <= 22,
+            "{what}: {n} in 10 s, {most} in one second"
+        );
+    }
+
+    // Back to normal: a new pod on the node is seen.
+    s.fake.come_up().await.expect("watches last again");
+    let mut late = KPod::new("late", "33333333-2222-3333-4444-000000000009", "BestEffort");
+    create(&s.fake, &mut late, Runtime::Containerd, NODE);
+    wait_for("the pod created after the faults, managed", || {
+        let m = http_get(metrics, "/metrics")?;
+        m.contains("pod=\"late\"").then_some(())
+    })
+    .await;
+    assert_rbac_allows(&s.fake);
+    qoslet.crash();
+}

@@ -14,6 +14,7 @@
 //! `queue`. No module reads back from one downstream of it.
 
 pub mod action;
+pub mod client;
 pub mod executor;
 pub mod marks;
 pub mod queue;
@@ -137,7 +138,10 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
     // rejected itself: no retry inside the client.
     let mut config = config;
     config.default_retry = false;
-    Client::try_from(config).map_err(boxed)
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(boxed)?
+        .with_layer(&client::RequestBounds::default())
+        .build())
 }
 
 /// The kubelet's configuration from `/configz` (`{"kubeletconfig": {...}}`, without apiVersion
@@ -419,11 +423,12 @@ mod tests {
         out.into_iter().filter(|m| !m.is_empty()).collect()
     }
 
-    /// Data flows one way, source → unit → action (and the marks read back at start) → queue →
+    /// Data flows one way, (client →) source → unit → action (and the marks read back at start) → queue →
     /// writes: no module uses one downstream of it (source once used action's `Gangs`, action source's objects).
     #[test]
     fn the_cluster_modules_depend_one_way() {
         let modules = [
+            ("client", include_str!("client.rs")),
             ("source", include_str!("source.rs")),
             ("unit", include_str!("unit.rs")),
             ("action", include_str!("action.rs")),
@@ -438,7 +443,8 @@ mod tests {
         assert_eq!(
             got,
             [
-                want("source", &["executor"]),
+                want("client", &[]),
+                want("source", &["client", "executor"]),
                 want("unit", &["source"]),
                 want("action", &["queue", "unit", "writes"]),
                 want("marks", &["action", "queue", "writes"]),

@@ -1,17 +1,17 @@
 //! The API source: the node's pods and the workload objects they reference, from the API server.
 //!
-//! kube-runtime watchers feed reflector stores (kube-runtime handles relists, `410 Gone`,
-//! bookmarks and restarts with its jittered default backoff; lists use `any_semantic`, served
-//! from the API server's cache): Pods with `fieldSelector=spec.nodeName=NAME` and the Node
-//! itself (`metadata.name=NAME`). Workload-API objects (Workloads and PodGroups,
-//! `scheduling.k8s.io/v1beta1`; CompositePodGroups, `v1alpha3`) are watched one by one, only
-//! those the node's pods reference and their ancestors (`metadata.name=X` in the namespace), so
-//! a node's cost does not grow with the cluster's gangs; they are dynamic objects, decoded by the
-//! same workload decoder as manifests. A cluster that does not serve the Workload API (API
-//! discovery says so) turns gang-awareness off ([`GangAwareness::Off`]): pods go alone.
-//! Each change rebuilds the [`PodSet`] through the manifest source's own door ([`build`]):
-//! every value from the API is validated exactly as a file's, and the [`Diff`] is computed the
-//! same way.
+//! kube-runtime watchers feed reflector stores (kube-runtime handles relists, `410 Gone`, bookmarks
+//! and restarts, under client-go's backoff: [`WatchBackoff`](super::client::WatchBackoff); lists
+//! use `any_semantic`, served from the API server's cache): Pods with
+//! `fieldSelector=spec.nodeName=NAME` and the Node itself (`metadata.name=NAME`). Workload-API
+//! objects (Workloads and PodGroups, `scheduling.k8s.io/v1beta1`; CompositePodGroups, `v1alpha3`)
+//! are watched one by one, only those the node's pods reference and their ancestors
+//! (`metadata.name=X` in the namespace), so a node's cost does not grow with the cluster's gangs;
+//! they are dynamic objects, decoded by the same workload decoder as manifests. A cluster that does
+//! not serve the Workload API (API discovery says so) turns gang-awareness off
+//! ([`GangAwareness::Off`]): pods go alone. Each change rebuilds the [`PodSet`] through the
+//! manifest source's own door ([`build`]): every value from the API is validated exactly as a
+//! file's, and the [`Diff`] is computed the same way.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -455,7 +455,7 @@ where
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(reflector::reflector(
             writer,
-            watcher::watcher(api, cfg).default_backoff()
+            watcher::watcher(api, cfg).backoff(super::client::WatchBackoff::default())
         ));
         while let Some(ev) = stream.next().await {
             match ev {

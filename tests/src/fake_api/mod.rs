@@ -136,6 +136,10 @@ pub enum Outage {
     /// connection or from a hung server: a request waits, unrecorded and not applied, until the
     /// client gives up on it (then it never happened) or the fake comes up (then it is served).
     Silent,
+    /// Every other request is served, but a watch ends at once, without an event or an error
+    /// (as behind a proxy with a short idle timeout): a client that watches again at once asks
+    /// without end.
+    WatchesEnd,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +168,8 @@ struct Shared {
     /// Called with each request as it is answered, before the client has the answer.
     on_request: Mutex<Option<RequestHook>>,
     unavailable: AtomicBool,
+    /// While true, every watch ends at once ([`Outage::WatchesEnd`]).
+    watches_end: AtomicBool,
     /// While true, requests wait ([`Outage::Silent`]).
     silent: tokio::sync::watch::Sender<bool>,
     /// Bumped to end every open watch.
@@ -194,6 +200,7 @@ impl FakeApi {
             log: Mutex::new(Vec::new()),
             on_request: Mutex::new(None),
             unavailable: AtomicBool::new(false),
+            watches_end: AtomicBool::new(false),
             silent: tokio::sync::watch::Sender::new(false),
             epoch: tokio::sync::watch::channel(0).0,
             options: Options {
@@ -357,6 +364,7 @@ impl FakeApi {
             Outage::Silent => {
                 self.shared.silent.send_replace(true);
             }
+            Outage::WatchesEnd => self.shared.watches_end.store(true, Ordering::SeqCst),
         }
         self.shared.epoch.send_modify(|e| *e += 1);
     }
@@ -364,6 +372,7 @@ impl FakeApi {
     /// Serves again, on the same address.
     pub async fn come_up(&self) -> Result<(), FakeApiError> {
         self.shared.unavailable.store(false, Ordering::SeqCst);
+        self.shared.watches_end.store(false, Ordering::SeqCst);
         self.shared.silent.send_replace(false);
         if self.server.lock().expect("server lock").is_some() {
             return Ok(());

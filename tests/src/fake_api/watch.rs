@@ -145,6 +145,9 @@ fn event(req: &WatchRequest, change: &Change) -> Option<Bytes> {
 }
 
 async fn run(shared: &Shared, req: &WatchRequest, snapshot: Snapshot, tx: &mpsc::Sender<Bytes>) {
+    if shared.watches_end.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
     let Snapshot {
         mut changed,
         mut epoch,
