@@ -9,6 +9,10 @@ use std::{collections::BTreeSet, fs, path::PathBuf};
 use qoslet::config::QosletConfiguration;
 use serde_json::{Map, Value};
 
+/// The namespace `cargo xtask validate-deploy` renders ci/full-values.yaml in
+/// (xtask/src/deploy/chart.rs); the defaults go to qoslet-system, the kustomization's.
+const FULL_VALUES_NAMESPACE: &str = "qoslet-agents";
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -18,15 +22,16 @@ fn yaml(path: &str) -> Value {
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The chart's `config` as its ConfigMap template writes it (templates/configmap.yaml): a null
-/// leaseNamespace becomes the chart's namespace, other nulls are left out.
-fn rendered_config(values: &Value) -> QosletConfiguration {
+/// The chart's `config` as its ConfigMap template writes it (templates/configmap.yaml) for a
+/// release in `namespace`: a null leaseNamespace becomes the release's namespace, other nulls
+/// are left out.
+fn rendered_config(values: &Value, namespace: &str) -> QosletConfiguration {
     let mut config = values["config"]
         .as_object()
         .expect("config is a mapping")
         .clone();
     if config.get("leaseNamespace").is_none_or(Value::is_null) {
-        config.insert("leaseNamespace".into(), values["namespace"]["name"].clone());
+        config.insert("leaseNamespace".into(), namespace.into());
     }
     drop_nulls(&mut config);
     for section in ["capacity", "cpuPressure"] {
@@ -96,7 +101,10 @@ fn assert_same(spelled: &BTreeSet<String>, want: &BTreeSet<String>, what: &str) 
 #[test]
 fn values_spell_out_every_setting_with_the_agents_defaults() {
     let values = yaml("deploy/helm/qoslet/values.yaml");
-    let full = rendered_config(&yaml("deploy/helm/qoslet/ci/full-values.yaml"));
+    let full = rendered_config(
+        &yaml("deploy/helm/qoslet/ci/full-values.yaml"),
+        FULL_VALUES_NAMESPACE,
+    );
     let mut spelled = BTreeSet::new();
     settings(&values["config"], "", &mut spelled);
     assert_same(
@@ -113,7 +121,7 @@ fn values_spell_out_every_setting_with_the_agents_defaults() {
         configmap["data"]["config.yaml"].as_str().unwrap(),
     )
     .unwrap();
-    assert_eq!(rendered_config(&values), kustomize);
+    assert_eq!(rendered_config(&values, "qoslet-system"), kustomize);
     assert_eq!(
         kustomize,
         QosletConfiguration {
@@ -127,7 +135,10 @@ fn values_spell_out_every_setting_with_the_agents_defaults() {
 
 #[test]
 fn full_values_move_every_setting_away_from_its_default() {
-    let full = rendered_config(&yaml("deploy/helm/qoslet/ci/full-values.yaml"));
+    let full = rendered_config(
+        &yaml("deploy/helm/qoslet/ci/full-values.yaml"),
+        FULL_VALUES_NAMESPACE,
+    );
     let mut defaults = serde_json::to_value(QosletConfiguration::default()).unwrap();
     // Unset serializes as absent; every other setting is compared with its default.
     defaults["kubernetesVersion"] = Value::Null;

@@ -1187,6 +1187,18 @@ fn helm_install(info: &Info) -> Result<()> {
             .args(["delete", "--wait=true", "--timeout=300s", "-k"])
             .arg(info.dir.join("deploy")),
     )?;
+    // The chart creates no namespace: qoslet-system again as the kustomization has it, with the
+    // privileged Pod Security label (README's Helm install), before helm finds it.
+    apt::run(
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", info.netns))
+            .arg("--")
+            .arg(bins.kubectl())
+            .arg("--kubeconfig")
+            .arg(&info.kubeconfig)
+            .args(["apply", "-f"])
+            .arg(cargo::workspace_root().join("deploy/kubernetes/namespace.yaml")),
+    )?;
     let mut set = Vec::new();
     // As the kustomization's overlay does (`install_overlay`): a capability outside this
     // machine's bounding set cannot be granted.

@@ -116,7 +116,7 @@ pub fn validate(tools: &Tools, qoslet: &Path) -> Result<()> {
     let chart = chart::Chart::new(&tools.helm);
     chart.lint()?;
     println!("deploy: helm lint --strict passes with the chart's defaults and ci/full-values.yaml");
-    let defaults = chart.template(&[], true)?;
+    let defaults = chart.template(chart::NAMESPACE, &[], &[], true)?;
     check_objects(
         tools,
         "helm template (defaults)",
@@ -131,21 +131,44 @@ pub fn validate(tools: &Tools, qoslet: &Path) -> Result<()> {
         );
     }
     println!(
-        "deploy: the chart's {} default objects equal deploy/kubernetes's (Helm's labels aside)",
+        "deploy: the chart's {} default objects equal deploy/kubernetes's (Helm's labels, kustomize's Namespace and the helm test pod aside)",
         defaults.len()
     );
-    let without_operator = chart.template(&[], false)?;
+    let without_operator = chart.template(chart::NAMESPACE, &[], &[], false)?;
     chart::check_without_operator(&defaults, &without_operator)?;
     println!(
         "deploy: without the prometheus-operator's kinds the chart leaves out its ServiceMonitor and PrometheusRule and nothing else"
     );
-    let full = chart.template(&[chart.full_values()], false)?;
+    let full = chart.template(
+        chart::FULL_VALUES_NAMESPACE,
+        &[chart.full_values()],
+        &[],
+        false,
+    )?;
     check_objects(
         tools,
         "helm template -f ci/full-values.yaml",
         &full,
         &out.join("chart-full"),
     )?;
+    chart::check_full_values(&full)?;
+    println!(
+        "deploy: with ci/full-values.yaml every object is named after fullnameOverride, in the release's namespace, and every runbook_url starts with runbookBaseURL"
+    );
+    let bare = chart.template(
+        chart::NAMESPACE,
+        &[],
+        &[
+            "serviceAccount.create=false",
+            "rbac.create=false",
+            "tests.enabled=false",
+        ],
+        true,
+    )?;
+    chart::check_without_rbac(&defaults, &bare)?;
+    println!(
+        "deploy: serviceAccount.create=false, rbac.create=false and tests.enabled=false leave out the ServiceAccount, the RBAC objects and the test pod, and nothing else"
+    );
     for (name, objs) in [("defaults", &defaults), ("full-values", &full)] {
         let file = out.join(format!("chart-{name}-config.yaml"));
         fs::write(&file, chart::config_yaml(objs)?)?;

@@ -100,7 +100,7 @@ enum Cmd {
     /// The deploy checks of `test` alone: validation, image and container test, Prometheus test.
     DeployTest,
     /// Install (or upgrade) the Helm chart deploy/helm/qoslet on a cluster: `helm upgrade
-    /// --install qoslet` with the pinned helm.
+    /// --install qoslet -n qoslet-system --create-namespace` with the pinned helm.
     HelmInstall {
         #[arg(long)]
         kubeconfig: PathBuf,
@@ -117,7 +117,7 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         netns: Option<String>,
     },
-    /// Remove the Helm release of `helm-install` and its objects.
+    /// Remove the Helm release of `helm-install` and its objects (not the namespace).
     HelmUninstall {
         #[arg(long)]
         kubeconfig: PathBuf,

@@ -15,9 +15,14 @@ use serde_json::Value;
 use super::tools::{self, documents, id, output};
 use crate::{cargo::workspace_root, toolchain::cache_dir};
 
-/// The release name; the objects' names are fixed (`qoslet`, `qoslet-config`, ...): a cluster
-/// runs one qoslet per node, and its ClusterRole is cluster-wide anyway.
+/// The release name: the chart names its objects after it (release `qoslet`: `qoslet`,
+/// `qoslet-config`, ..., the kustomization's names).
 pub const RELEASE: &str = "qoslet";
+/// The release's namespace, the kustomization's: the chart creates none, `helm upgrade --install
+/// --create-namespace` does (without the Pod Security label: [`install`]'s caller labels it).
+pub const NAMESPACE: &str = "qoslet-system";
+/// The namespace the chart is rendered in with ci/full-values.yaml (away from the default).
+pub const FULL_VALUES_NAMESPACE: &str = "qoslet-agents";
 /// The Kubernetes version the chart is rendered and linted for (`.Capabilities.KubeVersion`).
 const KUBE_VERSION: &str = "1.37.0";
 /// The prometheus-operator kinds the chart renders when the cluster serves them.
@@ -26,9 +31,8 @@ const OPERATOR_KINDS: &[&str] = &[
     "monitoring.coreos.com/v1/PrometheusRule",
 ];
 /// Labels Helm's conventions add to every object; the kustomization has only
-/// app.kubernetes.io/name.
+/// app.kubernetes.io/name and app.kubernetes.io/instance (the selector's).
 const HELM_LABELS: &[&str] = &[
-    "app.kubernetes.io/instance",
     "app.kubernetes.io/version",
     "app.kubernetes.io/managed-by",
     "helm.sh/chart",
@@ -96,13 +100,23 @@ impl<'a> Chart<'a> {
         Ok(())
     }
 
-    /// `helm template` with `values` files; `operator`: as for a cluster that serves the
-    /// prometheus-operator's kinds.
-    pub fn template(&self, values: &[PathBuf], operator: bool) -> Result<Vec<Value>> {
+    /// `helm template` of release [`RELEASE`] in `namespace` with `values` files and `set`
+    /// pairs; `operator`: as for a cluster that serves the prometheus-operator's kinds.
+    pub fn template(
+        &self,
+        namespace: &str,
+        values: &[PathBuf],
+        set: &[&str],
+        operator: bool,
+    ) -> Result<Vec<Value>> {
         let mut cmd = helm_command(self.helm)?;
         cmd.args(["template", RELEASE])
             .arg(&self.dir)
+            .args(["--namespace", namespace])
             .args(["--kube-version", KUBE_VERSION]);
+        for s in set {
+            cmd.args(["--set", s]);
+        }
         for v in values {
             cmd.arg("--values").arg(v);
         }
@@ -130,10 +144,11 @@ pub struct Install<'a> {
     pub netns: Option<&'a str>,
 }
 
-/// `helm upgrade --install qoslet deploy/helm/qoslet` on the cluster of `i.kubeconfig`: the
-/// release record goes to the namespace `default`, the objects to the chart's namespace
-/// (`qoslet-system` unless the values say otherwise), which the chart creates. Builds helm first
-/// if needed.
+/// `helm upgrade --install qoslet deploy/helm/qoslet -n qoslet-system --create-namespace` on the
+/// cluster of `i.kubeconfig`: the release record and the namespaced objects go to
+/// [`NAMESPACE`]. A namespace helm creates has no Pod Security label: where the cluster enforces
+/// a standard, create it labelled first (deploy/kubernetes/namespace.yaml). Builds helm first if
+/// needed.
 pub fn install(i: &Install) -> Result<()> {
     let helm = tools::helm()?;
     let mut cmd = helm_command_in(&helm, i.netns)?;
@@ -141,7 +156,7 @@ pub fn install(i: &Install) -> Result<()> {
         .arg(chart_dir())
         .arg("--kubeconfig")
         .arg(i.kubeconfig)
-        .args(["--namespace", "default"]);
+        .args(["--namespace", NAMESPACE, "--create-namespace"]);
     for v in i.values {
         cmd.arg("--values").arg(v);
     }
@@ -156,35 +171,43 @@ pub fn install(i: &Install) -> Result<()> {
     Ok(())
 }
 
-/// `helm uninstall qoslet`, waiting until its objects are gone.
+/// `helm uninstall qoslet -n qoslet-system`, waiting until its objects are gone (the namespace
+/// stays).
 pub fn uninstall(kubeconfig: &Path, netns: Option<&str>) -> Result<()> {
     let helm = tools::helm()?;
     let mut cmd = helm_command_in(&helm, netns)?;
-    cmd.args(["uninstall", RELEASE, "--wait", "--namespace", "default"])
+    cmd.args(["uninstall", RELEASE, "--wait", "--namespace", NAMESPACE])
         .arg("--kubeconfig")
         .arg(kubeconfig);
     output(&mut cmd).context("helm uninstall")?;
     Ok(())
 }
 
-/// The `config.yaml` of the ConfigMap qoslet-config among `objects`.
+/// The `config.yaml` of the ConfigMap (`qoslet-config`, or `FULLNAME-config`) that has one.
 pub fn config_yaml(objects: &[Value]) -> Result<String> {
     objects
         .iter()
-        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "qoslet-config")
-        .and_then(|o| o["data"]["config.yaml"].as_str())
+        .filter(|o| o["kind"] == "ConfigMap")
+        .find_map(|o| o["data"]["config.yaml"].as_str())
         .map(str::to_owned)
-        .context("no ConfigMap qoslet-config with a config.yaml")
+        .context("no ConfigMap with a config.yaml")
 }
 
 /// Every way the chart's objects differ from kustomize's, one line each (empty: none). Helm's
-/// standard labels and the pod template's config checksum aside; in qoslet-config's
+/// standard labels and the pod template's config checksum aside, and kustomize's Namespace (the
+/// chart creates none) and the chart's `helm test` hooks (`helm install` creates none); in
+/// qoslet-config's
 /// config.yaml, every setting kustomize's sets must have the same value in the chart's, which
 /// also spells out the agent's defaults (agent/tests/helm_values.rs pins those).
 pub fn differences(kustomize: &[Value], chart: &[Value]) -> Vec<String> {
     let mut out = Vec::new();
     let by_id = |objs: &[Value]| -> BTreeMap<String, Value> {
-        objs.iter().map(|o| (id(o), o.clone())).collect()
+        objs.iter()
+            .filter(|o| {
+                o["kind"] != "Namespace" && o["metadata"]["annotations"]["helm.sh/hook"].is_null()
+            })
+            .map(|o| (id(o), o.clone()))
+            .collect()
     };
     let mut ours = by_id(kustomize);
     let mut theirs = by_id(chart);
@@ -291,6 +314,138 @@ pub fn check_without_operator(with: &[Value], without: &[Value]) -> Result<()> {
     Ok(())
 }
 
+/// The chart rendered with ci/full-values.yaml in [`FULL_VALUES_NAMESPACE`]: no Namespace; every
+/// object named after fullnameOverride (the ServiceAccount serviceAccount.name), the namespaced
+/// ones in the release's namespace (the Lease Role and its binding in config.leaseNamespace); the service account named wherever qoslet's identity is
+/// (the DaemonSet, the bindings, the admission policy's condition); each alert's runbook_url
+/// runbookBaseURL#<alert in lower case>.
+pub fn check_full_values(objects: &[Value]) -> Result<()> {
+    let text = std::fs::read_to_string(chart_dir().join("ci/full-values.yaml"))?;
+    let values: Value = serde_yaml_ng::from_str(&text)?;
+    let str_at = |p: &str| {
+        values
+            .pointer(p)
+            .and_then(Value::as_str)
+            .with_context(|| format!("ci/full-values.yaml has no {p}"))
+    };
+    let (fullname, sa, base) = (
+        str_at("/fullnameOverride")?,
+        str_at("/serviceAccount/name")?,
+        str_at("/prometheusRule/runbookBaseURL")?,
+    );
+    let lease_ns = str_at("/config/leaseNamespace")?;
+    let mut wrong = Vec::new();
+    let username = format!("system:serviceaccount:{FULL_VALUES_NAMESPACE}:{sa}");
+    for o in objects {
+        let name = o["metadata"]["name"].as_str().unwrap_or("");
+        let kind = o["kind"].as_str().unwrap_or("");
+        let named = if kind == "ServiceAccount" {
+            name == sa
+        } else {
+            name == fullname || name.starts_with(&format!("{fullname}-"))
+        };
+        if !named {
+            wrong.push(format!("{}: not named after {fullname}", id(o)));
+        }
+        let cluster_scoped = matches!(
+            kind,
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
+        );
+        // The Lease Role and its binding go to config.leaseNamespace.
+        let want_ns = if matches!(kind, "Role" | "RoleBinding") {
+            lease_ns
+        } else {
+            FULL_VALUES_NAMESPACE
+        };
+        let ns = o["metadata"]["namespace"].as_str();
+        if kind == "Namespace" || (!cluster_scoped && ns != Some(want_ns)) {
+            wrong.push(format!("{}: not in namespace {want_ns}", id(o)));
+        }
+        let mut sa_names = Vec::new();
+        match kind {
+            "DaemonSet" => sa_names.push(&o["spec"]["template"]["spec"]["serviceAccountName"]),
+            "ClusterRoleBinding" | "RoleBinding" => sa_names.push(&o["subjects"][0]["name"]),
+            "ValidatingAdmissionPolicy" => {
+                let cond = o["spec"]["matchConditions"][0]["expression"]
+                    .as_str()
+                    .unwrap_or("");
+                if !cond.contains(&format!("\"{username}\"")) {
+                    wrong.push(format!("{}: its condition names no {username}", id(o)));
+                }
+            }
+            "PrometheusRule" => {
+                for r in o["spec"]["groups"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+                {
+                    let Some(alert) = r["alert"].as_str() else {
+                        continue;
+                    };
+                    let want = format!("{base}#{}", alert.to_lowercase());
+                    if r["annotations"]["runbook_url"] != want.as_str() {
+                        wrong.push(format!("{alert}: runbook_url is not {want}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+        for n in sa_names {
+            if n != sa {
+                wrong.push(format!("{}: service account {n}, not {sa}", id(o)));
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "the chart with ci/full-values.yaml:\n  {}",
+            wrong.join("\n  ")
+        );
+    }
+    Ok(())
+}
+
+/// With serviceAccount.create, rbac.create and tests.enabled false the chart renders the defaults'
+/// objects less the ServiceAccount, the RBAC objects and the test pod, and its pods run as the
+/// namespace's `default` service account.
+pub fn check_without_rbac(defaults: &[Value], bare: &[Value]) -> Result<()> {
+    const LEFT_OUT: &[&str] = &[
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let expected: Vec<String> = defaults
+        .iter()
+        .filter(|o| {
+            !LEFT_OUT.contains(&o["kind"].as_str().unwrap_or(""))
+                && o["metadata"]["annotations"]["helm.sh/hook"].is_null()
+        })
+        .map(id)
+        .collect();
+    let got: Vec<String> = bare.iter().map(id).collect();
+    if got != expected {
+        bail!(
+            "without the service account, RBAC and tests the chart renders {got:?}, expected {expected:?}"
+        );
+    }
+    let ds = bare
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .context("no DaemonSet")?;
+    let sa = &ds["spec"]["template"]["spec"]["serviceAccountName"];
+    if sa != "default" {
+        bail!("with serviceAccount.create=false and no name the pods run as {sa}, not default");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -345,6 +500,17 @@ mod tests {
     }
 
     #[test]
+    fn kustomizes_namespace_and_the_charts_test_hook_are_no_difference() {
+        let k = [
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "qoslet-system"}}),
+        ];
+        let c = [json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "qoslet-test-healthz", "namespace": "qoslet-system",
+                                     "annotations": {"helm.sh/hook": "test"}}})];
+        assert_eq!(differences(&k, &c), Vec::<String>::new());
+    }
+
+    #[test]
     fn the_pod_templates_config_checksum_is_no_difference_but_another_annotation_is() {
         let ds = |annotations: Value| {
             json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "qoslet"},
@@ -357,6 +523,57 @@ mod tests {
             vec![
                 r#"apps/v1 DaemonSet /qoslet.spec.template.metadata.annotations.a: deploy/kubernetes "1", chart "2""#
             ]
+        );
+    }
+
+    /// values.yaml's settings, each a dotted path to a value that is not a non-empty mapping
+    /// (`resources` is one value), with their defaults.
+    fn value_leaves(v: &Value, prefix: &str, out: &mut BTreeMap<String, Value>) {
+        match v.as_object() {
+            Some(m) if !m.is_empty() && prefix != "resources." => {
+                for (k, child) in m {
+                    value_leaves(child, &format!("{prefix}{k}."), out);
+                }
+            }
+            _ => {
+                out.insert(prefix.trim_end_matches('.').to_owned(), v.clone());
+            }
+        }
+    }
+
+    /// The chart README's values table has one row per setting of values.yaml, in its order,
+    /// with its default (the cell's YAML).
+    #[test]
+    fn the_readmes_values_table_is_values_yaml() {
+        let values: Value =
+            serde_yaml_ng::from_str(&fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+                .unwrap();
+        let mut want = BTreeMap::new();
+        value_leaves(&values, "", &mut want);
+        let readme = fs::read_to_string(chart_dir().join("README.md")).unwrap();
+        let mut got = BTreeMap::new();
+        for line in readme.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let key = cells[0].trim_start_matches("| ").trim_matches('`');
+            let default = cells.get(1).map(|c| c.trim_matches('`')).unwrap_or("");
+            let parsed: Value = serde_yaml_ng::from_str(default)
+                .unwrap_or_else(|e| panic!("README.md {key}: default {default:?}: {e}"));
+            assert!(
+                got.insert(key.to_owned(), parsed).is_none(),
+                "README.md lists {key} twice"
+            );
+        }
+        for (key, v) in &want {
+            assert_eq!(
+                got.get(key),
+                Some(v),
+                "README.md's values table: {key} (values.yaml: {v})"
+            );
+        }
+        let extra: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+        assert!(
+            extra.is_empty(),
+            "README.md lists settings values.yaml lacks: {extra:?}"
         );
     }
 

@@ -1,22 +1,71 @@
-{{/* Labels of every object: the kustomization's app.kubernetes.io/name and Helm's own. */}}
+{{/* The chart's name, or nameOverride: the app.kubernetes.io/name label. */}}
+{{- define "qoslet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/*
+Every object's name, or its prefix: fullnameOverride, else the release name where it holds the
+chart's name (release qoslet: qoslet, qoslet-config, ...; the kustomization's names), else
+RELEASE-NAME. Cluster-scoped objects carry it too, so two releases do not clash.
+*/}}
+{{- define "qoslet.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "qoslet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{/* Labels of every object: the selector's and Helm's own. */}}
 {{- define "qoslet.labels" -}}
-app.kubernetes.io/name: qoslet
-app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ include "qoslet.chart" . }}
+{{ include "qoslet.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
-{{/* The pods' selector: the kustomization's, so either install path manages the same pods. */}}
+{{/*
+The pods' selector: name and instance, as the kustomization's (release qoslet), so either install
+path manages the same pods and a second release (another namespace, other nodes) not these.
+*/}}
 {{- define "qoslet.selectorLabels" -}}
-app.kubernetes.io/name: qoslet
+app.kubernetes.io/name: {{ include "qoslet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The release's namespace: `helm install -n NAMESPACE`; the chart creates none. */}}
 {{- define "qoslet.namespace" -}}
-{{- required "namespace.name is required" .Values.namespace.name -}}
+{{- .Release.Namespace -}}
 {{- end }}
 
-{{/* config.leaseNamespace, or the chart's namespace when null. */}}
+{{/* The agent's service account: serviceAccount.name, else the fullname (or default). */}}
+{{- define "qoslet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "qoslet.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end }}
+
+{{/* repository@digest when image.digest is set, else repository:tag (tag "": appVersion). */}}
+{{- define "qoslet.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end }}
+
+{{/* config.leaseNamespace, or the release's namespace when null. */}}
 {{- define "qoslet.leaseNamespace" -}}
 {{- .Values.config.leaseNamespace | default (include "qoslet.namespace" .) -}}
 {{- end }}
