@@ -1047,23 +1047,45 @@ async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_
     for (what, n, most) in &during {
         assert!(*most <= 3, "{what}: {most} in one second ({n} in all)");
     }
+    // Not ready, and why.
     let ready = http_get(metrics, "/readyz").unwrap_or_default();
-    assert!(ready.contains("api: not ready"), "{ready}");
+    assert!(
+        ready.contains("api: not ready: waiting for the first list")
+            && ready.contains("pods failing (")
+            && ready.contains("503"),
+        "{ready}"
+    );
 
     s.fake.come_up().await.expect("the fake comes back");
     // The backoff may have grown to 30 s plus jitter.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let body = http_get(metrics, "/readyz").unwrap_or_default();
-        if body.contains("api: ready: ") {
-            break;
+    let readyz_says = async |what: &str, ok: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let body = http_get(metrics, "/readyz").unwrap_or_default();
+            if ok(&body) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never said {what}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(
-            Instant::now() < deadline,
-            "not ready after the outage: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    readyz_says("ready after the outage", &|b| b.contains("api: ready: ")).await;
+
+    // A later outage shows in the line, and clears when the watches are back, though no object
+    // changed (a re-established watch yields nothing).
+    s.fake.go_down(Outage::Unavailable).await;
+    readyz_says("the outage", &|b| {
+        b.contains("api: ready: ") && b.contains("pods failing (")
+    })
+    .await;
+    s.fake.come_up().await.expect("the fake comes back");
+    readyz_says("the outage over", &|b| {
+        b.contains("pods synced") && b.contains("node synced") && !b.contains("failing")
+    })
+    .await;
 
     // Every watch now ends at once, without an error.
     s.fake.go_down(Outage::WatchesEnd).await;

@@ -66,10 +66,46 @@ impl Backoff for WatchBackoff {
     fn reset(&mut self) {}
 }
 
+/// When each resource path last answered a read with a success. A watch that failed and is
+/// re-established yields nothing until an object changes, so its success shows only here
+/// (`/readyz` clears a failing watch by it).
+#[derive(Clone, Default)]
+pub struct Answered(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Answered {
+    /// Whether a read of `path` succeeded after `at`.
+    pub fn since(&self, path: &str, at: Instant) -> bool {
+        crate::lock(&self.0).get(path).is_some_and(|t| *t > at)
+    }
+
+    fn record(&self, path: String) {
+        let mut paths = crate::lock(&self.0);
+        if paths.len() >= PATHS_KEPT && !paths.contains_key(&path) {
+            // Oldest first out: a node reads a few dozen paths, so this is a storm of names.
+            if let Some(oldest) = paths
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(p, _)| p.clone())
+            {
+                paths.remove(&oldest);
+            }
+        }
+        paths.insert(path, Instant::now());
+    }
+}
+
 /// The layer that bounds the client's requests (see the module's doc).
 #[derive(Clone, Default)]
 pub struct RequestBounds {
     next_read: Arc<Mutex<HashMap<String, Instant>>>,
+    answered: Answered,
+}
+
+impl RequestBounds {
+    /// The successes of the client's reads, by path.
+    pub fn answered(&self) -> Answered {
+        self.answered.clone()
+    }
 }
 
 impl<S> Layer<S> for RequestBounds {
@@ -79,6 +115,7 @@ impl<S> Layer<S> for RequestBounds {
         Bounded {
             inner,
             next_read: self.next_read.clone(),
+            answered: self.answered.clone(),
         }
     }
 }
@@ -86,6 +123,7 @@ impl<S> Layer<S> for RequestBounds {
 pub struct Bounded<S> {
     inner: S,
     next_read: Arc<Mutex<HashMap<String, Instant>>>,
+    answered: Answered,
 }
 
 /// The error of a request that did not answer within [`REQUEST_TIMEOUT`].
@@ -119,9 +157,9 @@ impl<S> Bounded<S> {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl<S, B> Service<Request<B>> for Bounded<S>
+impl<S, B, R> Service<Request<B>> for Bounded<S>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = http::Response<R>>,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
@@ -136,18 +174,26 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let wait = self.wait_for(&req);
         let timeout = (!is_watch(&req)).then_some(REQUEST_TIMEOUT);
+        let read = (req.method() == Method::GET).then(|| req.uri().path().to_owned());
+        let answered = self.answered.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
             if !wait.is_zero() {
                 tokio::time::sleep(wait).await;
             }
-            match timeout {
+            let answer = match timeout {
                 Some(t) => tokio::time::timeout(t, response)
                     .await
                     .map_err(|_| Box::new(RequestTimedOut) as BoxError)?
                     .map_err(Into::into),
                 None => response.await.map_err(Into::into),
+            };
+            if let (Some(path), Ok(a)) = (read, &answer)
+                && a.status().is_success()
+            {
+                answered.record(path);
             }
+            answer
         })
     }
 }
@@ -162,14 +208,17 @@ mod tests {
         Request::get(path).body(()).unwrap()
     }
 
-    /// A service that answers at once, noting when each request reached it.
-    #[derive(Clone, Default)]
-    struct Answers(Arc<Mutex<Vec<(String, Instant)>>>);
+    type Answer = http::Response<()>;
 
-    impl Service<Request<()>> for Answers {
-        type Response = ();
+    /// A service that answers at once, noting when each request reached it: 503 for a path
+    /// under `/down`, 200 for any other.
+    #[derive(Clone, Default)]
+    struct Server(Arc<Mutex<Vec<(String, Instant)>>>);
+
+    impl Service<Request<()>> for Server {
+        type Response = Answer;
         type Error = Infallible;
-        type Future = Pin<Box<dyn Future<Output = Result<(), Infallible>> + Send>>;
+        type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
             Poll::Ready(Ok(()))
@@ -178,16 +227,19 @@ mod tests {
         fn call(&mut self, req: Request<()>) -> Self::Future {
             let seen = self.0.clone();
             let path = req.uri().to_string();
+            let status = if path.starts_with("/down") { 503 } else { 200 };
             Box::pin(async move {
                 seen.lock().unwrap().push((path, Instant::now()));
-                Ok(())
+                let mut answer = Answer::default();
+                *answer.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                Ok(answer)
             })
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn reads_of_one_path_go_out_twice_a_second_and_writes_and_other_paths_at_once() {
-        let seen = Answers::default();
+        let seen = Server::default();
         let mut svc = RequestBounds::default().layer(seen.clone());
         let start = Instant::now();
         let mut calls = Vec::new();
@@ -224,9 +276,9 @@ mod tests {
     struct Hangs;
 
     impl Service<Request<()>> for Hangs {
-        type Response = ();
+        type Response = Answer;
         type Error = Infallible;
-        type Future = Pin<Box<dyn Future<Output = Result<(), Infallible>> + Send>>;
+        type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
             Poll::Ready(Ok(()))
@@ -251,6 +303,29 @@ mod tests {
                 .is_err(),
             "a watch is not cut by the request timeout"
         );
+    }
+
+    /// A read's success is noted by path, after the time asked about; a failure, a write and
+    /// another path are not.
+    #[tokio::test(start_paused = true)]
+    async fn a_successful_read_is_answered_for_its_path_only() {
+        let bounds = RequestBounds::default();
+        let answered = bounds.answered();
+        let mut svc = bounds.layer(Server::default());
+        let before = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        svc.call(get("/down/pods?watch=true")).await.unwrap();
+        svc.call(Request::patch("/api/v1/nodes/n").body(()).unwrap())
+            .await
+            .unwrap();
+        assert!(!answered.since("/down/pods", before));
+        assert!(!answered.since("/api/v1/nodes/n", before));
+        svc.call(get("/api/v1/pods?watch=true&resourceVersion=5"))
+            .await
+            .unwrap();
+        assert!(answered.since("/api/v1/pods", before));
+        assert!(!answered.since("/api/v1/pods", Instant::now()));
+        assert!(!answered.since("/api/v1/nodes", before));
     }
 
     #[tokio::test(start_paused = true)]

@@ -214,7 +214,7 @@ pub struct Requeued {
 }
 
 /// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal and
-/// not run again since the mark.
+/// not run again since the mark, unless writes about that pod are still in the queue.
 pub fn requeue(
     marks: &[EvictionMark],
     live: impl Fn(&str) -> Option<LivePod>,
@@ -226,6 +226,11 @@ pub fn requeue(
         let Some(pod) = live(&mark.uid).filter(|p| !p.terminal) else {
             continue;
         };
+        if queue.has_pending(&mark.uid) {
+            // The queue read its writes back from disk: they were not lost, and sending them
+            // again beside the stored ones would PATCH the status twice.
+            continue;
+        }
         if let Some(started) = started_after(pod.running_since, mark.at) {
             tracing::warn!(pod = %mark.key(), evicted_at = mark.at, started_at = started, "A pod whose eviction a restart cut short runs again since (a container started after it); not evicted again.");
             out.ran_again.push(mark.uid.clone());

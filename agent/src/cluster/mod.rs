@@ -119,8 +119,11 @@ impl PodSource for ApiSource {
     }
 }
 
-/// The API client: `kubeconfig` when given, else kube's inference.
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
+/// The API client: `kubeconfig` when given, else kube's inference; its requests pass `bounds`.
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    bounds: &client::RequestBounds,
+) -> Result<Client, ClusterError> {
     let boxed = |e: kube::Error| ClusterError::Client(Box::new(e));
     let config = match kubeconfig {
         Some(f) => {
@@ -140,7 +143,7 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, ClusterError> {
     config.default_retry = false;
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(boxed)?
-        .with_layer(&client::RequestBounds::default())
+        .with_layer(bounds)
         .build())
 }
 
@@ -187,6 +190,7 @@ async fn serve_while_starting(
 ) -> Result<
     (
         std::net::TcpListener,
+        Arc<crate::server::AgentState>,
         tokio::task::JoinHandle<std::io::Result<()>>,
     ),
     ClusterError,
@@ -227,9 +231,31 @@ async fn serve_while_starting(
         false,
         "waiting for the first list of the node's pods",
     );
-    let (_, serve) = crate::server::serve_on(early, state, Default::default())
+    let (_, serve) = crate::server::serve_on(early, state.clone(), Default::default())
         .map_err(|e| ClusterError::Node(NodeError::Bind(e)))?;
-    Ok((listener, tokio::spawn(serve)))
+    Ok((listener, state, tokio::spawn(serve)))
+}
+
+/// Waits for the first list of the node's pods and Node, saying on `/readyz` (every second)
+/// what the watches are doing meanwhile: a list the API server refuses shows its error there.
+async fn wait_first_list(
+    source: &mut ApiSource,
+    early: &crate::server::AgentState,
+) -> Result<(), SourceClosed> {
+    let watches = source.watch_states();
+    let synced = source.wait_synced();
+    tokio::pin!(synced);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            r = &mut synced => return r.map(drop),
+            _ = tick.tick() => early.readiness.set(
+                "api",
+                false,
+                format!("waiting for the first list of the node's pods; watches: {}", watches.summary()),
+            ),
+        }
+    }
 }
 
 /// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
@@ -241,8 +267,9 @@ pub async fn run(
         return Err(ClusterError::NodeName);
     }
     let start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
-    let (listener, early) = serve_while_starting(start.addr).await?;
-    let client = client(opts.kubeconfig.as_deref()).await?;
+    let (listener, early_state, early) = serve_while_starting(start.addr).await?;
+    let bounds = client::RequestBounds::default();
+    let client = client(opts.kubeconfig.as_deref(), &bounds).await?;
     let (kc_file, kc) = match &opts.kubelet_config {
         KubeletConfigFrom::File(f) => {
             (f.clone(), KubeletConfig::load(f).map_err(StartError::from)?)
@@ -262,9 +289,14 @@ pub async fn run(
     }
     let validation = node::startup::validation(&kc);
 
-    let mut source = ApiSource::start(client.clone(), &opts.node_name, validation);
+    let mut source = ApiSource::start(
+        client.clone(),
+        bounds.answered(),
+        &opts.node_name,
+        validation,
+    );
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
-    source.wait_synced().await?;
+    wait_first_list(&mut source, &early_state).await?;
     // The node's own server takes the listener over.
     early.abort();
     let _ = early.await;

@@ -366,6 +366,12 @@ impl WriteQueue {
             .map(|(_, pod)| pod.clone())
     }
 
+    /// Whether a write about `key` (a pod's UID) is still pending: read back from disk at start,
+    /// or pushed since.
+    pub fn has_pending(&self, key: &str) -> bool {
+        self.state().pending.values().any(|e| e.stored.key == key)
+    }
+
     /// The pending writes, oldest first.
     pub fn pending(&self) -> Vec<(String, ApiWrite)> {
         let st = self.state();

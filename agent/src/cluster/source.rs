@@ -34,8 +34,9 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use thiserror::Error;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
+use super::client::Answered;
 use crate::{
     lock,
     source::{
@@ -66,29 +67,71 @@ pub enum ApiWatchState {
     Failing(String),
 }
 
+/// One named watch: its state, and what tells a failure that has passed.
+#[derive(Debug, Clone)]
+struct Watched {
+    state: ApiWatchState,
+    /// The watch's resource path (`/api/v1/pods`).
+    path: String,
+    /// When it was last set failing.
+    since: Instant,
+}
+
 /// The state of every watch, by name (`pods`, `node`, `workloads`, ...).
-#[derive(Debug, Clone, Default)]
-pub struct ApiWatchStates(Arc<Mutex<BTreeMap<&'static str, ApiWatchState>>>);
+#[derive(Clone, Default)]
+pub struct ApiWatchStates {
+    watches: Arc<Mutex<BTreeMap<&'static str, Watched>>>,
+    /// A failing watch whose path a read answered since is watching again: kube-runtime yields
+    /// nothing for a watch re-established with nothing changed.
+    answered: Answered,
+}
 
 impl ApiWatchStates {
-    pub fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
-        lock(&self.0).clone()
+    pub fn new(answered: Answered) -> Self {
+        Self {
+            answered,
+            ..Self::default()
+        }
     }
 
-    /// Sets a state; true when it changed.
-    fn set(&self, name: &'static str, state: ApiWatchState) -> bool {
-        lock(&self.0).insert(name, state.clone()) != Some(state)
+    /// Every watch's state now.
+    pub fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
+        lock(&self.watches)
+            .iter()
+            .map(|(n, w)| {
+                let recovered = matches!(w.state, ApiWatchState::Failing(_))
+                    && self.answered.since(&w.path, w.since);
+                let state = if recovered {
+                    ApiWatchState::Synced
+                } else {
+                    w.state.clone()
+                };
+                (*n, state)
+            })
+            .collect()
+    }
+
+    /// Sets a state; true when it changed (a failure with the same error again is no change).
+    fn set(&self, name: &'static str, path: &str, state: ApiWatchState) -> bool {
+        let now = Watched {
+            state,
+            path: path.into(),
+            since: Instant::now(),
+        };
+        lock(&self.watches)
+            .insert(name, now.clone())
+            .is_none_or(|was| was.state != now.state)
     }
 
     /// The pod watch listed at least once and not failing now: all readiness needs (the Node
     /// object is only read at start; workload objects are optional).
     pub fn synced(&self) -> bool {
-        lock(&self.0).get("pods") == Some(&ApiWatchState::Synced)
+        self.get().get("pods") == Some(&ApiWatchState::Synced)
     }
 
     /// One line for `/readyz`: `pods synced, node listing, ...`.
     pub fn summary(&self) -> String {
-        lock(&self.0)
+        self.get()
             .iter()
             .map(|(n, s)| match s {
                 ApiWatchState::Listing => format!("{n} listing"),
@@ -262,9 +305,15 @@ async fn discover_workload_api(
 impl ApiSource {
     /// Starts the watchers. Needs a tokio runtime; call [`ApiSource::wait_synced`] for the
     /// first complete list.
-    pub fn start(client: Client, node_name: &str, opts: ValidationOptions) -> Self {
+    /// `answered` is the client's record of successful reads ([`super::client::RequestBounds`]).
+    pub fn start(
+        client: Client,
+        answered: Answered,
+        node_name: &str,
+        opts: ValidationOptions,
+    ) -> Self {
         let (tx, changes) = watch::channel(0u64);
-        let states = ApiWatchStates::default();
+        let states = ApiWatchStates::new(answered);
         let mut tasks = Vec::new();
         let (pods, t) = spawn_watch(
             Some("pods"),
@@ -450,7 +499,8 @@ where
 {
     let writer = Writer::new(dyntype);
     let reader = writer.as_reader();
-    let set = move |state: ApiWatchState| name.is_some_and(|n| states.set(n, state));
+    let path = api.resource_url().to_owned();
+    let set = move |state: ApiWatchState| name.is_some_and(|n| states.set(n, &path, state));
     set(ApiWatchState::Listing);
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(reflector::reflector(

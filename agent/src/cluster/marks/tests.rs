@@ -269,3 +269,57 @@ fn a_mark_is_removed_once_and_reads_back_as_none() {
     // Again: nothing to remove is not an error.
     EvictionMark::clear(dir.as_fd()).unwrap();
 }
+
+/// A restart with the eviction's writes still in the queue's files: the reopened queue holds
+/// them, so the mark queues nothing more (no "lost" line) and the API server gets one status
+/// PATCH, not two.
+#[tokio::test]
+async fn after_a_restart_with_writes_pending_the_status_is_patched_once() {
+    let t = temp("pending");
+    let tree = t.0.join("cgroup");
+    kubelet_tree(&tree);
+    let marks = found_marks(&tree);
+    let live = |uid: &str| (uid == RUNNING).then(|| live_pod(false, Some(EVICTED_AT)));
+    {
+        // The run before the restart: the writes were queued, on disk, and never delivered.
+        let queue = Arc::new(WriteQueue::open(&t.0.join("api-writes")).unwrap());
+        assert_eq!(
+            requeue(&marks, live, &kubelet_action(&queue), &queue).queued,
+            1
+        );
+        queue.flush();
+    }
+    let queue = Arc::new(WriteQueue::open(&t.0.join("api-writes")).unwrap());
+    assert!(queue.has_pending(RUNNING), "{:?}", queue.pending());
+    let before = queue.pending().len();
+    assert_eq!(
+        requeue(&marks, live, &kubelet_action(&queue), &queue),
+        Requeued::default()
+    );
+    assert_eq!(queue.pending().len(), before);
+
+    let (client, api) = mock::client(|r| {
+        Some((
+            200,
+            json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": r.path()}}),
+        ))
+    });
+    let task = tokio::spawn(queue.clone().run(move |w| {
+        let c = client.clone();
+        async move { deliver(&c, &w).await }
+    }));
+    api.wait_for("every queued write", |r| r.len() >= before)
+        .await;
+    assert!(
+        queue
+            .settled(&format!("event-{RUNNING}"), Duration::from_secs(5))
+            .await
+    );
+    task.abort();
+    let requests = api.requests();
+    let patches = requests
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path().ends_with("/running/status"))
+        .count();
+    assert_eq!(patches, 1, "{requests:#?}");
+}

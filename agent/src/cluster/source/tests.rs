@@ -51,7 +51,12 @@ fn node_a(pods: Vec<Value>, node: Value) -> Routes {
 /// The source of node `node-a`, started on `client`, and its first diff once every watch synced
 /// (5 s at most).
 async fn synced(client: Client) -> (ApiSource, Diff) {
-    let mut src = ApiSource::start(client, "node-a", ValidationOptions::default());
+    let mut src = ApiSource::start(
+        client,
+        Default::default(),
+        "node-a",
+        ValidationOptions::default(),
+    );
     let first = tokio::time::timeout(Duration::from_secs(5), src.wait_synced())
         .await
         .unwrap()
@@ -61,9 +66,9 @@ async fn synced(client: Client) -> (ApiSource, Diff) {
 
 /// Takes the source's changes until `done` holds (5 s at most).
 async fn changes_until(src: &mut ApiSource, what: &str, done: impl Fn(&ApiSource) -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while !done(src) {
-        assert!(tokio::time::Instant::now() < deadline, "{what} never came");
+        assert!(Instant::now() < deadline, "{what} never came");
         tokio::time::timeout(Duration::from_secs(5), src.changed())
             .await
             .unwrap()
@@ -276,12 +281,9 @@ async fn a_pod_whose_group_does_not_exist_yet_is_managed_with_no_problem() {
                 && r.query("fieldSelector").as_deref() == Some("metadata.name=later")
         })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while !watched() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the group never asked for"
-        );
+        assert!(Instant::now() < deadline, "the group never asked for");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(src.pods().problems.is_empty(), "{:?}", src.pods().problems);
