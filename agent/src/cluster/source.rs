@@ -571,9 +571,13 @@ pub fn loaded(
             }
         }
     }
-    let mut queue: Vec<(String, String, String)> = wanted.iter().cloned().collect();
+    // Each with its level in the group chain (a pod's PodGroup is 1). A chain is followed one
+    // level past the depth limit, so that the door sees it too deep and says so once; a longer
+    // chain or a loop costs no more watches than that.
+    let mut queue: Vec<((String, String, String), usize)> =
+        wanted.iter().map(|k| (k.clone(), 1)).collect();
     let mut taken = BTreeSet::new();
-    while let Some(key) = queue.pop() {
+    while let Some((key, level)) = queue.pop() {
         if !taken.insert(key.clone()) {
             continue;
         }
@@ -585,14 +589,18 @@ pub fn loaded(
         if let Some(parent) = v
             .pointer("/spec/parentCompositePodGroupName")
             .and_then(|p| p.as_str())
+            && level <= crate::workload::validate::MAX_DEPTH
         {
-            queue.push((ns.clone(), "CompositePodGroup".into(), parent.into()));
+            queue.push((
+                (ns.clone(), "CompositePodGroup".into(), parent.into()),
+                level + 1,
+            ));
         }
         if let Some(w) = v
             .pointer("/spec/workloadRef/workloadName")
             .and_then(|p| p.as_str())
         {
-            queue.push((ns.clone(), "Workload".into(), w.into()));
+            queue.push(((ns.clone(), "Workload".into(), w.into()), level));
         }
         push(&mut out, api_version, &key.1, v.clone());
     }

@@ -344,3 +344,56 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
         "discovery only"
     );
 }
+
+/// A chain of 300 CompositePodGroups above a pod's PodGroup is followed one level past the depth
+/// limit and no further: the objects to watch stay five (the PodGroup and the four
+/// CompositePodGroups above it, depth 5 against a limit of 4, which the door reports), and a loop
+/// is followed once.
+#[test]
+fn a_group_chain_is_walked_no_deeper_than_one_past_its_limit() {
+    let pods = [Arc::new(
+        serde_json::from_value::<Pod>(pod("p", UID_A, "Running", Some("g0"))).unwrap(),
+    )];
+    let resource = |kind: &str| {
+        workload_resources()
+            .into_iter()
+            .find(|r| r.kind == kind)
+            .unwrap()
+    };
+    let group = |kind: &str, name: &str, parent: &str| {
+        let mut v = pod_group(name);
+        v["kind"] = kind.into();
+        v["spec"]["parentCompositePodGroupName"] = parent.into();
+        Arc::new(serde_json::from_value::<DynamicObject>(v).unwrap())
+    };
+    let chain = |top_parent: &str| {
+        let composites = (1..300)
+            .map(|i| {
+                let parent = if i == 299 {
+                    top_parent.to_owned()
+                } else {
+                    format!("g{}", i + 1)
+                };
+                group("CompositePodGroup", &format!("g{i}"), &parent)
+            })
+            .collect();
+        [
+            (resource("PodGroup"), vec![group("PodGroup", "g0", "g1")]),
+            (resource("CompositePodGroup"), composites),
+        ]
+    };
+    let want: BTreeSet<_> = std::iter::once(("ns".into(), "PodGroup".into(), "g0".into()))
+        .chain((1..=crate::workload::validate::MAX_DEPTH).map(|i| {
+            (
+                "ns".to_owned(),
+                "CompositePodGroup".to_owned(),
+                format!("g{i}"),
+            )
+        }))
+        .collect();
+    let (objects, wanted) = loaded(&pods, &chain("g300"));
+    assert_eq!(wanted, want);
+    assert_eq!(objects.objects.len(), want.len());
+    // A loop back to the bottom of the chain: no more.
+    assert_eq!(loaded(&pods, &chain("g1")).1, want);
+}
