@@ -8,24 +8,40 @@ use thiserror::Error;
 
 use crate::policy::settings::CgroupDriver;
 
-/// A value that cannot be part of a cgroup path.
+/// A value that cannot be part of a cgroup path. The values come from manifests and the API
+/// (a container id of a megabyte has been seen): messages show them [`shortened`].
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NameError {
-    #[error("pod UID {uid:?} is not a UUID")]
+    #[error("pod UID {} is not a UUID", shortened(.uid))]
     Uid { uid: String },
-    #[error("container id {id:?} is not valid for the {runtime:?} runtime")]
+    #[error("container id {} is not valid for the {runtime:?} runtime", shortened(.id))]
     ContainerId {
         id: String,
         runtime: ContainerRuntime,
     },
-    #[error("container name {name:?} is not a DNS label")]
+    #[error("container name {} is not a DNS label", shortened(.name))]
     ContainerName { name: String },
-    #[error("cgroup {path:?}: component {component:?} is not a plain directory name")]
+    #[error(
+        "cgroup {}: component {} is not a plain directory name",
+        shortened(.path),
+        shortened(.component)
+    )]
     Component { path: String, component: String },
-    #[error("cgroup {path:?} is not inside the node root {root:?}")]
+    #[error("cgroup {} is not inside the node root {root:?}", shortened(.path))]
     OutsideRoot { path: String, root: String },
-    #[error("cgroup {path:?} does not name pod UID {uid:?}")]
+    #[error("cgroup {} does not name pod UID {}", shortened(.path), shortened(.uid))]
     PodMismatch { path: String, uid: String },
+}
+
+/// The most of a value a message shows.
+const SHOWN: usize = 100;
+
+/// `value` quoted as `{:?}` does, cut after [`SHOWN`] characters with its length said.
+pub fn shortened(value: &str) -> String {
+    match value.char_indices().nth(SHOWN) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
 }
 
 /// The container runtime, which decides how container cgroups are named.
@@ -202,5 +218,30 @@ pub fn check_pod_component(
             path: path.to_string(),
             uid: uid.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A megabyte-long container id from the API is refused with a message of about a hundred
+    /// characters that still says how long it was; a short one is quoted whole.
+    #[test]
+    fn a_huge_invalid_value_is_shown_shortened() {
+        let id = "z".repeat(1 << 20);
+        let e = validate_container_id(&id, ContainerRuntime::Containerd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 200, "{} bytes", e.len());
+        assert!(
+            e.contains(&format!("{}\"... ({} bytes)", "z".repeat(SHOWN), 1 << 20)),
+            "{e}"
+        );
+        let e = validate_container_id("nothex", ContainerRuntime::CriO).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "container id \"nothex\" is not valid for the CriO runtime"
+        );
     }
 }

@@ -121,7 +121,9 @@ impl Reconciler {
     pub fn reconcile(&self, desired: &DesiredState) -> ReconcileReport {
         let mut report = ReconcileReport::new(self.mode);
         for p in &desired.refused_pods {
-            warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %p.source, "Pod refused: its cgroup names are not valid.");
+            // The node logs each refusal once when it plans (`node::pass`); every pass would
+            // repeat it.
+            tracing::debug!(pod = %format!("{}/{}", p.namespace, p.name), error = %p.source, "Pod refused: its cgroup names are not valid.");
             report.errors.push(p.clone().into());
         }
         for n in &desired.refused_node {
