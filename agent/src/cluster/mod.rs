@@ -200,7 +200,7 @@ async fn serve_while_starting(
     // A predecessor that just died may hold the port a moment longer: wait a little for it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let listener = loop {
-        match tokio::net::TcpListener::bind(addr).await {
+        match crate::server::serve::listen(addr) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::AddrInUse
                     && tokio::time::Instant::now() < deadline =>

@@ -214,9 +214,7 @@ where
             .set_nonblocking(true)
             .and_then(|()| tokio::net::TcpListener::from_std(l))
             .map_err(bind_err)?,
-        None => tokio::net::TcpListener::bind(cfg.addr)
-            .await
-            .map_err(bind_err)?,
+        None => server::serve::listen(cfg.addr).map_err(bind_err)?,
     };
     let (local, serve) = server::serve_on(
         listener,

@@ -70,9 +70,7 @@ pub async fn bind_with(
     state: Arc<AgentState>,
     limits: ServeLimits,
 ) -> Result<(SocketAddr, impl Future<Output = std::io::Result<()>>), BindError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| BindError { addr, source })?;
+    let listener = serve::listen(addr).map_err(|source| BindError { addr, source })?;
     serve_on(listener, state, limits)
 }
 

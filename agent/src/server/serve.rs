@@ -6,11 +6,19 @@
 //!
 //! At the cap the loop stops accepting: further connections wait in the kernel's listen backlog
 //! (holding no descriptor of ours) until a slot frees.
+//!
+//! One peer address may hold only [`ServeLimits::max_connections_per_peer`] of the slots; a
+//! connection past that is closed as soon as it is accepted. The kubelet's probes come from the
+//! node's own address and any other pod from its own, so a pod that opens a thousand silent
+//! connections (as fast as they close) holds a few slots and the probes are answered at once;
+//! to fill every slot takes `max_connections / max_connections_per_peer` addresses.
 
 use std::{
+    collections::HashMap,
     io,
+    net::IpAddr,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::Duration,
 };
@@ -32,6 +40,8 @@ use tokio::{
 pub struct ServeLimits {
     /// Connections open at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections one peer address may hold at once; more from it are closed at once.
+    pub max_connections_per_peer: usize,
     /// A request's headers must arrive within this.
     pub header_read_timeout: Duration,
     /// A connection with no byte read or written for this long is closed.
@@ -39,29 +49,52 @@ pub struct ServeLimits {
 }
 
 impl Default for ServeLimits {
-    /// Prometheus, `qoslet status` and a few probes need a handful of connections; 64 leaves
-    /// room and bounds the descriptors a loopback client can take.
+    /// Prometheus, `qoslet status` and the kubelet's probes need a handful of connections each;
+    /// 256 in all bounds the descriptors clients can take (`qoslet run` raises its soft limit to
+    /// the hard one), and 8 a peer takes 32 addresses to fill.
     fn default() -> Self {
         Self {
-            max_connections: 64,
+            max_connections: 256,
+            max_connections_per_peer: 8,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
         }
     }
 }
 
+/// The listen backlog asked for (the kernel caps it at `net.core.somaxconn`, 4,096 by default):
+/// a client that reconnects as fast as its connections past the per-peer cap are closed must not
+/// fill the backlog, or the kernel drops the next probe's SYN and the probe waits a second for
+/// its retransmit.
+const BACKLOG: u32 = 4096;
+
+/// Binds `addr` as a listener for [`serve`]: address reuse as `TcpListener::bind` sets it, and a
+/// backlog of [`BACKLOG`] (tokio's `bind` asks for 1,024).
+pub fn listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Serves `app` on `listener` within `limits` until dropped.
 pub async fn serve(listener: TcpListener, app: Router, limits: ServeLimits) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let peers = Peers::default();
     let mut last_error_logged: Option<Instant> = None;
+    let mut refusals_logged: Option<Instant> = None;
     loop {
         let slot = slots
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| io::Error::other("connection slots closed"))?;
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok((s, a)) => (s, a.ip().to_canonical()),
             Err(e) => {
                 // EMFILE and friends: the connection stays in the backlog; try again shortly
                 // rather than spin. One line a minute at most.
@@ -73,6 +106,14 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ServeLimits) -> i
                 continue;
             }
         };
+        let Some(peer_slot) = PeerSlot::take(&peers, peer, limits.max_connections_per_peer) else {
+            // Closed at once (dropping the stream), its slot free again.
+            if refusals_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                tracing::warn!(%peer, max = limits.max_connections_per_peer, "An HTTP client holds its most connections; closing its new ones (a line a minute at most).");
+                refusals_logged = Some(Instant::now());
+            }
+            continue;
+        };
         let app = app.clone();
         tokio::spawn(async move {
             let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));
@@ -82,8 +123,45 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ServeLimits) -> i
                 .serve_connection(io, TowerToHyperService::new(app));
             // A client that goes away or times out ends its connection; nothing to report.
             let _ = conn.await;
+            drop(peer_slot);
             drop(slot);
         });
+    }
+}
+
+/// Open connections by peer address.
+type Peers = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One of a peer's connections, given back when dropped.
+struct PeerSlot {
+    peers: Peers,
+    peer: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(peers: &Peers, peer: IpAddr, max: usize) -> Option<Self> {
+        let mut open = crate::lock(peers);
+        let n = open.entry(peer).or_default();
+        if *n >= max.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(Self {
+            peers: peers.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = crate::lock(&self.peers);
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
     }
 }
 

@@ -266,6 +266,7 @@ async fn idle_connections_are_capped_and_closed() {
     });
     let limits = ServeLimits {
         max_connections: 4,
+        max_connections_per_peer: 4,
         header_read_timeout: std::time::Duration::from_millis(1500),
         idle_timeout: std::time::Duration::from_millis(1000),
     };
@@ -321,6 +322,98 @@ async fn idle_connections_are_capped_and_closed() {
     );
     let rest = String::from_utf8_lossy(&rest);
     assert!(!rest.contains("200 OK"), "{rest}");
+}
+
+/// A pod that holds a thousand silent connections to the agent, reopening each as the server
+/// closes it, cannot starve the kubelet's probes, which come from another address (the node's):
+/// with the shipped limits, every probe from 127.0.0.2 is answered within the kubelet's default
+/// probe timeout of 1 s while 127.0.0.1 attacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() {
+    use std::{
+        sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+        time::{Duration, Instant},
+    };
+    let state = Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(NoSummary),
+        conditions: Default::default(),
+    });
+    let (addr, serve) = bind_with(
+        "127.0.0.1:0".parse().unwrap(),
+        state,
+        ServeLimits::default(),
+    )
+    .await
+    .expect("bind");
+    let server = tokio::spawn(serve);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reopened = Arc::new(AtomicUsize::new(0));
+    let attacker = std::thread::spawn({
+        let (stop, reopened) = (stop.clone(), reopened.clone());
+        move || {
+            let mut open: Vec<TcpStream> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                open.retain(|s| {
+                    let mut b = [0u8; 1];
+                    // Ok(0) or a reset: the server closed it.
+                    matches!(s.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                // At most 50 new ones every 10 ms: as fast as the server closes them, within
+                // what a shared test machine can spare.
+                let mut burst = 0;
+                while open.len() < 1000 && burst < 50 && !stop.load(Ordering::Relaxed) {
+                    burst += 1;
+                    let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+                    else {
+                        break;
+                    };
+                    s.set_nonblocking(true).unwrap();
+                    open.push(s);
+                    reopened.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    });
+    // The attack is on: a thousand connections are open.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let probe = async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind("127.0.0.2:0".parse().unwrap())?;
+            let mut s = socket.connect(addr).await?;
+            tokio::io::AsyncWriteExt::write_all(
+                &mut s,
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            .await?;
+            let mut out = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out).await?;
+            std::io::Result::Ok(out)
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(1), probe).await;
+        let took = started.elapsed();
+        slowest = slowest.max(took);
+        let answer = answer
+            .unwrap_or_else(|_| panic!("a probe was not answered in 1 s"))
+            .expect("probe");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    attacker.join().unwrap();
+    server.abort();
+    let reopened = reopened.load(Ordering::Relaxed);
+    println!("20 probes under {reopened} silent connections: slowest answer {slowest:?}");
+    assert!(
+        reopened > 1000,
+        "the attack never reopened a connection: {reopened}"
+    );
 }
 
 #[test]
