@@ -36,6 +36,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
+use self::trim::Trim;
 use super::client::Answered;
 use crate::{
     lock,
@@ -482,7 +483,8 @@ impl ApiSource {
     }
 }
 
-/// Runs one watcher into a reflector store, bumping `tx` on every change the store took. A
+/// Runs one watcher into a reflector store, each object trimmed to what qoslet reads
+/// ([`trim`]), bumping `tx` on every change the store took. A
 /// named watch reports its state to `states` (`/readyz`); an unnamed one logs its failures at
 /// debug level.
 fn spawn_watch<K>(
@@ -494,7 +496,7 @@ fn spawn_watch<K>(
     states: ApiWatchStates,
 ) -> (Store<K>, JoinHandle<()>)
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + Trim + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
     let writer = Writer::new(dyntype);
@@ -505,7 +507,9 @@ where
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(reflector::reflector(
             writer,
-            watcher::watcher(api, cfg).backoff(super::client::WatchBackoff::default())
+            watcher::watcher(api, cfg)
+                .backoff(super::client::WatchBackoff::default())
+                .modify(Trim::trim)
         ));
         while let Some(ev) = stream.next().await {
             match ev {
@@ -664,6 +668,8 @@ fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::
         value,
     });
 }
+
+mod trim;
 
 #[cfg(test)]
 mod tests;
