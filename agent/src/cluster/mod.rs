@@ -14,6 +14,7 @@
 //! `queue`. No module reads back from one downstream of it.
 
 pub mod action;
+pub mod discover;
 pub mod executor;
 pub mod marks;
 pub mod queue;
