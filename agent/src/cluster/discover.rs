@@ -406,6 +406,9 @@ pub struct Discover<'a> {
     pub proc: &'a Path,
     /// Where the host's `/` is mounted, for when the kubelet's own root cannot be opened.
     pub host_root: Option<&'a Path>,
+    /// This node's name: of several kubelets, those whose `--hostname-override` names it are
+    /// preferred (a test machine may run several nodes' kubelets).
+    pub node_name: Option<&'a str>,
 }
 
 impl Discover<'_> {
@@ -534,7 +537,8 @@ impl Discover<'_> {
     }
 
     /// The kubelet's pid: the lowest of the processes whose `comm` and argv[0]'s base name
-    /// are both `kubelet` (not `kubelet-foo`, not a shell started as `kubelet`).
+    /// are both `kubelet` (not `kubelet-foo`, not a shell started as `kubelet`); of several,
+    /// the lowest of those whose `--hostname-override` is this node's name, if any is.
     fn find(&self) -> Result<u32, DiscoverError> {
         let proc_err = |source| DiscoverError::Proc {
             proc: self.proc.into(),
@@ -566,10 +570,14 @@ impl Discover<'_> {
             };
             let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
             if argv0.rsplit(|b| *b == b'/').next() == Some(b"kubelet".as_slice()) {
-                found.push(pid);
+                let names_node = self.node_name.is_some()
+                    && hostname_override(&split_cmdline(&cmdline)).as_deref() == self.node_name;
+                found.push((!names_node, pid));
             }
         }
+        // This node's kubelets first, then by pid.
         found.sort_unstable();
+        let found: Vec<u32> = found.into_iter().map(|(_, pid)| pid).collect();
         match found.as_slice() {
             [] => Err(DiscoverError::NotFound {
                 proc: self.proc.into(),
@@ -702,6 +710,30 @@ impl Discover<'_> {
         }
         Ok(())
     }
+}
+
+/// The kubelet's `--hostname-override`, the last given, as pflag reads it.
+fn hostname_override(argv: &[String]) -> Option<String> {
+    let mut found = None;
+    let mut it = argv.iter().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        match a.strip_prefix("--") {
+            Some("hostname-override" | "hostname_override") => found = it.next().cloned(),
+            Some(rest) => {
+                if let Some(v) = rest
+                    .strip_prefix("hostname-override=")
+                    .or_else(|| rest.strip_prefix("hostname_override="))
+                {
+                    found = Some(v.to_owned());
+                }
+            }
+            None => {}
+        }
+    }
+    found
 }
 
 /// Whether `name` in `dir` is a directory itself (not a symlink to one: `WalkDir` does not

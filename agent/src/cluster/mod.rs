@@ -184,10 +184,10 @@ pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
 /// writing cgroups by guessed reservations and thresholds is unsafe.
 fn discovered(
     start: &mut ModeStart,
-    proc: &Path,
-    host_root: Option<&Path>,
+    how: discover::Discover<'_>,
 ) -> (PathBuf, KubeletConfig, (bool, String)) {
-    match (discover::Discover { proc, host_root }).run() {
+    let (proc, host_root) = (how.proc, how.host_root);
+    match how.run() {
         Ok(d) => {
             tracing::info!(pid = d.pid, source = %d.source, "Found the kubelet's configuration.");
             if let Some(note) = d.config.ignored_note() {
@@ -329,9 +329,14 @@ pub async fn run(
             let kc = configz(&client, &opts.node_name).await?;
             (path.clone().into(), kc, (true, format!("from {path}")))
         }
-        KubeletConfigFrom::Discover { host_root } => {
-            discovered(&mut start, Path::new("/proc"), host_root.as_deref())
-        }
+        KubeletConfigFrom::Discover { host_root } => discovered(
+            &mut start,
+            discover::Discover {
+                proc: Path::new("/proc"),
+                host_root: host_root.as_deref(),
+                node_name: Some(&opts.node_name),
+            },
+        ),
     };
     let mounts = ModeStart::mounts()?;
     let fs = start.open_root(mounts).map_err(NodeError::NodeRoot)?;
@@ -442,11 +447,16 @@ mod tests {
     /// and is not ready. Found: ready, naming what was read.
     #[test]
     fn without_a_kubelet_enforce_mode_observes_and_is_not_ready() {
+        let at = |proc| discover::Discover {
+            proc,
+            host_root: None,
+            node_name: None,
+        };
         let t = mock::TempDir::new("discovered");
         std::fs::create_dir_all(&t.0).unwrap();
         let mut start = ModeStart::load(None, false).unwrap();
         assert!(start.enforce());
-        let (file, kc, (ready, detail)) = discovered(&mut start, &t.0, None);
+        let (file, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(!start.enforce(), "observing");
         assert!(!ready);
         assert_eq!(file, Path::new("(the kubelet's defaults)"));
@@ -460,7 +470,7 @@ mod tests {
         );
 
         let mut start = ModeStart::load(None, true).unwrap();
-        let (_, _, (ready, detail)) = discovered(&mut start, &t.0, None);
+        let (_, _, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(ready, "observe mode runs on the defaults");
         assert!(detail.starts_with("not found: "), "{detail}");
 
@@ -469,7 +479,7 @@ mod tests {
         std::fs::write(pid.join("comm"), "kubelet\n").unwrap();
         std::fs::write(pid.join("cmdline"), "kubelet\0--cgroup-driver=systemd\0").unwrap();
         let mut start = ModeStart::load(None, false).unwrap();
-        let (_, kc, (ready, detail)) = discovered(&mut start, &t.0, None);
+        let (_, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(start.enforce() && ready);
         assert_eq!(kc.cgroup_driver.as_deref(), Some("systemd"));
         assert_eq!(

@@ -171,6 +171,7 @@ fn a_kubeadm_kubelet_is_found_with_its_config_file() {
     let found = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap();
@@ -244,6 +245,7 @@ fn drop_ins_and_flags_take_the_kubelets_precedence() {
     let found = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap();
@@ -292,6 +294,7 @@ fn drop_ins_and_flags_take_the_kubelets_precedence() {
     let err = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap_err();
@@ -322,6 +325,7 @@ fn a_kubelet_of_flags_alone() {
     let kc = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap()
@@ -371,6 +375,7 @@ fn a_closed_kubelet_root_falls_back_to_the_host_root() {
     let found = Discover {
         proc: &proc,
         host_root: Some(&host),
+        node_name: None,
     }
     .run_with(&closed)
     .unwrap();
@@ -386,6 +391,7 @@ fn a_closed_kubelet_root_falls_back_to_the_host_root() {
     let err = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run_with(&closed)
     .unwrap_err();
@@ -406,6 +412,7 @@ fn no_kubelet_and_several_kubelets() {
     let err = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap_err();
@@ -429,11 +436,35 @@ fn no_kubelet_and_several_kubelets() {
     let found = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap();
     assert_eq!(found.pid, 4);
     assert_eq!(found.config.cgroup_root.as_deref(), Some("/k4"));
+
+    // Of several, the one that names this node.
+    let dir = process(
+        &proc,
+        500,
+        "kubelet",
+        &[
+            "kubelet",
+            "--hostname-override",
+            "node-b",
+            "--cgroup-root=/b",
+        ],
+    );
+    fs::create_dir_all(dir.join("root")).unwrap();
+    let found = Discover {
+        proc: &proc,
+        host_root: None,
+        node_name: Some("node-b"),
+    }
+    .run()
+    .unwrap();
+    assert_eq!(found.pid, 500);
+    assert_eq!(found.config.cgroup_root.as_deref(), Some("/b"));
 }
 
 /// A path in the kubelet's files cannot climb out of the root it is read beneath.
@@ -454,6 +485,7 @@ fn paths_stay_inside_the_kubelets_root() {
     let err = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap_err();
@@ -469,6 +501,7 @@ fn paths_stay_inside_the_kubelets_root() {
     let found = Discover {
         proc: &proc,
         host_root: None,
+        node_name: None,
     }
     .run()
     .unwrap();
