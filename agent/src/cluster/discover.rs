@@ -499,6 +499,12 @@ impl Discover<'_> {
                 value,
                 message,
             })?;
+        if args.config.is_none() {
+            // Only `loadConfigFile` gives an unset evictionHard the default (server.go,
+            // v1.37.2): a kubelet without --config that names none has no hard threshold.
+            cfg.entry("evictionHard")
+                .or_insert_with(|| Value::Object(Map::new()));
+        }
         let flags: BTreeSet<String> = args.flags.iter().map(|(f, _)| format!("--{f}")).collect();
         if !flags.is_empty() {
             read.push(format!(

@@ -341,6 +341,25 @@ fn a_kubelet_of_flags_alone() {
     );
     assert_eq!(kc.reserved_system_cpus.as_deref(), Some("0-1"));
     assert_eq!(kc.system_reserved, None);
+
+    // No --config and no --eviction-hard: no hard threshold at all, as in the kubelet, whose
+    // default evictionHard comes with a config file only.
+    process(
+        &proc,
+        90,
+        "kubelet",
+        &["/opt/bin/kubelet", "--cgroup-driver=systemd"],
+    );
+    let kc = Discover {
+        proc: &proc,
+        host_root: None,
+        node_name: None,
+    }
+    .run()
+    .unwrap()
+    .config;
+    assert_eq!(map(kc.eviction_hard.as_ref()), []);
+    assert!(kc.eviction_hard.is_some());
 }
 
 /// Without ptrace access the kubelet's root answers EACCES: the same paths are read beneath
