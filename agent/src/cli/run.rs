@@ -2,7 +2,11 @@
 //! run as processes in real cgroups; see `crate::standalone`); `--kube` the node agent of a
 //! Kubernetes cluster beside the kubelet (see `crate::cluster`).
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use super::{EXIT_CONFIG, plan::machine_capacity};
 use crate::{
@@ -88,9 +92,16 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let shutdown_grace = Duration::from_secs(args.shutdown_grace_seconds);
     if args.kube {
-        // A file named on the command line first: whoever mounted it meant it.
+        // A file named on the command line first: whoever mounted it meant it. One beneath
+        // the host-root mount is the host's: read inside that root.
         let kubelet_config = match (args.kubelet_config, args.kubelet_configz) {
-            (Some(f), _) => KubeletConfigFrom::File(f),
+            (Some(f), _) => match args.host_root.as_deref().map(|r| (r, f.strip_prefix(r))) {
+                Some((root, Ok(rest))) => KubeletConfigFrom::FileInRoot {
+                    root: root.to_owned(),
+                    path: Path::new("/").join(rest),
+                },
+                _ => KubeletConfigFrom::File(f),
+            },
             (None, true) => KubeletConfigFrom::Configz,
             (None, false) => KubeletConfigFrom::Discover {
                 host_root: args.host_root,

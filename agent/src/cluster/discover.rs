@@ -400,6 +400,27 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
         .into())
 }
 
+/// The KubeletConfiguration file at `path` inside `root` ([`beneath::read_in_root`], at most
+/// 4 MiB), named `shown` in errors.
+pub fn load_in_root(root: &Path, path: &Path, shown: &Path) -> Result<KubeletConfig, ConfigError> {
+    let unreadable = |source| ConfigError::Unreadable {
+        file: shown.into(),
+        source,
+    };
+    let fd = open_dir(root).map_err(unreadable)?;
+    let path = path
+        .to_str()
+        .ok_or_else(|| unreadable(io::Error::from_raw_os_error(libc::EINVAL)))?;
+    let bytes = beneath::read_in_root(fd.as_fd(), path, DEFAULT_MAX_BYTES).map_err(unreadable)?;
+    let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
+        file: shown.into(),
+        kind: "KubeletConfiguration",
+        field: String::new(),
+        message: e.to_string(),
+    })?;
+    KubeletConfig::parse(shown, &text)
+}
+
 /// Finds the kubelet in `proc` and builds its configuration.
 pub struct Discover<'a> {
     /// The process table: `/proc` (the host's, with `hostPID`).

@@ -56,6 +56,11 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub enum KubeletConfigFrom {
     /// A file (the kubelet's own, mounted read-only).
     File(PathBuf),
+    /// A file of the host's named through the host-root mount (`--kubelet-config
+    /// /host/var/lib/kubelet/config.yaml` with `--host-root /host`): read inside `root`, so an
+    /// absolute symlink such as `config.yaml -> /etc/kubernetes/kubelet.yaml` resolves on the
+    /// host, not in qoslet's container.
+    FileInRoot { root: PathBuf, path: PathBuf },
     /// The kubelet's `/configz` through the API server's node proxy.
     Configz,
     /// The running kubelet's command line and files ([`discover`]); its files are read beneath
@@ -324,6 +329,15 @@ pub async fn run(
             KubeletConfig::load(f).map_err(StartError::from)?,
             (true, format!("from {}", f.display())),
         ),
+        KubeletConfigFrom::FileInRoot { root, path } => {
+            let shown = root.join(path.strip_prefix("/").unwrap_or(path));
+            let kc = discover::load_in_root(root, path, &shown).map_err(StartError::from)?;
+            (
+                shown.clone(),
+                kc,
+                (true, format!("from {}", shown.display())),
+            )
+        }
         KubeletConfigFrom::Configz => {
             let path = format!("/api/v1/nodes/{}/proxy/configz", opts.node_name);
             let kc = configz(&client, &opts.node_name).await?;

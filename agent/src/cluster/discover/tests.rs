@@ -486,6 +486,28 @@ fn no_kubelet_and_several_kubelets() {
     assert_eq!(found.config.cgroup_root.as_deref(), Some("/b"));
 }
 
+/// `--kubelet-config /host/...`: the host's file, its absolute symlink resolved on the host.
+#[test]
+fn a_named_file_beneath_the_host_root_is_read_inside_it() {
+    let t = TempDir::new("discover-named");
+    let host = t.0.join("host");
+    write(
+        &host.join("etc/kubernetes/kubelet.yaml"),
+        &format!("{HEAD}cgroupDriver: systemd\n"),
+    );
+    fs::create_dir_all(host.join("var/lib/kubelet")).unwrap();
+    symlink(
+        "/etc/kubernetes/kubelet.yaml",
+        host.join("var/lib/kubelet/config.yaml"),
+    )
+    .unwrap();
+    let shown = host.join("var/lib/kubelet/config.yaml");
+    let kc = load_in_root(&host, Path::new("/var/lib/kubelet/config.yaml"), &shown).unwrap();
+    assert_eq!(kc.cgroup_driver.as_deref(), Some("systemd"));
+    let err = load_in_root(&host, Path::new("/var/lib/kubelet/other.yaml"), &shown).unwrap_err();
+    assert_eq!(err.to_string(), format!("{}: cannot read", shown.display()));
+}
+
 /// A path in the kubelet's files cannot climb out of the root it is read beneath.
 #[test]
 fn paths_stay_inside_the_kubelets_root() {
