@@ -526,6 +526,9 @@ impl Discover<'_> {
             cfg.entry("evictionHard")
                 .or_insert_with(|| Value::Object(Map::new()));
         }
+        // mergeDefaultEvictionSettings acts in `loadConfigFile` alone, on the base file (done
+        // above), never over drop-ins or flags: what stands now is the kubelet's evictionHard.
+        cfg.remove("mergeDefaultEvictionSettings");
         let flags: BTreeSet<String> = args.flags.iter().map(|(f, _)| format!("--{f}")).collect();
         if !flags.is_empty() {
             read.push(format!(

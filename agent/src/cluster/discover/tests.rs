@@ -304,6 +304,54 @@ fn drop_ins_and_flags_take_the_kubelets_precedence() {
     );
 }
 
+/// `mergeDefaultEvictionSettings` fills the base file's map, and a flag then replaces it whole.
+#[test]
+fn merged_eviction_defaults_belong_to_the_base_file() {
+    let t = TempDir::new("discover-merge-defaults");
+    let proc = t.0.join("proc");
+    let base = format!(
+        "{HEAD}mergeDefaultEvictionSettings: true\nevictionHard: {{memory.available: 200Mi}}\n"
+    );
+    let dir = process(&proc, 7, "kubelet", &["kubelet", "--config=/c.yaml"]);
+    write(&dir.join("root/c.yaml"), &base);
+    let run = || {
+        Discover {
+            proc: &proc,
+            host_root: None,
+            node_name: None,
+        }
+        .run()
+        .unwrap()
+        .config
+    };
+    let kc = run();
+    assert_eq!(
+        map(kc.eviction_hard.as_ref()),
+        [
+            ("imagefs.available", "15%"),
+            ("memory.available", "200Mi"),
+            ("nodefs.available", "10%"),
+            ("nodefs.inodesFree", "5%"),
+        ]
+    );
+    process(
+        &proc,
+        7,
+        "kubelet",
+        &[
+            "kubelet",
+            "--config=/c.yaml",
+            "--eviction-hard=memory.available<300Mi",
+        ],
+    );
+    let kc = run();
+    assert_eq!(
+        map(kc.eviction_hard.as_ref()),
+        [("memory.available", "300Mi")]
+    );
+    assert_eq!(kc.merge_default_eviction_settings, None);
+}
+
 /// A kubelet configured by flags alone: the kubelet's defaults, and the flags over them.
 #[test]
 fn a_kubelet_of_flags_alone() {
