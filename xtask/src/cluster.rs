@@ -10,7 +10,8 @@
 //!   in it too;
 //! - a mount namespace of its own for containerd and the kubelet, in which `/var/lib`, `/var/log`
 //!   and `/run` are directories of the cluster's (so `/var/lib/kubelet/config.yaml`, the path
-//!   the DaemonSet mounts, is the cluster's kubelet configuration, and nothing lands in the
+//!   the kubelet's `--config` names and qoslet reads beneath the DaemonSet's host-root mount of
+//!   this namespace's `/`, is the cluster's kubelet configuration, and nothing lands in the
 //!   host's), and the three kernel tunables the kubelet would otherwise set machine-wide
 //!   (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`) read as the values it
 //!   wants;

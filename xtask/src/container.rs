@@ -95,9 +95,17 @@ pub fn run() -> Result<()> {
             "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmode: enforce\nmetricsAddress: 127.0.0.1:{port}\nnodeRootCgroup: /{node_root}\ncapacity:\n  memory: {NODE_MEMORY}\nhousekeepingInterval: 1s\n"
         ),
     )?;
+    // The host's / of the DaemonSet's host-root volume: a small tree holding the kubelet's
+    // file, not this machine's / (which the container would otherwise see whole).
+    let host_root = work.join("host-root");
+    fs::create_dir_all(host_root.join("var/lib/kubelet"))?;
+    fs::copy(
+        &kubelet_config,
+        host_root.join("var/lib/kubelet/config.yaml"),
+    )?;
     let swaps = HostSwaps {
         host_paths: vec![
-            ("/var/lib/kubelet/config.yaml".into(), kubelet_config),
+            ("/".into(), host_root),
             ("/var/lib/qoslet".into(), state.clone()),
         ],
         config_maps: vec![("qoslet-config".into(), config_dir)],
@@ -117,7 +125,7 @@ pub fn run() -> Result<()> {
             "--standalone".into(),
             "/var/lib/qoslet/pods".into(),
             "--kubelet-config".into(),
-            "/var/lib/kubelet/config.yaml".into(),
+            "/host/var/lib/kubelet/config.yaml".into(),
             "--config".into(),
             "/etc/qoslet/config.yaml".into(),
             "--log-dir".into(),

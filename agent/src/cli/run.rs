@@ -2,7 +2,11 @@
 //! run as processes in real cgroups; see `crate::standalone`); `--kube` the node agent of a
 //! Kubernetes cluster beside the kubelet (see `crate::cluster`).
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use super::{EXIT_CONFIG, plan::machine_capacity};
 use crate::{
@@ -13,9 +17,15 @@ use crate::{
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
-    #[arg(long, value_name = "FILE", required_unless_present = "kubelet_configz")]
+    /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1). Cluster mode without
+    /// it finds the running kubelet's configuration itself (its --config, --config-dir and
+    /// flags).
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["kubelet_configz", "kube"])]
     pub kubelet_config: Option<PathBuf>,
+    /// Cluster mode: where the host's `/` is mounted (read-only); the kubelet's files are read
+    /// beneath it when the kubelet's own root (/proc/PID/root) is closed to qoslet.
+    #[arg(long, value_name = "DIR", requires = "kube")]
+    pub host_root: Option<PathBuf>,
     /// Cluster mode: read the kubelet's running configuration from its /configz, through the
     /// API server (`/api/v1/nodes/NAME/proxy/configz`).
     #[arg(long, requires = "kube", conflicts_with = "kubelet_config")]
@@ -82,9 +92,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     let shutdown_grace = Duration::from_secs(args.shutdown_grace_seconds);
     if args.kube {
-        let kubelet_config = match args.kubelet_config {
-            Some(f) => KubeletConfigFrom::File(f),
-            None => KubeletConfigFrom::Configz,
+        // A file named on the command line first: whoever mounted it meant it. One beneath
+        // the host-root mount is the host's: read inside that root.
+        let kubelet_config = match (args.kubelet_config, args.kubelet_configz) {
+            (Some(f), _) => match args.host_root.as_deref().map(|r| (r, f.strip_prefix(r))) {
+                Some((root, Ok(rest))) => KubeletConfigFrom::FileInRoot {
+                    root: root.to_owned(),
+                    path: Path::new("/").join(rest),
+                },
+                _ => KubeletConfigFrom::File(f),
+            },
+            (None, true) => KubeletConfigFrom::Configz,
+            (None, false) => KubeletConfigFrom::Discover {
+                host_root: args.host_root,
+            },
         };
         let opts = ClusterOptions {
             kubelet_config,

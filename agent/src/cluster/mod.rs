@@ -15,6 +15,7 @@
 
 pub mod action;
 pub mod client;
+pub mod discover;
 pub mod executor;
 pub mod marks;
 pub mod queue;
@@ -44,7 +45,7 @@ use crate::{
     cgroup::ContainerRuntime,
     config::{CapacityOverride, KUBELET_API_VERSION, KubeletConfig},
     node::{self, ModeStart, NodeError, PodSource, StartError, startup::EX_CONFIG},
-    policy::settings::Capacity,
+    policy::{settings::Capacity, version::KubeVersion},
     source::{Diff, PodSet},
 };
 
@@ -56,8 +57,16 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub enum KubeletConfigFrom {
     /// A file (the kubelet's own, mounted read-only).
     File(PathBuf),
+    /// A file of the host's named through the host-root mount (`--kubelet-config
+    /// /host/var/lib/kubelet/config.yaml` with `--host-root /host`): read inside `root`, so an
+    /// absolute symlink such as `config.yaml -> /etc/kubernetes/kubelet.yaml` resolves on the
+    /// host, not in qoslet's container.
+    FileInRoot { root: PathBuf, path: PathBuf },
     /// The kubelet's `/configz` through the API server's node proxy.
     Configz,
+    /// The running kubelet's command line and files ([`discover`]); its files are read beneath
+    /// `host_root` when its own root is closed to qoslet.
+    Discover { host_root: Option<PathBuf> },
 }
 
 /// How the cluster node was asked to run.
@@ -181,6 +190,81 @@ pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
     KubeletConfig::parse(Path::new("/configz"), &text).map_err(|e| e.to_string())
 }
 
+/// The kubelet's configuration as [`discover`] finds it on this node, with the `/readyz` line
+/// that says so. Not found, the kubelet's defaults stand in: observe mode runs (and is ready) on
+/// them, but enforce mode falls back to observing and stays not ready, since evicting and
+/// writing cgroups by guessed reservations and thresholds is unsafe.
+fn discovered(
+    start: &mut ModeStart,
+    how: discover::Discover<'_>,
+) -> (PathBuf, KubeletConfig, (bool, String)) {
+    let (proc, host_root) = (how.proc, how.host_root);
+    match how.run() {
+        Ok(d) => {
+            tracing::info!(pid = d.pid, source = %d.source, "Found the kubelet's configuration.");
+            if let Some(note) = d.config.ignored_note() {
+                tracing::warn!(fields = d.config.ignored.len(), "{note}.");
+            }
+            (PathBuf::from(&d.source), d.config, (true, d.source))
+        }
+        Err(e) => {
+            let why = e.chain();
+            let host = host_root.map_or_else(|| "none".to_owned(), |h| h.display().to_string());
+            let enforce = start.enforce();
+            tracing::error!(
+                error = %why,
+                host_root = %host,
+                proc = %proc.display(),
+                "Could not find the kubelet's configuration (tried: a process named kubelet in the process table, its --config, --config-dir and flags, read beneath its root or --host-root); using the kubelet's defaults. Pass --kubelet-config FILE to name it."
+            );
+            let detail = if enforce {
+                tracing::error!(
+                    "Not enforcing with the kubelet's defaults: observing, and not ready."
+                );
+                start.mode = crate::cgroup::Mode::Observe;
+                format!("not found: {why}; observing with the kubelet's defaults, not enforcing")
+            } else {
+                format!("not found: {why}; observing with the kubelet's defaults")
+            };
+            (
+                PathBuf::from("(the kubelet's defaults)"),
+                KubeletConfig::kubelet_defaults(),
+                (!enforce, detail),
+            )
+        }
+    }
+}
+
+/// The Kubernetes version whose kubelet rules apply: `kubernetesVersion` when the
+/// QosletConfiguration sets it (checked when it was read), else the Node's `kubeletVersion`
+/// (clamped to 1.34..=1.37 with a warning), else 1.37.
+pub fn kubernetes_version(configured: Option<&str>, kubelet: Option<&str>) -> KubeVersion {
+    let of_node = kubelet.map(|k| (k, KubeVersion::of_kubelet(k)));
+    if let Some(v) = configured.and_then(|c| c.parse::<KubeVersion>().ok()) {
+        if let Some((k, Ok((n, _)))) = of_node
+            && n != v
+        {
+            tracing::info!(kubernetes_version = %v, kubelet_version = k, "kubernetesVersion is set and differs from the node's kubelet; following kubernetesVersion.");
+        }
+        return v;
+    }
+    match of_node {
+        Some((_, Ok((v, false)))) => v,
+        Some((k, Ok((v, true)))) => {
+            tracing::warn!(kubelet_version = k, following = %v, "qoslet knows the kubelet rules of 1.34 to 1.37 only; following the nearest. Set kubernetesVersion to choose.");
+            v
+        }
+        Some((k, Err(e))) => {
+            tracing::warn!(kubelet_version = k, error = %e, following = %KubeVersion::DEFAULT, "The node's kubeletVersion is not a Kubernetes version; following the default.");
+            KubeVersion::DEFAULT
+        }
+        None => {
+            tracing::warn!(following = %KubeVersion::DEFAULT, "The Node reports no kubeletVersion; following the default.");
+            KubeVersion::DEFAULT
+        }
+    }
+}
+
 /// Binds `addr` and serves `/healthz` (and `/readyz`, not ready: the pods are not listed yet)
 /// on it until the node's server takes the listener over: a liveness probe must not restart
 /// qoslet because the API server is away. The listener stays bound throughout, so nothing else
@@ -266,27 +350,41 @@ pub async fn run(
     if opts.node_name.is_empty() {
         return Err(ClusterError::NodeName);
     }
-    let start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
+    let mut start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
     let (listener, early_state, early) = serve_while_starting(start.addr).await?;
     let bounds = client::RequestBounds::default();
     let client = client(opts.kubeconfig.as_deref(), &bounds).await?;
-    let (kc_file, kc) = match &opts.kubelet_config {
-        KubeletConfigFrom::File(f) => {
-            (f.clone(), KubeletConfig::load(f).map_err(StartError::from)?)
+    let (kc_file, kc, kubelet_line) = match &opts.kubelet_config {
+        KubeletConfigFrom::File(f) => (
+            f.clone(),
+            KubeletConfig::load(f).map_err(StartError::from)?,
+            (true, format!("from {}", f.display())),
+        ),
+        KubeletConfigFrom::FileInRoot { root, path } => {
+            let shown = root.join(path.strip_prefix("/").unwrap_or(path));
+            let kc = discover::load_in_root(root, path, &shown).map_err(StartError::from)?;
+            (
+                shown.clone(),
+                kc,
+                (true, format!("from {}", shown.display())),
+            )
         }
-        KubeletConfigFrom::Configz => (
-            PathBuf::from(format!("/api/v1/nodes/{}/proxy/configz", opts.node_name)),
-            configz(&client, &opts.node_name).await?,
+        KubeletConfigFrom::Configz => {
+            let path = format!("/api/v1/nodes/{}/proxy/configz", opts.node_name);
+            let kc = configz(&client, &opts.node_name).await?;
+            (path.clone().into(), kc, (true, format!("from {path}")))
+        }
+        KubeletConfigFrom::Discover { host_root } => discovered(
+            &mut start,
+            discover::Discover {
+                proc: Path::new("/proc"),
+                host_root: host_root.as_deref(),
+                node_name: Some(&opts.node_name),
+            },
         ),
     };
     let mounts = ModeStart::mounts()?;
     let fs = start.open_root(mounts).map_err(NodeError::NodeRoot)?;
-    let mut settings = start.settings(&kc_file, &kc, &fs, capacity)?;
-    if start.qc.node_root_cgroup.is_some() {
-        // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
-        // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
-        settings.cgroup_root = "/".into();
-    }
     let validation = node::startup::validation(&kc);
 
     let mut source = ApiSource::start(
@@ -301,6 +399,23 @@ pub async fn run(
     early.abort();
     let _ = early.await;
     let node_obj = source.node();
+    // The kubelet's rules follow its version, which the Node says, unless the configuration
+    // names one; the settings are built once it is known.
+    let kubelet_version = node_obj
+        .as_deref()
+        .and_then(|n| n.status.as_ref()?.node_info.as_ref())
+        .map(|i| i.kubelet_version.clone());
+    let version = kubernetes_version(
+        start.qc.kubernetes_version.as_deref(),
+        kubelet_version.as_deref(),
+    );
+    start.qc.kubernetes_version = Some(version.to_string());
+    let mut settings = start.settings(&kc_file, &kc, &fs, capacity)?;
+    if start.qc.node_root_cgroup.is_some() {
+        // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
+        // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
+        settings.cgroup_root = "/".into();
+    }
     let runtime = node_obj
         .as_deref()
         .and_then(executor::runtime_of_node)
@@ -334,6 +449,8 @@ pub async fn run(
     };
     let (reporter_tx, reporter_rx) = tokio::sync::oneshot::channel();
     let on_start: Box<dyn FnOnce(Arc<crate::server::AgentState>) + Send> = Box::new(move |state| {
+        let (ready, detail) = kubelet_line;
+        state.readiness.set("kubelet", ready, detail);
         let _ = reporter_tx.send(tokio::spawn(reporter.run(state)));
     });
     let action = ApiEviction::new(
@@ -375,6 +492,69 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No kubelet: the kubelet's defaults; observe mode is ready on them, enforce mode observes
+    /// and is not ready. Found: ready, naming what was read.
+    #[test]
+    fn without_a_kubelet_enforce_mode_observes_and_is_not_ready() {
+        let at = |proc| discover::Discover {
+            proc,
+            host_root: None,
+            node_name: None,
+        };
+        let t = mock::TempDir::new("discovered");
+        std::fs::create_dir_all(&t.0).unwrap();
+        let mut start = ModeStart::load(None, false).unwrap();
+        assert!(start.enforce());
+        let (file, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
+        assert!(!start.enforce(), "observing");
+        assert!(!ready);
+        assert_eq!(file, Path::new("(the kubelet's defaults)"));
+        assert_eq!(kc.eviction_hard, None);
+        assert_eq!(
+            detail,
+            format!(
+                "not found: no kubelet process in {} (comm and argv[0] named kubelet); observing with the kubelet's defaults, not enforcing",
+                t.0.display()
+            )
+        );
+
+        let mut start = ModeStart::load(None, true).unwrap();
+        let (_, _, (ready, detail)) = discovered(&mut start, at(&t.0));
+        assert!(ready, "observe mode runs on the defaults");
+        assert!(detail.starts_with("not found: "), "{detail}");
+
+        let pid = t.0.join("77");
+        std::fs::create_dir_all(pid.join("root")).unwrap();
+        std::fs::write(pid.join("comm"), "kubelet\n").unwrap();
+        std::fs::write(pid.join("cmdline"), "kubelet\0--cgroup-driver=systemd\0").unwrap();
+        let mut start = ModeStart::load(None, false).unwrap();
+        let (_, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
+        assert!(start.enforce() && ready);
+        assert_eq!(kc.cgroup_driver.as_deref(), Some("systemd"));
+        assert_eq!(
+            detail,
+            format!(
+                "kubelet pid 77, beneath {}: flags --cgroup-driver",
+                pid.join("root").display()
+            )
+        );
+    }
+
+    #[test]
+    fn the_kubernetes_version_is_the_configurations_then_the_kubelets() {
+        let v = |c, k| kubernetes_version(c, k).to_string();
+        assert_eq!(
+            v(Some("1.35"), Some("v1.36.3")),
+            "1.35",
+            "the configuration wins"
+        );
+        assert_eq!(v(None, Some("v1.36.3")), "1.36");
+        assert_eq!(v(None, Some("v1.33.1+k3s1")), "1.34", "clamped");
+        assert_eq!(v(None, Some("v1.41.0")), "1.37", "clamped");
+        assert_eq!(v(None, Some("unknown")), "1.37");
+        assert_eq!(v(None, None), "1.37");
+    }
 
     #[test]
     fn configz_reads_the_kubelets_running_configuration() {

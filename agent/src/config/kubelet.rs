@@ -83,6 +83,15 @@ pub const KUBELET_FIELDS: &[&str] = &[
 ];
 
 impl KubeletConfig {
+    /// A configuration that sets nothing: the kubelet's defaults, where no kubelet was found.
+    pub fn kubelet_defaults() -> Self {
+        Self {
+            api_version: Some(KUBELET_API_VERSION.into()),
+            kind: Some("KubeletConfiguration".into()),
+            ..Self::default()
+        }
+    }
+
     /// Reads and checks the kind of a KubeletConfiguration file.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         Self::parse(file, &read(file)?)

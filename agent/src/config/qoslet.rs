@@ -118,9 +118,10 @@ pub struct QosletConfiguration {
     /// warning) when reservedSystemCPUs meets a reserved cgroup.
     #[serde(default)]
     pub reserved_cpus_conflict: ReservedCpusConflict,
-    /// The Kubernetes version whose kubelet rules qoslet follows (`1.34` to `1.37`); unset: 1.37,
-    /// the API version qoslet speaks. The same in both modes: nothing reads the node's
-    /// `kubeletVersion`.
+    /// The Kubernetes version whose kubelet rules qoslet follows (`1.34` to `1.37`). Unset: in
+    /// cluster mode the Node's `status.nodeInfo.kubeletVersion` (clamped to 1.34..=1.37, with a
+    /// warning), in standalone mode 1.37, the API version qoslet speaks. Set, it wins over the
+    /// node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
     /// Cluster mode: what qoslet writes beside the kubelet (nothing by default: it compares

@@ -87,23 +87,44 @@ pub enum VersionError {
     Unsupported(String),
 }
 
+impl KubeVersion {
+    /// A node's `kubeletVersion` (`v1.36.3`, `v1.36.3+k3s1`), clamped to the versions qoslet
+    /// knows: a kubelet older than 1.34 gets 1.34's rules, a newer one than 1.37 gets 1.37's (the
+    /// nearest qoslet has; the caller warns). `Ok((version, clamped))`; `Err` when it is no 1.x
+    /// version at all.
+    pub fn of_kubelet(s: &str) -> Result<(Self, bool), VersionError> {
+        let v = Self {
+            minor: minor_of(s)?,
+        };
+        let clamped = v.clamp(Self::OLDEST, Self::NEWEST);
+        Ok((clamped, clamped != v))
+    }
+}
+
+/// The minor version of `1.MINOR`, `v1.MINOR.PATCH` and the like, in any range.
+fn minor_of(s: &str) -> Result<u32, VersionError> {
+    let t = s.trim();
+    let t = t.strip_prefix('v').unwrap_or(t);
+    let mut parts = t.split(['.', '-', '+']);
+    let major = parts.next().ok_or(VersionError::Malformed)?;
+    let minor: u32 = parts
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or(VersionError::Malformed)?;
+    if major != "1" {
+        return Err(VersionError::Malformed);
+    }
+    Ok(minor)
+}
+
 /// Accepts `1.36`, `v1.36` and `v1.36.2` (a node's `kubeletVersion`); the patch is ignored.
 impl FromStr for KubeVersion {
     type Err = VersionError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim();
-        let t = t.strip_prefix('v').unwrap_or(t);
-        let mut parts = t.split(['.', '-', '+']);
-        let major = parts.next().ok_or(VersionError::Malformed)?;
-        let minor: u32 = parts
-            .next()
-            .and_then(|m| m.parse().ok())
-            .ok_or(VersionError::Malformed)?;
-        if major != "1" {
-            return Err(VersionError::Malformed);
-        }
-        let v = Self { minor };
+        let v = Self {
+            minor: minor_of(s)?,
+        };
         if !(Self::OLDEST..=Self::NEWEST).contains(&v) {
             return Err(VersionError::Unsupported(v.to_string()));
         }
@@ -127,6 +148,17 @@ mod tests {
         assert_eq!("2.1".parse::<KubeVersion>(), Err(VersionError::Malformed));
         assert_eq!("1".parse::<KubeVersion>(), Err(VersionError::Malformed));
         assert_eq!(KubeVersion::default().to_string(), "1.37");
+    }
+
+    #[test]
+    fn a_kubelets_version_is_clamped_to_the_known_ones() {
+        let of = KubeVersion::of_kubelet;
+        assert_eq!(of("v1.36.3"), Ok((KubeVersion::v1(36), false)));
+        assert_eq!(of("v1.37.2-eks-1234"), Ok((KubeVersion::v1(37), false)));
+        assert_eq!(of("v1.33.9+k3s1"), Ok((KubeVersion::v1(34), true)));
+        assert_eq!(of("v1.40.0"), Ok((KubeVersion::v1(37), true)));
+        assert_eq!(of("v2.0.0"), Err(VersionError::Malformed));
+        assert_eq!(of(""), Err(VersionError::Malformed));
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //! decided meanwhile.
 //!
 //! The cluster's kubelet has no soft threshold and qoslet reads its thresholds from the kubelet's
-//! file, so the test gives qoslet a copy of that file with one (beside it on the node, through the
-//! DaemonSet's `kubelet-config` hostPath), `evictionMethod: api` in its ConfigMap and the opt-in
-//! `pods/eviction` grant of docs/rbac.md; [`Restore`] puts all three back, also on failure.
+//! configuration, so the test gives qoslet a copy of the kubelet's file with one (beside it on
+//! the node, named by `--kubelet-config /host/...` in the DaemonSet's arguments, read beneath its
+//! read-only host root), `evictionMethod: api` in its ConfigMap and the opt-in `pods/eviction`
+//! grant of docs/rbac.md; [`Restore`] puts all three back (the arguments without
+//! `--kubelet-config`: the kubelet's configuration found from its process), also on failure.
 
 use std::{
     path::PathBuf,
@@ -38,39 +40,47 @@ const SOFT_MIB: u64 = 700;
 const LEFT_FREE_MIB: u64 = 580;
 /// The copy's name beside the kubelet's `config.yaml`, on the node and in the host's view.
 const SOFT_CONFIG: &str = "qoslet-e2e-soft.yaml";
-/// The DaemonSet's hostPath of the kubelet's file (deploy/kubernetes/daemonset.yaml).
-const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
 /// The opt-in grant's ClusterRole and ClusterRoleBinding.
 const GRANT: &str = "qoslet-e2e-eviction-api";
 /// How long the budget refuses before the test deletes it.
 const REFUSED_FOR: Duration = Duration::from_secs(40);
 
-/// The DaemonSet's `kubelet-config` volume at `path`.
-fn kubelet_config_volume(path: &str) -> Patch<serde_json::Value> {
-    Patch::Strategic(json!({"spec": {"template": {"spec": {"volumes": [
-        {"name": "kubelet-config", "hostPath": {"path": path, "type": "File"}},
+/// The DaemonSet's container arguments (deploy/kubernetes/daemonset.yaml), with
+/// `--kubelet-config PATH` when `path` is given; without, qoslet finds the kubelet's
+/// configuration from its process.
+fn qoslet_args(path: Option<&str>) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--kube", "--host-root", "/host"]
+        .map(String::from)
+        .into();
+    if let Some(p) = path {
+        args.extend(["--kubelet-config".into(), p.into()]);
+    }
+    args.extend(["--config".into(), "/etc/qoslet/config.yaml".into()]);
+    args
+}
+
+/// The DaemonSet's container with [`qoslet_args`] (a strategic merge patch replaces the list).
+fn kubelet_config_args(path: Option<&str>) -> Patch<serde_json::Value> {
+    Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "qoslet", "args": qoslet_args(path)},
     ]}}}}))
 }
 
-/// qoslet's pod once Ready with its `kubelet-config` volume at `path` (the DaemonSet rolled out).
-async fn qoslet_pod_reading(c: &Client, path: &str) -> Pod {
+/// qoslet's pod once Ready with [`qoslet_args`] of `path` (the DaemonSet rolled out).
+async fn qoslet_pod_reading(c: &Client, path: Option<&str>) -> Pod {
     let api: Api<Pod> = Api::namespaced(c.clone(), "qoslet-system");
-    wait_for(&format!("qoslet's pod Ready, reading {path}"), || async {
+    let want = qoslet_args(path);
+    wait_for(&format!("qoslet's pod Ready, reading {path:?}"), || async {
         let list = api
             .list(&ListParams::default().labels("app.kubernetes.io/name=qoslet"))
             .await
             .ok()?;
         list.items.into_iter().find(|p| {
-            let reads = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .is_some_and(|vs| {
-                    vs.iter().any(|v| {
-                        v.name == "kubelet-config"
-                            && v.host_path.as_ref().is_some_and(|h| h.path == path)
-                    })
-                });
+            let reads = p.spec.as_ref().is_some_and(|s| {
+                s.containers
+                    .iter()
+                    .any(|c| c.name == "qoslet" && c.args.as_ref() == Some(&want))
+            });
             let ready = p
                 .status
                 .as_ref()
@@ -110,9 +120,9 @@ impl Drop for Restore {
                 )
                 .await;
             let _ = Api::<DaemonSet>::namespaced(client.clone(), "qoslet-system")
-                .patch("qoslet", &params, &kubelet_config_volume(KUBELET_CONFIG))
+                .patch("qoslet", &params, &kubelet_config_args(None))
                 .await;
-            qoslet_pod_reading(&client, KUBELET_CONFIG).await;
+            qoslet_pod_reading(&client, None).await;
             let _ = std::fs::remove_file(soft_copy);
         });
     }
@@ -206,16 +216,17 @@ async fn api_eviction_waits_for_the_disruption_budget_and_evicts_one() {
     )
     .await
     .expect("the ConfigMap patched");
-    let soft_path = format!("/var/lib/kubelet/{SOFT_CONFIG}");
+    // The node's /var/lib/kubelet, beneath the DaemonSet's read-only host root.
+    let soft_path = format!("/host/var/lib/kubelet/{SOFT_CONFIG}");
     Api::<DaemonSet>::namespaced(c.client.clone(), "qoslet-system")
         .patch(
             "qoslet",
             &PatchParams::default(),
-            &kubelet_config_volume(&soft_path),
+            &kubelet_config_args(Some(&soft_path)),
         )
         .await
         .expect("the DaemonSet patched");
-    let qoslet = qoslet_pod_reading(&c.client, &soft_path).await;
+    let qoslet = qoslet_pod_reading(&c.client, Some(&soft_path)).await;
 
     // Two hogs of a ReplicaSet under a budget that wants both.
     let ns = TestNamespace::create(&c, "qoslet-e2e-api").await;

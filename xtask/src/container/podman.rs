@@ -97,7 +97,19 @@ pub fn podman_run_args(daemonset: &Value, swaps: &HostSwaps) -> Result<PodmanSpe
         let target = m["mountPath"]
             .as_str()
             .context("volumeMount without mountPath")?;
+        refuse_unknown(
+            "volumeMount",
+            m.as_object().context("volumeMount is not an object")?,
+            &["name", "mountPath", "readOnly", "recursiveReadOnly"],
+        )?;
         let ro = m["readOnly"] == true;
+        match m["recursiveReadOnly"].as_str() {
+            None | Some("Disabled") => {}
+            // What IfPossible gives on a runtime without recursive read-only mounts: the bind
+            // read-only, its submounts as they are (podman's `ro`).
+            Some("IfPossible") if ro => {}
+            other => bail!("volumeMount {name}: recursiveReadOnly {other:?} is not translated"),
+        }
         let v = volumes
             .iter()
             .find(|v| v["name"] == name)

@@ -26,10 +26,9 @@ fn the_manifests_daemonset_translates_field_by_field() {
         .unwrap();
     let mut swaps = swaps();
     swaps.drop_caps.clear();
-    swaps.host_paths.push((
-        "/var/lib/kubelet/config.yaml".into(),
-        workspace_root().join("deploy/examples/kubelet-config.yaml"),
-    ));
+    swaps
+        .host_paths
+        .push(("/".into(), workspace_root().join("deploy/examples")));
     let spec = podman_run_args(&ds, &swaps).unwrap();
     let a = spec.args.join(" ");
     for want in [
@@ -44,7 +43,11 @@ fn the_manifests_daemonset_translates_field_by_field() {
         "--volume /sys/fs/cgroup:/sys/fs/cgroup:rw,rbind",
         "--volume /sys/kernel/btf:/sys/kernel/btf:ro,rbind",
         "--volume /tmp/cm:/etc/qoslet:ro,rbind",
-        "localhost/qoslet:latest run --kube --kubelet-config /var/lib/kubelet/config.yaml --config /etc/qoslet/config.yaml",
+        &format!(
+            "--volume {}:/host:ro,rbind",
+            workspace_root().join("deploy/examples").display()
+        ),
+        "localhost/qoslet:latest run --kube --host-root /host --config /etc/qoslet/config.yaml",
     ] {
         assert!(a.contains(want), "{want} in {a}");
     }
@@ -83,6 +86,26 @@ fn fields_it_does_not_translate_are_refused() {
     }));
     let err = podman_run_args(&ds, &swaps()).err().unwrap();
     assert!(format!("{err}").contains("procMount"), "{err}");
+}
+
+#[test]
+fn a_recursive_read_only_mount_is_read_only_where_podman_can() {
+    let mount = |rro: &str, ro: bool| {
+        let mut ds = minimal(json!({
+            "name": "c", "image": "i",
+            "livenessProbe": {"httpGet": {"path": "/l"}},
+            "readinessProbe": {"httpGet": {"path": "/r"}},
+            "volumeMounts": [{"name": "h", "mountPath": "/host", "readOnly": ro, "recursiveReadOnly": rro}],
+        }));
+        ds["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "h", "hostPath": {"path": "/tmp"}}]);
+        podman_run_args(&ds, &swaps())
+    };
+    let a = mount("IfPossible", true).unwrap().args;
+    assert_eq!(a, ["--volume", "/tmp:/host:ro,rbind", "i"]);
+    let err = mount("Enabled", true).err().unwrap();
+    assert!(format!("{err}").contains("recursiveReadOnly"), "{err}");
+    assert!(mount("IfPossible", false).is_err(), "needs readOnly");
 }
 
 #[test]
