@@ -6,6 +6,10 @@
 //! node's pods reference ten PodGroups (and, through them, ten Workloads): qoslet watches those
 //! by name, so its cost should not follow the cluster's 50,000.
 //!
+//! Run twice: with plain pods, and with pods that each carry 256 KiB of annotations (the API
+//! server's limit for all of an object's annotations), which qoslet must not keep
+//! (`agent/src/cluster/source/trim.rs`).
+//!
 //! Measured: the agent's CPU (utime + stime over 30 s, share of one core) and VmRSS at steady
 //! state; the API requests it makes per minute in that window, by verb; and the time from a pod
 //! appearing in the API (its cgroups already made, as the kubelet does before the pod runs) to
@@ -37,19 +41,24 @@ const GANG_PODS: usize = 20;
 const WORKLOAD_OBJECTS: usize = 50_000;
 const NEW_POD_SAMPLES: usize = 5;
 
+/// The annotations each pod carries in the second run: the API server's limit for all of them.
+const BULK_ANNOTATIONS: usize = 256 << 10;
+
 fn main() {
     require_root();
     let rt = tokio::runtime::Runtime::new().expect("a runtime for the fake");
-    match rt.block_on(measure()) {
-        Ok(report) => print!("{report}"),
-        Err(e) => {
-            println!("## qoslet cluster mode (fake API server)\n\nfailed: {e}");
-            std::process::exit(1);
+    for bulk in [0, BULK_ANNOTATIONS] {
+        match rt.block_on(measure(bulk)) {
+            Ok(report) => print!("{report}"),
+            Err(e) => {
+                println!("## qoslet cluster mode (fake API server)\n\nfailed: {e}");
+                std::process::exit(1);
+            }
         }
     }
 }
 
-async fn measure() -> Result<String, String> {
+async fn measure(bulk: usize) -> Result<String, String> {
     let fake = FakeApi::start(Options::default())
         .await
         .map_err(|e| format!("fake API: {e}"))?;
@@ -90,7 +99,7 @@ async fn measure() -> Result<String, String> {
         if i < GANG_PODS {
             pod.group = Some(GANG_NAMES[i / 2]);
         }
-        add_pod(&fake, &root, &mut pod, &mut sleepers)?;
+        add_pod(&fake, &root, &mut pod, bulk, &mut sleepers)?;
     }
 
     let work = TempDir::new();
@@ -227,9 +236,13 @@ async fn measure() -> Result<String, String> {
     drop(agent);
 
     let mut out = String::new();
-    out.push_str("## qoslet cluster mode (fake API server on loopback, release build)\n\n");
     out.push_str(&format!(
-        "{PODS} pods ({GANG_PODS} in gangs) on a cgroupfs/containerd tree, {WORKLOAD_OBJECTS} Workload-API objects in the fake ({} of their PodGroups referenced by the node's pods), housekeeping 1 s; every pod exported {:.1} s after start.\n\n",
+        "## qoslet cluster mode (fake API server on loopback, release build), {} KiB of annotations a pod\n\n",
+        bulk >> 10
+    ));
+    out.push_str(&format!(
+        "{PODS} pods ({GANG_PODS} in gangs) on a cgroupfs/containerd tree, each with {} KiB of annotations, {WORKLOAD_OBJECTS} Workload-API objects in the fake ({} of their PodGroups referenced by the node's pods), housekeeping 1 s; every pod exported {:.1} s after start.\n\n",
+        bulk >> 10,
         GANG_NAMES.len(),
         all_found.as_secs_f64()
     ));
@@ -288,13 +301,25 @@ fn workload_objects() -> Vec<serde_json::Value> {
     objects
 }
 
+/// A pod in the API with `bulk` bytes of annotations, its cgroups, and a process in them.
 fn add_pod(
     fake: &FakeApi,
     root: &NodeRoot,
     pod: &mut KPod,
+    bulk: usize,
     sleepers: &mut Sleepers,
 ) -> Result<(), String> {
-    create(fake, pod, Runtime::Containerd, NODE);
+    if bulk == 0 {
+        create(fake, pod, Runtime::Containerd, NODE);
+    } else {
+        let mut object = pod.object(Runtime::Containerd, NODE);
+        object["metadata"]["annotations"] = json!({"example.com/bulk": "x".repeat(bulk)});
+        let created = fake.create_json(object).map_err(|e| e.to_string())?;
+        pod.uid = created["metadata"]["uid"]
+            .as_str()
+            .ok_or("no uid")?
+            .to_owned();
+    }
     let dirs = make_cgroup(
         root,
         &pod.container_cgroup(Driver::Cgroupfs, Runtime::Containerd),
