@@ -297,11 +297,13 @@ impl Reporter {
             return;
         }
         let mut lease = LeaseKeeper::new(&self.client, &self.lease_namespace, &self.node);
-        let mut every = tokio::time::interval(Duration::from_secs((LEASE_SECS / 4) as u64));
         let mut failing = false;
+        let mut wait = Duration::ZERO;
         loop {
-            every.tick().await;
-            match lease.renew().await {
+            tokio::time::sleep(wait).await;
+            let renewed = lease.renew().await;
+            wait = next_renewal(wait, renewed.is_ok());
+            match renewed {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("The qoslet lease is renewed again.");
@@ -314,6 +316,18 @@ impl Reporter {
                 Err(_) => {}
             }
         }
+    }
+}
+
+/// The wait before the next renewal: a quarter of the lease after a renewal; after a failure,
+/// twice the last wait up to the whole lease (a lease the server cannot take lapses anyway),
+/// so an API server that is down gets one renewal in 40 s from each node, not one in 10.
+fn next_renewal(last: Duration, renewed: bool) -> Duration {
+    let quarter = Duration::from_secs((LEASE_SECS / 4) as u64);
+    if renewed {
+        quarter
+    } else {
+        (last * 2).clamp(quarter, Duration::from_secs(LEASE_SECS as u64))
     }
 }
 
@@ -349,6 +363,18 @@ mod tests {
 
     use super::*;
     use crate::cluster::mock::{self, status};
+
+    /// Every 10 s while renewals succeed; failing, 10, 20, 40, 40... s; back to 10 s at once.
+    #[test]
+    fn renewals_back_off_to_the_lease_while_failing() {
+        let mut wait = Duration::ZERO;
+        let mut waits = Vec::new();
+        for renewed in [true, true, false, false, false, false, true] {
+            wait = next_renewal(wait, renewed);
+            waits.push(wait.as_secs());
+        }
+        assert_eq!(waits, [10, 10, 20, 40, 40, 40, 10]);
+    }
 
     /// Created once, then renewed by replacing the lease last written: no GET per renewal. A
     /// conflict (someone else wrote it) makes the next renewal read it again.
