@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod eviction;
+pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inotify;

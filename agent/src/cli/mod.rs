@@ -12,9 +12,6 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-/// Exit status for a configuration or usage error (EX_USAGE), as the daemon convention goes.
-pub const EXIT_CONFIG: u8 = 64;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "qoslet",

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::{
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
+    exit,
     policy::{
         allocatable::AllocatableError,
         cpuset::CpuSet,
@@ -121,7 +122,7 @@ fn plan(args: &PlanArgs) -> Result<String, Failure> {
     Ok(match args.output {
         Output::Json => {
             let mut s = serde_json::to_string_pretty(&plan).map_err(|e| Failure {
-                status: 1,
+                status: exit::PROBLEMS,
                 lines: vec![format!("cannot encode the plan: {e}")],
             })?;
             s.push('\n');
@@ -143,11 +144,11 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     };
     let capacity = match &args.capacity {
         Some(spec) => parse_capacity(spec).map_err(|m| Failure {
-            status: 1,
+            status: exit::PROBLEMS,
             lines: vec![format!("--capacity: {m}")],
         })?,
         None => machine_capacity(&qc.capacity).map_err(|m| Failure {
-            status: 2,
+            status: exit::UNREADABLE,
             lines: vec![m],
         })?,
     };
@@ -163,7 +164,7 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     }
     let max_bytes = args.max_manifest_bytes.unwrap_or(qc.max_manifest_bytes);
     let loaded = load_paths(&args.paths, max_bytes).map_err(|e| Failure {
-        status: 2,
+        status: exit::UNREADABLE,
         lines: vec![format!("{e}: {}", e.source)],
     })?;
     let mut lines: Vec<String> = loaded.malformed.iter().map(ToString::to_string).collect();
@@ -181,7 +182,10 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
             .map(plan_line),
     );
     if !lines.is_empty() {
-        return Err(Failure { status: 1, lines });
+        return Err(Failure {
+            status: exit::PROBLEMS,
+            lines,
+        });
     }
     let pods: Vec<PodSpecView> = admitted
         .into_iter()
@@ -189,7 +193,7 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
         .collect();
     let usage = match &args.usage_from {
         Some(url) => Some(pod_usage(url).map_err(|m| Failure {
-            status: 1,
+            status: exit::PROBLEMS,
             lines: vec![format!("--usage-from: {m}")],
         })?),
         None => None,
@@ -200,7 +204,7 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
             _ => "reservedSystemCPUs",
         };
         Failure {
-            status: 1,
+            status: exit::PROBLEMS,
             lines: vec![format!(
                 "{}: KubeletConfiguration: {field}: {e}",
                 args.kubelet_config.display()

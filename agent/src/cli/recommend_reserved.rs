@@ -23,6 +23,7 @@ use serde::Serialize;
 use super::plan::{Output, machine_capacity, parse_capacity};
 use crate::{
     config::CapacityOverride,
+    exit,
     policy::{
         duration::parse_duration_nanos,
         reserved::{AutoSizing, Sized, openshift_auto_sizing, size},
@@ -187,10 +188,13 @@ pub fn run(args: RecommendReservedArgs) -> ExitCode {
 }
 
 fn recommend_reserved(args: &RecommendReservedArgs) -> Result<String, Failure> {
-    let capacity = match &args.capacity {
-        Some(spec) => parse_capacity(spec).map_err(|m| fail(1, format!("--capacity: {m}")))?,
-        None => machine_capacity(&CapacityOverride::default()).map_err(|m| fail(2, m))?,
-    };
+    let capacity =
+        match &args.capacity {
+            Some(spec) => parse_capacity(spec)
+                .map_err(|m| fail(exit::PROBLEMS, format!("--capacity: {m}")))?,
+            None => machine_capacity(&CapacityOverride::default())
+                .map_err(|m| fail(exit::UNREADABLE, m))?,
+        };
     let auto = openshift_auto_sizing(
         (capacity.cpu_millis / 1000) as u64,
         (capacity.memory_bytes >> 30) as u64,
@@ -204,14 +208,14 @@ fn recommend_reserved(args: &RecommendReservedArgs) -> Result<String, Failure> {
         }
     };
     if summaries.is_empty() {
-        return Err(fail(1, format!("{source}: no samples")));
+        return Err(fail(exit::PROBLEMS, format!("{source}: no samples")));
     }
     let samples: Vec<Sample> = summaries.iter().map(sample).collect();
     let r = recommend(&samples, args.headroom_percent, auto, source, window_secs);
     Ok(match args.output {
         Output::Json => {
             let mut s = serde_json::to_string_pretty(&r)
-                .map_err(|e| fail(1, format!("cannot encode: {e}")))?;
+                .map_err(|e| fail(exit::PROBLEMS, format!("cannot encode: {e}")))?;
             s.push('\n');
             s
         }
@@ -220,15 +224,19 @@ fn recommend_reserved(args: &RecommendReservedArgs) -> Result<String, Failure> {
 }
 
 fn read_samples(file: &PathBuf) -> Result<Vec<Summary>, Failure> {
-    let text = fs::read_to_string(file)
-        .map_err(|e| fail(2, format!("{}: cannot read: {e}", file.display())))?;
+    let text = fs::read_to_string(file).map_err(|e| {
+        fail(
+            exit::UNREADABLE,
+            format!("{}: cannot read: {e}", file.display()),
+        )
+    })?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
             serde_json::from_str(l).map_err(|e| {
                 fail(
-                    1,
+                    exit::PROBLEMS,
                     format!("{}:{}: not a Summary: {e}", file.display(), i + 1),
                 )
             })
@@ -237,7 +245,8 @@ fn read_samples(file: &PathBuf) -> Result<Vec<Summary>, Failure> {
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    let ns = parse_duration_nanos(text).map_err(|e| fail(1, format!("--{flag}: {e}")))?;
+    let ns =
+        parse_duration_nanos(text).map_err(|e| fail(exit::PROBLEMS, format!("--{flag}: {e}")))?;
     Ok(Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64))
 }
 
@@ -245,18 +254,18 @@ fn duration(flag: &str, text: &str) -> Result<Duration, Failure> {
 /// and including the window's end. Returns them and the seconds they span.
 fn poll(url: &str, args: &RecommendReservedArgs) -> Result<(Vec<Summary>, f64), Failure> {
     let (addr, path) = super::http::parse_url(url, "/stats/summary")
-        .map_err(|m| fail(1, format!("--from: {m}")))?;
+        .map_err(|m| fail(exit::PROBLEMS, format!("--from: {m}")))?;
     let window = duration("window", &args.window)?;
     let interval = duration("interval", &args.interval)?;
     if interval.is_zero() {
-        return Err(fail(1, "--interval: must be positive".into()));
+        return Err(fail(exit::PROBLEMS, "--interval: must be positive".into()));
     }
     let start = Instant::now();
     let mut out = Vec::new();
     let mut tick = 0u32;
     loop {
-        let s: Summary =
-            super::http::get_json(addr, &path).map_err(|e| fail(1, format!("{url}{path}: {e}")))?;
+        let s: Summary = super::http::get_json(addr, &path)
+            .map_err(|e| fail(exit::PROBLEMS, format!("{url}{path}: {e}")))?;
         out.push(s);
         tick += 1;
         let next = interval * tick;

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use super::{EXIT_CONFIG, plan::machine_capacity};
+use super::plan::machine_capacity;
 use crate::{
     cluster::{self, ClusterOptions, KubeletConfigFrom},
     config::{CapacityOverride, KubeletConfig},
@@ -122,7 +122,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     let (Some(dir), Some(kubelet_config)) = (args.standalone, args.kubelet_config) else {
         eprintln!("qoslet run --standalone needs --kubelet-config FILE.");
-        return ExitCode::from(EXIT_CONFIG);
+        return ExitCode::from(crate::exit::CONFIG);
     };
     let opts = StandaloneOptions {
         kubelet_config,

@@ -44,14 +44,14 @@ pub fn run(args: ValidateArgs) -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("qoslet validate: --feature-gates: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(crate::exit::UNREADABLE);
         }
     };
     let load = |paths: &[PathBuf]| {
         load_paths(paths, args.max_manifest_bytes).map_err(|e| {
             let cause = e.source.to_string();
             eprintln!("qoslet validate: {e}: {cause}");
-            ExitCode::from(2)
+            ExitCode::from(crate::exit::UNREADABLE)
         })
     };
     let current = match load(&args.paths) {
@@ -75,7 +75,7 @@ pub fn run(args: ValidateArgs) -> ExitCode {
     if checked.problems.is_empty() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(1)
+        ExitCode::from(crate::exit::PROBLEMS)
     }
 }
 

@@ -44,13 +44,11 @@ pub use source::{ApiSource, ApiWatchState, ApiWatchStates, GangAwareness, Source
 use crate::{
     cgroup::ContainerRuntime,
     config::{CapacityOverride, KUBELET_API_VERSION, KubeletConfig},
-    node::{self, ModeStart, NodeError, PodSource, StartError, startup::EX_CONFIG},
+    exit,
+    node::{self, ModeStart, NodeError, PodSource, StartError},
     policy::{settings::Capacity, version::KubeVersion},
     source::{Diff, PodSet},
 };
-
-/// sysexits.h: a service is unavailable (the API server, at start).
-pub const EX_UNAVAILABLE: u8 = 69;
 
 /// Where the kubelet's configuration comes from.
 #[derive(Debug, Clone)]
@@ -108,9 +106,9 @@ impl ClusterError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Start(e) => e.exit_code(),
-            Self::NodeName | Self::Client(_) => EX_CONFIG,
-            Self::Configz { .. } | Self::Source(_) => EX_UNAVAILABLE,
-            Self::Queue(_) => 71,
+            Self::NodeName | Self::Client(_) => exit::CONFIG,
+            Self::Configz { .. } | Self::Source(_) => exit::UNAVAILABLE,
+            Self::Queue(_) => exit::OSERR,
             Self::Node(e) => e.exit_code(),
         }
     }

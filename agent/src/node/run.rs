@@ -32,6 +32,7 @@ use crate::{
         CgroupKill, EvictionAction, EvictionRequest, Manager, ManagerConfig, MemoryCgroup,
         NodeSignals, Pipeline, PodCgroups, Wake, watch::WatchConfig,
     },
+    exit,
     persist::{EvictionMark, NodeLock, StateError, StateFile},
     policy::{
         cgroup_name::render,
@@ -42,13 +43,6 @@ use crate::{
     server::{self, AgentState, BindError, Metrics, Readiness, StatusStore, metrics::SensorLabels},
     workload::ValidationOptions,
 };
-
-/// sysexits.h: a service is unavailable (the port is taken, another instance runs).
-const EX_UNAVAILABLE: u8 = 69;
-/// sysexits.h: an operating system error (the kernel refused, a cgroup cannot be opened).
-const EX_OSERR: u8 = 71;
-/// sysexits.h: a system file is missing (no cgroup hierarchy mounted).
-const EX_OSFILE: u8 = 72;
 
 /// Why the node could not start (configuration errors are the mode's, exit 64).
 #[derive(Debug, Error)]
@@ -73,9 +67,9 @@ impl NodeError {
     /// The process's exit status for this error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::NoMemoryHierarchy => EX_OSFILE,
-            Self::State(StateError::Locked { .. }) | Self::Bind(_) => EX_UNAVAILABLE,
-            Self::NodeRoot(_) | Self::State(_) | Self::Signal { .. } => EX_OSERR,
+            Self::NoMemoryHierarchy => exit::OSFILE,
+            Self::State(StateError::Locked { .. }) | Self::Bind(_) => exit::UNAVAILABLE,
+            Self::NodeRoot(_) | Self::State(_) | Self::Signal { .. } => exit::OSERR,
         }
     }
 }

@@ -15,14 +15,10 @@ use crate::{
         layout::LayoutError,
     },
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
+    exit,
     policy::settings::{Capacity, NodeSettings},
     workload::ValidationOptions,
 };
-
-/// sysexits.h: a configuration error (the file and field are named).
-pub const EX_CONFIG: u8 = 64;
-/// sysexits.h: a system file is missing (no cgroup hierarchy mounted).
-const EX_OSFILE: u8 = 72;
 
 /// Why a mode could not start, in the steps both share.
 #[derive(Debug, Error)]
@@ -44,8 +40,8 @@ impl StartError {
     /// The process's exit status: 64 for configuration errors.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Config(_) | Self::Setting { .. } => EX_CONFIG,
-            Self::Layout(_) => EX_OSFILE,
+            Self::Config(_) | Self::Setting { .. } => exit::CONFIG,
+            Self::Layout(_) => exit::OSFILE,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::{
     cgroup::{ContainerRuntime, Mounts},
     config::{CapacityOverride, KubeletConfig},
     eviction::CgroupKill,
+    exit,
     node::{self, ModeStart, NodeError, PodExecutor, StartError},
     policy::{quantity::Quantity, settings::Capacity},
     runtime::{BackoffConfig, Runtime, RuntimeConfig},
@@ -53,7 +54,7 @@ impl StandaloneError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Start(e) => e.exit_code(),
-            Self::NodeRoot(_) | Self::Manifests(_) => 71,
+            Self::NodeRoot(_) | Self::Manifests(_) => exit::OSERR,
             Self::Node(e) => e.exit_code(),
         }
     }
