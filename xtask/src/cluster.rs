@@ -1178,25 +1178,24 @@ fn side_by_side_threshold(c: &Cluster) -> Result<String> {
 fn helm_install(info: &Info) -> Result<()> {
     let t = Instant::now();
     let bins = parts::ensure()?;
-    apt::run(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", info.netns))
+    let kubectl = || {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", info.netns))
             .arg("--")
             .arg(bins.kubectl())
             .arg("--kubeconfig")
-            .arg(&info.kubeconfig)
+            .arg(&info.kubeconfig);
+        cmd
+    };
+    apt::run(
+        kubectl()
             .args(["delete", "--wait=true", "--timeout=300s", "-k"])
             .arg(info.dir.join("deploy")),
     )?;
     // The chart creates no namespace: qoslet-system again as the kustomization has it, with the
     // privileged Pod Security label (README's Helm install), before helm finds it.
     apt::run(
-        Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", info.netns))
-            .arg("--")
-            .arg(bins.kubectl())
-            .arg("--kubeconfig")
-            .arg(&info.kubeconfig)
+        kubectl()
             .args(["apply", "-f"])
             .arg(cargo::workspace_root().join("deploy/kubernetes/namespace.yaml")),
     )?;

@@ -51,6 +51,17 @@ impl SummarySource for NoSummary {
     }
 }
 
+/// An agent's state as at start: nothing measured, nothing ready.
+fn fresh_state() -> Arc<AgentState> {
+    Arc::new(AgentState {
+        metrics: Metrics::new(),
+        readiness: Readiness::default(),
+        status: StatusStore::default(),
+        summary: Box::new(NoSummary),
+        conditions: Default::default(),
+    })
+}
+
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
     write!(
@@ -78,13 +89,7 @@ fn metric_value(text: &str, line_prefix: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_the_plan_as_metrics_and_readiness_per_subsystem() {
     let plan = example_plan();
-    let state = Arc::new(AgentState {
-        metrics: Metrics::new(),
-        readiness: Readiness::default(),
-        status: StatusStore::default(),
-        summary: Box::new(NoSummary),
-        conditions: Default::default(),
-    });
+    let state = fresh_state();
     state.metrics.set_plan(&plan);
     state.readiness.register("sensors");
     let (addr, serve) = bind("127.0.0.1:0".parse().unwrap(), state.clone())
@@ -257,13 +262,7 @@ fn series_names_are_what_metrics_carries() {
 /// idle timeout has closed the silent ones. A half-sent request is closed by the header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_capped_and_closed() {
-    let state = Arc::new(AgentState {
-        metrics: Metrics::new(),
-        readiness: Readiness::default(),
-        status: StatusStore::default(),
-        summary: Box::new(NoSummary),
-        conditions: Default::default(),
-    });
+    let state = fresh_state();
     let limits = ServeLimits {
         max_connections: 4,
         max_connections_per_peer: 4,
@@ -334,13 +333,7 @@ async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() 
         sync::atomic::{AtomicBool, AtomicUsize, Ordering},
         time::{Duration, Instant},
     };
-    let state = Arc::new(AgentState {
-        metrics: Metrics::new(),
-        readiness: Readiness::default(),
-        status: StatusStore::default(),
-        summary: Box::new(NoSummary),
-        conditions: Default::default(),
-    });
+    let state = fresh_state();
     let (addr, serve) = bind_with(
         "127.0.0.1:0".parse().unwrap(),
         state,

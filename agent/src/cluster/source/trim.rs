@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::DynamicObject;
 
 use crate::cluster::writes::EVICTED_AT;
@@ -18,6 +18,22 @@ const POD_ANNOTATIONS: [&str; 3] = [
     "kubernetes.io/config.source",
     EVICTED_AT,
 ];
+
+/// Clears what a container runs, its environment, probes and mounts: a macro because containers
+/// and ephemeral containers are two types with these same fields.
+macro_rules! trim_container {
+    ($c:ident) => {
+        $c.env = None;
+        $c.env_from = None;
+        $c.command = None;
+        $c.args = None;
+        $c.lifecycle = None;
+        $c.liveness_probe = None;
+        $c.readiness_probe = None;
+        $c.startup_probe = None;
+        $c.volume_mounts = None;
+    };
+}
 
 /// Drops what qoslet never reads from an object as it arrives from a watch.
 pub trait Trim {
@@ -42,30 +58,14 @@ impl Trim for Pod {
                 .iter_mut()
                 .chain(spec.init_containers.iter_mut().flatten());
             for c in containers {
-                trim_container(c);
+                trim_container!(c);
             }
             for c in spec.ephemeral_containers.iter_mut().flatten() {
-                c.env = None;
-                c.env_from = None;
-                c.command = None;
-                c.args = None;
-                c.lifecycle = None;
+                trim_container!(c);
             }
             spec.volumes = None;
         }
     }
-}
-
-fn trim_container(c: &mut Container) {
-    c.env = None;
-    c.env_from = None;
-    c.command = None;
-    c.args = None;
-    c.lifecycle = None;
-    c.liveness_probe = None;
-    c.readiness_probe = None;
-    c.startup_probe = None;
-    c.volume_mounts = None;
 }
 
 impl Trim for Node {
