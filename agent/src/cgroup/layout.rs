@@ -94,39 +94,52 @@ impl Mounts {
         Self::parse(&text).ok_or(LayoutError::NoCgroups)
     }
 
-    /// Parses mountinfo text. The first mount of each hierarchy wins; with several cgroup2
-    /// mounts, `/sys/fs/cgroup` (or `/sys/fs/cgroup/unified`) is preferred.
+    /// Parses mountinfo text. Of several mounts of one hierarchy, a writable one under
+    /// `/sys/fs/cgroup` wins, then any writable one, then the first; of several cgroup2 mounts,
+    /// `/sys/fs/cgroup` (or `/sys/fs/cgroup/unified`) first. A container that mounts the host's
+    /// `/` (cluster mode's `/host`, read-only) sees each hierarchy twice, and the copy under it
+    /// can come first: writing there fails.
     pub fn parse(mountinfo: &str) -> Option<Self> {
-        let mut v1: BTreeMap<Controller, PathBuf> = BTreeMap::new();
-        let mut v2: Vec<PathBuf> = Vec::new();
+        let mut v1: BTreeMap<Controller, (PathBuf, (bool, bool))> = BTreeMap::new();
+        let mut v2: Vec<(PathBuf, (bool, bool))> = Vec::new();
         for line in mountinfo.lines() {
             let Some((left, right)) = line.split_once(" - ") else {
                 continue;
             };
-            let Some(point) = left.split(' ').nth(4) else {
+            let mut l = left.split(' ').skip(4);
+            let (Some(point), mount_opts) = (l.next(), l.next().unwrap_or("")) else {
                 continue;
             };
             let mut r = right.split(' ');
             let (fstype, _source, opts) = (r.next(), r.next(), r.next().unwrap_or(""));
             let point = PathBuf::from(unescape(point));
+            let writable = !mount_opts.split(',').any(|o| o == "ro");
+            let rank = (writable && point.starts_with("/sys/fs/cgroup"), writable);
             match fstype {
-                Some("cgroup2") => v2.push(point),
+                Some("cgroup2") => v2.push((point, rank)),
                 Some("cgroup") => {
                     for c in Controller::ALL {
-                        if opts.split(',').any(|o| o == c.name()) {
-                            v1.entry(c).or_insert_with(|| point.clone());
+                        if opts.split(',').any(|o| o == c.name())
+                            && v1.get(&c).is_none_or(|(_, best)| rank > *best)
+                        {
+                            v1.insert(c, (point.clone(), rank));
                         }
                     }
                 }
                 _ => {}
             }
         }
+        let v1: BTreeMap<Controller, PathBuf> = v1.into_iter().map(|(c, (p, _))| (c, p)).collect();
         let preferred = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
         let unified = preferred
             .iter()
             .map(PathBuf::from)
-            .find(|p| v2.contains(p))
-            .or_else(|| v2.first().cloned());
+            .find(|p| v2.iter().any(|(v, (_, writable))| v == p && *writable))
+            .or_else(|| {
+                // The best-ranked, the first among equals (`max_by_key` takes the last).
+                let best = v2.iter().map(|(_, r)| *r).max()?;
+                v2.iter().find(|(_, r)| *r == best).map(|(p, _)| p.clone())
+            });
         let has_v1 = v1.contains_key(&Controller::Cpu) || v1.contains_key(&Controller::Memory);
         let mut trees = BTreeMap::new();
         let kind = match (has_v1, unified) {
@@ -216,6 +229,34 @@ mod tests {
         );
         assert_eq!(m.procs_tree(), Some(Tree::V1(Controller::Memory)));
         assert_eq!(m.id_tree(), Some(Tree::Unified));
+    }
+
+    /// The host's `/` mounted read-only at `/host` before the pod's own `/sys/fs/cgroup` (the
+    /// runtime mounts shallow paths first): the writable mounts under `/sys/fs/cgroup` win.
+    #[test]
+    fn a_read_only_copy_of_the_hosts_cgroups_is_not_taken() {
+        let host = HYBRID
+            .lines()
+            .map(|l| {
+                l.replace(" /sys/fs/cgroup", " /host/sys/fs/cgroup")
+                    .replacen(" rw,", " ro,", 1)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let m = Mounts::parse(&format!("{host}\n{HYBRID}")).unwrap();
+        assert_eq!(
+            m.trees[&Tree::V1(Controller::Memory)],
+            PathBuf::from("/sys/fs/cgroup/memory")
+        );
+        assert_eq!(
+            m.trees[&Tree::Unified],
+            PathBuf::from("/sys/fs/cgroup/unified")
+        );
+        let v2 = "30 23 0:26 / /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw\n31 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            Mounts::parse(v2).unwrap().trees[&Tree::V2],
+            PathBuf::from("/sys/fs/cgroup")
+        );
     }
 
     #[test]
