@@ -393,8 +393,8 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     );
     // Counted once the eviction is done (`eviction/manager.rs` sends its decision then): the
     // pod is shown Evicted when it is held, before its kill has ended and the state file is
-    // synced, and a disk busy beside the test took over 5 s for that sync (a fresh clone's
-    // `cargo xtask test --load 1`, 2026-12-04).
+    // synced. Beside a fresh clone's `cargo xtask test --load 1` (2026-12-04) that took over
+    // 5 s.
     let evictions = wait_until("the eviction counted", Duration::from_secs(60), || {
         let (_, metrics) = get(addr, "/metrics")?;
         metric(
