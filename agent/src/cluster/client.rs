@@ -138,17 +138,14 @@ fn is_watch<B>(req: &Request<B>) -> bool {
 }
 
 impl<S> Bounded<S> {
-    /// How long a request must wait before it goes out; claims its slot.
-    fn wait_for<B>(&self, req: &Request<B>) -> Duration {
-        if req.method() != Method::GET {
-            return Duration::ZERO;
-        }
+    /// How long a read of `path` must wait before it goes out; claims its slot.
+    fn wait_for(&self, path: &str) -> Duration {
         let now = Instant::now();
         let mut next = crate::lock(&self.next_read);
         if next.len() >= PATHS_KEPT {
             next.retain(|_, at| *at > now);
         }
-        let slot = next.entry(req.uri().path().to_owned()).or_insert(now);
+        let slot = next.entry(path.to_owned()).or_insert(now);
         let at = (*slot).max(now);
         *slot = at + READ_SPACING;
         at - now
@@ -172,9 +169,10 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let wait = self.wait_for(&req);
-        let timeout = (!is_watch(&req)).then_some(REQUEST_TIMEOUT);
+        // Reads (a `GET` of one path) are spaced and their successes noted; writes go at once.
         let read = (req.method() == Method::GET).then(|| req.uri().path().to_owned());
+        let wait = read.as_deref().map_or(Duration::ZERO, |p| self.wait_for(p));
+        let timeout = (!is_watch(&req)).then_some(REQUEST_TIMEOUT);
         let answered = self.answered.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
