@@ -74,7 +74,8 @@ struct Watched {
     state: ApiWatchState,
     /// The watch's resource path (`/api/v1/pods`).
     path: String,
-    /// When it was last set failing.
+    /// When its state was last set: a failing watch has recovered once a read of `path`
+    /// succeeded after it.
     since: Instant,
 }
 
