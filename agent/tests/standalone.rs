@@ -391,18 +391,34 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
         Some("Running"),
         "one eviction was enough"
     );
-    // Counted once the eviction is done (`eviction/manager.rs` sends its decision then): the
-    // pod is shown Evicted when it is held, before its kill has ended and the state file is
-    // synced. Beside a fresh clone's `cargo xtask test --load 1` (2026-12-04) that took over
-    // 5 s.
-    let evictions = wait_until("the eviction counted", Duration::from_secs(60), || {
+    // Counted by the signal the manager named. The example kubelet configuration reserves
+    // 128Mi, so the pods' cgroup crosses allocatableMemory.available before the node crosses
+    // memory.available; the hog covers the 128 MiB between them in a fraction of a second, so
+    // which one a pass finds first is timing (the Prometheus test says the same), and a run of
+    // 2026-12-04 beside a build named allocatableMemory.available.
+    let evictions = wait_until("the eviction counted", Duration::from_secs(30), || {
         let (_, metrics) = get(addr, "/metrics")?;
-        metric(
-            &metrics,
-            "qoslet_evictions_total{signal=\"memory.available\",qos_class=\"BestEffort\"}",
-        )
+        let counted: Vec<(String, f64)> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("qoslet_evictions_total{"))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once(' ')?;
+                Some((labels.to_owned(), value.parse().ok()?))
+            })
+            .collect();
+        (!counted.is_empty()).then_some(counted)
     });
-    assert_eq!(evictions, 1.0);
+    assert!(
+        matches!(
+            evictions.as_slice(),
+            [(labels, 1.0)] if [
+                "signal=\"memory.available\",qos_class=\"BestEffort\"}",
+                "signal=\"allocatableMemory.available\",qos_class=\"BestEffort\"}",
+            ]
+            .contains(&labels.as_str())
+        ),
+        "one BestEffort eviction for a memory signal: {evictions:?}"
+    );
 
     // /stats/summary has the kubelet's shape and its numbers are the cgroup files', read by this
     // test just before and just after the request.

@@ -10,7 +10,8 @@
 //!    anything below starts;
 //! 3. beside it, **hold** the pod where it runs ([`HoldEvicted`], the node's executor: it does
 //!    not start the pod again and reports it Failed with reason `Evicted`) and **record** it in
-//!    the state file ([`StateFile`]), synced, off the runtime's threads.
+//!    the state file ([`StateFile`]); the sync to the disk follows on a blocking thread, which
+//!    nothing waits for.
 //!
 //! The [`Outcome`] goes back to the manager, which reports the decision (metrics, status, the
 //! node's events). The evicted set lives in the state file alone: the manager keeps its own
@@ -24,7 +25,7 @@ use std::{
 
 use super::{EvictionAction, EvictionRequest, Outcome, action::ActionError};
 use crate::{
-    persist::{EvictionMark, StateFile, unix_now},
+    persist::{EvictionMark, StateFile, Unsynced, unix_now},
     policy::pod::PodKey,
 };
 
@@ -56,13 +57,41 @@ impl<S, H> Pipeline<S, H> {
     }
 }
 
-/// Records the eviction (at `at`, Unix seconds) in the state file; `durable` waits for the disk.
-fn record(records: &Mutex<StateFile>, req: &EvictionRequest, at: u64, durable: bool) {
+/// Records the eviction (at `at`, Unix seconds) in the state file, in the page cache; what is
+/// left to sync.
+fn record(records: &Mutex<StateFile>, req: &EvictionRequest, at: u64) -> Option<Unsynced> {
     let mut records = crate::lock(records);
     records.record_evicted(&req.pod, req.revision, &req.message, at);
-    if let Err(e) = records.save(durable) {
+    records.write().unwrap_or_else(|e| {
         tracing::warn!(pod = %req.pod, error = %e, "Could not write the eviction to the state file.");
-    }
+        None
+    })
+}
+
+/// A sync that takes this long is said: the disk, not qoslet, is slow.
+const SLOW_SYNC: Duration = Duration::from_secs(1);
+
+/// Waits for the disk to hold the record, on a blocking thread and without the state's lock;
+/// nothing waits for it (the mark, or the page cache where there is none, covers the time until
+/// then). The eviction and its report used to wait for it: an fsync waits for the journal,
+/// which a build writing beside it can fill.
+fn sync_detached(records: Arc<Mutex<StateFile>>, pod: PodKey, unsynced: Unsynced) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn_blocking(move || {
+        let started = Instant::now();
+        match unsynced.sync() {
+            Ok(()) => crate::lock(&records).synced(&unsynced),
+            Err(e) => {
+                tracing::warn!(pod = %pod, error = %e, "Could not sync the eviction to the state file; the next save tries again.");
+            }
+        }
+        let took = started.elapsed();
+        if took >= SLOW_SYNC {
+            tracing::warn!(pod = %pod, seconds = took.as_secs_f64(), "The state file took long to reach the disk.");
+        }
+    });
 }
 
 impl<S: EvictionAction, H: HoldEvicted> EvictionAction for Pipeline<S, H> {
@@ -78,14 +107,14 @@ impl<S: EvictionAction, H: HoldEvicted> EvictionAction for Pipeline<S, H> {
         });
         if !marked {
             // Page cache only: no disk wait before the action (synced right after it starts).
-            record(&self.records, req, at, false);
+            record(&self.records, req, at);
         }
         let hold_and_record = async {
             let held = Instant::now();
             self.runner.hold(&req.pod, &req.message, req.grace);
-            let (records, req) = (self.records.clone(), req.clone());
-            // fsync off the runtime's threads; the mark covers the time until it is done.
-            let _ = tokio::task::spawn_blocking(move || record(&records, &req, at, true)).await;
+            if let Some(unsynced) = record(&self.records, req, at) {
+                sync_detached(self.records.clone(), req.pod.clone(), unsynced);
+            }
             held
         };
         // `join` polls the mode's step first: its kill or freeze goes out before the rest starts.

@@ -25,6 +25,6 @@
 mod state;
 
 pub use state::{
-    EvictionMark, NodeLock, StateError, StateFile, latest_running_start, node_root_marker,
-    ran_again_since, started_after, unix_now,
+    EvictionMark, NodeLock, StateError, StateFile, Unsynced, latest_running_start,
+    node_root_marker, ran_again_since, started_after, unix_now,
 };

@@ -147,6 +147,30 @@ pub struct StateFile {
     now: Persisted,
     /// The last save reached the disk (fsync).
     synced: bool,
+    /// How many times the file was written: a sync done outside the lock ([`Unsynced`]) counts
+    /// only for the write it followed.
+    writes: u64,
+}
+
+/// A state file written to the page cache and not yet synced: [`Unsynced::sync`] waits for the
+/// disk without the state's lock, so a slow disk (seconds, beside a build) holds up neither the
+/// eviction that wrote it nor the readers of the state; [`StateFile::synced`] then says so.
+#[derive(Debug)]
+pub struct Unsynced {
+    path: PathBuf,
+    write: u64,
+}
+
+impl Unsynced {
+    /// fsync of the file as it is at its path now (the write before it, or a later one).
+    pub fn sync(&self) -> Result<(), StateError> {
+        File::open(&self.path)
+            .and_then(|f| f.sync_all())
+            .map_err(|source| StateError::Write {
+                path: self.path.clone(),
+                source,
+            })
+    }
 }
 
 impl StateFile {
@@ -177,6 +201,7 @@ impl StateFile {
             now: saved.clone(),
             saved,
             synced: true,
+            writes: 0,
         }
     }
 
@@ -186,6 +211,7 @@ impl StateFile {
             saved: Persisted::default(),
             now: Persisted::default(),
             synced: true,
+            writes: 0,
         }
     }
 
@@ -284,7 +310,28 @@ impl StateFile {
         fs::rename(&tmp, path).map_err(err)?;
         self.saved = self.now.clone();
         self.synced = durable;
+        self.writes += 1;
         Ok(())
+    }
+
+    /// Writes the state when it changed (page cache only, see [`Self::save`]); what remains to
+    /// sync, unless the disk holds it already or the state lives in memory.
+    pub fn write(&mut self) -> Result<Option<Unsynced>, StateError> {
+        self.save(false)?;
+        Ok(match &self.path {
+            Some(path) if !self.synced => Some(Unsynced {
+                path: path.clone(),
+                write: self.writes,
+            }),
+            _ => None,
+        })
+    }
+
+    /// `done` was synced: the disk holds the state if nothing was written since.
+    pub fn synced(&mut self, done: &Unsynced) {
+        if done.write == self.writes {
+            self.synced = true;
+        }
     }
 }
 
@@ -446,6 +493,37 @@ mod tests {
         // The manifest changed: a new pod, no longer evicted.
         again.retain_present(&changed);
         assert_eq!(again.evicted().count(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A write leaves a sync to do; the sync counts only for the write it followed, and a state
+    /// on the disk asks for none.
+    #[test]
+    fn a_sync_outside_the_lock_counts_for_its_own_write_only() {
+        let dir = std::env::temp_dir().join(format!("qoslet-state-sync-{}", std::process::id()));
+        let root = CgroupPath::parse("/node-a").unwrap();
+        let mut s = StateFile::load(Some(&dir), &root);
+        assert!(
+            s.write().unwrap().is_none(),
+            "nothing changed, nothing to sync"
+        );
+        s.record_evicted(&key(), 1, "low on memory", 1);
+        let first = s.write().unwrap().expect("written, not synced");
+        let path = dir.join("node-node-a.json");
+        assert!(fs::read_to_string(&path).unwrap().contains("low on memory"));
+        // Written again before the first sync ended: that sync does not cover the second write.
+        s.record_evicted(&key(), 2, "low on memory again", 2);
+        let second = s.write().unwrap().expect("written, not synced");
+        first.sync().unwrap();
+        s.synced(&first);
+        assert!(
+            s.write().unwrap().is_some(),
+            "the second write is not synced yet"
+        );
+        second.sync().unwrap();
+        s.synced(&second);
+        assert!(s.write().unwrap().is_none());
+        assert!(StateFile::load(Some(&dir), &root).is_evicted(&key(), 2));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -73,9 +73,28 @@ impl WorkDir {
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
+        // A failed test's daemon logs go with the directory: their ends are printed first, so
+        // the failure says what the daemon was doing.
+        if thread::panicking() {
+            for log in fs::read_dir(&self.0).into_iter().flatten().flatten() {
+                let path = log.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    let text = fs::read_to_string(&path).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+                    eprintln!("--- the last {} lines of {}:", tail.len(), path.display());
+                    for line in tail {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+        }
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+/// How much of each daemon log a failed test prints.
+const LOG_TAIL_LINES: usize = 60;
 
 /// Stops a daemon the test started (SIGINT, then SIGKILL after 20 s) if the test fails half way;
 /// qoslet removes its cgroups on SIGINT.
