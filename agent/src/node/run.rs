@@ -360,11 +360,13 @@ where
             changed = source.changed() => match changed {
                 Ok(diff) => {
                     node.note_problems(&source.pods().problems);
+                    // An event that changed nothing the pass reads (a Node heartbeat, an object
+                    // written back unchanged) starts no pass: the desired state is the last one.
                     if !diff.is_empty() {
                         info!(added = diff.pods_added.len(), changed = diff.pods_changed.len(), removed = diff.pods_removed.len(), "Pods changed.");
+                        node.pass(source.pods(), executor.as_ref(), &conditions.borrow(), &sensors);
+                        node.save_state();
                     }
-                    node.pass(source.pods(), executor.as_ref(), &conditions.borrow(), &sensors);
-                    node.save_state();
                 }
                 Err(e) => warn!(error = %e, source = ?std::error::Error::source(&e), "Reading the pod source failed; keeping the last good state."),
             },

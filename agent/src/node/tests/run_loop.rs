@@ -214,6 +214,41 @@ async fn the_cluster_shaped_loop_finds_cgroups_and_creates_none() {
     assert!(a_dir.is_dir(), "the kubelet's cgroups outlive qoslet");
 }
 
+/// A stream of changes that change nothing (a Node heartbeat, a pod written back as it was)
+/// starts no pass; a real change starts one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_changes_nothing_starts_no_pass() {
+    let tree = Tree0::new("loop-heartbeat");
+    std::fs::create_dir_all(pod_dir(&tree, "besteffort", UID_A)).unwrap();
+    let exec = Arc::new(FakeExecutor::kubelet());
+    let a = pod_set(&pod_yaml("a", UID_A, None), &PodSet::default());
+    let node = start(
+        run_config(&tree, ContainerRuntime::Containerd),
+        a.clone(),
+        exec.clone(),
+    );
+    until("the first pass", || applied(&exec).contains_key("a")).await;
+    let applies = || *exec.applies.lock().unwrap();
+    let first = applies();
+    for _ in 0..50 {
+        node.changes.send(a.clone()).unwrap();
+    }
+    // Well past the housekeeping interval (100 ms), so the heartbeats were all taken.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(applies(), first, "50 changes of nothing, no pass");
+
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &a,
+    );
+    node.changes.send(both).unwrap();
+    until("the pass of the change", || applied(&exec).len() == 2).await;
+    assert_eq!(applies(), first + 1, "one change, one pass");
+
+    node.stop.send(()).unwrap();
+    node.task.await.unwrap().unwrap();
+}
+
 /// The eviction pipeline (`eviction/pipeline.rs`) over both shapes: the executor hears of the eviction, the action gets the
 /// request, the state file on disk holds the pod; the executor's own signal counts as the first
 /// only where it sends one (standalone-shaped).
