@@ -30,6 +30,7 @@
 mod images;
 mod parts;
 mod pki;
+mod vm_node;
 
 use std::{
     fs,
@@ -59,7 +60,12 @@ const CA_FILE: &str = "pki/ca.crt";
 #[derive(clap::Subcommand)]
 pub enum ClusterCmd {
     /// Build the parts (once), start the cluster and install qoslet as the README says.
-    Up,
+    Up {
+        /// Add a second node: a VM with systemd as PID 1 on pure cgroup v2, containerd and the
+        /// kubelet on the systemd cgroup driver (`cluster/vm_node.rs`).
+        #[arg(long)]
+        vm_node: bool,
+    },
     /// Stop everything and remove the cluster's processes, cgroups, namespaces and files.
     Down,
     /// The tests of tests/tests/real_cluster.rs against the cluster (brought up and down
@@ -90,13 +96,13 @@ struct Info {
 
 pub fn run(cmd: &ClusterCmd) -> Result<()> {
     match cmd {
-        ClusterCmd::Up => up().map(drop),
+        ClusterCmd::Up { vm_node } => up(*vm_node).map(drop),
         ClusterCmd::Down => down(),
         ClusterCmd::Test { keep } => {
             let brought_up = if current()?.is_some() {
                 false
             } else {
-                if let Err(e) = up() {
+                if let Err(e) = up(false) {
                     // `cluster up` leaves a failed cluster for a look; a test run cleans up.
                     if !keep && let Err(d) = down() {
                         eprintln!("xtask: cluster down after the failed up: {d:#}");
@@ -243,7 +249,7 @@ fn succeeds(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn up() -> Result<Info> {
+fn up(with_vm_node: bool) -> Result<Info> {
     if current()?.is_some() {
         println!("cluster: a cluster is up; taking it down first");
         down()?;
@@ -302,10 +308,17 @@ fn up() -> Result<Info> {
     namespaces(&c)?;
     certificates(&c)?;
     write_configs(&c)?;
+    // Booted first: under TCG it is the slowest part, and its kubelet waits for the API server.
+    let vm = with_vm_node
+        .then(|| vm_node::start(&c, &archives))
+        .transpose()?;
     start_control_plane(&c)?;
     start_node(&c, &archives)?;
     println!("cluster: {name} up in {:.0?}", t.elapsed());
     install_qoslet(&c)?;
+    if let Some(vm) = &vm {
+        vm_node::wait_ready(&c, vm)?;
+    }
     println!(
         "cluster: up in {:.0?} in all; kubectl: nsenter --net=/run/netns/{} {} --kubeconfig {}",
         t0.elapsed(),
