@@ -611,6 +611,15 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
 }
 
+/// The `qoslet` cargo built beside the running bench, in the same target directory
+/// (`CARGO_TARGET_DIR` or `target/`), not a stale one under the workspace's `target/`.
+pub fn release_qoslet() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("qoslet")))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/qoslet"))
+}
+
 /// utime + stime of a process, in clock ticks (USER_HZ, 100 on Linux).
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -20,7 +20,6 @@ use std::{
     collections::BTreeMap,
     fs,
     net::SocketAddr,
-    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -31,7 +30,7 @@ use qoslet_tests::{
     fake_api::{FakeApi, Options},
     free_port, http_get,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
-    poll_until, require_root, status_kib,
+    poll_until, release_qoslet, require_root, status_kib,
 };
 use serde_json::json;
 
@@ -124,7 +123,7 @@ async fn measure(bulk: usize) -> Result<String, String> {
         ),
     )
     .map_err(|e| e.to_string())?;
-    let qoslet = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/qoslet");
+    let qoslet = release_qoslet();
     let child = Command::new(&qoslet)
         .args(["run", "--kube", "--node-name", NODE])
         .arg("--kubeconfig")
@@ -233,6 +232,19 @@ async fn measure(bulk: usize) -> Result<String, String> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     appear.sort();
+
+    // Events that change nothing qoslet reads: the Node's status rewritten every 2 s (a
+    // heartbeat). Then churn: a pod created and the one before it deleted every second, and the
+    // heartbeat every 10 s. A pass only where the desired state changed.
+    let heartbeats = churn_window(&fake, metrics, pid, None, Duration::from_secs(2)).await?;
+    let churn = churn_window(
+        &fake,
+        metrics,
+        pid,
+        Some(Duration::from_secs(1)),
+        Duration::from_secs(10),
+    )
+    .await?;
     drop(agent);
 
     let mut out = String::new();
@@ -254,6 +266,23 @@ async fn measure(bulk: usize) -> Result<String, String> {
         appear[appear.len() / 2].as_millis(),
         appear[appear.len() - 1].as_millis(),
     ));
+    out.push_str("Events over 30 s each, and what the agent did for them:\n\n| events | CPU (% of a core) | reconcile passes/s |\n|---|---:|---:|\n");
+    for (what, w) in [
+        (
+            "the Node's status rewritten every 2 s, nothing else",
+            heartbeats,
+        ),
+        (
+            "a pod created and one deleted every second, the Node every 10 s",
+            churn,
+        ),
+    ] {
+        out.push_str(&format!(
+            "| {what} | {:.2} | {:.2} |\n",
+            w.cpu_pct, w.passes_per_sec
+        ));
+    }
+    out.push('\n');
     out.push_str(&format!(
         "Workload-API objects watched (by name, from the start): {} ({} requests); requests for a whole kind: {whole_kind}.\n\n",
         named.len(),
@@ -268,6 +297,76 @@ async fn measure(bulk: usize) -> Result<String, String> {
     drop(sleepers);
     drop(root);
     Ok(out)
+}
+
+/// What the agent did in one window of events.
+#[derive(Clone, Copy)]
+struct Window {
+    cpu_pct: f64,
+    passes_per_sec: f64,
+}
+
+/// 30 s of events: every `heartbeat` the Node's status rewritten with a new heartbeat time,
+/// and with `churn`, at that interval a new pod created and the previous one deleted (no
+/// cgroups: the kubelet has not made them yet). The agent's CPU and reconcile passes (the
+/// `qoslet_reconcile_duration_seconds` count) in that time.
+async fn churn_window(
+    fake: &FakeApi,
+    metrics: SocketAddr,
+    pid: u32,
+    churn: Option<Duration>,
+    heartbeat: Duration,
+) -> Result<Window, String> {
+    let window = Duration::from_secs(30);
+    let tick = churn.unwrap_or(heartbeat).min(heartbeat);
+    let passes = || {
+        http_get(metrics, "/metrics").and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("qoslet_reconcile_duration_seconds_count "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+    };
+    let p0 = passes().ok_or("no reconcile count")?;
+    let c0 = cpu_ticks(pid).ok_or("no /proc stat")?;
+    let t0 = Instant::now();
+    let (mut last_beat, mut beats, mut created) = (t0, 0u32, 0usize);
+    let mut previous: Option<String> = None;
+    while t0.elapsed() < window {
+        tokio::time::sleep(tick).await;
+        if last_beat.elapsed() >= heartbeat {
+            last_beat = Instant::now();
+            beats += 1;
+            let at = format!("2026-12-04T00:{:02}:{:02}Z", beats / 60 % 60, beats % 60);
+            fake.modify::<k8s_openapi::api::core::v1::Node>("", NODE, |n| {
+                n["status"]["conditions"] = json!([{"type": "Ready", "status": "True",
+                    "lastHeartbeatTime": at, "lastTransitionTime": "2026-11-30T10:00:00Z"}]);
+            })
+            .map_err(|e| format!("node heartbeat: {e}"))?;
+        }
+        if churn.is_some() {
+            let name = format!("churn-{created}");
+            let mut pod = KPod::new(
+                name.clone(),
+                &format!("22222222-0000-0000-0000-{created:012}"),
+                "BestEffort",
+            );
+            create(fake, &mut pod, Runtime::Containerd, NODE);
+            created += 1;
+            if let Some(old) = previous.replace(name) {
+                fake.remove::<k8s_openapi::api::core::v1::Pod>("ns", &old);
+            }
+        }
+    }
+    if let Some(old) = previous {
+        fake.remove::<k8s_openapi::api::core::v1::Pod>("ns", &old);
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let c1 = cpu_ticks(pid).ok_or("no /proc stat")?;
+    let p1 = passes().ok_or("no reconcile count")?;
+    Ok(Window {
+        cpu_pct: (c1 - c0) as f64 / 100.0 / elapsed * 100.0,
+        passes_per_sec: (p1 - p0) / elapsed,
+    })
 }
 
 /// Ten gangs of two among the node's pods; their PodGroups are part of the 50,000 objects.
