@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     ffi::CString,
     fs::File,
-    io::{self, Read as _, Write as _},
+    io::{self, Write as _},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
@@ -235,10 +235,10 @@ fn set_score(
     mode: Mode,
     report: &mut OomReport,
 ) {
+    // Not `read_to_string`, whose size hint costs a statx and an lseek per file of every process
+    // the scan visits.
     let read = |dir: &OwnedFd, file: &'static str| -> Result<String, io::Error> {
-        let mut s = String::new();
-        open_in(dir, file, libc::O_RDONLY)?.read_to_string(&mut s)?;
-        Ok(s)
+        super::fs::read_small(open_in(dir, file, libc::O_RDONLY)?.into())
     };
     let dir = match proc_dir(pid) {
         Ok(d) => d,

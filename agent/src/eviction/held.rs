@@ -4,7 +4,8 @@
 //! `cgroup.procs` and `cgroup.kill`, opened when the pod enters the inventory ([`Manager`](super::Manager)) and
 //! closed when it leaves. Reads of a held file are `pread` from offset 0 (cgroup files are
 //! seq_files, which restart there); a held file that fails (its cgroup was removed and made
-//! again) is dropped and the file opened beneath the node root as before.
+//! again) is dropped and the file opened beneath the node root as before. The node's statistics
+//! hold the `cpu.stat` files they sample the same way, in a [`HeldFiles`] of their own.
 
 use std::{
     collections::BTreeMap,
@@ -12,60 +13,113 @@ use std::{
     io,
     os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, LazyLock, Mutex},
+    sync::{Arc, Mutex},
 };
 
 use crate::cgroup::{Access, CgroupBeneath};
 
-static HELD: LazyLock<Mutex<BTreeMap<PathBuf, Arc<File>>>> = LazyLock::new(Mutex::default);
+/// A set of files held open, keyed by their full paths, each read with one `pread` from offset
+/// 0. The eviction path's is [`HELD`]; the node's statistics hold their own (`node/summary.rs`).
+#[derive(Debug, Default)]
+pub struct HeldFiles(Mutex<BTreeMap<PathBuf, Arc<File>>>);
 
-/// Holds exactly the files of `wanted` (a directory, a file name, how it is used) from now on:
-/// opens what is new beneath the node root ([`CgroupBeneath::open_file`]), closes what is no
-/// longer wanted. Held files are keyed by their full paths. Returns the paths that could not be
-/// opened.
+static HELD: HeldFiles = HeldFiles::new();
+
+impl HeldFiles {
+    pub const fn new() -> Self {
+        Self(Mutex::new(BTreeMap::new()))
+    }
+
+    /// Holds exactly the files of `wanted` (a directory, a file name, how it is used) from now
+    /// on: opens what is new beneath the node root ([`CgroupBeneath::open_file`]), closes what
+    /// is no longer wanted. Returns the paths that could not be opened.
+    pub fn hold_only<'a>(
+        &self,
+        wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
+    ) -> Vec<(PathBuf, io::Error)> {
+        let wanted: BTreeMap<PathBuf, (&CgroupBeneath, &str, Access)> = wanted
+            .into_iter()
+            .map(|w @ (dir, file, _)| (dir.file_display(file), w))
+            .collect();
+        let mut held = crate::lock(&self.0);
+        held.retain(|p, _| wanted.contains_key(p));
+        let mut failed = Vec::new();
+        for (path, (dir, file, access)) in wanted {
+            if held.contains_key(&path) {
+                continue;
+            }
+            match dir.open_file(file, access) {
+                Ok(f) => {
+                    held.insert(path, Arc::new(f));
+                }
+                // A file the kernel lacks (cgroup.kill before 5.14, a v1 hierarchy) is not needed.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => failed.push((path, e)),
+            }
+        }
+        failed
+    }
+
+    fn get(&self, path: &Path) -> Option<Arc<File>> {
+        crate::lock(&self.0).get(path).cloned()
+    }
+
+    fn forget(&self, path: &Path) {
+        crate::lock(&self.0).remove(path);
+    }
+
+    /// How many files are held (tests).
+    pub fn count(&self) -> usize {
+        crate::lock(&self.0).len()
+    }
+
+    /// Reads a whole file through its held descriptor; `None` when it is not held (or failed:
+    /// its cgroup was removed, and perhaps made again, so the caller opens it anew).
+    pub fn read(&self, path: &Path) -> Option<String> {
+        let f = self.get(path)?;
+        pread_all(&f).inspect_err(|_| self.forget(path)).ok()
+    }
+
+    /// `file` of `dir` through its held descriptor, else opened beneath the node root.
+    pub fn read_or_open(&self, dir: &CgroupBeneath, file: &str) -> io::Result<String> {
+        match self.read(&dir.file_display(file)) {
+            Some(text) => Ok(text),
+            None => dir.read_file(file),
+        }
+    }
+
+    /// Writes `value` in one write through the held descriptor; `false` when it is not held (or
+    /// failed).
+    pub fn write(&self, path: &Path, value: &str) -> bool {
+        let Some(f) = self.get(path) else {
+            return false;
+        };
+        match f.write_at(value.as_bytes(), 0) {
+            Ok(n) if n == value.len() => true,
+            _ => {
+                self.forget(path);
+                false
+            }
+        }
+    }
+}
+
+/// Holds exactly the eviction path's files of `wanted` from now on ([`HeldFiles::hold_only`]).
 pub fn hold_only<'a>(
     wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
 ) -> Vec<(PathBuf, io::Error)> {
-    let wanted: BTreeMap<PathBuf, (&CgroupBeneath, &str, Access)> = wanted
-        .into_iter()
-        .map(|w @ (dir, file, _)| (dir.file_display(file), w))
-        .collect();
-    let mut held = crate::lock(&HELD);
-    held.retain(|p, _| wanted.contains_key(p));
-    let mut failed = Vec::new();
-    for (path, (dir, file, access)) in wanted {
-        if held.contains_key(&path) {
-            continue;
-        }
-        match dir.open_file(file, access) {
-            Ok(f) => {
-                held.insert(path, Arc::new(f));
-            }
-            // A file the kernel lacks (cgroup.kill before 5.14, a v1 hierarchy) is not needed.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => failed.push((path, e)),
-        }
-    }
-    failed
+    HELD.hold_only(wanted)
 }
 
-fn get(path: &Path) -> Option<Arc<File>> {
-    crate::lock(&HELD).get(path).cloned()
-}
-
-fn forget(path: &Path) {
-    crate::lock(&HELD).remove(path);
-}
-
-/// How many files are held (tests).
+/// How many files the eviction path holds (tests).
 pub fn count() -> usize {
-    crate::lock(&HELD).len()
+    HELD.count()
 }
 
-/// Reads a whole file through its held descriptor; `None` when it is not held (or failed).
+/// Reads a whole file through the eviction path's held descriptor; `None` when it is not held
+/// (or failed).
 pub fn read_held(path: &Path) -> Option<String> {
-    let f = get(path)?;
-    pread_all(&f).inspect_err(|_| forget(path)).ok()
+    HELD.read(path)
 }
 
 fn pread_all(f: &File) -> io::Result<String> {
@@ -73,27 +127,20 @@ fn pread_all(f: &File) -> io::Result<String> {
     let mut buf = [0u8; 4096];
     loop {
         let n = f.read_at(&mut buf, out.len() as u64)?;
-        if n == 0 {
+        out.extend_from_slice(&buf[..n]);
+        // A cgroup file is a seq_file, whose read returns as much as fits: a short read is its
+        // end, so a file that fits is one pread, not a second that returns nothing.
+        if n < buf.len() {
             break;
         }
-        out.extend_from_slice(&buf[..n]);
     }
     String::from_utf8(out).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Writes `value` in one write through the held descriptor; `false` when it is not held (or
-/// failed).
+/// Writes `value` in one write through the eviction path's held descriptor; `false` when it is
+/// not held (or failed).
 pub fn write_held(path: &Path, value: &str) -> bool {
-    let Some(f) = get(path) else {
-        return false;
-    };
-    match f.write_at(value.as_bytes(), 0) {
-        Ok(n) if n == value.len() => true,
-        _ => {
-            forget(path);
-            false
-        }
-    }
+    HELD.write(path, value)
 }
 
 #[cfg(test)]
@@ -108,12 +155,12 @@ mod tests {
         std::fs::write(&file, "4096\n").unwrap();
         let cgroup = CgroupBeneath::own(&dir, crate::cgroup::Tree::V2).unwrap();
         assert!(hold_only([(&cgroup, "memory.current", Access::Read)]).is_empty());
-        assert!(get(&file).is_some());
+        assert!(HELD.get(&file).is_some());
         // The same inode read again from offset 0 after a change.
         std::fs::write(&file, "8192\n").unwrap();
         assert_eq!(read_held(&file).unwrap(), "8192\n");
         assert!(hold_only([]).is_empty());
-        assert!(get(&file).is_none());
+        assert!(HELD.get(&file).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -22,8 +22,8 @@ use std::{
 };
 
 use crate::{
-    cgroup::CgroupBeneath,
-    eviction::{MemoryCgroup, signals::stat_field},
+    cgroup::{Access, CgroupBeneath},
+    eviction::{MemoryCgroup, held::HeldFiles, signals::stat_field},
     lock,
     node::pod_status::{ContainerState, ContainerStatus, PodStatus},
     policy::pod::PodKey,
@@ -77,6 +77,9 @@ struct Inner {
     statuses: Mutex<HashMap<PodKey, Vec<ContainerStatus>>>,
     targets: Mutex<SummaryTargets>,
     samples: Mutex<HashMap<PathBuf, CpuSample>>,
+    /// Every target's `cpu.stat`, held open from the pass that placed it until a pass drops it:
+    /// each sample and request reads it with one `pread`, not an open, a read and a close.
+    cpu_files: HeldFiles,
 }
 
 impl CgroupSummary {
@@ -95,11 +98,21 @@ impl CgroupSummary {
                 statuses: Mutex::default(),
                 targets: Mutex::default(),
                 samples: Mutex::default(),
+                cpu_files: HeldFiles::new(),
             }),
         }
     }
 
+    /// The cgroups the pass placed; their `cpu.stat` files are held open from now on, and those
+    /// of cgroups the pass dropped are closed.
     pub fn set_targets(&self, targets: SummaryTargets) {
+        let failed = self
+            .inner
+            .cpu_files
+            .hold_only(cpu_dirs(&self.inner.node, &targets).map(|d| (d, "cpu.stat", Access::Read)));
+        if let Some((path, e)) = failed.first() {
+            tracing::debug!(path = %path.display(), error = %e, failed = failed.len(), "Could not keep cpu.stat files open; they are opened when read.");
+        }
         *lock(&self.inner.targets) = targets;
     }
 
@@ -113,16 +126,10 @@ impl CgroupSummary {
     /// A CPU sample of every cgroup, the base of the next requests' usageNanoCores (taken at
     /// housekeeping; cgroups gone since are forgotten).
     pub fn sample_cpu(&self) {
-        let targets = lock(&self.inner.targets).clone();
-        let dirs = std::iter::once(&self.inner.node)
-            .chain(targets.system.iter().map(|(_, c)| c))
-            .chain(targets.pods.iter().flat_map(|p| {
-                std::iter::once(&p.cgroup).chain(p.containers.iter().map(|(_, c)| c))
-            }))
-            .filter_map(|c| c.cpu.as_ref());
-        let samples: HashMap<PathBuf, CpuSample> = dirs
+        let targets = lock(&self.inner.targets);
+        let samples: HashMap<PathBuf, CpuSample> = cpu_dirs(&self.inner.node, &targets)
             .filter_map(|d| {
-                let usage_ns = cpu_usage_ns(d)?;
+                let usage_ns = self.cpu_usage_ns(d)?;
                 Some((
                     d.display(),
                     CpuSample {
@@ -132,12 +139,19 @@ impl CgroupSummary {
                 ))
             })
             .collect();
+        drop(targets);
         *lock(&self.inner.samples) = samples;
+    }
+
+    /// `usage_usec` of a cgroup v2 `cpu.stat`, in nanoseconds.
+    fn cpu_usage_ns(&self, dir: &CgroupBeneath) -> Option<u64> {
+        let text = self.inner.cpu_files.read_or_open(dir, "cpu.stat").ok()?;
+        stat_field(&text, "usage_usec").map(|us| us.max(0) as u64 * 1000)
     }
 
     fn stats(&self, c: &StatsCgroup, time: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
         let cpu = c.cpu.as_ref().and_then(|dir| {
-            let usage_ns = cpu_usage_ns(dir)?;
+            let usage_ns = self.cpu_usage_ns(dir)?;
             let now = Instant::now();
             let base = lock(&self.inner.samples).get(&dir.display()).copied();
             Some(CpuStats {
@@ -230,10 +244,19 @@ fn memory_stats(m: &MemoryCgroup, time: &str) -> Option<MemoryStats> {
     })
 }
 
-/// `usage_usec` of a cgroup v2 `cpu.stat`, in nanoseconds.
-fn cpu_usage_ns(dir: &CgroupBeneath) -> Option<u64> {
-    let text = dir.read_held_first("cpu.stat").ok()?;
-    stat_field(&text, "usage_usec").map(|us| us.max(0) as u64 * 1000)
+/// The v2 directories of the node, the system containers, the pods and their containers.
+fn cpu_dirs<'a>(
+    node: &'a StatsCgroup,
+    targets: &'a SummaryTargets,
+) -> impl Iterator<Item = &'a CgroupBeneath> {
+    std::iter::once(node)
+        .chain(targets.system.iter().map(|(_, c)| c))
+        .chain(
+            targets.pods.iter().flat_map(|p| {
+                std::iter::once(&p.cgroup).chain(p.containers.iter().map(|(_, c)| c))
+            }),
+        )
+        .filter_map(|c| c.cpu.as_ref())
 }
 
 /// Cores used between `base` and now, in billionths; `None` when the counter went back (the
@@ -286,6 +309,51 @@ mod tests {
         );
         assert_eq!(nano_cores(base, 999, at + Duration::from_secs(1)), None);
         assert_eq!(nano_cores(base, 2_000, at), None);
+    }
+
+    /// A target's `cpu.stat` is held from the pass that placed it: a sample reads it through that
+    /// descriptor (a file put in its place since is not opened), and a pass that drops the target
+    /// closes it, after which the file is opened when read.
+    #[test]
+    fn cpu_stat_is_read_through_the_descriptor_held_since_the_pass() {
+        let base = std::env::temp_dir().join(format!("qoslet-summary-held-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(base.join("pod")).unwrap();
+        fs::write(base.join("pod/cpu.stat"), "usage_usec 7\n").unwrap();
+        let root = CgroupBeneath::own(&base, crate::cgroup::Tree::V2).unwrap();
+        let pod = CgroupBeneath {
+            path: crate::cgroup::CgroupPath::parse("/pod").unwrap(),
+            ..root
+        };
+        let summary = CgroupSummary::new(StatsCgroup::default(), Some("node".into()));
+        summary.set_targets(SummaryTargets {
+            system: vec![(
+                "pods".into(),
+                StatsCgroup {
+                    memory: None,
+                    cpu: Some(pod.clone()),
+                },
+            )],
+            pods: Vec::new(),
+        });
+        assert_eq!(summary.inner.cpu_files.count(), 1);
+        fs::write(base.join("cpu.stat.new"), "usage_usec 9\n").unwrap();
+        fs::rename(base.join("cpu.stat.new"), base.join("pod/cpu.stat")).unwrap();
+        summary.sample_cpu();
+        let sampled = |s: &CgroupSummary| {
+            lock(&s.inner.samples)
+                .get(&pod.display())
+                .map(|c| c.usage_ns)
+        };
+        assert_eq!(
+            sampled(&summary),
+            Some(7_000),
+            "read through the held descriptor"
+        );
+        summary.set_targets(SummaryTargets::default());
+        assert_eq!(summary.inner.cpu_files.count(), 0);
+        assert_eq!(summary.cpu_usage_ns(&pod), Some(9_000), "opened when read");
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
