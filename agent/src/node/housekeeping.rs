@@ -7,7 +7,7 @@
 //! they are reads per pod, nothing acts on them sooner (the eviction manager reads usage fresh at
 //! decision time), and new processes get their score from the sensors' events already.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
@@ -23,10 +23,21 @@ use crate::{
     },
 };
 
+/// How long after start the memory only start-up used is handed back: the first pass, the
+/// sensors' loading and the pods' first start are behind by then.
+pub(super) const START_UP_SETTLE: Duration = Duration::from_secs(30);
+
 impl Node {
     /// One housekeeping tick; true when a pass should run now (a managed cgroup was changed or
     /// removed by someone else, or the CPU-pressure controller changed its level).
     pub fn housekeeping(&mut self, sensors: &impl SensorControl) -> bool {
+        if self
+            .release_start_up_at
+            .is_some_and(|t| Instant::now() >= t)
+        {
+            self.release_start_up_at = None;
+            release_start_up_memory();
+        }
         self.cgroups.remove_stale();
         self.record_ebpf_costs(sensors);
         let cpu_pressure_changed = self.cpu_pressure_tick(sensors);
@@ -208,5 +219,94 @@ impl Node {
         if let Err(e) = state.save(true) {
             warn!(error = %e, source = ?std::error::Error::source(&e), "Could not save the node state.");
         }
+    }
+}
+
+/// Start-up runs code that never runs again (decoding the configuration and the manifests,
+/// parsing the kernel's BTF, the first pass over every pod): the kernel keeps the pages of the
+/// binary it touched mapped, and glibc the heap it freed. Both are handed back once: the
+/// binary's read-only mappings are paged out (`MADV_PAGEOUT`, Linux 5.4; an older kernel refuses
+/// it and nothing changes) and what runs from then on faults its pages back in.
+fn release_start_up_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    for (start, end) in binary_read_only(&maps, release_start_up_memory as *const () as usize) {
+        // SAFETY: [start, end) is a read-only mapping of this process's own binary as the kernel
+        // listed it; MADV_PAGEOUT only drops its clean pages, which the next access reads back.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+        }
+    }
+}
+
+/// The read-only mappings (start, end) of the file mapped at `code` (the binary), from a
+/// `/proc/self/maps` text: `start-end perms offset dev inode path`.
+fn binary_read_only(maps: &str, code: usize) -> Vec<(usize, usize)> {
+    let Some(binary) = maps
+        .lines()
+        .filter_map(Mapping::parse)
+        .find(|m| (m.start..m.end).contains(&code))
+        .map(|m| m.file)
+    else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(Mapping::parse)
+        .filter(|m| m.file == binary && !m.perms.contains('w'))
+        .map(|m| (m.start, m.end))
+        .collect()
+}
+
+/// One line of `/proc/self/maps` that maps a file.
+struct Mapping<'a> {
+    start: usize,
+    end: usize,
+    perms: &'a str,
+    /// Device and inode.
+    file: (&'a str, &'a str),
+}
+
+impl<'a> Mapping<'a> {
+    fn parse(line: &'a str) -> Option<Self> {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (start, end) = f.first()?.split_once('-')?;
+        let m = Self {
+            start: usize::from_str_radix(start, 16).ok()?,
+            end: usize::from_str_radix(end, 16).ok()?,
+            perms: f.get(1)?,
+            file: (f.get(3)?, f.get(4)?),
+        };
+        // An anonymous mapping's inode is 0.
+        (m.file.1 != "0").then_some(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binarys_read_only_mappings_are_found_by_the_file_of_its_code() {
+        let maps = "\
+5000-6000 r--p 00000000 fe:00 42 /usr/bin/qoslet
+6000-9000 r-xp 00001000 fe:00 42 /usr/bin/qoslet
+9000-a000 r--p 00004000 fe:00 42 /usr/bin/qoslet
+a000-b000 rw-p 00005000 fe:00 42 /usr/bin/qoslet
+b000-c000 rw-p 00000000 00:00 0 [heap]
+7000000-7001000 r-xp 00000000 fe:00 7 /usr/lib/libc.so.6
+";
+        assert_eq!(
+            binary_read_only(maps, 0x6100),
+            [(0x5000, 0x6000), (0x6000, 0x9000), (0x9000, 0xa000)]
+        );
+        assert_eq!(binary_read_only(maps, 0x7000100), [(0x7000000, 0x7001000)]);
+        assert!(binary_read_only(maps, 0xb100).is_empty(), "not a file");
+        assert!(binary_read_only(maps, 0x1).is_empty(), "not mapped");
     }
 }

@@ -112,6 +112,8 @@ pub struct Node {
     next_stats: Option<Instant>,
     ebpf_seen: EbpfSeen,
     cpu_pressure: Option<CpuPressure>,
+    /// When the memory only start-up used is handed back (`housekeeping.rs`); `None` once done.
+    release_start_up_at: Option<Instant>,
 }
 
 impl Node {
@@ -149,6 +151,7 @@ impl Node {
             ebpf_seen: EbpfSeen::default(),
             cpu_pressure,
             settings: parts.settings,
+            release_start_up_at: Some(Instant::now() + housekeeping::START_UP_SETTLE),
         };
         (node, inventory_rx)
     }
