@@ -298,6 +298,7 @@ pub struct Started {
 /// Builds (or finds) the root filesystem and the cluster's disk, and starts the VM in the
 /// cluster's namespaces; the kubelet joins on its own.
 pub fn start(c: &Cluster, archives: &[PathBuf]) -> Result<Started> {
+    let t = Instant::now();
     let rootfs = rootfs(&c.bins)?;
     let vm = c.path("vm-node");
     let disk = vm.join("cluster");
@@ -441,6 +442,7 @@ pub fn start(c: &Cluster, archives: &[PathBuf]) -> Result<Started> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    println!("cluster: vm-node disks ready in {:.1?}", t.elapsed());
     let at = Instant::now();
     c.start("vm-node", Path::new("/usr/bin/qemu-system-x86_64"), &args)?;
     println!(
