@@ -13,13 +13,34 @@
 //!     Gone` is held to two requests a second, and each path keeps its own pace, so one
 //!     resource's storm delays no other's reads. Writes are not spaced: an eviction's status and
 //!     annotation go out back to back.
+//!   - a watch that the server ends within [`SHORT_WATCH`] without a byte, or whose stream is
+//!     cut (the connection closed mid-body), holds back the next read of its path under a
+//!     [`WatchBackoff`] of that path's own: client-go's reflector counts both as failures (its
+//!     "very short watch") and backs off. kube-runtime sees neither as an error (kube logs a
+//!     warning for a cut stream and ends it as if the server had) and watches again at once,
+//!     held only by the spacing: two requests and two warnings a second, for good.
+//!   - a read answered 429 or 5xx with a `Retry-After` header holds back the next read of the
+//!     same path until that time has passed (at most [`RETRY_AFTER_CAP`]): the API server sheds
+//!     load (priority and fairness, a server shutting down) by saying when to come back, and
+//!     kube-runtime's watcher only sees an error and retries under its own backoff, from
+//!     800 ms. kube's own retry layer reads the header but retries inside the request, up to
+//!     15 times, and is off here (the write queue sorts and retries its answers itself; it reads
+//!     the same time from the `Status`'s `details.retryAfterSeconds`).
 //!   - every request but a watch must answer within [`REQUEST_TIMEOUT`]: a list that never
 //!     answers (a half-open connection, a hung server) fails and is retried under the backoff,
 //!     instead of leaving the node unsynced for good. A watch has its own idle timeout in
 //!     kube-runtime (its `timeoutSeconds` plus 5 s); kube's `read_timeout` would cut it.
 //!
-//! Written here because kube has neither: its `StreamBackoff` resets on every item, and its
-//! client has no per-resource spacing and only a read timeout for every request alike.
+//! - [`connect`]: kube's client stack, built here around a connector with TCP keepalive (as
+//!   client-go's dialer: the first probe after 30 s idle, then every 30 s), which kube's
+//!   `ClientBuilder::try_from(Config)` does not set and has no option for: a watch whose peer
+//!   vanished without a reset (a lost route, a load balancer that dropped the flow) is found dead
+//!   by the kernel instead of waiting for kube-runtime's idle timeout, and a list whose answer
+//!   stops mid-body is not left waiting for good.
+//!
+//! Written here because kube has none of these: its `StreamBackoff` resets on every item, and
+//! its client has no per-resource spacing, no Retry-After outside its in-request retries, and
+//! only a read timeout for every request alike.
 
 use std::{
     collections::HashMap,
@@ -41,6 +62,68 @@ pub const READ_SPACING: Duration = Duration::from_millis(500);
 /// How long any request but a watch may take to answer (a list of a node's pods from the watch
 /// cache takes milliseconds; one of every Workload in a namespace, less than a second).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A watch that ends sooner than this without a byte has failed (client-go's "very short watch":
+/// under a second, no event).
+pub const SHORT_WATCH: Duration = Duration::from_secs(1);
+
+/// The longest `Retry-After` honoured: a server (or a proxy) that asks for hours would leave the
+/// node blind that long. client-go caps nothing, but its reflector's own backoff tops out at
+/// 30 s: 5 minutes is ten times that.
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
+
+/// TCP keepalive's idle time and probe interval, client-go's (`net.Dialer{KeepAlive: 30s}`).
+pub const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Why the client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// kube, built without its proxy features as qoslet is, refuses a proxy too.
+    #[error("a proxy ({0}) is not supported: qoslet connects to the API server directly")]
+    Proxy(http::Uri),
+}
+
+/// The API client for `config`: kube's own stack (`ClientBuilder::try_from(Config)` in kube 5:
+/// TLS and the server's name, base URI, authentication with token refresh, extra headers) over
+/// a connector with TCP keepalive ([`KEEPALIVE`]), its requests passing `bounds`. Left out of
+/// kube's stack: the tracing layer (its error lines for every 5xx and cut body would repeat what
+/// the watches already say once per change), gzip (not built into qoslet), kube's retries (off:
+/// see [`RequestBounds`]), and its read and write timeouts, which [`REQUEST_TIMEOUT`],
+/// kube-runtime's watch idle timeout and keepalive cover.
+pub fn connect(
+    config: &kube::Config,
+    bounds: &RequestBounds,
+) -> Result<kube::Client, ConnectError> {
+    use hyper_util::{
+        client::legacy::{Client, connect::HttpConnector},
+        rt::TokioExecutor,
+    };
+    use kube::client::{ClientBuilder, ConfigExt as _};
+
+    if let Some(proxy) = &config.proxy_url {
+        return Err(ConnectError::Proxy(proxy.clone()));
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    http.set_keepalive(Some(KEEPALIVE));
+    http.set_keepalive_interval(Some(KEEPALIVE));
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper: Client<_, kube::client::Body> = Client::builder(TokioExecutor::new()).build(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(
+        ClientBuilder::new(service, config.default_namespace.clone())
+            .with_layer(bounds)
+            .build(),
+    )
+}
 
 /// At most this many paths are remembered; a node reads a few dozen (its pods, its Node, the
 /// workload objects they reference, its writes' targets), and an old entry only delays nothing.
@@ -97,7 +180,8 @@ impl Answered {
 /// The layer that bounds the client's requests (see the module's doc).
 #[derive(Clone, Default)]
 pub struct RequestBounds {
-    next_read: Arc<Mutex<HashMap<String, Instant>>>,
+    next_read: NextRead,
+    watch_backoffs: WatchBackoffs,
     answered: Answered,
 }
 
@@ -115,6 +199,7 @@ impl<S> Layer<S> for RequestBounds {
         Bounded {
             inner,
             next_read: self.next_read.clone(),
+            watch_backoffs: self.watch_backoffs.clone(),
             answered: self.answered.clone(),
         }
     }
@@ -122,7 +207,8 @@ impl<S> Layer<S> for RequestBounds {
 
 pub struct Bounded<S> {
     inner: S,
-    next_read: Arc<Mutex<HashMap<String, Instant>>>,
+    next_read: NextRead,
+    watch_backoffs: WatchBackoffs,
     answered: Answered,
 }
 
@@ -137,19 +223,125 @@ fn is_watch<B>(req: &Request<B>) -> bool {
         .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
 }
 
-impl<S> Bounded<S> {
-    /// How long a read of `path` must wait before it goes out; claims its slot.
-    fn wait_for(&self, path: &str) -> Duration {
-        let now = Instant::now();
-        let mut next = crate::lock(&self.next_read);
-        if next.len() >= PATHS_KEPT {
-            next.retain(|_, at| *at > now);
-        }
-        let slot = next.entry(path.to_owned()).or_insert(now);
-        let at = (*slot).max(now);
-        *slot = at + READ_SPACING;
-        at - now
+/// How long an answer asks the client to wait before it asks again: its `Retry-After` on a 429
+/// or a 5xx, in whole seconds, as client-go's `checkWait` reads it (the API server never sends
+/// the header's HTTP-date form), capped at [`RETRY_AFTER_CAP`].
+fn retry_after<R>(answer: &http::Response<R>) -> Option<Duration> {
+    let status = answer.status();
+    if status != http::StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+        return None;
     }
+    let secs: u64 = answer
+        .headers()
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP))
+}
+
+/// When the next read of each path may go out.
+type NextRead = Arc<Mutex<HashMap<String, Instant>>>;
+
+/// How long a read of `path` must wait before it goes out; claims its slot.
+fn wait_for(next_read: &NextRead, path: &str) -> Duration {
+    let now = Instant::now();
+    let mut next = crate::lock(next_read);
+    if next.len() >= PATHS_KEPT {
+        next.retain(|_, at| *at > now);
+    }
+    let slot = next.entry(path.to_owned()).or_insert(now);
+    let at = (*slot).max(now);
+    *slot = at + READ_SPACING;
+    at - now
+}
+
+/// Each path's backoff for its watches that failed without an error kube-runtime sees.
+type WatchBackoffs = Arc<Mutex<HashMap<String, WatchBackoff>>>;
+
+/// A response's body; a successful watch's notes how its stream ends ([`SHORT_WATCH`]).
+pub struct BoundedBody<B> {
+    inner: B,
+    watch: Option<WatchEnd>,
+}
+
+impl<B> std::fmt::Debug for BoundedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundedBody")
+            .field("watch", &self.watch.as_ref().map(|w| &w.path))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A watch's stream, watched for its end.
+struct WatchEnd {
+    path: String,
+    started: Instant,
+    data: bool,
+    next_read: NextRead,
+    backoffs: WatchBackoffs,
+}
+
+impl WatchEnd {
+    /// The stream ended (`cut`: with an error): a failure holds back the path's next read.
+    fn ended(self, cut: bool) {
+        if !cut && (self.data || self.started.elapsed() >= SHORT_WATCH) {
+            return;
+        }
+        let wait = {
+            let mut backoffs = crate::lock(&self.backoffs);
+            if backoffs.len() >= PATHS_KEPT && !backoffs.contains_key(&self.path) {
+                // A storm of names: each backoff starts again.
+                backoffs.clear();
+            }
+            let backoff = backoffs.entry(self.path.clone()).or_default();
+            backoff.next().unwrap_or(SHORT_WATCH)
+        };
+        not_before(&self.next_read, self.path, Instant::now() + wait);
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for BoundedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        match &frame {
+            Poll::Ready(Some(Ok(f))) => {
+                if let (Some(w), Some(d)) = (self.watch.as_mut(), f.data_ref()) {
+                    w.data |= hyper::body::Buf::has_remaining(d);
+                }
+            }
+            Poll::Ready(end) => {
+                if let Some(w) = self.watch.take() {
+                    w.ended(end.is_some());
+                }
+            }
+            Poll::Pending => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// No read of `path` goes out before `at`.
+fn not_before(next_read: &NextRead, path: String, at: Instant) {
+    let mut next = crate::lock(next_read);
+    let slot = next.entry(path).or_insert(at);
+    *slot = (*slot).max(at);
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -160,9 +352,9 @@ where
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = http::Response<BoundedBody<R>>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -171,9 +363,14 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // Reads (a `GET` of one path) are spaced and their successes noted; writes go at once.
         let read = (req.method() == Method::GET).then(|| req.uri().path().to_owned());
-        let wait = read.as_deref().map_or(Duration::ZERO, |p| self.wait_for(p));
-        let timeout = (!is_watch(&req)).then_some(REQUEST_TIMEOUT);
+        let wait = read
+            .as_deref()
+            .map_or(Duration::ZERO, |p| wait_for(&self.next_read, p));
+        let watch = is_watch(&req);
+        let timeout = (!watch).then_some(REQUEST_TIMEOUT);
         let answered = self.answered.clone();
+        let next_read = self.next_read.clone();
+        let backoffs = self.watch_backoffs.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
             if !wait.is_zero() {
@@ -186,12 +383,23 @@ where
                     .map_err(Into::into),
                 None => response.await.map_err(Into::into),
             };
-            if let (Some(path), Ok(a)) = (read, &answer)
-                && a.status().is_success()
-            {
-                answered.record(path);
+            let answer: http::Response<R> = answer?;
+            let mut end = None;
+            if let Some(path) = read {
+                if answer.status().is_success() {
+                    answered.record(path.clone());
+                    end = watch.then(|| WatchEnd {
+                        path,
+                        started: Instant::now(),
+                        data: false,
+                        next_read,
+                        backoffs,
+                    });
+                } else if let Some(wait) = retry_after(&answer) {
+                    not_before(&next_read, path, Instant::now() + wait);
+                }
             }
-            answer
+            Ok(answer.map(|inner| BoundedBody { inner, watch: end }))
         })
     }
 }
@@ -206,10 +414,49 @@ mod tests {
         Request::get(path).body(()).unwrap()
     }
 
-    type Answer = http::Response<()>;
+    /// A test answer's body: some text, or a stream cut after it.
+    enum Text {
+        Whole(String),
+        Cut(Option<String>),
+    }
+
+    impl hyper::body::Body for Text {
+        type Data = hyper::body::Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+            let data = |t: String| hyper::body::Frame::data(hyper::body::Bytes::from(t));
+            Poll::Ready(match &mut *self {
+                Text::Whole(t) if t.is_empty() => None,
+                Text::Whole(t) => Some(Ok(data(std::mem::take(t)))),
+                Text::Cut(t) => match t.take() {
+                    Some(t) => Some(Ok(data(t))),
+                    None => Some(Err(std::io::ErrorKind::UnexpectedEof.into())),
+                },
+            })
+        }
+    }
+
+    type Answer = http::Response<Text>;
+
+    /// Reads a body to its end; whether it ended with an error.
+    async fn drain<B: hyper::body::Body + Unpin>(mut body: B) -> bool {
+        loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(_)) => {}
+                Some(Err(_)) => return true,
+                None => return false,
+            }
+        }
+    }
 
     /// A service that answers at once, noting when each request reached it: 503 for a path
-    /// under `/down`, 200 for any other.
+    /// under `/down`; 429 with `Retry-After: 7` under `/busy`; 503 with `Retry-After: 86400`
+    /// under `/away`; 200 for any other, with an empty body under `/short`, half a line then
+    /// cut under `/cut`, and a line for any other.
     #[derive(Clone, Default)]
     struct Server(Arc<Mutex<Vec<(String, Instant)>>>);
 
@@ -225,11 +472,27 @@ mod tests {
         fn call(&mut self, req: Request<()>) -> Self::Future {
             let seen = self.0.clone();
             let path = req.uri().to_string();
-            let status = if path.starts_with("/down") { 503 } else { 200 };
+            let (status, retry_after) = match path.split('/').nth(1) {
+                Some("down") => (503, None),
+                Some("busy") => (429, Some("7")),
+                Some("away") => (503, Some("86400")),
+                _ => (200, None),
+            };
+            let body = match path.split('/').nth(1) {
+                Some("short") => Text::Whole(String::new()),
+                Some("cut") => Text::Cut(Some("{\"type\":".into())),
+                _ => Text::Whole("{}\n".into()),
+            };
             Box::pin(async move {
                 seen.lock().unwrap().push((path, Instant::now()));
-                let mut answer = Answer::default();
+                let mut answer = Answer::new(body);
                 *answer.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                if let Some(secs) = retry_after {
+                    answer.headers_mut().insert(
+                        http::header::RETRY_AFTER,
+                        http::HeaderValue::from_static(secs),
+                    );
+                }
                 Ok(answer)
             })
         }
@@ -268,6 +531,131 @@ mod tests {
         );
         assert_eq!(at("/api/v1/nodes"), [Duration::ZERO]);
         assert_eq!(at("/api/v1/namespaces"), [Duration::ZERO]);
+    }
+
+    /// A read answered with a Retry-After holds back the next read of its path that long (at
+    /// most the cap); a write to it and reads of other paths go at once, and a 503 without the
+    /// header only spaces reads.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_holds_back_the_next_read_of_its_path_only_and_is_capped() {
+        let seen = Server::default();
+        let mut svc = RequestBounds::default().layer(seen.clone());
+        let start = Instant::now();
+        for path in ["/busy/pods?watch=true", "/away/nodes", "/down/leases"] {
+            svc.call(get(path)).await.unwrap();
+        }
+        let calls = vec![
+            svc.call(get("/busy/pods")),
+            svc.call(get("/away/nodes?watch=true")),
+            svc.call(get("/down/leases")),
+            svc.call(get("/api/v1/pods")),
+            svc.call(Request::patch("/busy/pods/p").body(()).unwrap()),
+        ];
+        futures::future::join_all(calls).await;
+        let seen = seen.0.lock().unwrap().clone();
+        let at = |p: &str| -> Vec<Duration> {
+            seen.iter()
+                .filter(|(s, _)| s.split('?').next() == Some(p))
+                .map(|(_, t)| *t - start)
+                .collect()
+        };
+        assert_eq!(at("/busy/pods/p"), [Duration::ZERO], "a write is not held");
+        assert_eq!(at("/busy/pods"), [Duration::ZERO, Duration::from_secs(7)]);
+        assert_eq!(at("/away/nodes"), [Duration::ZERO, RETRY_AFTER_CAP]);
+        assert_eq!(at("/down/leases"), [Duration::ZERO, READ_SPACING]);
+        assert_eq!(at("/api/v1/pods"), [Duration::ZERO]);
+    }
+
+    /// The `tr` (timer) and `tm->when` (in USER_HZ ticks) fields of the IPv4 TCP socket from
+    /// `local` to `remote` in `/proc/net/tcp`.
+    fn tcp_timer(local: std::net::SocketAddr, remote: std::net::SocketAddr) -> Option<(u8, u64)> {
+        let hex = |a: std::net::SocketAddr| match a.ip() {
+            std::net::IpAddr::V4(ip) => {
+                format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), a.port())
+            }
+            std::net::IpAddr::V6(_) => String::new(),
+        };
+        let text = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        text.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(1)? != &hex(local) || f.get(2)? != &hex(remote) {
+                return None;
+            }
+            let (tr, when) = f.get(5)?.split_once(':')?;
+            Some((
+                u8::from_str_radix(tr, 16).ok()?,
+                u64::from_str_radix(when, 16).ok()?,
+            ))
+        })
+    }
+
+    /// The client's connections to the API server have TCP keepalive on: an open connection
+    /// waiting for its answer runs the keepalive timer (`tr` 2 in `/proc/net/tcp`), its first
+    /// probe due within [`KEEPALIVE`].
+    #[tokio::test]
+    async fn the_clients_connections_have_tcp_keepalive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let config = kube::Config::new(format!("http://{server}").parse().unwrap());
+        let client = connect(&config, &RequestBounds::default()).unwrap();
+        let asking = tokio::spawn(async move { client.list_api_groups().await });
+        let (mut conn, peer) = listener.accept().await.unwrap();
+        // The request read: the client's bytes are acknowledged, the connection is idle.
+        let mut buf = [0u8; 1024];
+        let n = tokio::io::AsyncReadExt::read(&mut conn, &mut buf)
+            .await
+            .unwrap();
+        assert!(buf[..n].starts_with(b"GET /apis "), "{:?}", &buf[..n]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let timer = loop {
+            let timer = tcp_timer(peer, server);
+            if matches!(timer, Some((2, _))) || Instant::now() > deadline {
+                break timer;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (tr, when) = timer.expect("the client's socket in /proc/net/tcp");
+        assert_eq!(tr, 2, "the keepalive timer runs");
+        // USER_HZ is 100 on every Linux architecture qoslet runs on.
+        let when = Duration::from_millis(when * 10);
+        assert!(
+            when <= KEEPALIVE && when > KEEPALIVE - Duration::from_secs(5),
+            "first probe in {when:?}"
+        );
+        asking.abort();
+    }
+
+    /// A watch that ends at once without a byte, or is cut, holds its path's next read back
+    /// under the backoff, growing; one that had data and ended is watched again at the spacing.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_ends_at_once_or_is_cut_is_asked_again_under_the_backoff() {
+        let seen = Server::default();
+        let mut svc = RequestBounds::default().layer(seen.clone());
+        let start = Instant::now();
+        for path in ["/short/pods", "/cut/pods", "/api/v1/pods"] {
+            for _ in 0..4 {
+                let answer = svc.call(get(&format!("{path}?watch=true"))).await.unwrap();
+                assert_eq!(drain(answer.into_body()).await, path == "/cut/pods");
+            }
+        }
+        let seen = seen.0.lock().unwrap().clone();
+        let gaps = |p: &str| -> Vec<Duration> {
+            let at: Vec<Instant> = seen
+                .iter()
+                .filter(|(s, _)| s.split('?').next() == Some(p))
+                .map(|(_, t)| *t)
+                .collect();
+            at.windows(2).map(|w| w[1] - w[0]).collect()
+        };
+        for p in ["/short/pods", "/cut/pods"] {
+            // 800 ms doubling, with up to 100% jitter.
+            for (i, gap) in gaps(p).into_iter().enumerate() {
+                let base = Duration::from_millis(800) * 2u32.pow(i as u32);
+                assert!(gap >= base && gap <= base * 2, "{p}: wait {i}: {gap:?}");
+            }
+        }
+        assert_eq!(gaps("/api/v1/pods"), [READ_SPACING; 3]);
+        assert!(Instant::now() - start > Duration::from_secs(10));
     }
 
     /// A service that never answers.

@@ -131,27 +131,20 @@ pub async fn client(
     kubeconfig: Option<&Path>,
     bounds: &client::RequestBounds,
 ) -> Result<Client, ClusterError> {
-    let boxed = |e: kube::Error| ClusterError::Client(Box::new(e));
+    let boxed = |e: Box<dyn std::error::Error + Send + Sync>| ClusterError::Client(e);
     let config = match kubeconfig {
         Some(f) => {
-            let kc = kube::config::Kubeconfig::read_from(f)
-                .map_err(|e| ClusterError::Client(Box::new(e)))?;
+            let kc = kube::config::Kubeconfig::read_from(f).map_err(|e| boxed(e.into()))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
-                .map_err(|e| ClusterError::Client(Box::new(e)))?
+                .map_err(|e| boxed(e.into()))?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ClusterError::Client(Box::new(e)))?,
+        None => kube::Config::infer().await.map_err(|e| boxed(e.into()))?,
     };
-    // The write queue retries with its own backoff and sorts answers into done, retry and
-    // rejected itself: no retry inside the client.
-    let mut config = config;
-    config.default_retry = false;
-    Ok(kube::client::ClientBuilder::try_from(config)
-        .map_err(boxed)?
-        .with_layer(bounds)
-        .build())
+    // No retry inside the client: the write queue retries with its own backoff and sorts
+    // answers into done, retry and rejected itself ([`client::connect`] leaves kube's retry
+    // layer out).
+    client::connect(&config, bounds).map_err(|e| boxed(e.into()))
 }
 
 /// The kubelet's configuration from `/configz` (`{"kubeletconfig": {...}}`, without apiVersion

@@ -484,10 +484,70 @@ impl ApiSource {
     }
 }
 
+/// The fewest seconds between two lines about one watch's failures: a server that fails it in
+/// ever new words (a resourceVersion in each message) or flaps between failing and answering
+/// costs at most a line a minute, and `/readyz` says the latest error.
+const FAILURE_LINES_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a named watch's log last said, so that each problem is said once per change: its first
+/// sync, a failure when the error changes (at most every [`FAILURE_LINES_EVERY`]: a change held
+/// back is said at the first failure after, if the watch has not recovered meanwhile), and a
+/// recovery only after a failure that was said.
+#[derive(Debug, Default)]
+struct WatchLog {
+    synced: bool,
+    /// When a failure was last said.
+    failure_said: Option<Instant>,
+    /// The error changed since a failure was last said.
+    unsaid: bool,
+    /// A failure was said and its recovery not yet.
+    unrecovered: bool,
+}
+
+/// The line [`WatchLog::synced`] lets through.
+#[derive(Debug, PartialEq, Eq)]
+enum Synced {
+    First,
+    Recovered,
+}
+
+impl WatchLog {
+    /// The watch is synced: the line to write, if any.
+    fn synced(&mut self) -> Option<Synced> {
+        self.unsaid = false;
+        if !self.synced {
+            self.synced = true;
+            self.unrecovered = false;
+            return Some(Synced::First);
+        }
+        std::mem::take(&mut self.unrecovered).then_some(Synced::Recovered)
+    }
+
+    /// The watch failed, `changed` from what it was (another error, or none): whether to say
+    /// so.
+    fn failed(&mut self, changed: bool) -> bool {
+        self.unsaid |= changed;
+        let now = Instant::now();
+        if !self.unsaid
+            || self
+                .failure_said
+                .is_some_and(|at| now < at + FAILURE_LINES_EVERY)
+        {
+            return false;
+        }
+        self.unsaid = false;
+        self.failure_said = Some(now);
+        self.unrecovered = true;
+        true
+    }
+}
+
 /// Runs one watcher into a reflector store, each object trimmed to what qoslet reads
 /// ([`trim`]), bumping `tx` on every change the store took. A
-/// named watch reports its state to `states` (`/readyz`); an unnamed one logs its failures at
-/// debug level.
+/// named watch reports its state to `states` (`/readyz`) and logs as [`WatchLog`] lets it; an
+/// unnamed one logs its failures at debug level. A `410 Expired` `ERROR` event is no failure:
+/// the API server's watch cache moved past the watch's version (routine, every few minutes on
+/// a busy cluster), and kube-runtime relists.
 fn spawn_watch<K>(
     name: Option<&'static str>,
     api: Api<K>,
@@ -512,6 +572,7 @@ where
                 .backoff(super::client::WatchBackoff::default())
                 .modify(Trim::trim)
         ));
+        let mut said = WatchLog::default();
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(Event::Init) => {
@@ -519,16 +580,29 @@ where
                 }
                 Ok(Event::InitApply(_)) => {}
                 Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
-                    if set(ApiWatchState::Synced) {
-                        tracing::info!(watch = name, "API watch synced.");
+                    if set(ApiWatchState::Synced) && name.is_some() {
+                        match said.synced() {
+                            Some(Synced::First) => {
+                                tracing::info!(watch = name, "API watch synced.");
+                            }
+                            Some(Synced::Recovered) => {
+                                tracing::info!(watch = name, "API watch recovered.");
+                            }
+                            None => {}
+                        }
                     }
                     tx.send_modify(|n| *n += 1);
                 }
+                Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                    tracing::debug!(watch = name, error = %s, "API watch expired; relisting.");
+                }
                 Err(e) => match name {
-                    Some(_) if set(ApiWatchState::Failing(e.to_string())) => {
-                        tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
+                    Some(_) => {
+                        let changed = set(ApiWatchState::Failing(e.to_string()));
+                        if said.failed(changed) {
+                            tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
+                        }
                     }
-                    Some(_) => {}
                     None => {
                         tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff.");
                     }

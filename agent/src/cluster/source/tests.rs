@@ -397,3 +397,36 @@ fn a_group_chain_is_walked_no_deeper_than_one_past_its_limit() {
     // A loop back to the bottom of the chain: no more.
     assert_eq!(loaded(&pods, &chain("g1")).1, want);
 }
+
+/// A watch's log says its first sync, a failure at most once a minute however often the server
+/// fails it in new words or flaps, a change held back once the minute has passed, and a
+/// recovery only after a failure it said.
+#[tokio::test(start_paused = true)]
+async fn a_watch_says_each_problem_once_and_at_most_a_failure_a_minute() {
+    let mut said = WatchLog::default();
+    assert_eq!(said.synced(), Some(Synced::First));
+    assert_eq!(said.synced(), None, "a relist says nothing");
+    assert!(said.failed(true));
+    assert!(!said.failed(false), "the same error again");
+    // Flapping: failing in ever new words, synced in between, every 5 s for a minute.
+    let mut lines = 0;
+    for _ in 0..11 {
+        tokio::time::advance(Duration::from_secs(5)).await;
+        lines += usize::from(said.synced().is_some());
+        lines += usize::from(said.failed(true));
+    }
+    assert_eq!(lines, 1, "the recovery of the failure said");
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(
+        said.failed(false),
+        "the change held back, a minute after the last failure said"
+    );
+    assert!(!said.failed(false));
+    assert_eq!(said.synced(), Some(Synced::Recovered));
+    assert_eq!(said.synced(), None);
+    // A change held back and recovered from before the minute is not said after it.
+    assert!(!said.failed(true));
+    assert_eq!(said.synced(), None);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    assert!(!said.failed(false));
+}
