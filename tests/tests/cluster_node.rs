@@ -12,79 +12,33 @@
 //! Workload API the node is ready and gang-awareness is off; a write decided before a crash is
 //! not replayed against a pod re-created under the same name.
 
+mod cluster_common;
+
 use std::{
     fs,
-    net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
+use cluster_common::{
+    NODE, SHIPPED_RBAC, WAIT, assert_rbac_allows, assert_rbac_allows_with, setup, setup_with,
+    start_qoslet, wait_for,
+};
 use k8s_openapi::api::core::v1::Pod;
 use qoslet::{
     cgroup::{Tree, layout::Controller},
-    cluster::{self, ClusterOptions, KubeletConfigFrom},
-    config::CapacityOverride,
-    policy::{cpuset::CpuSet, settings::Capacity},
+    cluster,
 };
 use qoslet_tests::{
-    Hog, InProcessAgent, NodeRoot, TempDir,
-    fake_api::{FakeApi, Options, Outage, RequestRecord},
-    free_port, http_get,
+    Hog, NodeRoot,
+    fake_api::{Options, Outage, RequestRecord},
+    http_get,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
     require_root,
 };
 use serde_json::json;
-
-const WAIT: Duration = Duration::from_secs(60);
-const NODE: &str = "node-a";
-const MIB: u64 = 1 << 20;
-
-async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn start_qoslet(kubeconfig: &Path, kubelet: &Path, config: &Path) -> InProcessAgent {
-    let opts = ClusterOptions {
-        kubelet_config: KubeletConfigFrom::File(kubelet.into()),
-        config: Some(config.into()),
-        node_name: NODE.into(),
-        kubeconfig: Some(kubeconfig.into()),
-        observe: false,
-        shutdown_grace: Duration::from_secs(5),
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    InProcessAgent::start(async move {
-        let capacity = |_: &CapacityOverride, limit: Option<i64>| {
-            Ok(Capacity {
-                cpu_millis: 2000,
-                memory_bytes: limit.ok_or("the test root has a memory limit")?,
-                pids: 4096,
-                cpus: CpuSet::first(2),
-            })
-        };
-        if let Err(e) = cluster::run(opts, capacity).await {
-            panic!(
-                "qoslet --kube stopped: {e}: {:?}",
-                std::error::Error::source(&e)
-            );
-        }
-    })
-}
-
-/// The shipped RBAC, compiled in (the test also runs in the VM, where the tree is not).
-const SHIPPED_RBAC: &str = include_str!("../../deploy/kubernetes/rbac.yaml");
 
 /// docs/rbac.md, whose first YAML block is the ClusterRole to add for `evictionMethod: api` and
 /// `gangEviction: unit`.
@@ -99,114 +53,10 @@ fn opt_in_rbac() -> String {
     RBAC_DOC[start..start + len].to_owned()
 }
 
-/// Every request qoslet made is one the shipped ClusterRole and Role allow: the fake does not
-/// authorize, a real API server answers 403.
-fn assert_rbac_allows(fake: &FakeApi) {
-    assert_rbac_allows_with(fake, "");
-}
-
-/// [`assert_rbac_allows`] with `extra` RBAC documents added to the shipped ones.
-fn assert_rbac_allows_with(fake: &FakeApi, extra: &str) {
-    let rbac = if extra.is_empty() {
-        SHIPPED_RBAC.to_owned()
-    } else {
-        format!("{SHIPPED_RBAC}\n---\n{extra}")
-    };
-    let denied = qoslet_tests::fake_api::rbac::denied(&fake.requests(), &rbac)
-        .expect("deploy/kubernetes/rbac.yaml parses");
-    assert!(
-        denied.is_empty(),
-        "requests deploy/kubernetes/rbac.yaml does not allow: {denied:#?}"
-    );
-}
-
 fn count(log: &[RequestRecord], method: &str, path: &str, code: u16) -> usize {
     log.iter()
         .filter(|r| r.method == method && r.path == path && r.code == code)
         .count()
-}
-
-struct Setup {
-    fake: FakeApi,
-    root: NodeRoot,
-    work: TempDir,
-    kubeconfig: PathBuf,
-    kubelet: PathBuf,
-    config: PathBuf,
-    metrics: SocketAddr,
-}
-
-async fn setup(driver: Driver, runtime: Runtime, limit_mib: u64, hard_mib: u64) -> Setup {
-    setup_with(driver, runtime, limit_mib, hard_mib, Options::default(), "").await
-}
-
-/// [`setup`] with the fake's options and extra QosletConfiguration lines.
-async fn setup_with(
-    driver: Driver,
-    runtime: Runtime,
-    limit_mib: u64,
-    hard_mib: u64,
-    options: Options,
-    extra_config: &str,
-) -> Setup {
-    let fake = FakeApi::start(options).await.expect("fake API");
-    let root = NodeRoot::create();
-    let limit = (limit_mib * MIB).to_string();
-    if root.mounts.trees.contains_key(&Tree::V2) {
-        fs::write(root.path(Tree::V2, "").join("memory.max"), &limit).unwrap();
-    } else {
-        let f = root
-            .path(Tree::V1(Controller::Memory), "")
-            .join("memory.limit_in_bytes");
-        fs::write(f, &limit).unwrap();
-    }
-    let work = TempDir::new();
-    let kubeconfig = work.path.join("kubeconfig");
-    fake.write_kubeconfig(&kubeconfig).unwrap();
-    let kubelet = work.path.join("kubelet.yaml");
-    let driver_name = match driver {
-        Driver::Cgroupfs => "cgroupfs",
-        Driver::Systemd => "systemd",
-    };
-    fs::write(
-        &kubelet,
-        format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: {driver_name}\nevictionHard: {{memory.available: {hard_mib}Mi}}\n"
-        ),
-    )
-    .unwrap();
-    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = work.path.join("qoslet.yaml");
-    fs::write(
-        &config,
-        format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n{extra_config}",
-            root.name,
-            work.path.join("state").display()
-        ),
-    )
-    .unwrap();
-    let version = match runtime {
-        Runtime::Containerd => "containerd://2.1.0",
-        Runtime::CriO => "cri-o://1.33.0",
-    };
-    fake.seed([json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE},
-        "status": {"nodeInfo": {"containerRuntimeVersion": version, "machineID": "", "systemUUID": "",
-            "bootID": "", "kernelVersion": "", "osImage": "", "kubeletVersion": "v1.37.0",
-            "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}},
-    })])
-    .unwrap();
-    Setup {
-        fake,
-        root,
-        work,
-        kubeconfig,
-        kubelet,
-        config,
-        metrics,
-    }
 }
 
 /// Lets the hog allocate and waits for it to die; the signal that killed it.
@@ -967,159 +817,5 @@ async fn a_pod_that_ran_again_after_its_eviction_is_not_evicted_again_at_start()
             "the new eviction's mark"
         );
     }
-    qoslet.crash();
-}
-
-/// When each request reached the fake, by method and path: a watch's path with `?watch`.
-type Arrivals = Arc<Mutex<Vec<(String, Instant)>>>;
-
-fn record_arrivals(fake: &FakeApi) -> Arrivals {
-    let arrivals = Arrivals::default();
-    let seen = arrivals.clone();
-    fake.on_request(move |r| {
-        let watch = if r.param("watch").as_deref() == Some("true") {
-            "?watch"
-        } else {
-            ""
-        };
-        seen.lock()
-            .unwrap()
-            .push((format!("{} {}{watch}", r.method, r.path), Instant::now()));
-    });
-    arrivals
-}
-
-/// Per request kind (method, path, watch or not) within `[from, to)`: how many, and the most
-/// in any one second.
-fn rates(arrivals: &Arrivals, from: Instant, to: Instant) -> Vec<(String, usize, usize)> {
-    let mut by: std::collections::BTreeMap<String, Vec<Instant>> = Default::default();
-    for (what, at) in arrivals.lock().unwrap().iter() {
-        if *at >= from && *at < to {
-            by.entry(what.clone()).or_default().push(*at);
-        }
-    }
-    by.into_iter()
-        .map(|(what, times)| {
-            let most = times
-                .iter()
-                .map(|t| {
-                    times
-                        .iter()
-                        .filter(|u| **u >= *t && **u < *t + Duration::from_secs(1))
-                        .count()
-                })
-                .max()
-                .unwrap_or(0);
-            (what, times.len(), most)
-        })
-        .collect()
-}
-
-/// What one node asks of an API server that fails it (cluster/client.rs): a node started during
-/// a 503 outage lists under client-go's growing backoff, not every second for good; watches that
-/// a server ends at once are asked again at most twice a second per resource, not in a loop;
-/// after both, the node is in sync again. The rates are printed for the README's figures.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_per_resource() {
-    require_root();
-    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
-    let arrivals = record_arrivals(&s.fake);
-    let metrics = s.metrics;
-
-    // Started while every request answers 503.
-    s.fake.go_down(Outage::Unavailable).await;
-    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
-    let started = Instant::now();
-    let outage = Duration::from_secs(20);
-    tokio::time::sleep(outage).await;
-    let during = rates(&arrivals, started, Instant::now());
-    println!("20 s of 503 from the start (request, count, most in one second): {during:#?}");
-    let pod_lists = during
-        .iter()
-        .find(|(what, ..)| what == "GET /api/v1/pods")
-        .map_or(0, |(_, n, _)| *n);
-    // client-go's backoff from 0.8 s, doubling: at most 6 tries in 20 s (kube-runtime's own
-    // backoff, reset before every list, tries 13 to 25 times).
-    assert!(
-        (1..=6).contains(&pod_lists),
-        "pod lists in 20 s of 503: {pod_lists}: {during:#?}"
-    );
-    for (what, n, most) in &during {
-        assert!(*most <= 3, "{what}: {most} in one second ({n} in all)");
-    }
-    // Not ready, and why.
-    let ready = http_get(metrics, "/readyz").unwrap_or_default();
-    assert!(
-        ready.contains("api: not ready: waiting for the first list")
-            && ready.contains("pods failing (")
-            && ready.contains("503"),
-        "{ready}"
-    );
-
-    s.fake.come_up().await.expect("the fake comes back");
-    // The backoff may have grown to 30 s plus jitter.
-    let readyz_says = async |what: &str, ok: &dyn Fn(&str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let body = http_get(metrics, "/readyz").unwrap_or_default();
-            if ok(&body) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "/readyz never said {what}: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    readyz_says("ready after the outage", &|b| b.contains("api: ready: ")).await;
-
-    // A later outage shows in the line, and clears when the watches are back, though no object
-    // changed (a re-established watch yields nothing).
-    s.fake.go_down(Outage::Unavailable).await;
-    readyz_says("the outage", &|b| {
-        b.contains("api: ready: ") && b.contains("pods failing (")
-    })
-    .await;
-    s.fake.come_up().await.expect("the fake comes back");
-    readyz_says("the outage over", &|b| {
-        b.contains("pods synced") && b.contains("node synced") && !b.contains("failing")
-    })
-    .await;
-
-    // Every watch now ends at once, without an error.
-    s.fake.go_down(Outage::WatchesEnd).await;
-    let from = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let to = Instant::now();
-    let during = rates(&arrivals, from, to);
-    println!("10 s of watches that end at once (request, count, most in one second): {during:#?}");
-    let watches: Vec<_> = during
-        .iter()
-        .filter(|(what, ..)| what.ends_with("?watch"))
-        .collect();
-    assert!(
-        watches
-            .iter()
-            .any(|(what, ..)| what == "GET /api/v1/pods?watch"),
-        "the pods are watched again: {during:#?}"
-    );
-    for (what, n, most) in &during {
-        assert!(
-            *most <= 3 && *n <= 22,
-            "{what}: {n} in 10 s, {most} in one second"
-        );
-    }
-
-    // Back to normal: a new pod on the node is seen.
-    s.fake.come_up().await.expect("watches last again");
-    let mut late = KPod::new("late", "33333333-2222-3333-4444-000000000009", "BestEffort");
-    create(&s.fake, &mut late, Runtime::Containerd, NODE);
-    wait_for("the pod created after the faults, managed", || {
-        let m = http_get(metrics, "/metrics")?;
-        m.contains("pod=\"late\"").then_some(())
-    })
-    .await;
-    assert_rbac_allows(&s.fake);
     qoslet.crash();
 }

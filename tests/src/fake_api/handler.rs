@@ -9,10 +9,11 @@ use axum::{
     http::{HeaderValue, Method, StatusCode, header},
     response::Response,
 };
+use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use super::{
-    Shared, control,
+    Outage, Shared, control,
     log::{RequestRecord, url_decode_pairs},
     ops::{self, DeleteOptions},
     patch::PatchType,
@@ -63,25 +64,35 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         return json_response(code, &value);
     }
 
-    let reply = if shared.unavailable.load(std::sync::atomic::Ordering::SeqCst) {
-        Err(ApiError::unavailable())
+    let unavailable = shared.unavailable.load(std::sync::atomic::Ordering::SeqCst);
+    let fault = *shared.fault.lock().expect("fault lock");
+    let watch = parts.method == Method::GET && flag(&query, "watch") == Some(true);
+    let faulty = fault
+        .filter(|_| !unavailable)
+        .and_then(|f| fault_answer(f, watch, &query));
+    let (code, response) = if let Some(answer) = faulty {
+        answer
     } else {
-        match parsed.clone() {
-            Ok(body) => dispatch(
-                &shared,
-                &parts.method,
-                &path,
-                &query,
-                content_type.as_deref(),
-                body,
-            ),
-            Err(err) => Err(err),
+        let reply = if unavailable {
+            Err(ApiError::unavailable())
+        } else {
+            match parsed.clone() {
+                Ok(body) => dispatch(
+                    &shared,
+                    &parts.method,
+                    &path,
+                    &query,
+                    content_type.as_deref(),
+                    body,
+                ),
+                Err(err) => Err(err),
+            }
+        };
+        match reply {
+            Ok(Reply::Json(code, value)) => (code, json_response(code, &value)),
+            Ok(Reply::Stream(body)) => (200, stream_response(body)),
+            Err(err) => (err.code, json_response(err.code, &err.body())),
         }
-    };
-    let (code, response) = match reply {
-        Ok(Reply::Json(code, value)) => (code, json_response(code, &value)),
-        Ok(Reply::Stream(body)) => (200, stream_response(body)),
-        Err(err) => (err.code, json_response(err.code, &err.body())),
     };
     let record = RequestRecord {
         method: parts.method.to_string(),
@@ -97,6 +108,47 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
     }
     shared.log.lock().expect("log lock").push(record);
     response
+}
+
+/// What a 200 answers under [`Outage::Garbage`]: no JSON, no list.
+const GARBAGE: &[u8] = b"\x00\xff<html>502 Bad Gateway}{\n";
+
+/// The first bytes of a watch event line, where [`Outage::WatchesCut`] cuts the connection.
+const CUT_LINE: &[u8] = br#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metad"#;
+
+/// The answer of the fault in force, when it touches this request; the HTTP status and the
+/// response.
+fn fault_answer(fault: Outage, watch: bool, query: &Query) -> Option<(u16, Response)> {
+    match fault {
+        Outage::Garbage => Some((200, stream_response(Body::from(GARBAGE)))),
+        Outage::Throttled { code, retry_after } => {
+            let mut response = json_response(code, &ApiError::throttled(code, retry_after).body());
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+            Some((code, response))
+        }
+        Outage::WatchesGone if watch => {
+            let from = query
+                .get("resourceVersion")
+                .and_then(|rv| rv.parse().ok())
+                .unwrap_or_default();
+            let err = ApiError::expired(from, from + 1);
+            Some((err.code, json_response(err.code, &err.body())))
+        }
+        Outage::WatchesCut if watch => {
+            // The partial line goes out first (hyper writes what the body yields while it
+            // waits), then the body fails and hyper closes the connection mid-chunk.
+            let cut = futures::stream::iter([Ok(bytes::Bytes::from_static(CUT_LINE))]).chain(
+                futures::stream::once(async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Err(std::io::Error::other("the fake cuts the watch"))
+                }),
+            );
+            Some((200, stream_response(Body::from_stream(cut))))
+        }
+        _ => None,
+    }
 }
 
 fn parse_body(bytes: &[u8], content_type: Option<&str>) -> Result<Option<Value>, ApiError> {

@@ -38,7 +38,9 @@
 //! - `Status` error bodies worded as the real server words them ([`status`]).
 //! - Test controls on [`FakeApi`]: seed, create, replace, modify and delete objects while
 //!   running (watches see them), block eviction per pod, compact the history, go down (refuse
-//!   connections, or answer 503) and come back on the same port, and a request log. The same
+//!   connections, answer 503, never answer) and come back on the same port, inject faults
+//!   (watches that end, are cut mid-line or expire, garbage bodies, 429/503 with Retry-After:
+//!   [`Outage`]), and a request log. The same
 //!   controls, except refusing connections, over HTTP under `/_fake/` for a fake that runs as
 //!   its own process ([`control`]).
 //!
@@ -140,6 +142,22 @@ pub enum Outage {
     /// (as behind a proxy with a short idle timeout): a client that watches again at once asks
     /// without end.
     WatchesEnd,
+    /// Every other request is served, but a watch's connection is closed in the middle of its
+    /// first event line (as by a proxy or load balancer that drops the connection).
+    WatchesCut,
+    /// Every other request is served, but a watch answers 200 with one `ERROR` event, 410
+    /// `Expired`, and ends: what the API server sends when the watch cache no longer holds the
+    /// version asked for. A client relists and watches again.
+    WatchesExpire,
+    /// Every other request is served, but a watch answers HTTP 410 `Expired` (a `Status` body,
+    /// no stream).
+    WatchesGone,
+    /// Every API request answers 200 with a body that is not JSON.
+    Garbage,
+    /// Every API request answers `code` (429 or 503) with a `Retry-After: retry_after` header
+    /// and `details.retryAfterSeconds`, as the API server's priority and fairness does when it
+    /// sheds load; open watches end.
+    Throttled { code: u16, retry_after: u32 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -168,8 +186,9 @@ struct Shared {
     /// Called with each request as it is answered, before the client has the answer.
     on_request: Mutex<Option<RequestHook>>,
     unavailable: AtomicBool,
-    /// While true, every watch ends at once ([`Outage::WatchesEnd`]).
-    watches_end: AtomicBool,
+    /// The fault the handlers apply to each request now: any [`Outage`] but `Refuse`,
+    /// `Unavailable` and `Silent`, which have their own switches.
+    fault: Mutex<Option<Outage>>,
     /// While true, requests wait ([`Outage::Silent`]).
     silent: tokio::sync::watch::Sender<bool>,
     /// Bumped to end every open watch.
@@ -200,7 +219,7 @@ impl FakeApi {
             log: Mutex::new(Vec::new()),
             on_request: Mutex::new(None),
             unavailable: AtomicBool::new(false),
-            watches_end: AtomicBool::new(false),
+            fault: Mutex::new(None),
             silent: tokio::sync::watch::Sender::new(false),
             epoch: tokio::sync::watch::channel(0).0,
             options: Options {
@@ -364,7 +383,7 @@ impl FakeApi {
             Outage::Silent => {
                 self.shared.silent.send_replace(true);
             }
-            Outage::WatchesEnd => self.shared.watches_end.store(true, Ordering::SeqCst),
+            fault => *self.shared.fault.lock().expect("fault lock") = Some(fault),
         }
         self.shared.epoch.send_modify(|e| *e += 1);
     }
@@ -372,7 +391,7 @@ impl FakeApi {
     /// Serves again, on the same address.
     pub async fn come_up(&self) -> Result<(), FakeApiError> {
         self.shared.unavailable.store(false, Ordering::SeqCst);
-        self.shared.watches_end.store(false, Ordering::SeqCst);
+        *self.shared.fault.lock().expect("fault lock") = None;
         self.shared.silent.send_replace(false);
         if self.server.lock().expect("server lock").is_some() {
             return Ok(());

@@ -173,6 +173,27 @@ impl ApiError {
         }
     }
 
+    /// 429 `TooManyRequests` (priority and fairness shedding a request) or 503
+    /// `ServiceUnavailable`, each with `details.retryAfterSeconds` as the server sets it beside
+    /// its `Retry-After` header.
+    pub fn throttled(code: u16, retry_after: u32) -> Self {
+        let (reason, message) = if code == 429 {
+            (
+                "TooManyRequests",
+                "Too many requests, please try again later.".into(),
+            )
+        } else {
+            let unavailable = Self::unavailable();
+            (unavailable.reason, unavailable.message)
+        };
+        Self {
+            code,
+            reason,
+            message,
+            details: Some(json!({ "retryAfterSeconds": retry_after })),
+        }
+    }
+
     /// The `Status` object sent as the response body or inside a watch `ERROR` event.
     pub fn body(&self) -> Value {
         let mut status = json!({

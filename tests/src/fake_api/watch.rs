@@ -13,6 +13,9 @@
 //! - `timeoutSeconds`: the stream ends after that long. It also ends after an ERROR event, when
 //!   the fake goes down, and when the client goes away.
 //! - A compaction ([`super::FakeApi::compact`]) ends every open watch with a 410 ERROR event.
+//! - The faults of [`Outage`] that touch watches: `WatchesEnd` ends one at once, `WatchesExpire`
+//!   answers with a 410 ERROR event (`WatchesCut` and `WatchesGone` are answered by the
+//!   handler, before a stream starts).
 
 use std::{sync::Arc, time::Duration};
 
@@ -21,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::{sync::mpsc, time::Instant};
 
 use super::{
-    Shared,
+    Outage, Shared,
     resources::{RESOURCES, ResourceId},
     select::Selector,
     status::ApiError,
@@ -145,8 +148,16 @@ fn event(req: &WatchRequest, change: &Change) -> Option<Bytes> {
 }
 
 async fn run(shared: &Shared, req: &WatchRequest, snapshot: Snapshot, tx: &mpsc::Sender<Bytes>) {
-    if shared.watches_end.load(std::sync::atomic::Ordering::SeqCst) {
-        return;
+    let fault = *shared.fault.lock().expect("fault lock");
+    match fault {
+        Some(Outage::WatchesEnd) => return,
+        Some(Outage::WatchesExpire) => {
+            let from = req.from.unwrap_or_default();
+            let err = ApiError::expired(from, from + 1);
+            let _ = tx.send(line("ERROR", &err.body())).await;
+            return;
+        }
+        _ => {}
     }
     let Snapshot {
         mut changed,
