@@ -336,8 +336,8 @@ pub(super) fn parse_capacity(spec: &str) -> Result<Capacity, String> {
     })
 }
 
-/// The machine's capacity as the kubelet (cadvisor) sees it: online CPUs, MemTotal, pid_max;
-/// entries of the qoslet config's `capacity` win.
+/// The machine's capacity as the kubelet (cadvisor) sees it: online CPUs, MemTotal, the lower of
+/// pid_max and threads-max; entries of the qoslet config's `capacity` win.
 pub(crate) fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, String> {
     let read =
         |path: &str| fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"));
@@ -354,10 +354,7 @@ pub(crate) fn machine_capacity(over: &CapacityOverride) -> Result<Capacity, Stri
         .and_then(|v| v.trim().parse::<i64>().ok())
         .map(|kb| kb * 1024)
         .ok_or("/proc/meminfo: no MemTotal")?;
-    let mut pids = read("/proc/sys/kernel/pid_max")?
-        .trim()
-        .parse::<i64>()
-        .map_err(|e| format!("/proc/sys/kernel/pid_max: {e}"))?;
+    let mut pids = crate::eviction::signals::task_max().map_err(|e| e.to_string())?;
     let q = |field: &str, v: &str| {
         v.parse::<Quantity>()
             .map_err(|e| format!("capacity.{field}: {e}"))

@@ -3,7 +3,7 @@
 use crate::cgroup::CgroupBeneath;
 
 use super::{
-    signals::{MemoryCgroup, SignalError, pid_max, read_pids},
+    signals::{MemoryCgroup, SignalError, read_pids, task_max},
     thresholds::{Observations, Observed},
 };
 
@@ -16,7 +16,8 @@ pub struct NodeSignals {
     pub capacity_bytes: Option<i64>,
     /// The pods' cgroup: `allocatableMemory.available` = its limit - its working set.
     pub kubepods: Option<MemoryCgroup>,
-    /// A pids cgroup of the node root: `pid.available` = pids.max (or pid_max) - pids.current.
+    /// A pids cgroup of the node root: `pid.available` is its pids.max (without one, the
+    /// kernel's task limit) less its pids.current.
     pub pids: Option<CgroupBeneath>,
 }
 
@@ -67,7 +68,7 @@ impl NodeSignals {
             let r = read_pids(p)?;
             let capacity = match r.max {
                 Some(m) => m,
-                None => pid_max()?,
+                None => task_max()?,
             };
             obs.insert(
                 "pid.available".into(),
