@@ -74,6 +74,10 @@ pub enum ClusterCmd {
         /// Leave a cluster this command brought up running.
         #[arg(long)]
         keep: bool,
+        /// Bring the cluster up with the VM node (as `up --vm-node`); the tests themselves run
+        /// against the host node.
+        #[arg(long)]
+        vm_node: bool,
     },
 }
 
@@ -98,11 +102,11 @@ pub fn run(cmd: &ClusterCmd) -> Result<()> {
     match cmd {
         ClusterCmd::Up { vm_node } => up(*vm_node).map(drop),
         ClusterCmd::Down => down(),
-        ClusterCmd::Test { keep } => {
+        ClusterCmd::Test { keep, vm_node } => {
             let brought_up = if current()?.is_some() {
                 false
             } else {
-                if let Err(e) = up(false) {
+                if let Err(e) = up(*vm_node) {
                     // `cluster up` leaves a failed cluster for a look; a test run cleans up.
                     if !keep && let Err(d) = down() {
                         eprintln!("xtask: cluster down after the failed up: {d:#}");
