@@ -28,7 +28,7 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::{
         WatchStreamExt as _,
-        reflector::{self, Store, store::Writer},
+        reflector::{Store, store::Writer},
         watcher::{self, Event},
     },
 };
@@ -542,7 +542,34 @@ impl WatchLog {
     }
 }
 
-/// Runs one watcher into a reflector store, each object trimmed to what qoslet reads
+/// One watch's backoff ([`WatchBackoff`](super::client::WatchBackoff)), kept across the watchers
+/// it starts.
+#[derive(Clone, Default)]
+struct SharedBackoff(Arc<Mutex<super::client::WatchBackoff>>);
+
+impl SharedBackoff {
+    fn wait(&self) -> std::time::Duration {
+        lock(&self.0)
+            .next()
+            .unwrap_or(std::time::Duration::from_secs(30))
+    }
+}
+
+impl Iterator for SharedBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        Some(self.wait())
+    }
+}
+
+impl kube::runtime::utils::Backoff for SharedBackoff {
+    /// Never reset by the stream's items: see [`WatchBackoff`](super::client::WatchBackoff).
+    fn reset(&mut self) {}
+}
+
+/// Runs a watcher (a new one, which lists first, after a watch request answered 410) into a
+/// reflector store, each object trimmed to what qoslet reads
 /// ([`trim`]), bumping `tx` on every change the store took. A
 /// named watch reports its state to `states` (`/readyz`) and logs as [`WatchLog`] lets it; an
 /// unnamed one logs its failures at debug level. A `410 Expired` `ERROR` event is no failure:
@@ -566,48 +593,65 @@ where
     let set = move |state: ApiWatchState| name.is_some_and(|n| states.set(n, &path, state));
     set(ApiWatchState::Listing);
     let task = tokio::spawn(async move {
-        let mut stream = std::pin::pin!(reflector::reflector(
-            writer,
-            watcher::watcher(api, cfg)
-                .backoff(super::client::WatchBackoff::default())
-                .modify(Trim::trim)
-        ));
+        let mut writer = writer;
+        let backoff = SharedBackoff::default();
         let mut said = WatchLog::default();
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(Event::Init) => {
-                    set(ApiWatchState::Listing);
+        // One watcher until the API server answers a watch request 410 (the version is gone):
+        // kube-runtime would ask again from that version for good, under the backoff; a new
+        // watcher lists first.
+        loop {
+            let mut stream = std::pin::pin!(
+                watcher::watcher(api.clone(), cfg.clone())
+                    .backoff(backoff.clone())
+                    .modify(Trim::trim)
+            );
+            while let Some(ev) = stream.next().await {
+                if let Ok(ev) = &ev {
+                    writer.apply_watcher_event(ev);
                 }
-                Ok(Event::InitApply(_)) => {}
-                Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
-                    if set(ApiWatchState::Synced) && name.is_some() {
-                        match said.synced() {
-                            Some(Synced::First) => {
-                                tracing::info!(watch = name, "API watch synced.");
+                if let Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) = &ev
+                    && s.code == 410
+                {
+                    tracing::debug!(watch = name, error = %s, "API watch refused as expired; relisting.");
+                    break;
+                }
+                match ev {
+                    Ok(Event::Init) => {
+                        set(ApiWatchState::Listing);
+                    }
+                    Ok(Event::InitApply(_)) => {}
+                    Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_)) => {
+                        if set(ApiWatchState::Synced) && name.is_some() {
+                            match said.synced() {
+                                Some(Synced::First) => {
+                                    tracing::info!(watch = name, "API watch synced.");
+                                }
+                                Some(Synced::Recovered) => {
+                                    tracing::info!(watch = name, "API watch recovered.");
+                                }
+                                None => {}
                             }
-                            Some(Synced::Recovered) => {
-                                tracing::info!(watch = name, "API watch recovered.");
+                        }
+                        tx.send_modify(|n| *n += 1);
+                    }
+                    Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                        tracing::debug!(watch = name, error = %s, "API watch expired; relisting.");
+                    }
+                    Err(e) => match name {
+                        Some(_) => {
+                            let changed = set(ApiWatchState::Failing(e.to_string()));
+                            if said.failed(changed) {
+                                tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
                             }
-                            None => {}
                         }
-                    }
-                    tx.send_modify(|n| *n += 1);
-                }
-                Err(watcher::Error::WatchError(s)) if s.code == 410 => {
-                    tracing::debug!(watch = name, error = %s, "API watch expired; relisting.");
-                }
-                Err(e) => match name {
-                    Some(_) => {
-                        let changed = set(ApiWatchState::Failing(e.to_string()));
-                        if said.failed(changed) {
-                            tracing::warn!(watch = name, error = %e, "API watch failing; retrying with backoff.");
+                        None => {
+                            tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff.");
                         }
-                    }
-                    None => {
-                        tracing::debug!(error = %e, "A workload object's watch is failing; retrying with backoff.");
-                    }
-                },
+                    },
+                }
             }
+            // The stream's own backoff sleep went with it.
+            tokio::time::sleep(backoff.wait()).await;
         }
     });
     (reader, task)

@@ -430,3 +430,62 @@ async fn a_watch_says_each_problem_once_and_at_most_a_failure_a_minute() {
     tokio::time::advance(Duration::from_secs(60)).await;
     assert!(!said.failed(false));
 }
+
+/// A watch request the API server answers HTTP 410 (its version is gone) brings a new list,
+/// and the watch goes on from the new list's version: kube-runtime alone would ask from the old
+/// version for good.
+#[tokio::test]
+async fn a_watch_answered_http_410_lists_again() {
+    let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lists.clone();
+    let (client, api) = Routes::new()
+        .route("GET", "/api/v1/pods", move |r| {
+            if !r.is_watch() {
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let rv = if n == 0 { "5" } else { "6" };
+                return Some((200, list("Pod", rv, vec![pod("a", UID_A, "Running", None)])));
+            }
+            (r.query("resourceVersion").as_deref() == Some("5")).then(|| {
+                (
+                    410,
+                    status(410, "Expired", "too old resource version: 5 (6)"),
+                )
+            })
+        })
+        .list(
+            "/api/v1/nodes",
+            "Node",
+            "5",
+            vec![json!({"metadata": {"name": "node-a"}})],
+        )
+        .on(
+            "GET",
+            "/apis/scheduling.k8s.io/v1beta1",
+            404,
+            status(404, "NotFound", "no"),
+        )
+        .client();
+    let (src, _) = synced(client).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let watched_from = |rv: &str| {
+        api.requests().iter().any(|r| {
+            r.is_watch()
+                && r.path() == "/api/v1/pods"
+                && r.query("resourceVersion").as_deref() == Some(rv)
+        })
+    };
+    while !watched_from("6") {
+        assert!(
+            Instant::now() < deadline,
+            "no watch from the new list: {:#?}",
+            api.requests()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(names(src.pods()), ["a"]);
+    assert_eq!(
+        src.watch_states().get().get("pods"),
+        Some(&ApiWatchState::Synced)
+    );
+}
