@@ -40,9 +40,8 @@
 //!   running (watches see them), block eviction per pod, compact the history, go down (refuse
 //!   connections, answer 503, never answer) and come back on the same port, inject faults
 //!   (watches that end, are cut mid-line or expire, garbage bodies, 429/503 with Retry-After:
-//!   [`Outage`]), and a request log. The same
-//!   controls, except refusing connections, over HTTP under `/_fake/` for a fake that runs as
-//!   its own process ([`control`]).
+//!   [`Outage`]), and a request log. Over HTTP under `/_fake/`, for a fake that runs as its own
+//!   process ([`control`]): the object and eviction controls, compaction, 503 and the log.
 //!
 //! # What it does not implement
 //! - Authentication, authorization, admission, validation beyond the name, defaulting (a pod's
