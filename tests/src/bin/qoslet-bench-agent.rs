@@ -11,12 +11,12 @@
 //!   intervals, in a separate window since tracing slows the traced process). Targets (issue
 //!   #42): under 0.5 % of a core and 16 MiB at 110 pods, under 1 % at 500.
 
-use qoslet_tests::{cpu_ticks, http_get, status_kib};
+use qoslet_tests::{cpu_ticks, http_get, release_qoslet, status_kib};
 use std::{
     collections::BTreeMap,
     fs,
     net::{SocketAddr, TcpListener},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -275,15 +275,6 @@ fn strace_rates(pid: u32, secs: u64) -> Result<Syscalls, String> {
     }
     let total = total.ok_or_else(|| format!("no strace summary: {text}"))?;
     Ok(Syscalls { total, by_kind })
-}
-
-/// The `qoslet` cargo built beside this bench, in the same target directory (`CARGO_TARGET_DIR`
-/// or `target/`), not a stale one under the workspace's `target/`.
-fn release_qoslet() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("qoslet")))
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/qoslet"))
 }
 
 fn example_memory() {
