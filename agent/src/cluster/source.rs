@@ -326,12 +326,16 @@ impl ApiSource {
             states.clone(),
         );
         tasks.push(t);
+        // The Node is read at start only (its kubelet version, runtime and uid): its status
+        // updates (a heartbeat every 10 s to 5 min) change nothing a pass reads, so they wake
+        // nothing; the store still follows them.
+        let (node_tx, _) = watch::channel(0u64);
         let (node, t) = spawn_watch(
             Some("node"),
             Api::<Node>::all(client.clone()),
             from_cache(&node_selector(node_name)),
             (),
-            tx.clone(),
+            node_tx,
             states.clone(),
         );
         tasks.push(t);

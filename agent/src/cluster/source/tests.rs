@@ -230,6 +230,60 @@ async fn a_410_gone_relists_and_the_diff_shows_it() {
     assert!(src.watch_states().summary().contains("pods synced"));
 }
 
+/// The Node's status updates (heartbeats) reach its store and start no rebuild of the pods.
+#[tokio::test]
+async fn a_node_heartbeat_changes_nothing_and_wakes_nothing() {
+    let mut beats = 0u32;
+    let (client, _api) = mock::client(move |r| match (r.path(), r.is_watch()) {
+        ("/api/v1/pods", false) => Some((
+            200,
+            list("Pod", "1", vec![pod("a", UID_A, "Running", None)]),
+        )),
+        ("/api/v1/nodes", false) => Some((
+            200,
+            list(
+                "Node",
+                "1",
+                vec![json!({"metadata": {"name": "node-a", "resourceVersion": "1"}})],
+            ),
+        )),
+        ("/api/v1/nodes", true) => {
+            beats += 1;
+            let node = json!({"metadata": {"name": "node-a", "resourceVersion": format!("{}", beats + 1)},
+                "status": {"conditions": [{"type": "Ready", "status": "True",
+                    "lastHeartbeatTime": format!("2026-12-04T00:00:{:02}Z", beats % 60)}]}});
+            Some((200, events(&[("MODIFIED", node)])))
+        }
+        (_, true) => None,
+        _ => Some((404, status(404, "NotFound", "no Workload API"))),
+    });
+    let (mut src, _) = synced(client).await;
+    let rv = |src: &ApiSource| -> u32 {
+        src.node()
+            .and_then(|n| n.metadata.resource_version.clone())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while *lock(&src.gang_awareness()) == GangAwareness::Unknown || rv(&src) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat in the Node's store"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The discovery's answer (gang-awareness off) was a change of its own: taken here.
+    let _ = tokio::time::timeout(Duration::from_millis(100), src.changed()).await;
+    let before = rv(&src);
+    let woke = tokio::time::timeout(Duration::from_secs(3), src.changed()).await;
+    assert!(
+        rv(&src) > before,
+        "heartbeats kept coming ({before} -> {})",
+        rv(&src)
+    );
+    assert!(woke.is_err(), "a heartbeat woke the pass: {woke:?}");
+}
+
 #[tokio::test]
 async fn an_invalid_pod_is_reported_and_skipped() {
     let mut bad = pod(
