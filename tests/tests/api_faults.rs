@@ -26,7 +26,7 @@ use qoslet_tests::{
     kubelet_tree::{Driver, KPod, Runtime, create},
     require_root,
 };
-use tracing_subscriber::{Layer, filter::LevelFilter, layer::SubscriberExt as _};
+use tracing_subscriber::{Layer, layer::SubscriberExt as _};
 
 /// The most log lines a minute any fault may cost (issue #39).
 const LINES_A_MINUTE: f64 = 100.0;
@@ -45,8 +45,8 @@ fn lines() -> &'static Mutex<Vec<Line>> {
     LINES.get_or_init(Default::default)
 }
 
-/// Counts each event qoslet's own subscriber would print (`qoslet run` logs `info` and above
-/// of every target, kube's included); the fake's and the tests' events are not qoslet's.
+/// Counts each event qoslet's own subscriber would print (`qoslet run`'s default filter,
+/// `qoslet::cli::DEFAULT_LOG_FILTER`); the fake's and the tests' events are not qoslet's.
 struct CountLines;
 
 impl<S: tracing::Subscriber> Layer<S> for CountLines {
@@ -77,7 +77,9 @@ fn count_log_lines() {
                 .with_test_writer()
                 .with_filter(tracing_subscriber::EnvFilter::from_default_env()),
         )
-        .with(CountLines.with_filter(LevelFilter::INFO));
+        .with(CountLines.with_filter(tracing_subscriber::EnvFilter::new(
+            qoslet::cli::DEFAULT_LOG_FILTER,
+        )));
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
 

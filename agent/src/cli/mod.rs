@@ -84,12 +84,18 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` filters them (default `info`). Text carries colour only on a
-/// terminal: `kubectl logs` and journald show the escape codes as they are.
+/// Logs go to stderr; `RUST_LOG` filters them (default [`DEFAULT_LOG_FILTER`]). Text carries
+/// colour only on a terminal: `kubectl logs` and journald show the escape codes as they are.
+/// `info`, but kube's client module at `error`: it warns of every watch stream the server cuts
+/// ("eof in poll", one a cut; it ends the stream, which `cluster/client.rs` counts and backs off
+/// from, saying so once) and of a body it cannot decode with the whole body in the line (an API
+/// server's garbage, unbounded); qoslet logs the errors it gets back itself.
+pub const DEFAULT_LOG_FILTER: &str = "info,kube_client::client=error";
+
 pub fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
