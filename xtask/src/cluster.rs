@@ -170,6 +170,20 @@ impl Cluster {
         cmd
     }
 
+    /// Whether the Node `name` reports Ready.
+    fn node_ready(&self, name: &str) -> bool {
+        self.kubectl()
+            .args([
+                "get",
+                "node",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ])
+            .output()
+            .is_ok_and(|o| o.stdout == b"True")
+    }
+
     fn kubectl(&self) -> Command {
         let mut cmd = self.inside(false, &self.bins.kubectl());
         cmd.arg("--kubeconfig")
@@ -746,16 +760,7 @@ fn start_kubelet(c: &Cluster) -> Result<()> {
         ],
     )?;
     wait("the node to be Ready", Duration::from_secs(240), || {
-        c.kubectl()
-            .args([
-                "get",
-                "node",
-                NODE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ])
-            .output()
-            .is_ok_and(|o| o.stdout == b"True")
+        c.node_ready(NODE)
     })
     .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("kubelet")))?;
     println!("cluster: node {NODE} Ready");

@@ -456,16 +456,7 @@ pub fn start(c: &Cluster, archives: &[PathBuf]) -> Result<Started> {
 pub fn wait_ready(c: &Cluster, started: &Started) -> Result<()> {
     let tail = || c.log_tail("vm-node");
     wait("the VM node to be Ready", Duration::from_secs(900), || {
-        c.kubectl()
-            .args([
-                "get",
-                "node",
-                NODE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ])
-            .output()
-            .is_ok_and(|o| o.stdout == b"True")
+        c.node_ready(NODE)
     })
     .map_err(|e| anyhow::anyhow!("{e}\n{}", tail()))?;
     println!(
