@@ -344,6 +344,29 @@ async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_
 /// times (0.8 + 1.6 + 3.2 + 6.4 s).
 const FAULT: Duration = Duration::from_secs(15);
 
+/// `fault` for [`FAULT`] on a node in sync: the requests in that window printed, at most two
+/// a second for each resource path and at most [`LINES_A_MINUTE`] log lines checked. The
+/// window, and the requests by kind in it.
+async fn fault_window(
+    s: &Setup,
+    arrivals: &Arrivals,
+    fault: Outage,
+    name: &str,
+) -> (Instant, Instant, Vec<(String, usize, usize)>) {
+    s.fake.go_down(fault).await;
+    let from = Instant::now();
+    tokio::time::sleep(FAULT).await;
+    let to = Instant::now();
+    s.fake.come_up().await.expect("the fault ends");
+    let during = rates(arrivals, from, to);
+    let per_path = path_rates(arrivals, from, to);
+    println!("{name}, {FAULT:?} (request, count, most in one second): {during:#?}");
+    println!("{name}, by resource path: {per_path:#?}");
+    assert_two_a_second(name, &per_path, from, to);
+    assert_few_lines(name, from, to);
+    (from, to, during)
+}
+
 /// A node in sync meets `fault` for [`FAULT`]: it asks each resource path at most twice a
 /// second, logs at most [`LINES_A_MINUTE`], and is in sync again once the fault is over.
 async fn under(fault: Outage, name: &str) {
@@ -355,15 +378,7 @@ async fn under(fault: Outage, name: &str) {
     let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
     readyz_says(s.metrics, "ready", &all_synced).await;
 
-    s.fake.go_down(fault).await;
-    let from = Instant::now();
-    tokio::time::sleep(FAULT).await;
-    let to = Instant::now();
-    s.fake.come_up().await.expect("the fault ends");
-    let during = rates(&arrivals, from, to);
-    let per_path = path_rates(&arrivals, from, to);
-    println!("{name}, {FAULT:?} (request, count, most in one second): {during:#?}");
-    println!("{name}, by resource path: {per_path:#?}");
+    let (from, to, during) = fault_window(&s, &arrivals, fault, name).await;
     let faulty = arrivals
         .lock()
         .unwrap()
@@ -371,8 +386,6 @@ async fn under(fault: Outage, name: &str) {
         .filter(|a| a.at >= from && a.at < to && a.path == "/api/v1/pods")
         .count();
     assert!(faulty > 1, "{name}: the pods are asked again: {during:#?}");
-    assert_two_a_second(name, &per_path, from, to);
-    assert_few_lines(name, from, to);
 
     readyz_says(s.metrics, "in sync after the fault", &all_synced).await;
     a_new_pod_is_seen(&s, "late", "33333333-2222-3333-4444-000000000019").await;
@@ -418,19 +431,13 @@ async fn throttled(code: u16) {
 
     let retry_after = 6;
     let name = format!("{code} with Retry-After: {retry_after}");
-    s.fake
-        .go_down(Outage::Throttled { code, retry_after })
-        .await;
-    let from = Instant::now();
-    tokio::time::sleep(FAULT).await;
-    let to = Instant::now();
-    s.fake.come_up().await.expect("the fault ends");
-    let during = rates(&arrivals, from, to);
-    let per_path = path_rates(&arrivals, from, to);
-    println!("{name}, {FAULT:?} (request, count, most in one second): {during:#?}");
-    println!("{name}, by resource path: {per_path:#?}");
-    assert_two_a_second(&name, &per_path, from, to);
-    assert_few_lines(&name, from, to);
+    let (from, to, during) = fault_window(
+        &s,
+        &arrivals,
+        Outage::Throttled { code, retry_after },
+        &name,
+    )
+    .await;
     // Each read answered with the header, and the next read of its path.
     let mut last: BTreeMap<String, Instant> = BTreeMap::new();
     let mut gaps = Vec::new();
