@@ -620,6 +620,17 @@ pub fn release_qoslet() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/qoslet"))
 }
 
+/// The reconcile passes the agent serving `/metrics` at `metrics` has run (its
+/// `qoslet_reconcile_duration_seconds` histogram's count).
+pub fn reconcile_passes(metrics: std::net::SocketAddr) -> Option<u64> {
+    http_get(metrics, "/metrics")?.lines().find_map(|l| {
+        l.strip_prefix("qoslet_reconcile_duration_seconds_count ")?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 /// utime + stime of a process, in clock ticks (USER_HZ, 100 on Linux).
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -11,7 +11,7 @@
 //!   intervals, in a separate window since tracing slows the traced process). Targets (issue
 //!   #42): under 0.5 % of a core and 16 MiB at 110 pods, under 1 % at 500.
 
-use qoslet_tests::{cpu_ticks, http_get, release_qoslet, status_kib};
+use qoslet_tests::{cpu_ticks, reconcile_passes, release_qoslet, status_kib};
 use std::{
     collections::BTreeMap,
     fs,
@@ -191,11 +191,11 @@ fn steady_state(n: usize) -> Result<SteadyState, String> {
         thread::sleep(Duration::from_secs(15));
         let hz = 100.0; // USER_HZ on Linux
         let metrics = SocketAddr::from(([127, 0, 0, 1], port));
-        let p0 = passes(metrics);
+        let p0 = reconcile_passes(metrics);
         let (t0, c0) = (Instant::now(), cpu_ticks(pid).ok_or("no /proc stat")?);
         thread::sleep(Duration::from_secs(30));
         let (t1, c1) = (Instant::now(), cpu_ticks(pid).ok_or("no /proc stat")?);
-        let p1 = passes(metrics);
+        let p1 = reconcile_passes(metrics);
         let cpu_pct = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
         let rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
         let anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
@@ -228,16 +228,6 @@ fn count_procs(dir: &Path) -> usize {
         .map(|e| count_procs(&e.path()))
         .sum();
     own + children
-}
-
-/// The passes the agent has run (its reconcile histogram's count).
-fn passes(metrics: SocketAddr) -> Option<u64> {
-    http_get(metrics, "/metrics")?.lines().find_map(|l| {
-        l.strip_prefix("qoslet_reconcile_duration_seconds_count ")?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 /// System calls per second of every thread of `pid`, in all and by kind, from `strace -c -f`.

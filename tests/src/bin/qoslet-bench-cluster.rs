@@ -30,7 +30,7 @@ use qoslet_tests::{
     fake_api::{FakeApi, Options},
     free_port, http_get,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
-    poll_until, release_qoslet, require_root, status_kib,
+    poll_until, reconcile_passes, release_qoslet, require_root, status_kib,
 };
 use serde_json::json;
 
@@ -319,13 +319,7 @@ async fn churn_window(
 ) -> Result<Window, String> {
     let window = Duration::from_secs(30);
     let tick = churn.unwrap_or(heartbeat).min(heartbeat);
-    let passes = || {
-        http_get(metrics, "/metrics").and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("qoslet_reconcile_duration_seconds_count "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-    };
+    let passes = || reconcile_passes(metrics);
     let p0 = passes().ok_or("no reconcile count")?;
     let c0 = cpu_ticks(pid).ok_or("no /proc stat")?;
     let t0 = Instant::now();
@@ -365,7 +359,7 @@ async fn churn_window(
     let p1 = passes().ok_or("no reconcile count")?;
     Ok(Window {
         cpu_pct: (c1 - c0) as f64 / 100.0 / elapsed * 100.0,
-        passes_per_sec: (p1 - p0) / elapsed,
+        passes_per_sec: (p1 - p0) as f64 / elapsed,
     })
 }
 
