@@ -143,7 +143,7 @@ pub fn workload(data: &[u8]) {
     let objects: Vec<_> = loaded
         .objects
         .iter()
-        .filter_map(|o| workload::decode(o).ok())
+        .filter_map(|o| o.hierarchy_object().ok())
         .collect();
     for gate in [false, true] {
         let opts = ValidationOptions {

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeSet, path::Path};
 
-use qoslet::server::Metrics;
+use qoslet::hub::metrics::Metrics;
 use serde_json::Value;
 
 /// Metric names in a PromQL expression: identifiers outside strings, label matchers, ranges

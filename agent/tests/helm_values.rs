@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, fs, path::PathBuf};
 
-use qoslet::config::QosletConfiguration;
+use qoslet::config::{EndpointAuth, QosletConfiguration};
 use serde_json::{Map, Value};
 
 /// The namespace `cargo xtask validate-deploy` renders ci/full-values.yaml in
@@ -114,7 +114,7 @@ fn values_spell_out_every_setting_with_the_agents_defaults() {
     );
 
     // The defaults are deploy/kubernetes/configmap.yaml's: the agent's own, with its two
-    // DaemonSet settings.
+    // DaemonSet settings and cluster mode's endpointAuth spelled out.
     let configmap = yaml("deploy/kubernetes/configmap.yaml");
     let kustomize = QosletConfiguration::parse(
         &PathBuf::from("deploy/kubernetes/configmap.yaml"),
@@ -126,7 +126,8 @@ fn values_spell_out_every_setting_with_the_agents_defaults() {
         kustomize,
         QosletConfiguration {
             mode: kustomize.mode,
-            metrics_address: "0.0.0.0:9479".into(),
+            metrics_address: Some("[::]:9479".into()),
+            endpoint_auth: Some(EndpointAuth::TokenReview),
             lease_namespace: "qoslet-system".into(),
             ..QosletConfiguration::default()
         }

@@ -95,7 +95,7 @@ fn huge_limits_exit_1_with_a_line_not_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains(&format!(
-            "{a}: Pod/a: spec.containers[0].resources.limits.cpu: \"5Ei\": must be less than or equal to 9223372036854775807m"
+            "{a}:6: Pod/a: spec.containers[0].resources.limits.cpu: \"5Ei\": must be less than or equal to 9223372036854775807m"
         )),
         "{err}"
     );
@@ -143,13 +143,14 @@ fn negative_quantities_are_refused_by_validate_and_plan() {
         ),
     );
     let v = qoslet(&["validate", &f]);
-    let lines = String::from_utf8_lossy(&v.stdout).into_owned();
+    let lines = stderr(&v);
     assert_eq!(v.status.code(), Some(1), "{lines}");
+    assert_eq!(String::from_utf8_lossy(&v.stdout), "invalid: 2 problems\n");
     assert_eq!(
         lines,
         format!(
-            "{f}: Pod/neg: quantity-non-negative: spec.containers[0].resources.limits.cpu: \"-2\": must be greater than or equal to 0\n\
-             {f}: Pod/neg: quantity-non-negative: spec.containers[0].resources.limits.memory: \"-64Mi\": must be greater than or equal to 0\n"
+            "{f}:6: Pod/neg: quantity-non-negative: spec.containers[0].resources.limits.cpu: \"-2\": must be greater than or equal to 0\n\
+             {f}:6: Pod/neg: quantity-non-negative: spec.containers[0].resources.limits.memory: \"-64Mi\": must be greater than or equal to 0\n"
         )
     );
     let p = plan(&kubelet_config(), &[&f]);
@@ -248,7 +249,7 @@ fn validate_checks_the_qoslet_configuration_values_run_reads() {
         &format!("{head}nodeRootCgroup: /qoslet-demo\nmaxManifestBytes: 1024\n"),
     );
     let v = qoslet(&["validate", &f]);
-    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stdout));
+    assert!(v.status.success(), "{}", stderr(&v));
 }
 
 #[test]
@@ -256,11 +257,11 @@ fn ignored_kubelet_fields_are_named_once() {
     let d = TempDir::new("ignored");
     let kc = d.file(
         "kc.yaml",
-        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 0.0.0.0\nstaticPodPath: /etc/kubernetes/manifests\npodPidsLimit: 100\n",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\naddress: 0.0.0.0\nstaticPodPath: /etc/kubernetes/manifests\npodPidsLimit: 100\nsystemReseved: {memory: 1Gi}\n",
     );
     let pods = d.file("p.yaml", &pod("p", None, &container("c", "{}")));
     let note = format!(
-        "note: {kc}: KubeletConfiguration fields qoslet does not implement are ignored: address, staticPodPath\n"
+        "note: {kc}: KubeletConfiguration fields qoslet does not implement are ignored: address, staticPodPath, systemReseved (did you mean `systemReserved`?)\n"
     );
     let p = qoslet(&[
         "plan",

@@ -121,6 +121,21 @@ impl TestNode {
         pids(&self.work.join(format!("{name}.pids")))
     }
 
+    /// Waits until pod `name` is Running and its container's shell has written its pid, the
+    /// `starts`th time: the phase turns Running when the process is started, before its shell
+    /// has run a line (on a loaded machine the file was still empty when the phase was read).
+    fn wait_started(&self, name: &str, starts: usize, timeout: Duration) {
+        wait_until(
+            &format!("{name} Running, started {starts} times"),
+            timeout,
+            || {
+                (phase(self.addr(), name).as_deref() == Some("Running")
+                    && self.pids(name).len() >= starts)
+                    .then_some(())
+            },
+        );
+    }
+
     fn command(&self, port: u16) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_qoslet"));
         c.arg("run")
@@ -199,9 +214,7 @@ fn a_second_instance_on_the_same_node_root_exits_with_a_clear_line() {
     let node = TestNode::new("second");
     node.pod("sleeper", "Always", "exec sleep 3600");
     let _first = node.start("first.log");
-    wait_until("sleeper Running", Duration::from_secs(20), || {
-        (phase(node.addr(), "sleeper").as_deref() == Some("Running")).then_some(())
-    });
+    node.wait_started("sleeper", 1, Duration::from_secs(20));
     let out = node
         .command(free_port())
         .output()
@@ -234,12 +247,9 @@ fn sighup_with_stdout_and_stderr_closed_stops_every_pod() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting qoslet");
-    wait_until("both pods Running", Duration::from_secs(30), || {
-        ["sleeper", "looper"]
-            .iter()
-            .all(|p| phase(node.addr(), p).as_deref() == Some("Running"))
-            .then_some(())
-    });
+    for pod in ["sleeper", "looper"] {
+        node.wait_started(pod, 1, Duration::from_secs(30));
+    }
     // Nobody reads qoslet's output any more: every log line now fails with EPIPE.
     drop(child.stdout.take());
     drop(child.stderr.take());
@@ -291,6 +301,7 @@ fn crash_and_restart(tag: &str, forget_state: bool) {
     wait_until("the hog evicted", Duration::from_secs(60), || {
         phase(node.addr(), "hog")?.contains("Evicted").then_some(())
     });
+    node.wait_started("sleeper", 1, Duration::from_secs(10));
     let orphan = node.pids("sleeper")[0];
     assert!(alive(orphan));
     first.signal(libc::SIGKILL);
@@ -310,9 +321,7 @@ fn crash_and_restart(tag: &str, forget_state: bool) {
     }
 
     let mut second = node.start("second.log");
-    wait_until("sleeper Running again", Duration::from_secs(30), || {
-        (phase(node.addr(), "sleeper").as_deref() == Some("Running")).then_some(())
-    });
+    node.wait_started("sleeper", 2, Duration::from_secs(30));
     assert!(!alive(orphan), "the earlier run's process was stopped");
     assert_eq!(
         node.pids("sleeper").len(),

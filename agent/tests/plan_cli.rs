@@ -117,13 +117,13 @@ fn broken_manifest_exits_1_naming_file_object_and_field() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     std::fs::remove_dir_all(&dir).ok();
     let typed_line = format!(
-        "{}: Pod/ns/t: spec.containers[0].resources: invalid type",
+        "{}:7: Pod/ns/t: spec.containers[0].resources.limits: invalid type: sequence, expected a map",
         typed.display()
     );
     assert!(stderr.contains(&typed_line), "{stderr}");
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let line = format!(
-        "{}: Pod/ns/bad: spec.containers[0].resources.limits.memory: quantity \"1Gb\"",
+        "{}:7: Pod/ns/bad: spec.containers[0].resources.limits.memory: quantity \"1Gb\"",
         file.display()
     );
     assert!(stderr.contains(&line), "{stderr}");

@@ -598,17 +598,29 @@ pub fn free_port() -> u16 {
 
 /// The body of `GET path` from a plain HTTP/1.1 server; `None` on any failure.
 pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    http_get_as(addr, path, None).map(|(_, body)| body)
+}
+
+/// `GET path` with `Authorization: Bearer token` when given: the status code and the body.
+pub fn http_get_as(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Option<(u16, String)> {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = token.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+    let code = out.get(9..12)?.parse().ok()?;
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| (code, b.to_owned()))
 }
 
 /// The `qoslet` cargo built beside the running bench, in the same target directory

@@ -3,8 +3,14 @@
 //! start, watches that end at once, watch streams cut mid-line, watches that expire (410 as an
 //! `ERROR` event and as an HTTP status), garbage bodies, and 429/503 with a `Retry-After`. For
 //! each, what the node asked (requests per resource path and second, bounded by
-//! `agent/src/cluster/client.rs`) and what it logged (lines a minute) are printed and checked,
-//! and the node is in sync again once the fault is over.
+//! `agent/src/cluster/client.rs`), what it logged (lines a minute) and what `/readyz` said
+//! through it are printed and checked, and the node is in sync again once the fault is over. A
+//! 150 s outage checks the rate once the backoffs have grown: at most 10 requests a minute
+//! after its first minute. A first list that never answers is timed out and asked again; a
+//! request that hangs holds back no other; and SIGTERM while the first list waits stops the
+//! process (`qoslet-test-agent`, qoslet's own `main`) with a line and status 0. A pod's group
+//! under a chain of 300 CompositePodGroups costs a watch for each level the depth limit allows
+//! and one line.
 //!
 //! The log lines are counted by a subscriber of this binary's own, at qoslet's default level
 //! (`info`, every target); the tests run one at a time so that each counts only its own node.
@@ -14,14 +20,17 @@ mod cluster_common;
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
+    fs,
     net::SocketAddr,
+    process::{Command, Stdio},
     sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
-use cluster_common::{Setup, assert_rbac_allows, setup, start_qoslet, wait_for};
+use cluster_common::{NODE, Setup, assert_rbac_allows, setup, start_qoslet, wait_for};
+use qoslet::cluster::client::REQUEST_TIMEOUT;
 use qoslet_tests::{
-    fake_api::{FakeApi, Outage},
+    fake_api::{Arrived, FakeApi, Outage},
     http_get,
     kubelet_tree::{Driver, KPod, Runtime, create},
     require_root,
@@ -216,6 +225,76 @@ fn assert_few_lines(fault: &str, from: Instant, to: Instant) -> f64 {
     a_minute
 }
 
+/// `/readyz` every 250 ms for `how_long`: each answer and when it came.
+async fn sample_readyz(metrics: SocketAddr, how_long: Duration) -> Vec<(Instant, String)> {
+    let from = Instant::now();
+    let mut said = Vec::new();
+    while from.elapsed() < how_long {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        said.push((
+            Instant::now(),
+            http_get(metrics, "/readyz").unwrap_or_default(),
+        ));
+    }
+    said
+}
+
+/// The `api` line of a `/readyz` answer.
+fn api_line(body: &str) -> &str {
+    body.lines()
+        .find(|l| l.starts_with("api: "))
+        .unwrap_or_default()
+}
+
+/// Through the last 5 s of a fault (its first failures past), every `/readyz` answer names the
+/// pod and Node watches failing, and the node stays ready (it listed its pods; a later fault
+/// shows in the line only). A watch the server cuts or ends at once is failing though
+/// kube-runtime sees no error.
+fn assert_readyz_failing(fault: &str, said: &[(Instant, String)], to: Instant) {
+    let late: Vec<&str> = said
+        .iter()
+        .filter(|(at, _)| *at + Duration::from_secs(5) >= to)
+        .map(|(_, b)| api_line(b))
+        .collect();
+    println!("{fault}: /readyz in its last 5 s: {:#?}", distinct(&late));
+    assert!(!late.is_empty(), "{fault}: no /readyz answer");
+    for line in &late {
+        assert!(
+            line.starts_with("api: ready: ")
+                && line.contains("pods failing (")
+                && line.contains("node failing ("),
+            "{fault}: /readyz said {line:?}; all of its last 5 s: {:#?}",
+            distinct(&late)
+        );
+    }
+}
+
+/// Through a fault that is no failure (a 410 Expired: the watch relists), no `/readyz` answer
+/// names a watch failing.
+fn assert_readyz_not_failing(fault: &str, said: &[(Instant, String)]) {
+    let lines: Vec<&str> = said.iter().map(|(_, b)| api_line(b)).collect();
+    println!("{fault}: /readyz during it: {:#?}", distinct(&lines));
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("api: ready: ") && !l.contains("failing")),
+        "{fault}: {:#?}",
+        distinct(&lines)
+    );
+}
+
+/// Each distinct line with how often it came, in order of first appearance.
+fn distinct<'a>(lines: &[&'a str]) -> Vec<(usize, &'a str)> {
+    let mut out: Vec<(usize, &str)> = Vec::new();
+    for l in lines {
+        match out.iter_mut().find(|(_, d)| d == l) {
+            Some((n, _)) => *n += 1,
+            None => out.push((1, l)),
+        }
+    }
+    out
+}
+
 /// Waits until `/readyz` says `what`.
 async fn readyz_says(metrics: SocketAddr, what: &str, ok: &dyn Fn(&str) -> bool) {
     // The backoff may have grown to 30 s plus jitter.
@@ -244,7 +323,7 @@ fn all_synced(body: &str) -> bool {
 /// A pod created now is seen by the node (its metrics): the watches work.
 async fn a_new_pod_is_seen(s: &Setup, name: &str, uid: &str) {
     let mut pod = KPod::new(name, uid, "BestEffort");
-    create(&s.fake, &mut pod, Runtime::Containerd, cluster_common::NODE);
+    create(&s.fake, &mut pod, Runtime::Containerd, NODE);
     let metrics = s.metrics;
     let pod = format!("pod=\"{name}\"");
     wait_for("the pod created after the fault, managed", || {
@@ -318,8 +397,9 @@ async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_
     // Every watch now ends at once, without an error.
     s.fake.go_down(Outage::WatchesEnd).await;
     let from = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    let said = sample_readyz(metrics, Duration::from_secs(10)).await;
     let to = Instant::now();
+    assert_readyz_failing("watches that end at once", &said, to);
     let during = rates(&arrivals, from, to);
     println!("10 s of watches that end at once (request, count, most in one second): {during:#?}");
     assert!(
@@ -340,12 +420,70 @@ async fn a_failing_api_server_is_asked_under_backoff_and_at_most_twice_a_second_
     qoslet.crash();
 }
 
+/// A node in sync whose API server then answers 503 for [`LONG_OUTAGE`]: past the outage's
+/// first minute it asks at most [`A_MINUTE_WHEN_DOWN`] times a minute, all requests together
+/// (issue #39): each watch's backoff near its 30 s cap (30 to 60 s with jitter), the Lease's
+/// renewals every 40 s, the write queue's retries at its 30 s cap. Its requests by kind, the
+/// first minute's and the rest's, and its log lines are printed, and it is in sync again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_asks_a_down_api_server_at_most_ten_times_a_minute_after_the_first_minute() {
+    require_root();
+    let _serial = SERIAL.lock().await;
+    count_log_lines();
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let arrivals = record_arrivals(&s.fake);
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    readyz_says(s.metrics, "ready", &all_synced).await;
+
+    s.fake.go_down(Outage::Unavailable).await;
+    let down = Instant::now();
+    tokio::time::sleep(LONG_OUTAGE).await;
+    let to = Instant::now();
+    let first_minute = down + Duration::from_secs(60);
+    let first = rates(&arrivals, down, first_minute);
+    let after = rates(&arrivals, first_minute, to);
+    let total: usize = after.iter().map(|(_, n, _)| n).sum();
+    let a_minute = total as f64 * 60.0 / (to - first_minute).as_secs_f64();
+    println!(
+        "503 for {LONG_OUTAGE:?}: its first minute (request, count, most in one second): {first:#?}"
+    );
+    println!(
+        "503 for {LONG_OUTAGE:?}: after its first minute, {total} requests in {:.1} s, {a_minute:.1} a minute: {after:#?}",
+        (to - first_minute).as_secs_f64()
+    );
+    assert!(
+        a_minute <= A_MINUTE_WHEN_DOWN,
+        "{a_minute:.1} requests a minute after the outage's first minute: {after:#?}"
+    );
+    assert_two_a_second(
+        "a long 503 outage",
+        &path_rates(&arrivals, down, to),
+        down,
+        to,
+    );
+    assert_few_lines("a long 503 outage", down, to);
+
+    s.fake.come_up().await.expect("the fake comes back");
+    readyz_says(s.metrics, "in sync after the outage", &all_synced).await;
+    a_new_pod_is_seen(&s, "late", "33333333-2222-3333-4444-000000000039").await;
+    assert_rbac_allows(&s.fake);
+    qoslet.crash();
+}
+
+/// How long the outage of the long-outage test lasts: its first minute, then 90 s counted.
+const LONG_OUTAGE: Duration = Duration::from_secs(150);
+
+/// The most requests a minute one node may send a down API server after the outage's first
+/// minute (issue #39).
+const A_MINUTE_WHEN_DOWN: f64 = 10.0;
+
 /// How long each watch fault lasts: long enough for client-go's backoff to have doubled four
 /// times (0.8 + 1.6 + 3.2 + 6.4 s).
 const FAULT: Duration = Duration::from_secs(15);
 
 /// `fault` for [`FAULT`] on a node in sync: the requests in that window printed, at most two
-/// a second for each resource path and at most [`LINES_A_MINUTE`] log lines checked. The
+/// a second for each resource path and at most [`LINES_A_MINUTE`] log lines checked, and
+/// `/readyz` naming the watches failing (a 410 Expired is no failure: not failing). The
 /// window, and the requests by kind in it.
 async fn fault_window(
     s: &Setup,
@@ -355,9 +493,13 @@ async fn fault_window(
 ) -> (Instant, Instant, Vec<(String, usize, usize)>) {
     s.fake.go_down(fault).await;
     let from = Instant::now();
-    tokio::time::sleep(FAULT).await;
+    let said = sample_readyz(s.metrics, FAULT).await;
     let to = Instant::now();
     s.fake.come_up().await.expect("the fault ends");
+    match fault {
+        Outage::WatchesExpire | Outage::WatchesGone => assert_readyz_not_failing(name, &said),
+        _ => assert_readyz_failing(name, &said, to),
+    }
     let during = rates(arrivals, from, to);
     let per_path = path_rates(arrivals, from, to);
     println!("{name}, {FAULT:?} (request, count, most in one second): {during:#?}");
@@ -477,4 +619,340 @@ async fn a_429_with_retry_after_holds_back_the_next_read_of_that_resource() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_with_retry_after_holds_back_the_next_read_of_that_resource() {
     throttled(503).await;
+}
+
+/// Each API request as it arrives (before any fault, so those never answered too), and when.
+type Received = Arc<Mutex<Vec<(Instant, Arrived)>>>;
+
+fn record_received(fake: &FakeApi) -> Received {
+    let received = Received::default();
+    let seen = received.clone();
+    fake.on_arrival(move |a| seen.lock().unwrap().push((Instant::now(), a.clone())));
+    received
+}
+
+/// When each request `what` picks arrived, in order.
+fn received_when(received: &Received, what: impl Fn(&Arrived) -> bool) -> Vec<Instant> {
+    received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, a)| what(a))
+        .map(|(at, _)| *at)
+        .collect()
+}
+
+/// A node's setup whose fake is silent from the start (connections accepted, requests never
+/// answered), each request recorded as it arrives.
+async fn silent_from_the_start() -> (Setup, Received) {
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let received = record_received(&s.fake);
+    s.fake.go_down(Outage::Silent).await;
+    (s, received)
+}
+
+/// `/readyz` says the node waits for its first list.
+fn assert_waiting_for_the_first_list(metrics: SocketAddr) {
+    let ready = http_get(metrics, "/readyz").unwrap_or_default();
+    assert!(
+        ready.contains("api: not ready: waiting for the first list"),
+        "{ready}"
+    );
+}
+
+/// A list (not a watch) of the node's pods: `GET /api/v1/pods`.
+fn pod_list(a: &Arrived) -> bool {
+    a.method == "GET" && a.path == "/api/v1/pods" && !a.is_watch()
+}
+
+/// How long the first list never answers in the test of that.
+const SILENT_FIRST_LIST: Duration = Duration::from_secs(90);
+
+/// A first list that never answers (the server silent from the start: connections accepted,
+/// requests never answered) leaves the node unready for good unless the request times out: it is
+/// asked again after each [`REQUEST_TIMEOUT`] (and the backoff), three times in 90 s, and the
+/// node is in sync once the server answers (issue #39: one list in 150 s, never a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_list_that_never_answers_is_timed_out_and_asked_again() {
+    require_root();
+    let _serial = SERIAL.lock().await;
+    let (s, received) = silent_from_the_start().await;
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let started = Instant::now();
+    tokio::time::sleep(SILENT_FIRST_LIST).await;
+    let lists = received_when(&received, pod_list);
+    let after: Vec<_> = lists.iter().map(|t| *t - started).collect();
+    println!("the server silent for {SILENT_FIRST_LIST:?}: the pods listed at {after:.1?}");
+    // At the start, then after each timeout and the backoff (0.8-1.6 s, then 1.6-3.2 s).
+    let most = (SILENT_FIRST_LIST.as_secs() / REQUEST_TIMEOUT.as_secs() + 1) as usize;
+    assert!(
+        (3..=most).contains(&lists.len()),
+        "{} pod lists in {SILENT_FIRST_LIST:?} of silence ({REQUEST_TIMEOUT:?} a try): at {after:.1?}",
+        lists.len()
+    );
+    for pair in lists.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= REQUEST_TIMEOUT,
+            "a pod list asked again before the last timed out: at {after:.1?}"
+        );
+    }
+    assert_waiting_for_the_first_list(s.metrics);
+    s.fake.come_up().await.expect("the fake answers again");
+    readyz_says(s.metrics, "in sync once the server answers", &all_synced).await;
+    assert_rbac_allows(&s.fake);
+    qoslet.crash();
+}
+
+/// A request that hangs holds back no other: while the first list of the node's pods hangs, the
+/// Node is listed and watched; and on a node in sync, while its relist of the pods hangs (every
+/// watch answered with a 410 `Expired` event, so every resource relists), the Node is relisted
+/// and the Lease is renewed. Each of these is answered while the stuck list is open (within its
+/// [`REQUEST_TIMEOUT`], and no pod list answered meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_pod_list_holds_back_no_other_request() {
+    require_root();
+    let _serial = SERIAL.lock().await;
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let received = record_received(&s.fake);
+    let answered = record_arrivals(&s.fake);
+    let answered_at = |what: &dyn Fn(&Arrival) -> bool, from: Instant| {
+        answered
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.code == 200 && a.at >= from && what(a))
+            .map(|a| a.at)
+            .collect::<Vec<_>>()
+    };
+    let answered_pod_list = |a: &Arrival| a.path == "/api/v1/pods" && !a.watch;
+    let node_list = |a: &Arrival| a.path == "/api/v1/nodes" && !a.watch;
+    let node_watch = |a: &Arrival| a.path == "/api/v1/nodes" && a.watch;
+    let lease = |a: &Arrival| a.method == "PUT" && a.path.contains("/leases/");
+    s.fake.hang(pod_list);
+    let started = Instant::now();
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+
+    // Before the first list: the Node's list and watch are answered while the pods' list hangs.
+    let asked = wait_for("the pods listed", || {
+        received_when(&received, pod_list).first().copied()
+    })
+    .await;
+    let (listed, watched) = wait_for("the Node listed and watched", || {
+        Some((
+            *answered_at(&node_list, started).first()?,
+            *answered_at(&node_watch, started).first()?,
+        ))
+    })
+    .await;
+    println!(
+        "the first pod list hangs from {:.1?}: the Node listed at {:.1?}, watched at {:.1?}",
+        asked - started,
+        listed - started,
+        watched - started
+    );
+    assert!(
+        watched < asked + REQUEST_TIMEOUT && answered_at(&answered_pod_list, started).is_empty(),
+        "the Node's list and watch came while the pods' first list was open"
+    );
+    assert_waiting_for_the_first_list(s.metrics);
+    s.fake.release();
+    readyz_says(s.metrics, "in sync once the list is answered", &all_synced).await;
+
+    // In sync: the pods' relist hangs; the Node's relist and the Lease's renewal go through.
+    s.fake.hang(pod_list);
+    let from = Instant::now();
+    s.fake.go_down(Outage::WatchesExpire).await;
+    let relist = wait_for("the pods relisted", || {
+        received_when(&received, pod_list)
+            .into_iter()
+            .find(|t| *t >= from)
+    })
+    .await;
+    let (relisted, renewed) = wait_for("the Node relisted and the Lease renewed", || {
+        let node = *answered_at(&node_list, from).first()?;
+        let renewed = *answered_at(&lease, relist).first()?;
+        Some((node, renewed))
+    })
+    .await;
+    println!(
+        "the pods' relist hangs from {:.1?} after the watches expired: the Node relisted at {:.1?}, the Lease renewed at {:.1?}",
+        relist - from,
+        relisted - from,
+        renewed - from
+    );
+    assert!(
+        relisted < relist + REQUEST_TIMEOUT
+            && renewed < relist + REQUEST_TIMEOUT
+            && answered_at(&answered_pod_list, from).is_empty(),
+        "the Node's relist and the Lease's renewal came while the pods' relist was open"
+    );
+    s.fake.release();
+    s.fake.come_up().await.expect("the watches last again");
+    readyz_says(
+        s.metrics,
+        "in sync once the relist is answered",
+        &all_synced,
+    )
+    .await;
+    assert_rbac_allows(&s.fake);
+    qoslet.crash();
+}
+
+/// SIGTERM while the first list waits (the server silent from the start) stops the process at
+/// once with a line saying so and status 0 (agent/src/exit.rs: stopped on a signal): the signal
+/// handler is made at start, not when the node's loop starts (issue #39: the process ended with
+/// no line, killed by the signal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_first_list_waits_stops_qoslet_with_a_line_and_status_0() {
+    require_root();
+    let _serial = SERIAL.lock().await;
+    let (s, received) = silent_from_the_start().await;
+    let log = s.work.path.join("qoslet.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_qoslet-test-agent"))
+        .args(["run", "--kube", "--node-name", NODE])
+        .arg("--kubeconfig")
+        .arg(&s.kubeconfig)
+        .arg("--kubelet-config")
+        .arg(&s.kubelet)
+        .arg("--config")
+        .arg(&s.config)
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting qoslet-test-agent");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let waiting = wait_for("the first pod list asked", || {
+        received_when(&received, pod_list).first().copied()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_waiting_for_the_first_list(s.metrics);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for qoslet") {
+            break status;
+        }
+        if sent.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "qoslet still runs 10 s after SIGTERM:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    println!(
+        "SIGTERM {:.1?} after the first list was asked: {status} in {:.1?}; its log:\n{text}",
+        sent - waiting,
+        sent.elapsed()
+    );
+    assert_eq!(status.code(), Some(0), "{status}: {text}");
+    assert!(
+        text.contains("Stopping before the first list of the node's pods")
+            && text.contains("SIGTERM"),
+        "{text}"
+    );
+}
+
+/// A pod's PodGroup under a chain of 300 CompositePodGroups (issue #39: a watch for each of the
+/// 300 and 44,553 warning lines in 60 s): the node watches one object for each level the depth
+/// limit allows, whatever the chain's length, and says the chain is too deep in one line,
+/// through the passes that pods created after it bring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_group_chain_costs_a_watch_for_each_level_of_the_limit_and_one_line() {
+    require_root();
+    let _serial = SERIAL.lock().await;
+    count_log_lines();
+    let s = setup(Driver::Cgroupfs, Runtime::Containerd, 384, 128).await;
+    let group = |kind: &str, version: &str, name: String, parent: String| {
+        serde_json::json!({"apiVersion": format!("scheduling.k8s.io/{version}"), "kind": kind,
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"parentCompositePodGroupName": parent,
+                "schedulingPolicy": {"gang": {"minCount": 1}}}})
+    };
+    let mut objects = vec![group("PodGroup", "v1beta1", "g0".into(), "g1".into())];
+    objects.extend((1..=300).map(|i| {
+        let mut g = group(
+            "CompositePodGroup",
+            "v1alpha3",
+            format!("g{i}"),
+            format!("g{}", i + 1),
+        );
+        g["spec"]["schedulingPolicy"] = serde_json::json!({"gang": {"minGroupCount": 1}});
+        g
+    }));
+    s.fake.seed(objects).unwrap();
+    let watched: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let seen = watched.clone();
+    s.fake.on_request(move |r| {
+        if r.is_watch() && r.path.starts_with("/apis/scheduling.k8s.io/") {
+            let name = r.param("fieldSelector").unwrap_or_default();
+            seen.lock().unwrap().push((r.path.clone(), name));
+        }
+    });
+    let mut pod = KPod::new("p", "33333333-2222-3333-4444-000000000031", "BestEffort");
+    pod.group = Some("g0");
+    create(&s.fake, &mut pod, Runtime::Containerd, NODE);
+    let from = Instant::now();
+    let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    readyz_says(s.metrics, "ready", &all_synced).await;
+    let levels = qoslet::workload::validate::MAX_DEPTH;
+    wait_for("a watch of each level the limit allows", || {
+        (watched.lock().unwrap().len() >= levels).then_some(())
+    })
+    .await;
+    // More passes: each new pod rebuilds the node's objects from the stores.
+    for i in 0..3 {
+        a_new_pod_is_seen(
+            &s,
+            &format!("late{i}"),
+            &format!("33333333-2222-3333-4444-00000000004{i}"),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let to = Instant::now();
+    let watched = watched.lock().unwrap().clone();
+    let (rate, distinct) = log_rate(from, to);
+    let too_deep: Vec<&(usize, String)> = distinct
+        .iter()
+        .filter(|(_, l)| l.contains("depth-limit"))
+        .collect();
+    println!(
+        "a chain of 300 groups, {:.1?}: {} workload watches {watched:#?}; {rate:.1} log lines a minute, each: {distinct:#?}",
+        to - from,
+        watched.len()
+    );
+    let names: std::collections::BTreeSet<&str> = watched.iter().map(|(_, n)| n.as_str()).collect();
+    let want: std::collections::BTreeSet<String> =
+        (0..levels).map(|i| format!("metadata.name=g{i}")).collect();
+    assert_eq!(
+        names,
+        want.iter().map(String::as_str).collect(),
+        "one object for each level"
+    );
+    assert_eq!(
+        watched.len(),
+        levels,
+        "one watch for each level: {watched:#?}"
+    );
+    assert_eq!(too_deep.len(), 1, "{distinct:#?}");
+    assert!(
+        distinct
+            .iter()
+            .filter(|(_, l)| l.contains("API object skipped"))
+            .all(|(n, _)| *n == 1),
+        "each problem said once: {distinct:#?}"
+    );
+    assert_eq!(too_deep[0].0, 1, "said once: {distinct:#?}");
+    assert!(
+        too_deep[0].1.contains("at depth 5 or more, at most 4"),
+        "{too_deep:?}"
+    );
+    qoslet.crash();
 }

@@ -23,8 +23,8 @@ use std::{
 };
 
 use cluster_common::{
-    NODE, SHIPPED_RBAC, WAIT, assert_rbac_allows, assert_rbac_allows_with, setup, setup_with,
-    start_qoslet, wait_for,
+    NODE, SHIPPED_RBAC, WAIT, assert_rbac_allows, assert_rbac_allows_with, setup, setup_node,
+    setup_with, start_qoslet, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use qoslet::{
@@ -34,7 +34,7 @@ use qoslet::{
 use qoslet_tests::{
     Hog, NodeRoot,
     fake_api::{Options, Outage, RequestRecord},
-    http_get,
+    http_get, http_get_as,
     kubelet_tree::{Driver, KPod, Runtime, create, join, make_cgroup},
     require_root,
 };
@@ -818,4 +818,135 @@ async fn a_pod_that_ran_again_after_its_eviction_is_not_evicted_again_at_start()
         );
     }
     qoslet.crash();
+}
+
+/// Cluster mode's default `endpointAuth: tokenReview`, through `cluster::run`: the probes' paths
+/// are open from the start, `/metrics` answers 401 without a token and 200 to one the API server
+/// authenticates and authorizes, and the reviews are within the shipped RBAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoints_are_guarded_by_default() {
+    require_root();
+    let s = setup_with(
+        Driver::Cgroupfs,
+        Runtime::Containerd,
+        384,
+        128,
+        Options::default(),
+        "endpointAuth: tokenReview\n",
+    )
+    .await;
+    s.fake.add_token("scrape", "prometheus", &[]);
+    s.fake.allow(
+        "prometheus",
+        serde_json::json!({"nonResourceAttributes": {"path": "/metrics"}}),
+    );
+    let _qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+    let metrics = s.metrics;
+    wait_for("/healthz", || {
+        (http_get_as(metrics, "/healthz", None)?.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(
+        http_get_as(metrics, "/metrics", None).map(|(code, _)| code),
+        Some(401)
+    );
+    let body = wait_for("/metrics with the token", || {
+        match http_get_as(metrics, "/metrics", Some("scrape"))? {
+            (200, body) if body.contains("qoslet_node_allocatable{") => Some(body),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(body.ends_with("# EOF\n"));
+    assert_eq!(
+        http_get_as(metrics, "/stats/summary", Some("scrape")).map(|(code, _)| code),
+        Some(403),
+        "prometheus is allowed /metrics only"
+    );
+    assert_rbac_allows(&s.fake);
+}
+
+/// Issue #41: unless `kubernetesVersion` is set, qoslet follows the kubelet rules of its Node's
+/// `status.nodeInfo.kubeletVersion`. With the same `enforce: [memoryQoS]`, a Node reporting
+/// v1.35.2 gets 1.35's Memory QoS (the MemoryQoS gate alpha, off by default: the Burstable
+/// container's memory.high is left `max`) and one reporting v1.37.0 gets 1.37's (beta, on:
+/// memory.high throttles the container between its request and allocatable), with the same
+/// KubeletConfiguration (`memoryThrottlingFactor: 0.9`). Memory QoS is cgroup
+/// v2's (memory.high): skipped where the host has no v2 memory controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reporting_1_35_gets_1_35s_memory_qos() {
+    require_root();
+    let v2_memory = fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|k| k == "memory"));
+    if !v2_memory {
+        println!("skipped: no cgroup v2 memory controller on this host (Memory QoS is v2's)");
+        return;
+    }
+    for (kubelet_version, throttled) in [("v1.35.2", false), ("v1.37.0", true)] {
+        let s = setup_node(
+            Driver::Cgroupfs,
+            Runtime::Containerd,
+            384,
+            64,
+            Options::default(),
+            "enforce: [memoryQoS]\n",
+            kubelet_version,
+        )
+        .await;
+        // From 1.37 memory.high has no default throttling factor: the kubelet writes it only
+        // with memoryThrottlingFactor set (policy/version.rs), as here.
+        let kubelet_text = fs::read_to_string(&s.kubelet).unwrap();
+        fs::write(
+            &s.kubelet,
+            format!("{kubelet_text}memoryThrottlingFactor: 0.9\n"),
+        )
+        .unwrap();
+        let mut web = KPod::new("web", "44444444-2222-3333-4444-000000000001", "Burstable");
+        create(&s.fake, &mut web, Runtime::Containerd, NODE);
+        let cgroup = web.container_cgroup(Driver::Cgroupfs, Runtime::Containerd);
+        let dirs = make_cgroup(&s.root, &cgroup);
+        let mut proc = sleeper();
+        join(&dirs, proc.id());
+        let qoslet = start_qoslet(&s.kubeconfig, &s.kubelet, &s.config);
+        let metrics = s.metrics;
+        wait_for("the pod managed", || {
+            http_get(metrics, "/metrics")?
+                .contains("pod=\"web\"")
+                .then_some(())
+        })
+        .await;
+        // A pass over web's container after its plan: passes run when the plan changes, so a
+        // second pod makes one; any pass counted after web was planned covers its container,
+        // and any memory.high of the plan is written in it.
+        let before = wait_for("a pass", || qoslet_tests::reconcile_passes(metrics)).await;
+        let mut other = KPod::new(
+            "other",
+            "44444444-2222-3333-4444-000000000002",
+            "BestEffort",
+        );
+        create(&s.fake, &mut other, Runtime::Containerd, NODE);
+        wait_for("a pass after the second pod", || {
+            let m = http_get(metrics, "/metrics")?;
+            (qoslet_tests::reconcile_passes(metrics)? > before && m.contains("pod=\"other\""))
+                .then_some(())
+        })
+        .await;
+        let high = || s.root.read(Tree::V2, &cgroup, "memory.high");
+        if throttled {
+            let v: i64 = high()
+                .parse()
+                .unwrap_or_else(|e| panic!("{kubelet_version}: memory.high {:?}: {e}", high()));
+            // Above the 16Mi request, below the node's 384Mi.
+            assert!((16 << 20..384 << 20).contains(&v), "{kubelet_version}: {v}");
+        } else {
+            assert_eq!(high(), "max", "{kubelet_version}: memory.high");
+        }
+        println!(
+            "kubeletVersion {kubelet_version}: the container's memory.high {}",
+            high()
+        );
+        qoslet.crash();
+        let _ = proc.kill();
+        let _ = proc.wait();
+    }
 }

@@ -124,7 +124,7 @@ mod gangs {
         eviction::{Inventory, Order},
         policy::qos::QosClass,
         source::manifest::{Loaded, parse_documents},
-        workload::{Forest, decode},
+        workload::Forest,
     };
     use qoslet_tests::{
         EvictionNodeRoot, EvictionRun, Hog, hard_memory_config, managed_pod, require_root,
@@ -136,7 +136,12 @@ mod gangs {
         let mut loaded = Loaded::default();
         parse_documents(Path::new("gang-test.yaml"), yaml, &mut loaded);
         assert!(loaded.malformed.is_empty(), "{:?}", loaded.malformed);
-        Forest::by_namespace(loaded.objects.iter().map(|r| decode(r).expect("decodable")))
+        Forest::by_namespace(
+            loaded
+                .objects
+                .iter()
+                .map(|r| r.hierarchy_object().expect("decodable")),
+        )
     }
 
     fn pod_yaml(name: &str, group: &str) -> String {

@@ -12,6 +12,14 @@
 //! condition, not restarted; reason Evicted unless the kubelet drops it), with qoslet's Events
 //! and node conditions on the API server; the API server enforces the RBAC through
 //! the DaemonSet's service account, and qoslet's log has no 403.
+//!
+//! With `cargo xtask cluster up --vm-node` the cluster has a second node, a VM with systemd,
+//! pure cgroup v2 and the kubelet's systemd driver (xtask/src/cluster/vm_node.rs): the cgroups,
+//! kubelet-equals-plan, hog and no-403 tests run on it too, reading its files through a pod of
+//! their own (real_cluster/nodes.rs). On each node qoslet found the kubelet's configuration
+//! itself, from the kubelet's process: kubeadm's one file on the host node, a base file,
+//! `--config-dir` drop-ins and flags on the VM node. qoslet's endpoints are read as the tests' reader, a
+//! service account allowed what the shipped `qoslet-metrics-reader` allows.
 
 use std::{
     fs,
@@ -39,6 +47,10 @@ mod api_eviction;
 mod gang_eviction;
 #[path = "real_cluster/gangs.rs"]
 mod gangs;
+#[path = "real_cluster/nodes.rs"]
+mod nodes;
+
+use nodes::{NodeFiles, Target};
 
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -48,13 +60,21 @@ struct Info {
     kubeconfig: PathBuf,
     node: String,
     kubelet_config: PathBuf,
+    /// What qoslet's `/readyz` names as the host node's kubelet configuration.
+    kubelet_layout: Vec<String>,
     cgroup_root: String,
     qoslet: PathBuf,
+    /// With `cluster up --vm-node`: the VM node, where the tests the issue names for every node
+    /// run too.
+    #[serde(default)]
+    vm_node: Option<nodes::VmNodeInfo>,
 }
 
 struct Cluster {
     info: Info,
     client: Client,
+    /// A token that may read qoslet's guarded endpoints ([`READER`]).
+    reader: String,
 }
 
 async fn cluster() -> Cluster {
@@ -65,7 +85,88 @@ async fn cluster() -> Cluster {
     let client = client(&info.kubeconfig)
         .await
         .expect("a client from the admin kubeconfig");
-    Cluster { info, client }
+    let reader = reader_token(&client).await;
+    Cluster {
+        info,
+        client,
+        reader,
+    }
+}
+
+/// The tests' reader of qoslet's endpoints (`endpointAuth: tokenReview`): a service account in
+/// `default` bound to a ClusterRole of the tests' own, which grants what the shipped
+/// `qoslet-metrics-reader` grants and `/status` (asked from outside qoslet's pod).
+const READER: &str = "qoslet-e2e-reader";
+
+/// Creates `object` through `api`, or leaves the one that exists.
+async fn create_or_keep<K>(api: &Api<K>, object: &K)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("cannot create {object:?}: {e}"),
+    }
+}
+
+/// A token of service account `name` in `namespace` (created when missing), an hour long.
+async fn service_account_token(client: &Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::{authentication::v1::TokenRequest, core::v1::ServiceAccount};
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account: ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name},
+    }))
+    .unwrap();
+    create_or_keep(&accounts, &account).await;
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 3600},
+    }))
+    .unwrap();
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("a service account token")
+        .status
+        .and_then(|s| s.token)
+        .expect("the token")
+}
+
+/// Binds `account` in `namespace` to the ClusterRole `role` (the binding named `binding`).
+async fn bind_cluster_role(
+    client: &Client,
+    binding: &str,
+    role: &str,
+    namespace: &str,
+    account: &str,
+) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let object: ClusterRoleBinding = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }))
+    .unwrap();
+    create_or_keep(&Api::all(client.clone()), &object).await;
+}
+
+/// [`READER`]'s token, its grants made first (kept between tests: they grant reads only).
+async fn reader_token(client: &Client) -> String {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let role: ClusterRole = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": READER},
+        "rules": [
+            {"nonResourceURLs": ["/metrics", "/status"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]},
+        ],
+    }))
+    .unwrap();
+    create_or_keep(&Api::all(client.clone()), &role).await;
+    bind_cluster_role(client, READER, READER, "default", READER).await;
+    service_account_token(client, "default", READER).await
 }
 
 async fn client(kubeconfig: &Path) -> Result<Client, Box<dyn std::error::Error>> {
@@ -207,18 +308,28 @@ async fn apiserver_metrics(c: &Cluster) -> String {
         .expect("the API server's /metrics")
 }
 
-/// qoslet's pod on the node, once Ready.
+/// qoslet's pod on the host node, once Ready.
 async fn qoslet_pod(c: &Cluster) -> Pod {
-    qoslet_pod_other_than(c, None).await
+    qoslet_pod_on(c, &c.info.node, None).await
 }
 
-/// qoslet's pod on the node, once Ready and not being deleted; with `old`, another one than
+/// qoslet's pod on the host node, once Ready and not being deleted; with `old`, another one than
 /// the pod of that uid.
 async fn qoslet_pod_other_than(c: &Cluster, old: Option<&str>) -> Pod {
+    qoslet_pod_on(c, &c.info.node, old).await
+}
+
+/// qoslet's pod on `node` (the DaemonSet has one on every node), once Ready and not being
+/// deleted; with `old`, another one than the pod of that uid.
+async fn qoslet_pod_on(c: &Cluster, node: &str, old: Option<&str>) -> Pod {
     let api: Api<Pod> = Api::namespaced(c.client.clone(), "qoslet-system");
-    wait_for("qoslet's pod Ready", || async {
+    wait_for(&format!("qoslet's pod on {node} Ready"), || async {
         let list = api
-            .list(&ListParams::default().labels("app.kubernetes.io/name=qoslet"))
+            .list(
+                &ListParams::default()
+                    .labels("app.kubernetes.io/name=qoslet")
+                    .fields(&format!("spec.nodeName={node}")),
+            )
             .await
             .ok()?;
         list.items.into_iter().find(|p| {
@@ -233,19 +344,27 @@ async fn qoslet_pod_other_than(c: &Cluster, old: Option<&str>) -> Pod {
     .await
 }
 
-/// GET `path` from qoslet's metrics port (the test runs in the cluster's network namespace,
-/// where the pod network is).
-fn qoslet_get(pod: &Pod, path: &str) -> Option<String> {
-    let ip = pod.status.as_ref()?.pod_ip.as_ref()?;
-    qoslet_tests::http_get(format!("{ip}:9479").parse().ok()?, path)
+/// GET `path` from qoslet's metrics port as the tests' reader (the test runs in the cluster's
+/// network namespace, where the pod network is); `None` unless it answers 200.
+fn qoslet_get(c: &Cluster, pod: &Pod, path: &str) -> Option<String> {
+    match qoslet_get_as(pod, path, Some(&c.reader))? {
+        (200, body) => Some(body),
+        _ => None,
+    }
+}
+
+/// GET `path` from qoslet's metrics port with `token`: the status code and the body.
+fn qoslet_get_as(pod: &Pod, path: &str, token: Option<&str>) -> Option<(u16, String)> {
+    let ip: std::net::IpAddr = pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
+    qoslet_tests::http_get_as(std::net::SocketAddr::new(ip, 9479), path, token)
 }
 
 fn uid(p: &Pod) -> String {
     p.metadata.uid.clone().unwrap()
 }
 
-fn three_qos_pods() -> Vec<Pod> {
-    vec![
+fn three_qos_pods(t: &Target) -> Vec<Pod> {
+    [
         pod(
             "guaranteed",
             "sleep 3600",
@@ -260,15 +379,26 @@ fn three_qos_pods() -> Vec<Pod> {
         ),
         pod("besteffort", "sleep 3600", json!({}), "Always"),
     ]
+    .into_iter()
+    .map(|p| t.place(p))
+    .collect()
 }
 
 #[tokio::test]
 #[ignore = "needs a real cluster: cargo xtask cluster test"]
 async fn cgroups_of_every_pod_are_found() {
     let c = cluster().await;
-    let ns = TestNamespace::create(&c, "qoslet-e2e-cgroups").await;
-    let pods = create_running(&ns, three_qos_pods()).await;
-    let q = qoslet_pod(&c).await;
+    for t in c.targets() {
+        println!("on node {}:", t.node);
+        cgroups_of_every_pod_are_found_on(&c, &t).await;
+    }
+}
+
+async fn cgroups_of_every_pod_are_found_on(c: &Cluster, t: &Target) {
+    let ns = TestNamespace::create(c, &format!("qoslet-e2e-cgroups-{}", t.node)).await;
+    let files = t.files(c, &ns).await;
+    let pods = create_running(&ns, three_qos_pods(t)).await;
+    let q = qoslet_pod_on(c, &t.node, None).await;
     // Each pod, qoslet's own included, with a working set read from its cgroup.
     let mut want: Vec<(String, String)> = pods
         .iter()
@@ -278,8 +408,9 @@ async fn cgroups_of_every_pod_are_found() {
     let status: Value = wait_for("every pod in qoslet's /status with its working set", || {
         let q = q.clone();
         let want = want.clone();
+        let files = &files;
         async move {
-            let s: Value = serde_json::from_str(&qoslet_get(&q, "/status")?).ok()?;
+            let s: Value = serde_json::from_str(&files.qoslet_get(c, &q, "/status")?).ok()?;
             let rows = s["pods"].as_array()?;
             want.iter()
                 .all(|(ns, name)| {
@@ -293,7 +424,7 @@ async fn cgroups_of_every_pod_are_found() {
         }
     })
     .await;
-    let metrics = qoslet_get(&q, "/metrics").expect("metrics");
+    let metrics = files.qoslet_get(c, &q, "/metrics").expect("metrics");
     for p in &pods {
         assert!(
             metrics.contains(&format!("uid=\"{}\"", uid(p))),
@@ -302,43 +433,116 @@ async fn cgroups_of_every_pod_are_found() {
         );
     }
     // The Summary API names the Node object, as the kubelet's does, not the machine's hostname.
-    let summary: Value =
-        serde_json::from_str(&qoslet_get(&q, "/stats/summary").expect("/stats/summary")).unwrap();
-    assert_eq!(summary["node"]["nodeName"], json!(c.info.node), "{summary}");
+    let summary: Value = serde_json::from_str(
+        &files
+            .qoslet_get(c, &q, "/stats/summary")
+            .expect("/stats/summary"),
+    )
+    .unwrap();
+    assert_eq!(summary["node"]["nodeName"], json!(t.node), "{summary}");
+    println!(
+        "  qoslet's /status has the {} pods with their working sets",
+        want.len()
+    );
 }
 
-/// A cgroup file's value; the kernel's "no limit" as `None`.
-fn cgroup_value(hierarchy: &str, cgroup: &str, file: &str) -> Option<i64> {
-    let path = Path::new("/sys/fs/cgroup")
-        .join(hierarchy)
-        .join(cgroup.trim_start_matches('/'))
-        .join(file);
-    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let text = text.trim();
+/// qoslet's endpoints as the shipped configuration has them (`endpointAuth: tokenReview`): the
+/// probes' are open; `/metrics` answers 401 without a token, 403 to a service account bound to
+/// nothing, and 200 with qoslet's series to one bound to the shipped ClusterRole
+/// `qoslet-metrics-reader`, as Prometheus's is (deploy/kubernetes/rbac.yaml).
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn endpoints_answer_the_scraper_and_refuse_the_rest() {
+    let c = cluster().await;
+    let ns = TestNamespace::create(&c, "qoslet-e2e-auth").await;
+    let q = qoslet_pod(&c).await;
+    let code = |path: &'static str, token: Option<String>| {
+        let q = q.clone();
+        async move {
+            tokio::task::spawn_blocking(move || qoslet_get_as(&q, path, token.as_deref()))
+                .await
+                .unwrap()
+                .map(|(code, _)| code)
+        }
+    };
+    assert_eq!(
+        code("/healthz", None).await,
+        Some(200),
+        "the probes' /healthz"
+    );
+    assert_eq!(
+        code("/metrics", None).await,
+        Some(401),
+        "/metrics without a token"
+    );
+    let nobody = service_account_token(&c.client, &ns.name, "nobody").await;
+    assert_eq!(
+        code("/metrics", Some(nobody)).await,
+        Some(403),
+        "/metrics for a service account bound to nothing"
+    );
+    let binding = format!("qoslet-e2e-scraper-{}", std::process::id());
+    bind_cluster_role(
+        &c.client,
+        &binding,
+        "qoslet-metrics-reader",
+        &ns.name,
+        "scraper",
+    )
+    .await;
+    let scraper = service_account_token(&c.client, &ns.name, "scraper").await;
+    // A denial is kept 30 s (the kubelet's cacheUnauthorizedTTL); the binding takes a moment.
+    let metrics = wait_for("/metrics for the scraper", || {
+        let q = q.clone();
+        let scraper = scraper.clone();
+        async move {
+            match tokio::task::spawn_blocking(move || qoslet_get_as(&q, "/metrics", Some(&scraper)))
+                .await
+                .unwrap()?
+            {
+                (200, body) => Some(body),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(metrics.contains("qoslet_"), "{metrics}");
+    assert_eq!(code("/stats/summary", Some(scraper)).await, Some(200));
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(c.client.clone())
+        .delete(&binding, &DeleteParams::default())
+        .await;
+}
+
+/// A cgroup file's value; the kernel's "no limit" (`max`, v1's -1 quota or largest page-aligned
+/// limit) as `None`; v2's `cpu.max` as its quota.
+fn cgroup_value(path: &str, text: &str) -> Option<i64> {
+    let text = text
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("{path}: empty"));
     if text == "max" {
         return None;
     }
     let v: i64 = text
         .parse()
-        .unwrap_or_else(|e| panic!("{}: {text}: {e}", path.display()));
-    // v1's unlimited memory is the largest page-aligned value; a quota of -1 is none.
+        .unwrap_or_else(|e| panic!("{path}: {text}: {e}"));
     (0..(1 << 62)).contains(&v).then_some(v)
 }
 
 /// What `qoslet plan --output json` computes for `pods`, with the node's KubeletConfiguration
-/// and the capacity the kubelet reports for it.
-async fn plan(c: &Cluster, pods: &[Pod], work: &Path) -> Value {
+/// and the capacity the kubelet reports for it (its pids the lower of pid_max and threads-max,
+/// as the kubelet's `pkg/kubelet/stats/pidlimit` reads them, which the Node does not report).
+async fn plan(c: &Cluster, t: &Target, files: &NodeFiles, pods: &[Pod], work: &Path) -> Value {
     let node = Api::<Node>::all(c.client.clone())
-        .get(&c.info.node)
+        .get(&t.node)
         .await
         .expect("node");
     let cap = node.status.and_then(|s| s.capacity).expect("node capacity");
-    let pid_max = fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
     let capacity = format!(
         "cpu={},memory={},pids={}",
         cap["cpu"].0,
         cap["memory"].0,
-        pid_max.trim()
+        files.pid_capacity()
     );
     let file = work.join("pods.yaml");
     let docs: Vec<String> = pods
@@ -346,10 +550,18 @@ async fn plan(c: &Cluster, pods: &[Pod], work: &Path) -> Value {
         .map(|p| serde_yaml_ng::to_string(p).unwrap())
         .collect();
     fs::write(&file, docs.join("---\n")).unwrap();
+    let kubelet_config = match &t.kubelet_config {
+        Some(f) => f.clone(),
+        None => {
+            let f = work.join("kubelet-configz.json");
+            fs::write(&f, kubelet_configz(c, &t.node).await.to_string()).unwrap();
+            f
+        }
+    };
     let out = Command::new(&c.info.qoslet)
         .arg("plan")
         .arg("--kubelet-config")
-        .arg(&c.info.kubelet_config)
+        .arg(&kubelet_config)
         .args(["--capacity", &capacity, "--output", "json"])
         .arg(&file)
         .output()
@@ -362,21 +574,41 @@ async fn plan(c: &Cluster, pods: &[Pod], work: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("plan JSON")
 }
 
-/// The cgroup path of a plan entry, below the hierarchy's root.
-fn plan_cgroup(c: &Cluster, entry: &Value) -> String {
+/// The running kubelet's configuration, as it merged it from its files and flags: its
+/// `/configz` (through the API server's node proxy) as a KubeletConfiguration.
+async fn kubelet_configz(c: &Cluster, node: &str) -> Value {
+    let req = http::Request::get(format!("/api/v1/nodes/{node}/proxy/configz"))
+        .body(Vec::new())
+        .unwrap();
+    let text = c
+        .client
+        .request_text(req)
+        .await
+        .unwrap_or_else(|e| panic!("{node}'s /configz: {e}"));
+    let v: Value = serde_json::from_str(&text).expect("/configz is JSON");
+    let mut kc = v["kubeletconfig"].clone();
+    let m = kc.as_object_mut().expect("/configz has a kubeletconfig");
+    m.insert("apiVersion".into(), "kubelet.config.k8s.io/v1beta1".into());
+    m.insert("kind".into(), "KubeletConfiguration".into());
+    kc
+}
+
+/// The cgroup path of a plan entry, below the hierarchy's root as this machine sees it (the
+/// host node's cgroupRoot is the node cgroup; the VM node's, `/`, is the VM's root).
+fn plan_cgroup(c: &Cluster, t: &Target, entry: &Value) -> String {
     let cg = entry["cgroup"].as_str().expect("cgroup in the plan");
-    if cg.starts_with(&c.info.cgroup_root) {
+    if t.is_vm() || cg.starts_with(&c.info.cgroup_root) {
         cg.to_owned()
     } else {
         format!("{}/{}", c.info.cgroup_root, cg.trim_start_matches('/'))
     }
 }
 
-/// The pods the kubelet runs on the node (not terminated or being deleted).
-async fn node_pods(c: &Cluster) -> Vec<Pod> {
+/// The pods the kubelet runs on `node` (not terminated or being deleted).
+async fn node_pods(c: &Cluster, node: &str) -> Vec<Pod> {
     let all: Api<Pod> = Api::all(c.client.clone());
     let list = all
-        .list(&ListParams::default().fields(&format!("spec.nodeName={}", c.info.node)))
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .expect("the node's pods");
     list.items
@@ -391,34 +623,79 @@ async fn node_pods(c: &Cluster) -> Vec<Pod> {
         .collect()
 }
 
-/// Each kubelet-written value with qoslet plan's: (what, plan, kubelet).
-type Comparison = Vec<(String, Option<i64>, Option<i64>)>;
+/// Each kubelet-written value with qoslet plan's: (what, plan, kubelet's file: its value, or
+/// why it could not be read).
+type Comparison = Vec<(String, Option<i64>, Result<Option<i64>, String>)>;
 
-fn compare(c: &Cluster, plan: &Value, pods: &[Pod]) -> Comparison {
-    let mut out = Vec::new();
+fn same(plan: &Option<i64>, kubelet: &Result<Option<i64>, String>) -> bool {
+    kubelet.as_ref().is_ok_and(|k| k == plan)
+}
+
+/// A value the kubelet writes, in either cgroup version.
+struct Compared {
+    /// The v1 hierarchy.
+    hierarchy: &'static str,
+    v1: &'static str,
+    v2: &'static str,
+    /// The plan's key for the v1 file, and for the v2 file.
+    key_v1: &'static str,
+    key_v2: &'static str,
+}
+
+const CPU: Compared = Compared {
+    hierarchy: "cpu",
+    v1: "cpu.shares",
+    v2: "cpu.weight",
+    key_v1: "cpu_shares",
+    key_v2: "cpu_weight",
+};
+const QUOTA: Compared = Compared {
+    hierarchy: "cpu",
+    v1: "cpu.cfs_quota_us",
+    v2: "cpu.max",
+    key_v1: "cpu_quota_us",
+    key_v2: "cpu_quota_us",
+};
+const MEMORY: Compared = Compared {
+    hierarchy: "memory",
+    v1: "memory.limit_in_bytes",
+    v2: "memory.max",
+    key_v1: "memory_limit_bytes",
+    key_v2: "memory_limit_bytes",
+};
+const PIDS: Compared = Compared {
+    hierarchy: "pids",
+    v1: "pids.max",
+    v2: "pids.max",
+    key_v1: "pids_max",
+    key_v2: "pids_max",
+};
+
+fn compare(c: &Cluster, t: &Target, files: &NodeFiles, plan: &Value, pods: &[Pod]) -> Comparison {
+    let v2 = t.is_vm();
+    // (what, the plan's value, the file on the node)
+    let mut wanted: Vec<(String, Option<i64>, String)> = Vec::new();
+    let mut want = |what: &str, entry: &Value, f: &Compared| {
+        let cg = plan_cgroup(c, t, entry);
+        let cg = cg.trim_start_matches('/');
+        let (file, key, path) = if v2 {
+            (f.v2, f.key_v2, format!("/sys/fs/cgroup/{cg}/{}", f.v2))
+        } else {
+            let h = f.hierarchy;
+            (f.v1, f.key_v1, format!("/sys/fs/cgroup/{h}/{cg}/{}", f.v1))
+        };
+        wanted.push((format!("{what} {file}"), entry[key].as_i64(), path));
+    };
     let n = &plan["node"];
     for tier in ["kubepods", "burstable", "besteffort"] {
-        let e = &n[tier];
-        let cg = plan_cgroup(c, e);
-        out.push((
-            format!("{tier} cpu.shares"),
-            e["cpu_shares"].as_i64(),
-            cgroup_value("cpu", &cg, "cpu.shares"),
-        ));
+        want(tier, &n[tier], &CPU);
         if tier == "kubepods" {
-            out.push((
-                format!("{tier} memory.limit_in_bytes"),
-                e["memory_limit_bytes"].as_i64(),
-                cgroup_value("memory", &cg, "memory.limit_in_bytes"),
-            ));
-            out.push((
-                format!("{tier} pids.max"),
-                e["pids_max"].as_i64(),
-                cgroup_value("pids", &cg, "pids.max"),
-            ));
+            want(tier, &n[tier], &MEMORY);
+            want(tier, &n[tier], &PIDS);
         }
     }
     let plans = plan["pods"].as_array().cloned().unwrap_or_default();
+    let mut missing = Vec::new();
     for p in pods {
         let name = format!(
             "{}/{}",
@@ -426,33 +703,30 @@ fn compare(c: &Cluster, plan: &Value, pods: &[Pod]) -> Comparison {
             p.metadata.name.as_deref().unwrap_or_default()
         );
         let Some(e) = plans.iter().find(|e| e["uid"] == uid(p).as_str()) else {
-            out.push((format!("{name}: not in the plan"), None, Some(0)));
+            missing.push((
+                format!("{name}: not in the plan"),
+                None,
+                Err("a pod of the node".to_owned()),
+            ));
             continue;
         };
-        let cg = plan_cgroup(c, e);
-        for (what, hierarchy, file, key) in [
-            ("cpu.shares", "cpu", "cpu.shares", "cpu_shares"),
-            (
-                "cpu.cfs_quota_us",
-                "cpu",
-                "cpu.cfs_quota_us",
-                "cpu_quota_us",
-            ),
-            (
-                "memory.limit_in_bytes",
-                "memory",
-                "memory.limit_in_bytes",
-                "memory_limit_bytes",
-            ),
-            ("pids.max", "pids", "pids.max", "pids_max"),
-        ] {
-            out.push((
-                format!("{name} {what}"),
-                e[key].as_i64(),
-                cgroup_value(hierarchy, &cg, file),
-            ));
+        for compared in [&CPU, &QUOTA, &MEMORY, &PIDS] {
+            want(&name, e, compared);
         }
     }
+    let paths: Vec<String> = wanted.iter().map(|(_, _, p)| p.clone()).collect();
+    let texts = files.read_all(&paths);
+    let mut out: Comparison = wanted
+        .into_iter()
+        .zip(texts)
+        .map(|((what, plan, path), text)| {
+            let kubelet = text
+                .map(|t| cgroup_value(&path, &t))
+                .ok_or(format!("{path}: unreadable"));
+            (what, plan, kubelet)
+        })
+        .collect();
+    out.append(&mut missing);
     out
 }
 
@@ -460,30 +734,172 @@ fn compare(c: &Cluster, plan: &Value, pods: &[Pod]) -> Comparison {
 #[ignore = "needs a real cluster: cargo xtask cluster test"]
 async fn kubelet_cgroup_values_equal_qoslet_plan() {
     let c = cluster().await;
-    let ns = TestNamespace::create(&c, "qoslet-e2e-plan").await;
-    create_running(&ns, three_qos_pods()).await;
+    for t in c.targets() {
+        println!("on node {}:", t.node);
+        kubelet_cgroup_values_equal_qoslet_plan_on(&c, &t).await;
+    }
+}
+
+async fn kubelet_cgroup_values_equal_qoslet_plan_on(c: &Cluster, t: &Target) {
+    let ns = TestNamespace::create(c, &format!("qoslet-e2e-plan-{}", t.node)).await;
+    let files = t.files(c, &ns).await;
+    create_running(&ns, three_qos_pods(t)).await;
     let work = qoslet_tests::TempDir::new();
     // Every pod of the node (qoslet's own too: the QoS tiers sum them all), as the kubelet
     // has them once it has synced its QoS cgroups after the last change (it does so on pod
     // changes and once a minute): the same values, or the last difference at the deadline.
     let deadline = Instant::now() + WAIT;
-    let compared = loop {
-        let pods = node_pods(&c).await;
-        let plan = plan(&c, &pods, &work.path).await;
-        let cmp = compare(&c, &plan, &pods);
-        if cmp.iter().all(|(_, p, k)| p == k) && pods.len() >= 4 {
-            break cmp;
+    let (compared, plan) = loop {
+        let pods = node_pods(c, &t.node).await;
+        let plan = plan(c, t, &files, &pods, &work.path).await;
+        let cmp = compare(c, t, &files, &plan, &pods);
+        if cmp.iter().all(|(_, p, k)| same(p, k)) && pods.len() >= 4 {
+            break (cmp, plan);
         }
         assert!(
             Instant::now() < deadline,
-            "qoslet plan vs the kubelet's cgroups, differing: {:#?}",
-            cmp.iter().filter(|(_, p, k)| p != k).collect::<Vec<_>>()
+            "qoslet plan vs the kubelet's cgroups on {}, differing: {:#?}",
+            t.node,
+            cmp.iter()
+                .filter(|(_, p, k)| !same(p, k))
+                .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
-    println!("kubelet == qoslet plan, {} values:", compared.len());
+    println!("  kubelet == qoslet plan, {} values:", compared.len());
     for (what, _, v) in &compared {
-        println!("  {what}: {v:?}");
+        println!("    {what}: {v:?}");
+    }
+    qoslet_found_the_kubelets_configuration(c, t, &files, &plan).await;
+}
+
+/// The part of qoslet's `/readyz` that names what it read of the kubelet's configuration: the
+/// line `kubelet: ready: kubelet pid N, beneath ROOT: A, B, flags --x --y`, as the list [A, B,
+/// flags --x --y]; `None` without a ready line of that shape.
+fn discovered_layout(readyz: &str) -> Option<Vec<String>> {
+    let line = readyz
+        .lines()
+        .find_map(|l| l.strip_prefix("kubelet: ready: kubelet pid "))?;
+    let (_, read) = line.split_once(": ")?;
+    Some(read.split(", ").map(str::to_owned).collect())
+}
+
+#[test]
+fn discovered_layouts_are_read_from_readyz() {
+    let readyz = "api: ready: listed\nkubelet: ready: kubelet pid 42, beneath /host: /etc/k/config.json, /etc/k/config.json.d/ (2 drop-ins), flags --eviction-hard --system-reserved\nsensors: ready: ebpf\n";
+    assert_eq!(
+        discovered_layout(readyz).unwrap(),
+        [
+            "/etc/k/config.json",
+            "/etc/k/config.json.d/ (2 drop-ins)",
+            "flags --eviction-hard --system-reserved"
+        ]
+    );
+    assert_eq!(
+        discovered_layout(
+            "kubelet: not ready: not found: no kubelet process in /proc (comm and argv[0] named kubelet); observing with the kubelet's defaults\n"
+        ),
+        None
+    );
+}
+
+/// qoslet's pod on `t` found the kubelet's configuration itself, from the kubelet's process
+/// (no file is named to it): its `/readyz` names the node's layout (`t.kubelet_layout`: on the
+/// VM node a base file, `--config-dir` drop-ins and flags that override each other), and what it
+/// built from them is the kubelet's own merge: what its Node Allocatable takes off the capacity
+/// (`/metrics`: the reservations and the hard eviction threshold of the configuration it found)
+/// is what `plan`, made from the kubelet's configuration (its file, or its `/configz`), takes
+/// off, and for cpu and memory what the kubelet itself takes off in the Node's status. A layer
+/// read wrong (xtask/src/cluster/vm_node.rs, `DROPINS`) changes a reservation or the threshold.
+/// The amounts taken off are compared, not Allocatable itself, so that a capacity qoslet reads
+/// otherwise than the kubelet would not hide or fake a difference of configuration.
+async fn qoslet_found_the_kubelets_configuration(
+    c: &Cluster,
+    t: &Target,
+    files: &NodeFiles,
+    plan: &Value,
+) {
+    let q = qoslet_pod_on(c, &t.node, None).await;
+    let readyz = files.qoslet_get(c, &q, "/readyz").unwrap_or_default();
+    let line = readyz.lines().find(|l| l.starts_with("kubelet: "));
+    assert_eq!(
+        discovered_layout(&readyz).as_deref(),
+        Some(t.kubelet_layout.as_slice()),
+        "qoslet on {}: what it read of the kubelet's configuration ({line:?})",
+        t.node
+    );
+    println!("  qoslet's {}", line.unwrap_or_default());
+    let metrics = files
+        .qoslet_get(c, &q, "/metrics")
+        .unwrap_or_else(|| panic!("qoslet's /metrics on {}", t.node));
+    let metric = |name: &str, resource: &str| -> i64 {
+        let series = format!("{name}{{resource=\"{resource}\"}} ");
+        let v: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series}in qoslet's /metrics on {}", t.node));
+        v as i64
+    };
+    let status = Api::<Node>::all(c.client.clone())
+        .get(&t.node)
+        .await
+        .expect("node")
+        .status
+        .expect("the Node's status");
+    let (capacity, allocatable) = (
+        status.capacity.expect("the Node's capacity"),
+        status.allocatable.expect("the Node's allocatable"),
+    );
+    let quantity =
+        |m: &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+         r: &str|
+         -> qoslet::policy::quantity::Quantity { m[r].0.parse().expect("a quantity") };
+    for (resource, key) in [
+        ("cpu", "cpu_millis"),
+        ("memory", "memory_bytes"),
+        ("pids", "pids"),
+    ] {
+        let taken = |cap: i64, alloc: i64| cap.checked_sub(alloc).expect("no overflow");
+        let by_qoslet = taken(
+            metric("qoslet_node_capacity", resource),
+            metric("qoslet_node_allocatable", resource),
+        );
+        let by_plan = plan["node"]["capacity"][key]
+            .as_i64()
+            .zip(plan["node"]["allocatable"][key].as_i64())
+            .map(|(cap, alloc)| taken(cap, alloc))
+            .expect("the plan's capacity and allocatable");
+        // The Node reports no pids.
+        let by_kubelet = match resource {
+            "cpu" => Some(taken(
+                quantity(&capacity, "cpu").milli_value(),
+                quantity(&allocatable, "cpu").milli_value(),
+            )),
+            "memory" => Some(taken(
+                quantity(&capacity, "memory").value(),
+                quantity(&allocatable, "memory").value(),
+            )),
+            _ => None,
+        };
+        println!(
+            "  {resource} taken off the capacity for Allocatable: by qoslet {by_qoslet}, by the kubelet's configuration {by_plan}, by the kubelet {by_kubelet:?}"
+        );
+        assert_eq!(
+            by_qoslet, by_plan,
+            "{resource} taken off the capacity on {}: qoslet's configuration is not the kubelet's",
+            t.node
+        );
+        if let Some(k) = by_kubelet {
+            assert_eq!(
+                by_plan, k,
+                "{resource} taken off the capacity on {}: the plan's is not the kubelet's own",
+                t.node
+            );
+        }
     }
 }
 
@@ -499,16 +915,33 @@ fn node_oom_kills(c: &Cluster) -> u64 {
         .expect("oom_kill in memory.oom_control")
 }
 
+/// The kernel's OOM kills on `t`'s node: in the host node's cgroup, or in the whole VM.
+fn oom_kills(c: &Cluster, t: &Target, files: &NodeFiles) -> u64 {
+    if t.is_vm() {
+        files.vm_oom_kills()
+    } else {
+        node_oom_kills(c)
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs a real cluster: cargo xtask cluster test"]
 async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     let c = cluster().await;
-    let _q = qoslet_pod(&c).await;
-    let ns = TestNamespace::create(&c, "qoslet-e2e-evict").await;
-    let oom_before = node_oom_kills(&c);
+    for t in c.targets() {
+        println!("on node {}:", t.node);
+        eviction_besteffort_hog_by_qoslet_before_the_kernel_on(&c, &t).await;
+    }
+}
+
+async fn eviction_besteffort_hog_by_qoslet_before_the_kernel_on(c: &Cluster, t: &Target) {
+    let _q = qoslet_pod_on(c, &t.node, None).await;
+    let ns = TestNamespace::create(c, &format!("qoslet-e2e-evict-{}", t.node)).await;
+    let files = t.files(c, &ns).await;
+    let oom_before = oom_kills(c, t, &files);
     let pods = create_running(
         &ns,
-        vec![
+        [
             pod(
                 "bystander",
                 "sleep 3600",
@@ -523,10 +956,14 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
                 json!({}),
                 "Always",
             ),
-        ],
+        ]
+        .into_iter()
+        .map(|p| t.place(p))
+        .collect(),
     )
     .await;
-    let hog_uid = uid(&pods[1]);
+    let hog_index = pods.len() - 1;
+    let hog_uid = uid(&pods[hog_index]);
     let api = ns.pods();
     // Evicted: the pod Failed, or (an eviction through the Eviction API) gone.
     let after = wait_for("the hog's eviction", || async {
@@ -538,14 +975,16 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     .await;
     // Before the kernel: no OOM kill in the node's cgroup, the hog not OOMKilled.
     assert_eq!(
-        node_oom_kills(&c),
+        oom_kills(c, t, &files),
         oom_before,
-        "the kernel OOM-killed in the node's cgroup"
+        "the kernel OOM-killed on {}",
+        t.node
     );
-    // Not the kubelet's: its memory.available is the machine's MemTotal less the node cgroup's
-    // working set (the node cgroup is its root, xtask/src/cluster.rs), out of its threshold's
-    // reach, so an eviction of its own (an event with its name) means something else made it
-    // evict, and the pod's end would not be qoslet's to judge.
+    // Not the kubelet's. On the host node its memory.available is the machine's MemTotal less
+    // the node cgroup's working set (the node cgroup is its root, xtask/src/cluster.rs), out of
+    // its threshold's reach, so an eviction of its own (an event with its name) means something
+    // else made it evict, and the pod's end would not be qoslet's to judge. On the VM node its
+    // signals are the VM's own, as qoslet's are: an eviction of its own means it came first.
     let events: Api<Event> = Api::namespaced(c.client.clone(), &ns.name);
     let evs = events.list(&ListParams::default()).await.unwrap();
     let evictions: Vec<&Event> = evs
@@ -563,7 +1002,7 @@ async fn eviction_besteffort_hog_by_qoslet_before_the_kernel() {
     assert!(!evictions.is_empty(), "no Evicted event: {:#?}", evs.items);
     // The threshold the hog met, as qoslet tells it: its Node Event (`events`) and its own
     // condition types on `nodes/status`, never the kubelet's.
-    let node = c.info.node.as_str();
+    let node = t.node.as_str();
     let node_event = wait_for("qoslet's Node Event of memory pressure", || async {
         let evs = Api::<Event>::namespaced(c.client.clone(), "default")
             .list(&ListParams::default())
@@ -731,23 +1170,29 @@ async fn rbac_is_enforced_and_qoslet_is_never_denied() {
         !list.items.is_empty(),
         "no lease of qoslet's in qoslet-system"
     );
-    let ready = qoslet_get(&q, "/readyz").unwrap_or_default();
+    let ready = qoslet_get(&c, &q, "/readyz").unwrap_or_default();
+    println!("qoslet's /readyz on {}: {}", c.info.node, ready.trim());
+    // Every node's qoslet: the VM node's too, with its own node-bound token.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "qoslet-system");
-    let log = pods
-        .logs(q.metadata.name.as_deref().unwrap(), &LogParams::default())
-        .await
-        .expect("qoslet's log");
-    let denied: Vec<&str> = log.lines().filter(|l| denial(l)).collect();
-    assert!(
-        denied.is_empty(),
-        "qoslet was denied by the API server:\n{}",
-        denied.join("\n")
-    );
-    println!(
-        "qoslet log: {} lines, none denied; /readyz: {}",
-        log.lines().count(),
-        ready.trim()
-    );
+    for t in c.targets() {
+        let q = qoslet_pod_on(&c, &t.node, None).await;
+        let log = pods
+            .logs(q.metadata.name.as_deref().unwrap(), &LogParams::default())
+            .await
+            .expect("qoslet's log");
+        let denied: Vec<&str> = log.lines().filter(|l| denial(l)).collect();
+        assert!(
+            denied.is_empty(),
+            "qoslet on {} was denied by the API server:\n{}",
+            t.node,
+            denied.join("\n")
+        );
+        println!(
+            "qoslet's log on {}: {} lines, none denied",
+            t.node,
+            log.lines().count()
+        );
+    }
 }
 
 /// A client with `token` in place of the admin kubeconfig's credentials.

@@ -3,7 +3,7 @@
 
 use std::{fs, time::Duration};
 
-use qoslet::{cgroup::Runner, source::watch::ManifestWatch, workload::ValidationOptions};
+use qoslet::{cgroup::Runner, standalone::watch::ManifestWatch, workload::ValidationOptions};
 use qoslet_tests::TempDir;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -71,6 +71,28 @@ async fn manifest_changes_become_desired_state_diffs() {
     );
     let running: Vec<&str> = watch.state().pods.keys().map(|k| k.name.as_str()).collect();
     assert_eq!(running, ["keep", "web"]);
+
+    // A misspelt key is dropped, as the API server drops it, with one warning naming the line,
+    // the field and the field meant; the pod runs.
+    fs::write(
+        dir.path.join("typo.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: typo, namespace: demo}\nspec:\n  containers:\n  - name: c\n    command: [sleep]\n    resoures: {limits: {memory: 1Gi}}\n",
+    )
+    .unwrap();
+    let d = next(&mut watch).await;
+    assert_eq!(names(&d.pods_added), ["typo"], "{d:?}");
+    assert_eq!(
+        d.new_warnings,
+        [format!(
+            "{}:8: Pod/demo/typo: unknown-field: spec.containers[0].resoures: unknown field (did you mean `resources`?)",
+            dir.path.join("typo.yaml").display()
+        )],
+        "{d:?}"
+    );
+    fs::remove_file(dir.path.join("typo.yaml")).unwrap();
+    let d = next(&mut watch).await;
+    assert_eq!(names(&d.pods_removed), ["typo"], "{d:?}");
+    assert!(d.new_warnings.is_empty(), "{d:?}");
 
     fs::remove_file(dir.path.join("web.yaml")).unwrap();
     let d = next(&mut watch).await;

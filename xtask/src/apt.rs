@@ -13,13 +13,31 @@ pub fn ensure(who: &str, packages: &[&str]) -> Result<()> {
     }
     // `apt-get update` is slow and only needed when something has to be fetched.
     println!("{who}: installing {}", missing.join(" "));
-    run(Command::new("apt-get").arg("update").arg("-q"))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let installing = run(apt_get().arg("update").arg("-q")).and_then(|()| {
+        run(apt_get()
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    });
+    if let Err(e) = installing {
+        // Another install beside this one (a second xtask on a shared machine) may have held
+        // the lock past the wait, and installed these very packages meanwhile.
+        if missing.iter().any(|p| !installed(p)) {
+            return Err(e);
+        }
+        println!("{who}: installed by another apt meanwhile ({e:#})");
+    }
     println!("{who}: installed {}", missing.join(" "));
     Ok(())
+}
+
+/// `apt-get` that waits up to 10 minutes for dpkg's lock: on a shared machine another apt (a
+/// second xtask, unattended-upgrades) often holds it for a while, and without the wait apt-get
+/// fails at once (exit 100, "Could not get lock /var/lib/dpkg/lock-frontend").
+fn apt_get() -> Command {
+    let mut cmd = Command::new("apt-get");
+    cmd.args(["-o", "DPkg::Lock::Timeout=600"]);
+    cmd
 }
 
 fn installed(package: &str) -> bool {

@@ -74,8 +74,9 @@ pub enum ClusterCmd {
         /// Leave a cluster this command brought up running.
         #[arg(long)]
         keep: bool,
-        /// Bring the cluster up with the VM node (as `up --vm-node`); the tests themselves run
-        /// against the host node.
+        /// Bring the cluster up with the VM node (as `up --vm-node`); the tests that the issue
+        /// names for every node (cgroups found, the kubelet's values, eviction, no 403) run on
+        /// it too.
         #[arg(long)]
         vm_node: bool,
     },
@@ -91,11 +92,18 @@ struct Info {
     node: String,
     /// The kubelet's configuration file as the host sees it.
     kubelet_config: PathBuf,
+    /// What qoslet's `/readyz` must name as the kubelet's configuration it read: kubeadm's
+    /// layout, the one file `--config` names (no flag qoslet reads).
+    #[serde(default)]
+    kubelet_layout: Vec<String>,
     /// The node's cgroup as the host sees it (in the cluster's mount namespace, the root of
     /// every hierarchy: the kubelet's cgroupRoot `/`).
     cgroup_root: String,
     /// The agent binary inside the image (for `qoslet plan`).
     qoslet: PathBuf,
+    /// The VM node of `up --vm-node`; the tests run on it too.
+    #[serde(default)]
+    vm_node: Option<vm_node::Info>,
 }
 
 pub fn run(cmd: &ClusterCmd) -> Result<()> {
@@ -300,10 +308,12 @@ fn up(with_vm_node: bool) -> Result<Info> {
         kubeconfig: c.path("pki/admin.kubeconfig"),
         node: NODE.into(),
         kubelet_config: c.path("var-lib/kubelet/config.yaml"),
+        kubelet_layout: vec![KUBELET_CONFIG.into()],
         cgroup_root: format!("/{name}/node"),
         qoslet: cargo::target_dir()
             .join(crate::vm::MUSL_TARGET)
             .join("release/qoslet"),
+        vm_node: with_vm_node.then(|| vm_node::info(&c)),
     };
     fs::write(c.path("cluster.json"), serde_json::to_string_pretty(&info)?)?;
     for d in [
@@ -582,6 +592,10 @@ state = "{state}"
     write_kubelet_config(c, KUBELET_MEMORY_AVAILABLE)
 }
 
+/// The host node's kubelet configuration file, as kubeadm names it, in the kubelet's mount
+/// namespace (the cluster's `var-lib/kubelet/config.yaml`).
+const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
+
 /// The kubelet's `evictionHard` `memory.available` of the cluster's tests.
 const KUBELET_MEMORY_AVAILABLE: &str = "100Mi";
 
@@ -753,7 +767,7 @@ fn start_kubelet(c: &Cluster) -> Result<()> {
         "kubelet",
         &c.bins.kube("kubelet"),
         &[
-            "--config=/var/lib/kubelet/config.yaml".into(),
+            format!("--config={KUBELET_CONFIG}"),
             format!("--kubeconfig={}", c.p("pki/kubelet.kubeconfig")),
             format!("--hostname-override={NODE}"),
             format!("--node-ip={NODE_IP}"),

@@ -247,7 +247,8 @@ fn check_objects(tools: &Tools, what: &str, objects: &[Value], dir: &Path) -> Re
     Ok(())
 }
 
-/// `qoslet validate FILE`: exit 0 and nothing printed.
+/// `qoslet validate FILE`: exit 0, nothing on stderr (no problem, no warning), and the verdict
+/// `valid: ...` on stdout.
 fn qoslet_validate(qoslet: &Path, file: &Path) -> Result<()> {
     let out = Command::new(qoslet)
         .arg("validate")
@@ -255,7 +256,7 @@ fn qoslet_validate(qoslet: &Path, file: &Path) -> Result<()> {
         .env("RUST_LOG", "off")
         .output()
         .with_context(|| format!("running {}", qoslet.display()))?;
-    if !out.status.success() || !out.stdout.is_empty() {
+    if !out.status.success() || !out.stderr.is_empty() || !out.stdout.starts_with(b"valid: ") {
         bail!(
             "qoslet validate {} ({}): {}{}",
             file.display(),

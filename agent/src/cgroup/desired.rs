@@ -159,6 +159,11 @@ pub struct DesiredCgroup {
     /// Create the directory when it is missing (never for reserved cgroups).
     pub create: bool,
     pub writes: Writes,
+    /// v2: qoslet enables in `cgroup.subtree_control` the controllers the children need (and
+    /// reports the file's drift). Not under the kubelet's systemd driver, where systemd owns the
+    /// file: it enables a slice's controllers as the units beneath it need them and writes them
+    /// again as pods come and go, so a difference there is systemd's doing, not drift.
+    pub enables_controllers: bool,
 }
 
 /// A pod left out of the desired state.
@@ -224,6 +229,7 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
                 oom_score_adj: None,
                 create: role != Role::Reserved,
                 writes: Writes::All,
+                enables_controllers: false,
             }),
             Err(source) => out.refused_node.push(NodeCgroupRefused {
                 what,
@@ -243,8 +249,10 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
             }),
         }
     }
-    if naming.runner == Runner::Kubelet {
-        for c in &mut out.cgroups {
+    let systemd_owned = naming.runner == Runner::Kubelet && naming.driver == CgroupDriver::Systemd;
+    for c in &mut out.cgroups {
+        c.enables_controllers = has_children(c.role) && !systemd_owned;
+        if naming.runner == Runner::Kubelet {
             kubelet_owned(c, &naming.enforce);
         }
     }
@@ -253,6 +261,11 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
     out.cgroups
         .sort_by(|a, b| a.path.components().cmp(b.path.components()));
     out
+}
+
+/// Whether a cgroup of `role` has children qoslet manages.
+pub fn has_children(role: Role) -> bool {
+    matches!(role, Role::Kubepods | Role::QosTier | Role::Pod)
 }
 
 /// Under the kubelet: nothing is created, and only the enforced areas' files are written.
@@ -328,6 +341,7 @@ fn pod_cgroups(
         oom_score_adj: None,
         create: true,
         writes: Writes::All,
+        enables_controllers: false,
     }];
     for c in &pod.containers {
         if !is_dns_label(&c.name) {
@@ -375,6 +389,7 @@ fn container_cgroup(
         oom_score_adj: Some(c.oom_score_adj),
         create: true,
         writes: Writes::All,
+        enables_controllers: false,
     }
 }
 

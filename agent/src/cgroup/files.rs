@@ -104,7 +104,7 @@ pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static 
 /// The v2 controllers a cgroup's children need enabled in its `cgroup.subtree_control`.
 pub const V2_CONTROLLERS: [&str; 4] = ["cpu", "cpuset", "memory", "pids"];
 
-/// Whether `c` has children qoslet manages (so its subtree_control matters on v2).
+/// Whether `c` has children qoslet manages.
 pub fn has_managed_children(c: &DesiredCgroup) -> bool {
-    matches!(c.role, Role::Kubepods | Role::QosTier | Role::Pod)
+    super::desired::has_children(c.role)
 }

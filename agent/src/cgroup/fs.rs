@@ -22,7 +22,7 @@ use super::{
 };
 
 #[derive(Debug, Error)]
-#[error("cannot open the node root {path}: {source}{hint}", hint = crate::privilege_hint(.source))]
+#[error("cannot open the node root {path}: {source}{hint}", hint = crate::support::privilege_hint(.source))]
 pub struct OpenRootError {
     pub path: PathBuf,
     #[source]
@@ -170,10 +170,10 @@ pub struct CgroupFs {
     page: i64,
 }
 
-const RESOLVE: u64 = crate::beneath::RESOLVE_STRICT;
+const RESOLVE: u64 = crate::support::beneath::RESOLVE_STRICT;
 
 fn openat2(dir: libc::c_int, path: &str, flags: libc::c_int, resolve: u64) -> io::Result<OwnedFd> {
-    crate::beneath::openat2(dir, path, flags, 0, resolve)
+    crate::support::beneath::openat2(dir, path, flags, 0, resolve)
 }
 
 impl CgroupFs {
@@ -302,7 +302,7 @@ impl CgroupFs {
             libc::O_PATH | libc::O_DIRECTORY,
             RESOLVE,
         )?;
-        crate::beneath::mkdirat(dir.as_fd(), last.as_str(), 0o755)
+        crate::support::beneath::mkdirat(dir.as_fd(), last.as_str(), 0o755)
     }
 
     /// Removes the cgroup directory (it must have no children and no processes). `Ok(false)`

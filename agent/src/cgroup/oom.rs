@@ -339,7 +339,7 @@ static OBSERVED: Said = std::sync::Mutex::new(None);
 /// Whether this (pid, value) is new to `said`. Bounded: forgets everything past 4096 entries.
 fn first_time(said: &Said, pid: i32, value: i32) -> bool {
     use std::collections::HashSet;
-    let mut guard = crate::lock(said);
+    let mut guard = crate::support::lock(said);
     let seen: &mut HashSet<(i32, i32)> = guard.get_or_insert_with(HashSet::new);
     if seen.len() > 4096 {
         seen.clear();
@@ -351,7 +351,7 @@ fn first_time(said: &Said, pid: i32, value: i32) -> bool {
 /// `oom_score_adj_min` check); without it Guaranteed (-997) and qoslet's own -999 cannot be set.
 pub fn can_lower_scores() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
-    crate::sensors::privilege::effective_capabilities() & (1 << CAP_SYS_RESOURCE) != 0
+    crate::support::privilege::effective_capabilities() & (1 << CAP_SYS_RESOURCE) != 0
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ impl Reconciler {
     }
 
     fn feed(&self) -> Option<MutexGuard<'_, ChangeFeed>> {
-        self.feed.as_ref().map(crate::lock)
+        self.feed.as_ref().map(crate::support::lock)
     }
 
     /// A watch on a cgroup the feed does not watch yet; `None` when it does or the cgroup does
@@ -378,7 +378,9 @@ impl Reconciler {
             }
             if has_managed_children(c) {
                 match tree {
-                    Tree::V2 => self.enable_controllers(c, dir.as_ref(), report),
+                    Tree::V2 if c.enables_controllers => {
+                        self.enable_controllers(c, dir.as_ref(), report);
+                    }
                     Tree::V1(Controller::Cpuset) if c.role == Role::Kubepods => {
                         // kubepods has no children yet when its cpuset is empty, so setting it
                         // now cannot narrow anything; the tiers and pods then clone it.

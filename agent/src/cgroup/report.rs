@@ -61,20 +61,20 @@ pub enum ReconcileError {
     NodeCgroup(#[from] NodeCgroupRefused),
     #[error("reserved cgroup {path} does not exist (the kubelet never creates it)")]
     ReservedMissing { path: PathBuf },
-    #[error("{path}: cannot create the cgroup: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}: cannot create the cgroup: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Create {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{path}/{file}: cannot read: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}/{file}: cannot read: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Read {
         path: PathBuf,
         file: &'static str,
         #[source]
         source: io::Error,
     },
-    #[error("{path}/{file}: cannot write {value:?}: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}/{file}: cannot write {value:?}: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Write {
         path: PathBuf,
         file: &'static str,

@@ -73,6 +73,15 @@ pub enum Command {
     RecommendReserved(recommend_reserved::RecommendReservedArgs),
 }
 
+/// The `qoslet` binary's `main`: the command line, logging, then the command. A command-line
+/// error is clap's own message, before any logging. A function of the library so that the
+/// tests' copy of the binary (`qoslet-tests`'s `qoslet-test-agent`) is the same program.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    run(cli)
+}
+
 /// Runs one command and maps its outcome to an exit status.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {

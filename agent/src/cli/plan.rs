@@ -4,11 +4,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, path::PathBuf, process::ExitCode};
 
-use k8s_openapi::api::core::v1::Pod;
-
 use crate::{
     config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
     exit,
+    hub::Summary,
     policy::{
         allocatable::AllocatableError,
         cpuset::CpuSet,
@@ -18,12 +17,12 @@ use crate::{
         quantity::Quantity,
         settings::{Capacity, CgroupDriver},
     },
-    server::Summary,
     source::{
-        admit::{Admitted, admit, unique_uids},
-        manifest::{RawObject, load_paths},
+        admit::{Admitted, UnknownFields, admit, unique_uids},
+        fields::shown,
+        manifest::{Loaded, RawObject, load_paths},
     },
-    workload::Problem,
+    workload::{Problem, problem::Rule},
 };
 
 /// Kinds other commands read; `plan` skips them without complaint.
@@ -91,14 +90,18 @@ impl From<ConfigError> for Failure {
         } else {
             1
         };
-        let mut line = e.to_string();
-        if let ConfigError::Unreadable { source, .. } = &e {
-            let _ = write!(line, ": {source}");
-        }
-        Failure {
-            status,
-            lines: vec![line],
-        }
+        let lines = e
+            .into_list()
+            .into_iter()
+            .map(|e| {
+                let mut line = e.to_string();
+                if let ConfigError::Unreadable { source, .. } = &e {
+                    let _ = write!(line, ": {source}");
+                }
+                line
+            })
+            .collect();
+        Failure { status, lines }
     }
 }
 
@@ -169,18 +172,32 @@ pub(super) fn build_plan(args: &PlanArgs) -> Result<Plan, Failure> {
     })?;
     let mut lines: Vec<String> = loaded.malformed.iter().map(ToString::to_string).collect();
     let mut admitted = Vec::new();
+    let mut problems = Vec::new();
+    // Unknown fields are dropped, as the API server drops them, with a warning each.
+    let UnknownFields {
+        found: mut warnings,
+        more,
+    } = UnknownFields::of(&loaded.objects);
     for o in &loaded.objects {
         match pod_view(o) {
             Ok(Some(a)) => admitted.push(a),
             Ok(None) => {}
-            Err(more) => lines.extend(more),
+            Err(more) => problems.extend(more),
         }
     }
-    lines.extend(
-        unique_uids(&mut admitted, &BTreeMap::new())
-            .iter()
-            .map(plan_line),
-    );
+    problems.extend(unique_uids(&mut admitted, &BTreeMap::new()));
+    {
+        let mut all: Vec<&mut Problem> = problems.iter_mut().chain(warnings.iter_mut()).collect();
+        Loaded::locate(&loaded.texts, &mut all);
+    }
+    warnings.sort();
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    for (file, n) in more {
+        eprintln!("warning: {}", UnknownFields::more_line(&file, n));
+    }
+    lines.extend(problems.iter().map(plan_line));
     if !lines.is_empty() {
         return Err(Failure {
             status: exit::PROBLEMS,
@@ -231,79 +248,35 @@ fn pod_usage(url: &str) -> Result<BTreeMap<String, i64>, String> {
         .collect())
 }
 
-/// An admitted Pod, `None` for kinds plan skips, or the error lines. Pods pass the same
-/// admission as in `validate` and `run` (crate::source::admit).
-fn pod_view(o: &RawObject) -> Result<Option<Admitted>, Vec<String>> {
-    let file = o.file.display();
+/// An admitted Pod, `None` for kinds plan skips, or its problems. Pods pass the same admission
+/// as in `validate` and `run` (crate::source::admit), which names the field of a value that
+/// does not decode.
+fn pod_view(o: &RawObject) -> Result<Option<Admitted>, Vec<Problem>> {
     if SKIPPED_KINDS.contains(&o.kind.as_str()) {
         return Ok(None);
     }
     if o.kind != "Pod" || o.api_version != "v1" {
-        return Err(vec![format!(
-            "{file}: {}: kind: unknown kind {:?} ({}): qoslet plan reads v1 Pods",
-            o.display_id(),
-            o.kind,
-            o.api_version
-        )]);
+        let message = format!(
+            "unknown kind {:?} ({}): qoslet plan reads v1 Pods",
+            shown(&o.kind),
+            shown(&o.api_version)
+        );
+        let p = Problem::new(
+            &o.origin(),
+            o.display_id().to_string(),
+            Rule::KindKnown,
+            message,
+        );
+        return Err(vec![p.at("kind")]);
     }
-    admit(o).map(Some).map_err(|problems| {
-        // A document that is not a Pod at all: say which field, as serde does not.
-        if let Err(e) = o.decode::<Pod>() {
-            return vec![match locate(&o.value) {
-                Some((field, message)) => {
-                    format!("{file}: {}: {field}: {message}", o.display_id())
-                }
-                None => format!("{file}: {}", e.message),
-            }];
-        }
-        problems.iter().map(plan_line).collect()
-    })
+    admit(o).map(Some)
 }
 
-/// An admission problem as plan prints it, `file: Kind/namespace/name: field: message` (the
-/// rule's message starts with its field).
+/// A problem as plan prints it, `file:line: Kind/namespace/name: field: message` (the rule's
+/// message starts with its field).
 fn plan_line(p: &Problem) -> String {
-    format!("{}: {}: {}", p.origin.file.display(), p.id, p.message)
-}
-
-/// The innermost part of a Pod document that fails to decode, as `(field, message)`: serde's
-/// own errors do not say where they are.
-fn locate(pod: &serde_yaml_ng::Value) -> Option<(String, String)> {
-    use k8s_openapi::{
-        api::core::v1::{Container, PodSpec, PodStatus, ResourceRequirements},
-        apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    };
-    fn fails<T: serde::de::DeserializeOwned>(v: &serde_yaml_ng::Value) -> Option<String> {
-        serde_yaml_ng::from_value::<T>(v.clone())
-            .err()
-            .map(|e| e.to_string())
-    }
-    if let Some(m) = pod.get("metadata").and_then(fails::<ObjectMeta>) {
-        return Some(("metadata".into(), m));
-    }
-    if let Some(m) = pod.get("status").and_then(fails::<PodStatus>) {
-        return Some(("status".into(), m));
-    }
-    let spec = pod.get("spec")?;
-    for list in ["initContainers", "containers"] {
-        let items = spec.get(list).and_then(|l| l.as_sequence());
-        for (i, c) in items.into_iter().flatten().enumerate() {
-            if let Some(r) = c.get("resources")
-                && let Some(m) = fails::<ResourceRequirements>(r)
-            {
-                return Some((format!("spec.{list}[{i}].resources"), m));
-            }
-            if let Some(m) = fails::<Container>(c) {
-                return Some((format!("spec.{list}[{i}]"), m));
-            }
-        }
-    }
-    if let Some(r) = spec.get("resources")
-        && let Some(m) = fails::<ResourceRequirements>(r)
-    {
-        return Some(("spec.resources".into(), m));
-    }
-    fails::<PodSpec>(spec).map(|m| ("spec".into(), m))
+    let line = p.line.map(|l| format!(":{l}")).unwrap_or_default();
+    format!("{}{line}: {}: {}", p.origin.file.display(), p.id, p.message)
 }
 
 /// `cpu=4,memory=32Gi,pids=4194304[,cpus=0-3]`; cpu and memory are required.

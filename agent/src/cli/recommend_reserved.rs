@@ -24,11 +24,11 @@ use super::plan::{Output, machine_capacity, parse_capacity};
 use crate::{
     config::CapacityOverride,
     exit,
+    hub::{Summary, summary::ContainerStats},
     policy::{
         duration::parse_duration_nanos,
         reserved::{AutoSizing, Sized, openshift_auto_sizing, size},
     },
-    server::{Summary, summary::ContainerStats},
 };
 
 const MIB: u64 = 1 << 20;
@@ -364,7 +364,7 @@ fn render(r: &Recommendation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::summary::{CpuStats, MemoryStats, NodeStats};
+    use crate::hub::summary::{CpuStats, MemoryStats, NodeStats};
 
     fn container(name: &str, mem: u64, cpu: u64) -> ContainerStats {
         ContainerStats {

@@ -141,7 +141,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 /// One line naming the cause (the error and its sources), and the exit status.
 fn fail(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
-    eprintln!("qoslet: {}", crate::error_chain(e));
+    eprintln!("qoslet: {}", crate::support::error_chain(e));
     ExitCode::from(code)
 }
 

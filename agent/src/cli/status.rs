@@ -2,7 +2,7 @@
 
 use std::{fmt::Write as _, io::Write as _, net::SocketAddr, process::ExitCode, time::Duration};
 
-use crate::server::StatusSnapshot;
+use crate::hub::StatusSnapshot;
 
 /// Where the agent listens by default (QosletConfiguration `metricsAddress`).
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9479";
@@ -110,7 +110,7 @@ pub fn render(s: &StatusSnapshot) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::status::{EventRow, PodRow};
+    use crate::hub::status::{EventRow, PodRow};
 
     #[test]
     fn renders_one_row_per_pod_and_the_newest_events_first() {

@@ -1,16 +1,19 @@
 //! `qoslet validate [--previous DIR] [--feature-gates G=true,...] PATH...`: checks Pods, Workloads,
 //! PodGroups, CompositePodGroups and configuration files (docs/usage.md). Exit 0 when valid, 1 with
-//! one line per problem (`file: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
+//! one line per problem (`file:line: Kind/namespace/name: rule: message`, sorted), 2 on unreadable
 //! input or a malformed flag. A reference to an object not in the set (a forward reference) is
 //! no problem: the API server takes it and the scheduler holds the object until the target
-//! exists, so it is one `pending: ` line on stderr.
+//! exists, so it is one `pending: ` line. As `plan` does, everything said about the input goes
+//! to stderr; the verdict alone (`valid: N objects` or `invalid: N problems`) goes to stdout, so
+//! a script can read it while a person reads the lines.
 
 use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
 
 use crate::{
     config::{ConfigError, KubeletConfig, QosletConfiguration},
     source::{
-        admit::{Admitted, admit, unique_uids},
+        admit::{Admitted, UnknownFields, admit, unique_uids},
+        fields::shown,
         file::DEFAULT_MAX_BYTES,
         manifest::{Loaded, RawObject, load_paths},
     },
@@ -65,13 +68,18 @@ pub fn run(args: ValidateArgs) -> ExitCode {
         },
         None => None,
     };
+    let objects = current.objects.len() + current.malformed.len();
     let checked = check(current, previous, &opts);
+    for l in &checked.warnings {
+        eprintln!("warning: {l}");
+    }
     for l in &checked.pending {
         eprintln!("pending: {l}");
     }
     for l in &checked.problems {
-        println!("{l}");
+        eprintln!("{l}");
     }
+    println!("{}", checked.verdict(objects));
     if checked.problems.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -105,24 +113,67 @@ pub struct Checked {
     pub problems: Vec<String>,
     /// Forward references (`reference-exists`): held by the scheduler, not refused.
     pub pending: Vec<String>,
+    /// Unknown fields of Pods and the scheduling kinds (`unknown-field`), dropped as the API
+    /// server drops them: at most [`MAX_WARNINGS_PER_FILE`] a file, then one `and N more` line.
+    pub warnings: Vec<String>,
+    /// How many unknown fields there are, those past the lines' bound too.
+    pub warning_count: usize,
+}
+
+/// The most warnings printed for one file.
+pub const MAX_WARNINGS_PER_FILE: usize = 20;
+
+impl Checked {
+    /// The one line on stdout: `valid: N objects` or `invalid: N problems`, with the pending
+    /// references when there are any.
+    pub fn verdict(&self, objects: usize) -> String {
+        let mut line = if self.problems.is_empty() {
+            format!("valid: {}", count(objects, "object"))
+        } else {
+            format!("invalid: {}", count(self.problems.len(), "problem"))
+        };
+        if !self.pending.is_empty() {
+            line.push_str(&format!(", {} pending", self.pending.len()));
+        }
+        if self.warning_count > 0 {
+            line.push_str(&format!(", {}", count(self.warning_count, "warning")));
+        }
+        line
+    }
+}
+
+/// `1 object`, `2 objects`.
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 /// The problem and pending lines of a change set (and the objects it replaces).
-pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Checked {
+pub fn check(mut current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions) -> Checked {
     let mut problems: Vec<Problem> = Vec::new();
     let mut pending: Vec<Problem> = Vec::new();
+    let UnknownFields {
+        found: mut warnings,
+        more: unshown,
+    } = UnknownFields::of(&current.objects);
+    let mut texts = std::mem::take(&mut current.texts);
     let decode_all = |loaded: Loaded, problems: &mut Vec<Problem>| -> Vec<Object> {
         for m in loaded.malformed {
             let origin = Origin {
                 file: m.file,
                 index: m.index,
             };
-            problems.push(Problem::new(
+            let mut p = Problem::new(
                 &origin,
                 format!("document {}", m.index),
                 Rule::Schema,
                 m.message,
-            ));
+            );
+            p.field = m.field;
+            problems.push(p);
         }
         let mut admitted = Vec::new();
         for raw in &loaded.objects {
@@ -137,7 +188,8 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
     };
     let new = decode_all(current, &mut problems);
     let objects = match previous {
-        Some(prev) => {
+        Some(mut prev) => {
+            texts.append(&mut prev.texts);
             let old = decode_all(prev, &mut problems);
             let applied = apply_updates(old, new);
             problems.extend(applied.rejected.into_iter().map(|r| r.problem));
@@ -149,15 +201,47 @@ pub fn check(current: Loaded, previous: Option<Loaded>, opts: &ValidationOptions
         problems.extend(validate_forest(forest, opts));
         pending.extend(dangling(forest));
     }
-    let lines = |mut v: Vec<Problem>| {
+    {
+        let mut all: Vec<&mut Problem> = problems
+            .iter_mut()
+            .chain(pending.iter_mut())
+            .chain(warnings.iter_mut())
+            .collect();
+        Loaded::locate(&texts, &mut all);
+    }
+    let sorted = |mut v: Vec<Problem>| {
         v.sort();
         v.dedup();
-        v.iter().map(Problem::to_string).collect()
+        v
     };
+    let lines = |v: Vec<Problem>| sorted(v).iter().map(Problem::to_string).collect();
+    let warning_count = warnings.len() + unshown.values().sum::<usize>();
     Checked {
         problems: lines(problems),
         pending: lines(pending),
+        warnings: capped(sorted(warnings), unshown),
+        warning_count,
     }
+}
+
+/// The warning lines, at most [`MAX_WARNINGS_PER_FILE`] a file, then `file: and N more
+/// unknown fields` with those not shown (`unshown`: those not even noted, per file).
+fn capped(warnings: Vec<Problem>, mut unshown: BTreeMap<PathBuf, usize>) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut shown_in: BTreeMap<PathBuf, usize> = BTreeMap::new();
+    for w in warnings {
+        let n = shown_in.entry(w.origin.file.clone()).or_default();
+        if *n < MAX_WARNINGS_PER_FILE {
+            *n += 1;
+            lines.push(w.to_string());
+        } else {
+            *unshown.entry(w.origin.file.clone()).or_default() += 1;
+        }
+    }
+    for (file, n) in unshown {
+        lines.push(UnknownFields::more_line(&file, n));
+    }
+    lines
 }
 
 /// An admitted object (what `plan` and `run` accept), nothing (a valid configuration file), or
@@ -182,36 +266,52 @@ fn raw_problem(raw: &RawObject, rule: Rule, message: String) -> Problem {
 }
 
 /// Configuration documents, checked by the same parser `plan` and `run` use (crate::config):
-/// the line names the field and the value that is wrong.
+/// each problem names the field and the value that is wrong; every problem of a
+/// QosletConfiguration is reported, unknown fields among them (`unknown-field`: qoslet refuses
+/// them in its own file).
 fn validate_config_object(obj: &RawObject) -> Vec<Problem> {
-    let text = match serde_yaml_ng::to_string(&obj.value) {
-        Ok(t) => t,
-        Err(e) => return vec![raw_problem(obj, Rule::Schema, e.to_string())],
+    let errors = match obj.kind.as_str() {
+        "KubeletConfiguration" => match serde_yaml_ng::to_string(&obj.value) {
+            Ok(text) => KubeletConfig::parse(&obj.file, &text)
+                .and_then(|kc| {
+                    if let Some(note) = kc.ignored_note() {
+                        eprintln!("note: {}: {note}", obj.file.display());
+                    }
+                    kc.check(&obj.file)
+                })
+                .err()
+                .map(ConfigError::into_list)
+                .unwrap_or_default(),
+            Err(e) => return vec![raw_problem(obj, Rule::Schema, e.to_string())],
+        },
+        _ => QosletConfiguration::problems(&obj.file, obj.value.clone()),
     };
-    let result = match obj.kind.as_str() {
-        "KubeletConfiguration" => KubeletConfig::parse(&obj.file, &text).and_then(|kc| {
-            if let Some(note) = kc.ignored_note() {
-                eprintln!("note: {}: {note}", obj.file.display());
+    errors
+        .into_iter()
+        .map(|e| match e {
+            ConfigError::Invalid { field, message, .. } => {
+                let rule = if field == "apiVersion" {
+                    Rule::ApiVersion
+                } else {
+                    Rule::Schema
+                };
+                field_problem(obj, rule, field, message)
             }
-            kc.check(&obj.file)
-        }),
-        _ => QosletConfiguration::parse(&obj.file, &text).and_then(|qc| qc.check(&obj.file)),
+            ConfigError::UnknownField { field, message, .. } => {
+                field_problem(obj, Rule::UnknownField, field, message)
+            }
+            e => raw_problem(obj, Rule::Schema, e.to_string()),
+        })
+        .collect()
+}
+
+/// A problem of one field (`field: message`; the message alone for the whole document).
+fn field_problem(obj: &RawObject, rule: Rule, field: String, message: String) -> Problem {
+    let mut p = if field.is_empty() {
+        raw_problem(obj, rule, message)
+    } else {
+        raw_problem(obj, rule, format!("{}: {message}", shown(&field)))
     };
-    match result {
-        Ok(()) => Vec::new(),
-        Err(ConfigError::Invalid { field, message, .. }) => {
-            let rule = if field == "apiVersion" {
-                Rule::ApiVersion
-            } else {
-                Rule::Schema
-            };
-            let field = if field.is_empty() {
-                String::new()
-            } else {
-                format!("{field}: ")
-            };
-            vec![raw_problem(obj, rule, format!("{field}{message}"))]
-        }
-        Err(e) => vec![raw_problem(obj, Rule::Schema, e.to_string())],
-    }
+    p.field = field;
+    p
 }

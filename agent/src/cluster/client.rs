@@ -18,7 +18,9 @@
 //!     [`WatchBackoff`] of that path's own: client-go's reflector counts both as failures (its
 //!     "very short watch") and backs off. kube-runtime sees neither as an error (kube logs a
 //!     warning for a cut stream and ends it as if the server had) and watches again at once,
-//!     held only by the spacing: two requests and two warnings a second, for good.
+//!     held only by the spacing: two requests and two warnings a second, for good. The failure
+//!     is noted for `/readyz` ([`Answered::watch_failing`]), where kube-runtime's watch would
+//!     still read as synced.
 //!   - a read answered 429 or 5xx with a `Retry-After` header holds back the next read of the
 //!     same path until that time has passed (at most [`RETRY_AFTER_CAP`]): the API server sheds
 //!     load (priority and fairness, a server shutting down) by saying when to come back, and
@@ -149,31 +151,126 @@ impl Backoff for WatchBackoff {
     fn reset(&mut self) {}
 }
 
-/// When each resource path last answered a read with a success. A watch that failed and is
-/// re-established yields nothing until an object changes, so its success shows only here
-/// (`/readyz` clears a failing watch by it).
+/// What a named watch's failure that kube-runtime does not see is called on `/readyz`.
+pub const WATCH_CUT: &str = "the watch stream was cut";
+/// See [`WATCH_CUT`].
+pub const WATCH_ENDED_AT_ONCE: &str = "the watch ended at once without an event";
+
+/// What the reads of one resource path last did.
+#[derive(Clone, Copy, Default)]
+struct PathReads {
+    /// The last read answered with a success (a watch at its answer's headers).
+    read: Option<Instant>,
+    /// The watch of this path open now: when it was answered.
+    open: Option<Instant>,
+    /// When a watch of this path last proved itself: open for [`SHORT_WATCH`] without a failure.
+    proven: Option<Instant>,
+    /// The last watch that failed without an error kube-runtime sees (cut, or ended at once):
+    /// when, and how.
+    failed: Option<(Instant, &'static str)>,
+}
+
+impl PathReads {
+    /// When a watch of the path last proved itself, the one open now included.
+    fn proven(&self, now: Instant) -> Option<Instant> {
+        let open = self
+            .open
+            .map(|t| t + SHORT_WATCH)
+            .filter(|proven| *proven <= now);
+        self.proven.max(open)
+    }
+
+    /// The latest time in the record, for the oldest-first eviction.
+    fn latest(&self) -> Option<Instant> {
+        [self.read, self.open, self.proven, self.failed.map(|f| f.0)]
+            .into_iter()
+            .max()
+            .flatten()
+    }
+}
+
+/// When each resource path last answered a read with a success, and how its watches ended.
+/// A watch that failed and is re-established yields nothing until an object changes, so its
+/// success shows only here (`/readyz` clears a failing watch by it: a failure kube-runtime sees
+/// in the body, as garbage, comes after the answer's headers and is said again); and a watch
+/// that the server cuts or ends at once is no error to kube-runtime, so its failure shows only
+/// here (`/readyz` names it failing until a watch of its path has lasted [`SHORT_WATCH`]
+/// without failing so).
 #[derive(Clone, Default)]
-pub struct Answered(Arc<Mutex<HashMap<String, Instant>>>);
+pub struct Answered(Arc<Mutex<HashMap<String, PathReads>>>);
 
 impl Answered {
     /// Whether a read of `path` succeeded after `at`.
     pub fn since(&self, path: &str, at: Instant) -> bool {
-        crate::lock(&self.0).get(path).is_some_and(|t| *t > at)
+        crate::support::lock(&self.0)
+            .get(path)
+            .and_then(|r| r.read)
+            .is_some_and(|t| t > at)
     }
 
-    fn record(&self, path: String) {
-        let mut paths = crate::lock(&self.0);
-        if paths.len() >= PATHS_KEPT && !paths.contains_key(&path) {
+    /// How the last watch of `path` failed, when it failed without an error kube-runtime sees
+    /// and no watch of the path has proved itself since.
+    pub fn watch_failing(&self, path: &str) -> Option<&'static str> {
+        let now = Instant::now();
+        let paths = crate::support::lock(&self.0);
+        let r = paths.get(path)?;
+        let (at, how) = r.failed?;
+        (r.proven(now) <= Some(at)).then_some(how)
+    }
+
+    fn update(&self, path: &str, f: impl FnOnce(&mut PathReads)) {
+        let mut paths = crate::support::lock(&self.0);
+        if paths.len() >= PATHS_KEPT && !paths.contains_key(path) {
             // Oldest first out: a node reads a few dozen paths, so this is a storm of names.
             if let Some(oldest) = paths
                 .iter()
-                .min_by_key(|(_, t)| **t)
+                .min_by_key(|(_, r)| r.latest())
                 .map(|(p, _)| p.clone())
             {
                 paths.remove(&oldest);
             }
         }
-        paths.insert(path, Instant::now());
+        f(paths.entry(path.to_owned()).or_default());
+    }
+
+    fn read(&self, path: &str) {
+        self.update(path, |r| r.read = Some(Instant::now()));
+    }
+
+    pub(super) fn watch_opened(&self, path: &str, at: Instant) {
+        self.update(path, |r| r.open = Some(at));
+    }
+
+    /// The watch of `path` answered at `opened` ended (or was dropped), `failure` if it failed.
+    /// A watch opened after a failure that ends without failing so is the path's last word:
+    /// the failure is over (an error in its body is kube-runtime's to see).
+    pub(super) fn watch_ended(&self, path: &str, opened: Instant, failure: Option<&'static str>) {
+        let now = Instant::now();
+        self.update(path, |r| {
+            if r.open == Some(opened) {
+                r.open = None;
+            }
+            match failure {
+                Some(how) => r.failed = Some((now, how)),
+                None => {
+                    if now >= opened + SHORT_WATCH {
+                        r.proven = r.proven.max(Some(opened + SHORT_WATCH));
+                    }
+                    if r.failed.is_some_and(|(at, _)| opened >= at) {
+                        r.failed = None;
+                    }
+                }
+            }
+        });
+    }
+
+    /// A watch of `path` was answered with an error status: kube-runtime sees that one (a
+    /// `410 Gone` is its relist), so an earlier cut or short watch is no longer the path's state.
+    fn watch_refused(&self, path: &str) {
+        let mut paths = crate::support::lock(&self.0);
+        if let Some(r) = paths.get_mut(path) {
+            r.failed = None;
+        }
     }
 }
 
@@ -248,7 +345,7 @@ type NextRead = Arc<Mutex<HashMap<String, Instant>>>;
 /// How long a read of `path` must wait before it goes out; claims its slot.
 fn wait_for(next_read: &NextRead, path: &str) -> Duration {
     let now = Instant::now();
-    let mut next = crate::lock(next_read);
+    let mut next = crate::support::lock(next_read);
     if next.len() >= PATHS_KEPT {
         next.retain(|_, at| *at > now);
     }
@@ -282,16 +379,29 @@ struct WatchEnd {
     data: bool,
     next_read: NextRead,
     backoffs: WatchBackoffs,
+    answered: Answered,
+    /// [`WatchEnd::ended`] ran: the drop has nothing to note.
+    ended: bool,
 }
 
 impl WatchEnd {
-    /// The stream ended (`cut`: with an error): a failure holds back the path's next read.
-    fn ended(self, cut: bool) {
-        if !cut && (self.data || self.started.elapsed() >= SHORT_WATCH) {
+    /// The stream ended (`cut`: with an error): a failure holds back the path's next read, and
+    /// is noted for `/readyz`.
+    fn ended(&mut self, cut: bool) {
+        self.ended = true;
+        let failure = if cut {
+            Some(WATCH_CUT)
+        } else if !self.data && self.started.elapsed() < SHORT_WATCH {
+            Some(WATCH_ENDED_AT_ONCE)
+        } else {
+            None
+        };
+        self.answered.watch_ended(&self.path, self.started, failure);
+        if failure.is_none() {
             return;
         }
         let wait = {
-            let mut backoffs = crate::lock(&self.backoffs);
+            let mut backoffs = crate::support::lock(&self.backoffs);
             if backoffs.len() >= PATHS_KEPT && !backoffs.contains_key(&self.path) {
                 // A storm of names: each backoff starts again.
                 backoffs.clear();
@@ -299,7 +409,16 @@ impl WatchEnd {
             let backoff = backoffs.entry(self.path.clone()).or_default();
             backoff.next().unwrap_or(SHORT_WATCH)
         };
-        not_before(&self.next_read, self.path, Instant::now() + wait);
+        not_before(&self.next_read, self.path.clone(), Instant::now() + wait);
+    }
+}
+
+impl Drop for WatchEnd {
+    /// A watch dropped before its end (its watcher gave up on it) did not fail.
+    fn drop(&mut self) {
+        if !self.ended {
+            self.answered.watch_ended(&self.path, self.started, None);
+        }
     }
 }
 
@@ -319,7 +438,7 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for BoundedBody<B> {
                 }
             }
             Poll::Ready(end) => {
-                if let Some(w) = self.watch.take() {
+                if let Some(mut w) = self.watch.take() {
                     w.ended(end.is_some());
                 }
             }
@@ -339,7 +458,7 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for BoundedBody<B> {
 
 /// No read of `path` goes out before `at`.
 fn not_before(next_read: &NextRead, path: String, at: Instant) {
-    let mut next = crate::lock(next_read);
+    let mut next = crate::support::lock(next_read);
     let slot = next.entry(path).or_insert(at);
     *slot = (*slot).max(at);
 }
@@ -387,16 +506,27 @@ where
             let mut end = None;
             if let Some(path) = read {
                 if answer.status().is_success() {
-                    answered.record(path.clone());
+                    let started = Instant::now();
+                    answered.read(&path);
+                    if watch {
+                        answered.watch_opened(&path, started);
+                    }
                     end = watch.then(|| WatchEnd {
                         path,
-                        started: Instant::now(),
+                        started,
                         data: false,
                         next_read,
                         backoffs,
+                        answered,
+                        ended: false,
                     });
-                } else if let Some(wait) = retry_after(&answer) {
-                    not_before(&next_read, path, Instant::now() + wait);
+                } else {
+                    if watch {
+                        answered.watch_refused(&path);
+                    }
+                    if let Some(wait) = retry_after(&answer) {
+                        not_before(&next_read, path, Instant::now() + wait);
+                    }
                 }
             }
             Ok(answer.map(|inner| BoundedBody { inner, watch: end }))
@@ -711,6 +841,70 @@ mod tests {
         assert!(answered.since("/api/v1/pods", before));
         assert!(!answered.since("/api/v1/pods", Instant::now()));
         assert!(!answered.since("/api/v1/nodes", before));
+    }
+
+    /// A watch the server cuts, or ends at once without a byte, names its path failing (no
+    /// error reaches kube-runtime for either), also while the next watch of the path is open
+    /// for less than SHORT_WATCH; a watch of the path that lasts SHORT_WATCH clears it. A
+    /// watch that had data and ended is no failure.
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_or_short_watch_names_its_path_failing_until_a_watch_of_it_lasts() {
+        let bounds = RequestBounds::default();
+        let answered = bounds.answered();
+        let mut svc = bounds.layer(Server::default());
+        for (path, how) in [
+            ("/cut/pods", WATCH_CUT),
+            ("/short/pods", WATCH_ENDED_AT_ONCE),
+        ] {
+            let answer = svc.call(get(&format!("{path}?watch=true"))).await.unwrap();
+            assert_eq!(answered.watch_failing(path), None, "{path}: open");
+            drain(answer.into_body()).await;
+            assert_eq!(answered.watch_failing(path), Some(how), "{path}: ended");
+            let failed = Instant::now();
+            // The next watch: failing until it has lasted SHORT_WATCH.
+            answered.watch_opened(path, failed);
+            tokio::time::advance(SHORT_WATCH / 2).await;
+            assert_eq!(answered.watch_failing(path), Some(how), "{path}: reopened");
+            tokio::time::advance(SHORT_WATCH / 2).await;
+            assert_eq!(answered.watch_failing(path), None, "{path}: lasted");
+            // Cut again after it lasted: failing again.
+            answered.watch_ended(path, failed, Some(how));
+            assert_eq!(answered.watch_failing(path), Some(how), "{path}: cut again");
+        }
+        let answer = svc.call(get("/api/v1/pods?watch=true")).await.unwrap();
+        assert!(!drain(answer.into_body()).await);
+        assert_eq!(answered.watch_failing("/api/v1/pods"), None);
+    }
+
+    /// The path's last watch is its state: after a cut, a watch that had data and ended within
+    /// SHORT_WATCH (a `410` ERROR event), or a watch answered with an error status (a `410
+    /// Gone`, a 503: kube-runtime sees those), clears the failure; a watch opened before the
+    /// cut and ending after it does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_later_watch_that_does_not_fail_silently_clears_a_cut() {
+        let bounds = RequestBounds::default();
+        let answered = bounds.answered();
+        let mut svc = bounds.layer(Server::default());
+        let path = "/api/v1/pods";
+        let old = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        answered.watch_ended(path, Instant::now(), Some(WATCH_CUT));
+        answered.watch_ended(path, old, None);
+        assert_eq!(answered.watch_failing(path), Some(WATCH_CUT), "older watch");
+        let answer = svc.call(get(&format!("{path}?watch=true"))).await.unwrap();
+        assert!(!drain(answer.into_body()).await);
+        assert_eq!(
+            answered.watch_failing(path),
+            None,
+            "a short watch with data"
+        );
+
+        let path = "/down/pods";
+        answered.watch_ended(path, Instant::now(), Some(WATCH_ENDED_AT_ONCE));
+        assert_eq!(answered.watch_failing(path), Some(WATCH_ENDED_AT_ONCE));
+        let answer = svc.call(get(&format!("{path}?watch=true"))).await.unwrap();
+        assert_eq!(answer.status(), 503);
+        assert_eq!(answered.watch_failing(path), None, "refused");
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,10 +31,10 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::{
-    beneath,
     config::{ConfigError, KUBELET_API_VERSION, KubeletConfig},
     policy::eviction::DEFAULT_HARD,
     source::{file::DEFAULT_MAX_BYTES, nesting::check_nesting},
+    support::beneath,
 };
 
 /// The most of a command line read (Linux caps argv and envp together at a quarter of the stack
@@ -171,7 +171,7 @@ pub enum DiscoverError {
 
 impl DiscoverError {
     /// The error and its causes on one line, for the log and `/readyz`; without
-    /// [`crate::error_chain`]'s privilege hint, which is about cgroups: the remedy for a closed
+    /// [`crate::support::error_chain`]'s privilege hint, which is about cgroups: the remedy for a closed
     /// root is `--host-root`.
     pub fn chain(&self) -> String {
         let mut line = self.to_string();
@@ -417,6 +417,7 @@ pub fn load_in_root(root: &Path, path: &Path, shown: &Path) -> Result<KubeletCon
         kind: "KubeletConfiguration",
         field: String::new(),
         message: e.to_string(),
+        line: None,
     })?;
     KubeletConfig::parse(shown, &text)
 }

@@ -19,13 +19,13 @@ use tokio::sync::Notify;
 use crate::{
     cgroup::{CgroupBeneath, ContainerIds, ContainerRuntime, Runner},
     eviction::NodeCondition,
-    lock,
     node::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
     },
     persist::{ran_again_since, unix_now},
     policy::pod::{ContainerKind, PodKey, RestartPolicy},
     source::{ManifestPod, PodSet},
+    support::lock,
 };
 
 /// The container runtime a Node reports (`status.nodeInfo.containerRuntimeVersion`, e.g.

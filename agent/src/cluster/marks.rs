@@ -24,12 +24,12 @@ use std::{
 
 use super::{action::ApiEviction, queue::WriteQueue, writes::now};
 use crate::{
-    beneath,
     cgroup::{CgroupPath, fs::CgroupFs, name::check_pod_component},
     eviction::{EvictionRequest, SeenPod},
     persist::{EvictionMark, latest_running_start, started_after},
     policy::settings::CgroupDriver,
     source::PodSet,
+    support::beneath,
 };
 
 /// At start, after the first list of the node's pods: the writes of every marked pod the API

@@ -20,6 +20,7 @@ pub mod executor;
 pub mod marks;
 pub mod queue;
 pub mod report;
+pub mod review;
 pub mod source;
 pub mod unit;
 pub mod writes;
@@ -262,10 +263,11 @@ pub fn kubernetes_version(configured: Option<&str>, kubelet: Option<&str>) -> Ku
 /// can take the port in between.
 async fn serve_while_starting(
     addr: SocketAddr,
+    auth: Option<Arc<crate::server::auth::Guard>>,
 ) -> Result<
     (
         std::net::TcpListener,
-        Arc<crate::server::AgentState>,
+        Arc<crate::hub::AgentState>,
         tokio::task::JoinHandle<std::io::Result<()>>,
     ),
     ClusterError,
@@ -293,13 +295,10 @@ async fn serve_while_starting(
         .try_clone()
         .and_then(tokio::net::TcpListener::from_std)
         .map_err(bind_err)?;
-    let state = Arc::new(crate::server::AgentState {
-        metrics: crate::server::metrics::Metrics::new(),
-        readiness: crate::server::readiness::Readiness::default(),
-        status: crate::server::status::StatusStore::default(),
-        summary: Box::new(node::summary::CgroupSummary::new(Default::default(), None)),
-        conditions: Default::default(),
-    });
+    let state = Arc::new(crate::hub::AgentState::new(
+        Box::new(node::summary::CgroupSummary::new(Default::default(), None)),
+        auth,
+    ));
     state.readiness.register("api");
     state.readiness.set(
         "api",
@@ -311,11 +310,39 @@ async fn serve_while_starting(
     Ok((listener, state, tokio::spawn(serve)))
 }
 
+/// The endpoints guarded as `endpointAuth: tokenReview` guards them in [`run`] (an
+/// [`review::ApiReviewer`] over `client` for `node`), serving a fresh state whose summary is
+/// `node`'s, bound to `addr`. The `endpoint_auth` tests' way in: the server and the hub are
+/// the crate's own.
+#[doc(hidden)]
+pub async fn serve_guarded(
+    addr: SocketAddr,
+    client: Client,
+    node: String,
+) -> Result<
+    (
+        SocketAddr,
+        impl Future<Output = std::io::Result<()>> + use<>,
+    ),
+    crate::server::BindError,
+> {
+    let summary = node::summary::CgroupSummary::new(Default::default(), Some(node.clone()));
+    let state = Arc::new(crate::hub::AgentState::new(
+        Box::new(summary),
+        Some(Arc::new(crate::server::auth::Guard::new(
+            review::ApiReviewer { client, node },
+        ))),
+    ));
+    let listener = crate::server::serve::listen(addr)
+        .map_err(|source| crate::server::BindError { addr, source })?;
+    crate::server::serve_on(listener, state, Default::default())
+}
+
 /// Waits for the first list of the node's pods and Node, saying on `/readyz` (every second)
 /// what the watches are doing meanwhile: a list the API server refuses shows its error there.
 async fn wait_first_list(
     source: &mut ApiSource,
-    early: &crate::server::AgentState,
+    early: &crate::hub::AgentState,
 ) -> Result<(), SourceClosed> {
     let watches = source.watch_states();
     let synced = source.wait_synced();
@@ -333,18 +360,27 @@ async fn wait_first_list(
     }
 }
 
-/// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
-pub async fn run(
-    opts: ClusterOptions,
-    capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
-) -> Result<(), ClusterError> {
-    if opts.node_name.is_empty() {
-        return Err(ClusterError::NodeName);
-    }
-    let mut start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
-    let (listener, early_state, early) = serve_while_starting(start.addr).await?;
-    let bounds = client::RequestBounds::default();
-    let client = client(opts.kubeconfig.as_deref(), &bounds).await?;
+/// What the start-up before the node's loop found: the kubelet's configuration, the node root,
+/// and the watches with their first list done.
+struct Listed {
+    kc_file: PathBuf,
+    kc: KubeletConfig,
+    /// `/readyz`'s `kubelet` line: ready, and from where the configuration came.
+    kubelet_line: (bool, String),
+    fs: Arc<crate::cgroup::CgroupFs>,
+    source: ApiSource,
+}
+
+/// The kubelet's configuration, the node root and the first list of the node's pods and Node,
+/// which may wait for good on an API server that is down or silent (and is watched for a signal
+/// meanwhile by [`run`]).
+async fn until_first_list(
+    opts: &ClusterOptions,
+    start: &mut ModeStart,
+    client: &Client,
+    bounds: &client::RequestBounds,
+    early_state: &crate::hub::AgentState,
+) -> Result<Listed, ClusterError> {
     let (kc_file, kc, kubelet_line) = match &opts.kubelet_config {
         KubeletConfigFrom::File(f) => (
             f.clone(),
@@ -362,11 +398,11 @@ pub async fn run(
         }
         KubeletConfigFrom::Configz => {
             let path = format!("/api/v1/nodes/{}/proxy/configz", opts.node_name);
-            let kc = configz(&client, &opts.node_name).await?;
+            let kc = configz(client, &opts.node_name).await?;
             (path.clone().into(), kc, (true, format!("from {path}")))
         }
         KubeletConfigFrom::Discover { host_root } => discovered(
-            &mut start,
+            start,
             discover::Discover {
                 proc: Path::new("/proc"),
                 host_root: host_root.as_deref(),
@@ -385,99 +421,234 @@ pub async fn run(
         validation,
     );
     tracing::info!(node = %opts.node_name, "Waiting for the first list of the node's pods.");
-    wait_first_list(&mut source, &early_state).await?;
+    wait_first_list(&mut source, early_state).await?;
+    Ok(Listed {
+        kc_file,
+        kc,
+        kubelet_line,
+        fs,
+        source,
+    })
+}
+
+/// Runs the cluster node until SIGINT, SIGTERM or SIGHUP. The kubelet's pods are left running.
+/// A signal before the first list (the API server down or silent) stops qoslet there, with
+/// nothing written on the node yet.
+pub async fn run(
+    opts: ClusterOptions,
+    capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
+) -> Result<(), ClusterError> {
+    if opts.node_name.is_empty() {
+        return Err(ClusterError::NodeName);
+    }
+    // First: a signal from here on stops qoslet, before the first list as after it.
+    let mut signals = node::Signals::new()?;
+    let mut start = ModeStart::load(opts.config.as_deref(), opts.observe, true)?;
+    let bounds = client::RequestBounds::default();
+    let client = client(opts.kubeconfig.as_deref(), &bounds).await?;
+    // `/metrics` and `/stats/summary` ask the API server who is asking, from the first request.
+    let auth = (start.endpoint_auth == crate::config::EndpointAuth::TokenReview).then(|| {
+        Arc::new(crate::server::auth::Guard::new(review::ApiReviewer {
+            client: client.clone(),
+            node: opts.node_name.clone(),
+        }))
+    });
+    let (listener, early_state, early) = serve_while_starting(start.addr, auth.clone()).await?;
+    let listed = tokio::select! {
+        listed = until_first_list(&opts, &mut start, &client, &bounds, &early_state) => listed,
+        signal = signals.next() => {
+            tracing::info!(signal, "Stopping before the first list of the node's pods: nothing was enforced or written yet.");
+            early.abort();
+            let _ = early.await;
+            return Ok(());
+        }
+    };
+    let listed = listed?;
     // The node's own server takes the listener over.
     early.abort();
     let _ = early.await;
-    let node_obj = source.node();
-    // The kubelet's rules follow its version, which the Node says, unless the configuration
-    // names one; the settings are built once it is known.
-    let kubelet_version = node_obj
-        .as_deref()
-        .and_then(|n| n.status.as_ref()?.node_info.as_ref())
-        .map(|i| i.kubelet_version.clone());
-    let version = kubernetes_version(
-        start.qc.kubernetes_version.as_deref(),
-        kubelet_version.as_deref(),
-    );
+    let node_facts = NodeFacts::of(&listed.source, &opts.node_name);
+    let settings = node_settings(
+        &mut start,
+        &listed,
+        node_facts.kubelet_version.as_deref(),
+        capacity,
+    )?;
+    let Listed {
+        kc,
+        kubelet_line,
+        fs,
+        source,
+        ..
+    } = listed;
+    let (mut api, action) =
+        ApiSide::start(&start, &opts.node_name, &node_facts.uid, &client, &source)?;
+    if start.enforce() {
+        marks::at_start(
+            &fs,
+            settings.cgroup_driver,
+            source.pods(),
+            &action,
+            &api.queue,
+        );
+    }
+    let executor = Arc::new(KubeletExecutor::new(node_facts.runtime));
+    let qc = &start.qc;
+    tracing::info!(node = %opts.node_name, runtime = ?node_facts.runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
+    let mut cfg = start.run_config(settings, &kc, fs, node_facts.runtime, opts.shutdown_grace);
+    cfg.listener = Some(listener);
+    cfg.on_start = Some(api.on_start(kubelet_line));
+    cfg.node_name = Some(opts.node_name.clone());
+    cfg.auth = auth;
+    let result = node::run(cfg, source, executor, action, signals).await;
+    api.stop().await;
+    result?;
+    Ok(())
+}
+
+/// What the node's own Node object says that the start needs: the kubelet's version, the
+/// container runtime and the Node's uid (the node's name when the Node is not listed yet).
+struct NodeFacts {
+    kubelet_version: Option<String>,
+    runtime: ContainerRuntime,
+    uid: String,
+}
+
+impl NodeFacts {
+    fn of(source: &ApiSource, node_name: &str) -> Self {
+        let node = source.node();
+        let kubelet_version = node
+            .as_deref()
+            .and_then(|n| n.status.as_ref()?.node_info.as_ref())
+            .map(|i| i.kubelet_version.clone());
+        let runtime = node
+            .as_deref()
+            .and_then(executor::runtime_of_node)
+            .unwrap_or_else(|| {
+                tracing::warn!(
+                    "The Node reports no containerd or CRI-O runtime; assuming containerd."
+                );
+                ContainerRuntime::Containerd
+            });
+        let uid = node
+            .and_then(|n| n.metadata.uid.clone())
+            .unwrap_or_else(|| node_name.to_owned());
+        Self {
+            kubelet_version,
+            runtime,
+            uid,
+        }
+    }
+}
+
+/// The node's settings: the kubelet's rules follow its version, which the Node says, unless the
+/// configuration names one, so the settings are built once it is known.
+fn node_settings(
+    start: &mut ModeStart,
+    listed: &Listed,
+    kubelet_version: Option<&str>,
+    capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
+) -> Result<crate::policy::settings::NodeSettings, ClusterError> {
+    let version = kubernetes_version(start.qc.kubernetes_version.as_deref(), kubelet_version);
     start.qc.kubernetes_version = Some(version.to_string());
-    let mut settings = start.settings(&kc_file, &kc, &fs, capacity)?;
+    let mut settings = start.settings(&listed.kc_file, &listed.kc, &listed.fs, capacity)?;
     if start.qc.node_root_cgroup.is_some() {
         // The node root stands where the kubelet's cgroupRoot is: its tree (kubepods or
         // kubepods.slice) is found directly beneath it, named as under a cgroupRoot of "/".
         settings.cgroup_root = "/".into();
     }
-    let runtime = node_obj
-        .as_deref()
-        .and_then(executor::runtime_of_node)
-        .unwrap_or_else(|| {
-            tracing::warn!("The Node reports no containerd or CRI-O runtime; assuming containerd.");
-            ContainerRuntime::Containerd
+    Ok(settings)
+}
+
+/// The API server's side of the node: the write queue and its delivery (enforce mode only),
+/// and the reporter of conditions, events, taint and lease, started with the node's state.
+struct ApiSide {
+    queue: Arc<queue::WriteQueue>,
+    delivery: Option<tokio::task::JoinHandle<()>>,
+    reporter: Option<report::Reporter>,
+    reporter_task: Option<tokio::sync::oneshot::Receiver<tokio::task::JoinHandle<()>>>,
+}
+
+impl ApiSide {
+    fn start(
+        start: &ModeStart,
+        node_name: &str,
+        node_uid: &str,
+        client: &Client,
+        source: &ApiSource,
+    ) -> Result<(Self, ApiEviction), ClusterError> {
+        let enforce = start.enforce();
+        let qc = &start.qc;
+        let queue = Arc::new(queue::WriteQueue::open(&qc.state_dir.join("api-writes"))?);
+        let delivery = enforce.then(|| {
+            let c = client.clone();
+            tokio::spawn(queue.clone().run(move |w| {
+                let c = c.clone();
+                async move { writes::deliver(&c, &w).await }
+            }))
         });
-    let node_uid = node_obj
-        .and_then(|n| n.metadata.uid.clone())
-        .unwrap_or_else(|| opts.node_name.clone());
-    let enforce = start.enforce();
-    let qc = &start.qc;
-    let queue = Arc::new(queue::WriteQueue::open(&qc.state_dir.join("api-writes"))?);
-    let delivery = enforce.then(|| {
-        let c = client.clone();
-        tokio::spawn(queue.clone().run(move |w| {
-            let c = c.clone();
-            async move { writes::deliver(&c, &w).await }
-        }))
-    });
-    let reporter = report::Reporter {
-        client: client.clone(),
-        node: opts.node_name.clone(),
-        node_uid,
-        lease_namespace: qc.lease_namespace.clone(),
-        queue: queue.clone(),
-        watches: source.watch_states(),
-        gang: source.gang_awareness(),
-        write: enforce,
-        taint: qc.taint_on_pressure,
-    };
-    let (reporter_tx, reporter_rx) = tokio::sync::oneshot::channel();
-    let on_start: Box<dyn FnOnce(Arc<crate::server::AgentState>) + Send> = Box::new(move |state| {
-        let (ready, detail) = kubelet_line;
-        state.readiness.set("kubelet", ready, detail);
-        let _ = reporter_tx.send(tokio::spawn(reporter.run(state)));
-    });
-    let action = ApiEviction::new(
-        queue.clone(),
-        &opts.node_name,
-        qc.eviction_method,
-        qc.gang_eviction,
-        Some(unit::UnitMembers {
+        let reporter = report::Reporter {
             client: client.clone(),
-            pods: source.pod_store(),
-        }),
-    )
-    .with_pod_store(source.pod_store());
-    if enforce {
-        marks::at_start(&fs, settings.cgroup_driver, source.pods(), &action, &queue);
+            node: node_name.to_owned(),
+            node_uid: node_uid.to_owned(),
+            lease_namespace: qc.lease_namespace.clone(),
+            queue: queue.clone(),
+            watches: source.watch_states(),
+            gang: source.gang_awareness(),
+            write: enforce,
+            taint: qc.taint_on_pressure,
+        };
+        let action = ApiEviction::new(
+            queue.clone(),
+            node_name,
+            qc.eviction_method,
+            qc.gang_eviction,
+            Some(unit::UnitMembers {
+                client: client.clone(),
+                pods: source.pod_store(),
+            }),
+        )
+        .with_pod_store(source.pod_store());
+        let side = Self {
+            queue,
+            delivery,
+            reporter: Some(reporter),
+            reporter_task: None,
+        };
+        Ok((side, action))
     }
-    let executor = Arc::new(KubeletExecutor::new(runtime));
-    tracing::info!(node = %opts.node_name, runtime = ?runtime, driver = ?settings.cgroup_driver, enforce = ?qc.enforce, eviction_method = ?qc.eviction_method, gang_eviction = ?qc.gang_eviction, "Cluster node: pods from the API server, cgroups from the kubelet.");
-    let mut cfg = start.run_config(settings, &kc, fs, runtime, opts.shutdown_grace);
-    cfg.listener = Some(listener);
-    cfg.on_start = Some(on_start);
-    cfg.node_name = Some(opts.node_name.clone());
-    let result = node::run(cfg, source, executor, action).await;
-    if let Ok(t) = reporter_rx.await {
-        t.abort();
+
+    /// What the node runs once its state exists: `/readyz`'s `kubelet` line, and the reporter
+    /// started on that state.
+    fn on_start(
+        &mut self,
+        (ready, detail): (bool, String),
+    ) -> Box<dyn FnOnce(Arc<crate::hub::AgentState>) + Send> {
+        let reporter = self.reporter.take().expect("on_start is asked for once");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.reporter_task = Some(rx);
+        Box::new(move |state| {
+            state.readiness.set("kubelet", ready, detail);
+            let _ = tx.send(tokio::spawn(reporter.run(state)));
+        })
     }
-    // Writes not delivered by now stay on disk for the next start.
-    if let Some(t) = delivery {
-        let pending = queue.pending().len();
-        if pending > 0 {
-            tracing::info!(pending, "API writes left for the next start.");
+
+    /// Stops the reporter and the delivery; writes not delivered by now stay on disk for the
+    /// next start.
+    async fn stop(self) {
+        if let Some(rx) = self.reporter_task
+            && let Ok(t) = rx.await
+        {
+            t.abort();
         }
-        t.abort();
+        if let Some(t) = self.delivery {
+            let pending = self.queue.pending().len();
+            if pending > 0 {
+                tracing::info!(pending, "API writes left for the next start.");
+            }
+            t.abort();
+        }
     }
-    result?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -495,7 +666,7 @@ mod tests {
         };
         let t = mock::TempDir::new("discovered");
         std::fs::create_dir_all(&t.0).unwrap();
-        let mut start = ModeStart::load(None, false).unwrap();
+        let mut start = ModeStart::load(None, false, true).unwrap();
         assert!(start.enforce());
         let (file, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(!start.enforce(), "observing");
@@ -510,7 +681,7 @@ mod tests {
             )
         );
 
-        let mut start = ModeStart::load(None, true).unwrap();
+        let mut start = ModeStart::load(None, true, true).unwrap();
         let (_, _, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(ready, "observe mode runs on the defaults");
         assert!(detail.starts_with("not found: "), "{detail}");
@@ -519,7 +690,7 @@ mod tests {
         std::fs::create_dir_all(pid.join("root")).unwrap();
         std::fs::write(pid.join("comm"), "kubelet\n").unwrap();
         std::fs::write(pid.join("cmdline"), "kubelet\0--cgroup-driver=systemd\0").unwrap();
-        let mut start = ModeStart::load(None, false).unwrap();
+        let mut start = ModeStart::load(None, false, true).unwrap();
         let (_, kc, (ready, detail)) = discovered(&mut start, at(&t.0));
         assert!(start.enforce() && ready);
         assert_eq!(kc.cgroup_driver.as_deref(), Some("systemd"));
@@ -579,51 +750,13 @@ mod tests {
         assert_eq!(api.requests().len(), 1);
     }
 
-    /// The sibling modules a module's code (comments and tests left out) names through
+    /// The sibling modules a module's code (comments, strings and tests left out) names through
     /// `super::` or `crate::cluster::`.
     fn uses(text: &str) -> Vec<String> {
-        let code: String = text
-            .split("#[cfg(test)]")
-            .next()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let ident = |s: &str| -> String {
-            s.trim_start()
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect()
-        };
-        let mut out = std::collections::BTreeSet::new();
-        for prefix in ["super::", "crate::cluster::"] {
-            for (i, _) in code.match_indices(prefix) {
-                let rest = &code[i + prefix.len()..];
-                let Some(block) = rest.strip_prefix('{') else {
-                    out.insert(ident(rest));
-                    continue;
-                };
-                // `super::{a::X, b, c::{..}}`: the names at the braces' top level.
-                let (mut depth, mut item) = (0, String::new());
-                for c in block.chars() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => break,
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => {
-                            out.insert(ident(&item));
-                            item.clear();
-                            continue;
-                        }
-                        _ => {}
-                    }
-                    item.push(c);
-                }
-                out.insert(ident(&item));
-            }
-        }
-        out.into_iter().filter(|m| !m.is_empty()).collect()
+        let code = crate::layering::code_without_tests(text);
+        let mut out = crate::layering::first_segments(&code, "super");
+        out.extend(crate::layering::first_segments(&code, "crate::cluster"));
+        out.into_iter().collect()
     }
 
     /// Data flows one way, (client →) source → unit → action (and the marks read back at start) → queue →
@@ -639,6 +772,7 @@ mod tests {
             ("queue", include_str!("queue.rs")),
             ("writes", include_str!("writes.rs")),
             ("report", include_str!("report.rs")),
+            ("review", include_str!("review.rs")),
         ];
         let got: Vec<(&str, Vec<String>)> = modules.iter().map(|(m, t)| (*m, uses(t))).collect();
         let want =
@@ -654,6 +788,7 @@ mod tests {
                 want("queue", &["writes"]),
                 want("writes", &[]),
                 want("report", &["queue", "source", "writes"]),
+                want("review", &[]),
             ]
         );
     }

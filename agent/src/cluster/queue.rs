@@ -45,7 +45,7 @@ use tokio::{
 };
 
 use super::writes::{ApiWrite, Delivery};
-use crate::{lock, persist::unix_now, policy::pod::PodKey};
+use crate::{persist::unix_now, policy::pod::PodKey, support::lock};
 
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY: Duration = Duration::from_secs(30);

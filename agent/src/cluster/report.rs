@@ -21,9 +21,7 @@ use super::{
     writes::{ApiWrite, EventObject, now},
 };
 use crate::{
-    eviction::NodeCondition,
-    lock,
-    server::{AgentState, metrics::ApiWriteLabels},
+    eviction::NodeCondition, hub::AgentState, hub::metrics::ApiWriteLabels, support::lock,
 };
 
 /// How long a lease holds without renewal; renewed every quarter of it (as the kubelet's).
@@ -503,16 +501,13 @@ mod tests {
     }
 
     fn agent_state() -> Arc<AgentState> {
-        Arc::new(AgentState {
-            metrics: crate::server::Metrics::new(),
-            readiness: crate::server::Readiness::default(),
-            status: crate::server::StatusStore::default(),
-            summary: Box::new(crate::node::summary::CgroupSummary::new(
+        Arc::new(AgentState::new(
+            Box::new(crate::node::summary::CgroupSummary::new(
                 Default::default(),
                 None,
             )),
-            conditions: Default::default(),
-        })
+            None,
+        ))
     }
 
     /// The reporter hears the node's conditions on the agent's state as they change and queues
@@ -566,7 +561,7 @@ mod tests {
         state
             .metrics
             .node_condition
-            .get_or_create(&crate::server::metrics::ConditionLabels {
+            .get_or_create(&crate::hub::metrics::ConditionLabels {
                 condition: NodeCondition::MemoryPressure.as_str().into(),
             })
             .set(1);

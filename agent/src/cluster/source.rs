@@ -14,7 +14,7 @@
 //! file's, and the [`Diff`] is computed the same way.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     fmt::Debug,
     hash::Hash,
     path::PathBuf,
@@ -39,14 +39,14 @@ use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use self::trim::Trim;
 use super::client::Answered;
 use crate::{
-    lock,
     source::{
         PodSet,
         build::build,
         manifest::{Loaded, RawObject},
         podset::Diff,
     },
-    workload::ValidationOptions,
+    support::lock,
+    workload::{ValidationOptions, validate::reads_parent},
 };
 
 /// Where problem lines say an object came from.
@@ -84,7 +84,8 @@ struct Watched {
 pub struct ApiWatchStates {
     watches: Arc<Mutex<BTreeMap<&'static str, Watched>>>,
     /// A failing watch whose path a read answered since is watching again: kube-runtime yields
-    /// nothing for a watch re-established with nothing changed.
+    /// nothing for a watch re-established with nothing changed. A synced watch whose path's
+    /// last watch was cut or ended at once is failing: kube-runtime sees no error in either.
     answered: Answered,
 }
 
@@ -96,21 +97,34 @@ impl ApiWatchStates {
         }
     }
 
-    /// Every watch's state now.
+    /// Every watch's state now, as `/readyz` says it: a watch kube-runtime holds synced is
+    /// failing while its path's watches are cut or end at once ([`Answered::watch_failing`]).
     pub fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
         lock(&self.watches)
             .iter()
             .map(|(n, w)| {
-                let recovered = matches!(w.state, ApiWatchState::Failing(_))
-                    && self.answered.since(&w.path, w.since);
-                let state = if recovered {
-                    ApiWatchState::Synced
-                } else {
-                    w.state.clone()
+                let state = match self.state(w) {
+                    ApiWatchState::Synced => match self.answered.watch_failing(&w.path) {
+                        Some(how) => ApiWatchState::Failing(how.into()),
+                        None => ApiWatchState::Synced,
+                    },
+                    state => state,
                 };
                 (*n, state)
             })
             .collect()
+    }
+
+    /// A watch's state as kube-runtime's events and errors set it, a failure cleared once a
+    /// read of its path succeeded after it.
+    fn state(&self, w: &Watched) -> ApiWatchState {
+        let recovered =
+            matches!(w.state, ApiWatchState::Failing(_)) && self.answered.since(&w.path, w.since);
+        if recovered {
+            ApiWatchState::Synced
+        } else {
+            w.state.clone()
+        }
     }
 
     /// Sets a state; true when it changed (a failure with the same error again is no change).
@@ -125,10 +139,13 @@ impl ApiWatchStates {
             .is_none_or(|was| was.state != now.state)
     }
 
-    /// The pod watch listed at least once and not failing now: all readiness needs (the Node
-    /// object is only read at start; workload objects are optional).
+    /// The pod watch listed at least once and no error of it since: all readiness needs (the
+    /// Node object is only read at start; workload objects are optional). A cut watch, which
+    /// `/readyz`'s line names failing, does not hold readiness back: the pods were listed.
     pub fn synced(&self) -> bool {
-        self.get().get("pods") == Some(&ApiWatchState::Synced)
+        lock(&self.watches)
+            .get("pods")
+            .is_some_and(|w| self.state(w) == ApiWatchState::Synced)
     }
 
     /// One line for `/readyz`: `pods synced, node listing, ...`.
@@ -698,13 +715,15 @@ pub fn loaded(
             }
         }
     }
-    // Each with its level in the group chain (a pod's PodGroup is 1). A chain is followed one
-    // level past the depth limit, so that the door sees it too deep and says so once; a longer
-    // chain or a loop costs no more watches than that.
-    let mut queue: Vec<((String, String, String), usize)> =
+    // Each with its level in the group chain (a pod's PodGroup is 1), breadth first so that a
+    // group reached from several pods is taken at its lowest level. A chain is read no higher
+    // than the depth limit ([`reads_parent`]): the door counts the parent the top level names as
+    // one more and says the chain is too deep, once; a longer chain or a loop costs no more
+    // watches than the limit's levels.
+    let mut queue: VecDeque<((String, String, String), usize)> =
         wanted.iter().map(|k| (k.clone(), 1)).collect();
     let mut taken = BTreeSet::new();
-    while let Some((key, level)) = queue.pop() {
+    while let Some((key, level)) = queue.pop_front() {
         if !taken.insert(key.clone()) {
             continue;
         }
@@ -716,18 +735,18 @@ pub fn loaded(
         if let Some(parent) = v
             .pointer("/spec/parentCompositePodGroupName")
             .and_then(|p| p.as_str())
-            && level <= crate::workload::validate::MAX_DEPTH
+            && reads_parent(level)
         {
-            queue.push((
+            queue.push_back((
                 (ns.clone(), "CompositePodGroup".into(), parent.into()),
-                level + 1,
+                level.saturating_add(1),
             ));
         }
         if let Some(w) = v
             .pointer("/spec/workloadRef/workloadName")
             .and_then(|p| p.as_str())
         {
-            queue.push(((ns.clone(), "Workload".into(), w.into()), level));
+            queue.push_back(((ns.clone(), "Workload".into(), w.into()), level));
         }
         push(&mut out, api_version, &key.1, v.clone());
     }

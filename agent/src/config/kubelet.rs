@@ -6,7 +6,10 @@ use serde::Deserialize;
 
 use crate::{
     policy::{cpuset::CpuSet, settings::Capacity},
-    source::nesting::check_nesting,
+    source::{
+        fields::{did_you_mean, shown},
+        nesting::check_nesting,
+    },
 };
 
 use super::{ConfigError, KUBELET_API_VERSION, QosletConfiguration, node_settings, read};
@@ -103,6 +106,7 @@ impl KubeletConfig {
             kind: "KubeletConfiguration",
             field: field.into(),
             message,
+            line: None,
         };
         check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
         let mut kc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
@@ -136,12 +140,23 @@ impl KubeletConfig {
         Ok(kc)
     }
 
-    /// The note `plan` and `validate` print and `run` logs, when fields are ignored.
+    /// The note `plan` and `validate` print and `run` logs, when fields are ignored. They are
+    /// no error and no warning: the kubelet has many fields qoslet has no use for. A name a
+    /// small edit away from one qoslet reads is likely misspelt, and the note says which it
+    /// may be (`systemReseved (did you mean `systemReserved`?)`).
     pub fn ignored_note(&self) -> Option<String> {
         (!self.ignored.is_empty()).then(|| {
+            let names: Vec<String> = self
+                .ignored
+                .iter()
+                .map(|k| match did_you_mean(k, KUBELET_FIELDS) {
+                    Some(m) => format!("{} (did you mean `{m}`?)", shown(k)),
+                    None => shown(k),
+                })
+                .collect();
             format!(
                 "KubeletConfiguration fields qoslet does not implement are ignored: {}",
-                self.ignored.join(", ")
+                names.join(", ")
             )
         })
     }
@@ -163,6 +178,7 @@ impl KubeletConfig {
                     kind: "KubeletConfiguration",
                     field: "reservedSystemCPUs".into(),
                     message: e.to_string(),
+                    line: None,
                 })
             }
             // Reservations above capacity depend on the node, which validate does not know.

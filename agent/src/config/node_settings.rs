@@ -43,11 +43,22 @@ pub fn node_settings(
     qc: &QosletConfiguration,
     capacity: Capacity,
 ) -> Result<NodeSettings, ConfigError> {
-    settings_inner(kc, qc, capacity).map_err(|e| ConfigError::Invalid {
-        file: kubelet_file.into(),
-        kind: "KubeletConfiguration",
-        field: e.field,
-        message: e.message,
+    settings_inner(kc, qc, capacity).map_err(|errors| {
+        let all = errors
+            .into_iter()
+            .map(|e| ConfigError::Invalid {
+                file: kubelet_file.into(),
+                kind: "KubeletConfiguration",
+                field: e.field,
+                message: e.message,
+                line: None,
+            })
+            .collect();
+        match ConfigError::all(all) {
+            Err(e) => e,
+            // settings_inner gives no empty error list.
+            Ok(()) => ConfigError::Several(Vec::new()),
+        }
     })
 }
 
@@ -149,26 +160,46 @@ fn enforcement(kc: &KubeletConfig) -> Result<Enforcement, FieldError> {
     Ok(e)
 }
 
+/// `r`'s value, or `None` with its error noted.
+fn noted<T>(r: Result<T, FieldError>, errors: &mut Vec<FieldError>) -> Option<T> {
+    r.map_err(|e| errors.push(e)).ok()
+}
+
 fn settings_inner(
     kc: &KubeletConfig,
     qc: &QosletConfiguration,
     capacity: Capacity,
-) -> Result<NodeSettings, FieldError> {
+) -> Result<NodeSettings, Vec<FieldError>> {
     let mut s = NodeSettings::defaults(capacity);
-    s.system_reserved = reservation("systemReserved", kc.system_reserved.as_ref())?;
-    s.kube_reserved = reservation("kubeReserved", kc.kube_reserved.as_ref())?;
-    s.enforcement = enforcement(kc)?;
+    // Every field is checked: a value that fails is noted and its default kept, so that the
+    // fields after it are checked too and every error is reported at once.
+    let mut errors: Vec<FieldError> = Vec::new();
+    if let Some(r) = noted(
+        reservation("systemReserved", kc.system_reserved.as_ref()),
+        &mut errors,
+    ) {
+        s.system_reserved = r;
+    }
+    if let Some(r) = noted(
+        reservation("kubeReserved", kc.kube_reserved.as_ref()),
+        &mut errors,
+    ) {
+        s.kube_reserved = r;
+    }
+    if let Some(e) = noted(enforcement(kc), &mut errors) {
+        s.enforcement = e;
+    }
     s.system_reserved_cgroup = kc.system_reserved_cgroup.clone().unwrap_or_default();
     s.kube_reserved_cgroup = kc.kube_reserved_cgroup.clone().unwrap_or_default();
     s.cgroups_per_qos = kc.cgroups_per_qos.unwrap_or(true);
     if !s.cgroups_per_qos && s.enforcement.pods {
-        return Err(field_err(
+        errors.push(field_err(
             "enforceNodeAllocatable",
             "pods",
             "invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) is not supported unless cgroupsPerQOS (--cgroups-per-qos) feature is turned on",
         ));
     }
-    let (hard, soft) = parse_thresholds(&EvictionInput {
+    let thresholds = parse_thresholds(&EvictionInput {
         hard: kc.eviction_hard.as_ref(),
         soft: kc.eviction_soft.as_ref(),
         soft_grace: kc.eviction_soft_grace_period.as_ref(),
@@ -179,33 +210,42 @@ fn settings_inner(
     .map_err(|e| FieldError {
         field: e.field(),
         message: e.to_string(),
-    })?;
-    s.hard_eviction = hard;
-    s.soft_eviction = soft;
-    if let Some(p) = &kc.eviction_pressure_transition_period {
-        s.eviction_pressure_transition_secs =
-            parse_duration(p).map_err(|e| field_err("evictionPressureTransitionPeriod", p, e))?;
+    });
+    if let Some((hard, soft)) = noted(thresholds, &mut errors) {
+        s.hard_eviction = hard;
+        s.soft_eviction = soft;
+    }
+    if let Some(p) = &kc.eviction_pressure_transition_period
+        && let Some(secs) = noted(
+            parse_duration(p).map_err(|e| field_err("evictionPressureTransitionPeriod", p, e)),
+            &mut errors,
+        )
+    {
+        s.eviction_pressure_transition_secs = secs;
     }
     if let Some(text) = kc
         .reserved_system_cpus
         .as_deref()
         .filter(|t| !t.trim().is_empty())
     {
-        let set: CpuSet = text.parse().map_err(|e| {
+        let set = text.parse::<CpuSet>().map_err(|e| {
             field_err("reservedSystemCPUs", text, format!("invalid configuration: unable to parse reservedSystemCPUs (--reserved-cpus), error: {e}"))
-        })?;
-        s.reserved_system_cpus = Some(set);
+        });
+        if let Some(set) = noted(set, &mut errors) {
+            s.reserved_system_cpus = Some(set);
+        }
     }
     s.reserved_cpus_conflict = qc.reserved_cpus_conflict;
     s.cgroup_driver = match kc.cgroup_driver.as_deref() {
         None | Some("cgroupfs") => CgroupDriver::Cgroupfs,
         Some("systemd") => CgroupDriver::Systemd,
         Some(other) => {
-            return Err(field_err(
+            errors.push(field_err(
                 "cgroupDriver",
                 other,
                 "expected cgroupfs or systemd",
             ));
+            CgroupDriver::Cgroupfs
         }
     };
     s.cgroup_root = kc
@@ -214,7 +254,7 @@ fn settings_inner(
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| "/".into());
     s.cpu_cfs_quota = kc.cpu_cfs_quota.unwrap_or(true);
-    if let Some(p) = &kc.cpu_cfs_quota_period {
+    let period = |p: &str| {
         let ns = parse_duration_nanos(p).map_err(|e| field_err("cpuCFSQuotaPeriod", p, e))?;
         let us = (ns / 1000) as u64;
         if !(1000..=1_000_000).contains(&us) {
@@ -224,6 +264,11 @@ fn settings_inner(
                 "must be between 1ms and 1s",
             ));
         }
+        Ok(us)
+    };
+    if let Some(p) = &kc.cpu_cfs_quota_period
+        && let Some(us) = noted(period(p), &mut errors)
+    {
         // Upstream honours a custom period only with CustomCPUCFSQuotaPeriod; we honour it
         // unless that gate is explicitly off.
         s.cpu_cfs_quota_period_us = if kc.gate("CustomCPUCFSQuotaPeriod") == Some(false) {
@@ -245,13 +290,15 @@ fn settings_inner(
                     v,
                     "expected a percentage between 0% and 100%",
                 )
-            })?;
-        s.qos_reserved_memory_pct = Some(pct);
+            });
+        if let Some(pct) = noted(pct, &mut errors) {
+            s.qos_reserved_memory_pct = Some(pct);
+        }
     }
     let version = qc.kubernetes_version();
     s.kubernetes_version = version;
     if kc.memory_reservation_policy.is_some() && !version.has_memory_reservation_policy() {
-        return Err(field_err(
+        errors.push(field_err(
             "memoryReservationPolicy",
             kc.memory_reservation_policy.as_deref().unwrap_or_default(),
             format!("not a field of the Kubernetes {version} KubeletConfiguration (added in 1.36)"),
@@ -261,11 +308,12 @@ fn settings_inner(
     if kc.gate("MemoryQoS").unwrap_or(version.memory_qos_default()) {
         let factor = match kc.memory_throttling_factor {
             Some(f) if !(f > 0.0 && f <= 1.0) => {
-                return Err(field_err(
+                errors.push(field_err(
                     "memoryThrottlingFactor",
                     &f.to_string(),
                     "must be greater than 0 and less than or equal to 1.0",
                 ));
+                version.default_throttling_factor_ppm()
             }
             Some(f) => Some((f * 1_000_000.0).round() as u32),
             None => version.default_throttling_factor_ppm(),
@@ -274,11 +322,12 @@ fn settings_inner(
             None | Some("None" | "") => MemoryReservationPolicy::None,
             Some("TieredReservation") => MemoryReservationPolicy::TieredReservation,
             Some(other) => {
-                return Err(field_err(
+                errors.push(field_err(
                     "memoryReservationPolicy",
                     other,
                     "expected None or TieredReservation",
                 ));
+                MemoryReservationPolicy::None
             }
         };
         s.memory_qos = Some(MemoryQos {
@@ -297,5 +346,9 @@ fn settings_inner(
     }
     s.weight_formula = qc.weight_formula;
     s.container_weight_formula = qc.container_weight_formula;
-    Ok(s)
+    if errors.is_empty() {
+        Ok(s)
+    } else {
+        Err(errors)
+    }
 }

@@ -15,14 +15,22 @@ use crate::{
         quantity::Quantity, settings::ReservedCpusConflict, version::KubeVersion,
     },
     sensors::SensorSwitches,
-    source::{file::DEFAULT_MAX_BYTES, nesting::check_nesting},
+    source::{
+        fields::{shown, unknown_fields},
+        file::DEFAULT_MAX_BYTES,
+        manifest::field_path,
+        nesting::check_nesting,
+    },
 };
 
-use super::{ConfigError, QOSLET_API_VERSION, read};
+use super::{
+    ConfigError, MAX_CONFIG_ERRORS, QOSLET_API_VERSION, decode_as_text, read, remove_key,
+    without_location,
+};
 
 /// eBPF on/off, globally and per sensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EbpfConfig {
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -47,9 +55,22 @@ impl Default for EbpfConfig {
     }
 }
 
+impl From<&EbpfConfig> for crate::sensors::SensorsConfig {
+    /// The defaults with the configuration's `ebpf` settings, whose sensor names
+    /// `QosletConfiguration::parse` checked when the file was loaded.
+    fn from(ebpf: &EbpfConfig) -> Self {
+        Self {
+            ebpf: ebpf.enabled,
+            switches: SensorSwitches::from_checked(&ebpf.sensors),
+            kernel_diagnostics: ebpf.kernel_diagnostics,
+            ..Self::default()
+        }
+    }
+}
+
 /// Node capacity given instead of read from the machine; absent entries are read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CapacityOverride {
     pub cpu: Option<String>,
     pub memory: Option<String>,
@@ -58,7 +79,7 @@ pub struct CapacityOverride {
 
 /// qoslet's own file (kind `QosletConfiguration`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct QosletConfiguration {
     #[serde(default = "qoslet_api_version")]
     pub api_version: String,
@@ -66,9 +87,21 @@ pub struct QosletConfiguration {
     pub kind: String,
     #[serde(default)]
     pub mode: Mode,
-    /// `/metrics`, `/healthz`, `/readyz`; loopback unless asked otherwise.
-    #[serde(default = "default_metrics_address")]
-    pub metrics_address: String,
+    /// `/metrics`, `/healthz`, `/readyz`, `/stats/summary`, `/status`. Unset: `[::]:9479`
+    /// (every address, IPv4 and IPv6; `0.0.0.0:9479` where the node has no IPv6) when the
+    /// endpoints are authorized ([`Self::endpoint_auth`], cluster mode's default), else loopback,
+    /// `127.0.0.1:9479` ([`Self::listen_address`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_address: Option<String>,
+    /// Who may read `/metrics` and `/stats/summary`: `tokenReview` (the bearer token is
+    /// authenticated by a TokenReview and the request authorized by a SubjectAccessReview, as
+    /// kube-rbac-proxy does) or `none` (anyone who reaches the address). Unset: `tokenReview` in
+    /// cluster mode, `none` in standalone mode, which has no API server to ask (and so
+    /// `tokenReview` is an error there). `/healthz` and `/readyz` are always open (the
+    /// kubelet's probes carry no token); `/status` is open to loopback (`qoslet status` on the
+    /// node) and, from any other address, guarded as `/metrics` is (the URL `/status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_auth: Option<EndpointAuth>,
     #[serde(default)]
     pub ebpf: EbpfConfig,
     /// cpu.weight formula for kubepods, QoS and pod cgroups.
@@ -99,7 +132,8 @@ pub struct QosletConfiguration {
     pub eviction_wakeups: EvictionWakeups,
     /// How often per-pod statistics are sampled (run-queue latency, working sets, the Summary
     /// API's CPU base) and every container's processes scanned for their oom_score_adj. The
-    /// eviction path does not wait for it: it reads usage fresh at decision time.
+    /// eviction manager ranks on the usage less the `inactive_file` read here (held at most twice
+    /// this long) and reads `memory.stat` only for the pods its decision turns on.
     #[serde(
         default = "default_stats_interval",
         deserialize_with = "de_duration",
@@ -149,6 +183,19 @@ pub struct QosletConfiguration {
     #[serde(default)]
     pub cpu_pressure: CpuPressureConfiguration,
 }
+
+/// `endpointAuth`: how `/metrics` and `/stats/summary` are guarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EndpointAuth {
+    /// A bearer token, authenticated by a TokenReview and authorized by a SubjectAccessReview.
+    TokenReview,
+    /// Open to anyone who reaches the address.
+    None,
+}
+
+/// The port qoslet serves on unless `metricsAddress` says otherwise.
+pub const DEFAULT_PORT: u16 = 9479;
 
 /// `evictionWakeups`: what wakes the eviction manager besides its housekeeping interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -200,7 +247,7 @@ impl EnforceArea {
 /// cpuset, then a CPU cap, then the cap at a floor) and released step by step once calm
 /// (agent/src/policy/cpu_pressure.rs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CpuPressureConfiguration {
     /// Unset: on where qoslet runs the pods and owns the BestEffort tier (standalone), off where
     /// the tier is the kubelet's (cluster), so writing it there is opt-in.
@@ -353,9 +400,6 @@ fn qoslet_api_version() -> String {
 fn qoslet_kind() -> String {
     "QosletConfiguration".into()
 }
-fn default_metrics_address() -> String {
-    "127.0.0.1:9479".into()
-}
 fn default_container_weight_formula() -> WeightFormula {
     WeightFormula::RuncQuadratic
 }
@@ -375,6 +419,19 @@ fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/qoslet")
 }
 
+/// The error of a document that neither decodes nor has an error to say why: it cannot happen
+/// (`decode_all` notes an error whenever it gives no configuration), but is an error, not a
+/// panic.
+fn unreachable_decode(file: &Path) -> ConfigError {
+    ConfigError::Invalid {
+        file: file.into(),
+        kind: "QosletConfiguration",
+        field: String::new(),
+        message: "does not decode".into(),
+        line: None,
+    }
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     let nanos = parse_duration_nanos(&text).map_err(serde::de::Error::custom)?;
@@ -392,7 +449,8 @@ impl Default for QosletConfiguration {
             api_version: qoslet_api_version(),
             kind: qoslet_kind(),
             mode: Mode::Enforce,
-            metrics_address: default_metrics_address(),
+            metrics_address: None,
+            endpoint_auth: None,
             ebpf: EbpfConfig::default(),
             weight_formula: WeightFormula::KubeletLinear,
             container_weight_formula: default_container_weight_formula(),
@@ -417,84 +475,208 @@ impl Default for QosletConfiguration {
 }
 
 impl QosletConfiguration {
+    /// `endpointAuth` for a node that has an API server to ask (`cluster`) or not.
+    pub fn endpoint_auth(&self, cluster: bool) -> Result<EndpointAuth, String> {
+        match (self.endpoint_auth, cluster) {
+            (Some(EndpointAuth::TokenReview), false) => Err(
+                "tokenReview needs an API server: standalone mode has none (use none, and keep metricsAddress on loopback)".into(),
+            ),
+            (Some(auth), _) => Ok(auth),
+            (None, true) => Ok(EndpointAuth::TokenReview),
+            (None, false) => Ok(EndpointAuth::None),
+        }
+    }
+
+    /// Where to listen: `metricsAddress`, or by default every address when the endpoints are
+    /// authorized and loopback when they are open.
+    pub fn listen_address(
+        &self,
+        auth: EndpointAuth,
+    ) -> Result<std::net::SocketAddr, std::net::AddrParseError> {
+        match &self.metrics_address {
+            Some(a) => a.parse(),
+            None if auth == EndpointAuth::TokenReview => Ok(std::net::SocketAddr::from((
+                std::net::Ipv6Addr::UNSPECIFIED,
+                DEFAULT_PORT,
+            ))),
+            None => Ok(std::net::SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                DEFAULT_PORT,
+            ))),
+        }
+    }
+
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
         Self::parse(file, &read(file)?)
     }
 
     /// The values `run` and `plan` read from the file beyond its schema (for `qoslet validate`):
-    /// the metrics address, the node root cgroup and the capacity quantities.
+    /// the metrics address, the node root cgroup and the capacity quantities. Every one that is
+    /// wrong is reported.
     pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
         let invalid = |field: &str, value: &str, message: String| ConfigError::Invalid {
             file: file.into(),
             kind: "QosletConfiguration",
             field: field.into(),
             message: format!("{value:?}: {message}"),
+            line: None,
         };
-        self.metrics_address
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| invalid("metricsAddress", &self.metrics_address, e.to_string()))?;
-        if let Some(root) = &self.node_root_cgroup {
-            crate::cgroup::CgroupPath::parse(root)
-                .map_err(|e| invalid("nodeRootCgroup", root, e.to_string()))?;
+        let mut errors = Vec::new();
+        if let Some(addr) = &self.metrics_address
+            && let Err(e) = addr.parse::<std::net::SocketAddr>()
+        {
+            errors.push(invalid("metricsAddress", addr, e.to_string()));
+        }
+        if let Some(root) = &self.node_root_cgroup
+            && let Err(e) = crate::cgroup::CgroupPath::parse(root)
+        {
+            errors.push(invalid("nodeRootCgroup", root, e.to_string()));
         }
         for (field, v) in [
             ("capacity.cpu", &self.capacity.cpu),
             ("capacity.memory", &self.capacity.memory),
         ] {
             if let Some(v) = v {
-                let q: Quantity =
-                    v.parse()
-                        .map_err(|e: crate::policy::quantity::QuantityError| {
-                            invalid(field, v, e.to_string())
-                        })?;
-                if q.signum() < 0 {
-                    return Err(invalid(
+                match v.parse::<Quantity>() {
+                    Err(e) => errors.push(invalid(field, v, e.to_string())),
+                    Ok(q) if q.signum() < 0 => errors.push(invalid(
                         field,
                         v,
                         "must be greater than or equal to 0".into(),
-                    ));
+                    )),
+                    Ok(_) => {}
                 }
             }
         }
-        Ok(())
+        ConfigError::all(errors)
     }
 
+    /// Reads the file's text: every problem of it (each with its field and line), not only the
+    /// first.
     pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            file: file.into(),
+            kind: "QosletConfiguration",
+            field: String::new(),
+            message,
+            line: None,
+        };
+        check_nesting(text).map_err(|e| invalid(e.to_string()))?;
+        let value: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let (qc, errors) = Self::decode_all(file, value, Some(text));
+        ConfigError::all(errors).map_err(|e| e.with_lines(text))?;
+        qc.ok_or_else(|| unreachable_decode(file))
+    }
+
+    /// The configuration in a loaded document, with every problem of it: each field that does
+    /// not decode (its key is then left out and the rest decoded again, up to
+    /// [`MAX_CONFIG_ERRORS`]), each unknown field (with "did you mean" where a field is close:
+    /// `source::fields`), and each value out of bounds.
+    pub fn from_value(file: &Path, value: serde_yaml_ng::Value) -> Result<Self, ConfigError> {
+        let (qc, errors) = Self::decode_all(file, value, None);
+        ConfigError::all(errors)?;
+        qc.ok_or_else(|| unreachable_decode(file))
+    }
+
+    /// Every problem of a loaded document, those of [`Self::check`] too (for `qoslet
+    /// validate`): a value that does not decode is left out of the rest of the checks.
+    pub fn problems(file: &Path, value: serde_yaml_ng::Value) -> Vec<ConfigError> {
+        let (qc, mut errors) = Self::decode_all(file, value, None);
+        if let Some(Err(e)) = qc.map(|qc| qc.check(file)) {
+            errors.extend(e.into_list());
+        }
+        errors
+    }
+
+    /// [`Self::from_value`]; `text`, the document's own text when there is one, is decoded
+    /// first, so that its scalars are read as written (`kubernetesVersion: 1.30` is `"1.30"`,
+    /// which the loaded value holds as the number 1.3).
+    /// The configuration (when it decodes, with the failing values left out) and every problem.
+    fn decode_all(
+        file: &Path,
+        mut value: serde_yaml_ng::Value,
+        text: Option<&str>,
+    ) -> (Option<Self>, Vec<ConfigError>) {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
             file: file.into(),
             kind: "QosletConfiguration",
             field: field.into(),
             message,
+            line: None,
         };
-        check_nesting(text).map_err(|e| invalid("", e.to_string()))?;
-        let mut qc: Self = serde_yaml_ng::from_str(text).map_err(|e| invalid("", e.to_string()))?;
+        let mut errors = Vec::new();
+        let mut decoded = None;
+        while errors.len() < MAX_CONFIG_ERRORS {
+            let attempt = match text {
+                Some(t) if errors.is_empty() => {
+                    serde_path_to_error::deserialize(serde_yaml_ng::Deserializer::from_str(t))
+                }
+                _ => decode_as_text::<Self>(&value),
+            };
+            match attempt {
+                Ok(qc) => {
+                    decoded = Some(qc);
+                    break;
+                }
+                Err(e) => {
+                    let field = field_path(e.path());
+                    let message = without_location(e.inner(), &field);
+                    errors.push(invalid(&field, message));
+                    if !remove_key(&mut value, e.path()) {
+                        break;
+                    }
+                }
+            }
+        }
+        let (unknown, more) = unknown_fields::<Self>(&value, MAX_CONFIG_ERRORS);
+        for f in &unknown {
+            errors.push(ConfigError::UnknownField {
+                file: file.into(),
+                kind: "QosletConfiguration",
+                message: f.message(),
+                field: f.path.clone(),
+                line: None,
+            });
+        }
+        if more > 0 {
+            errors.push(invalid("", format!("and {more} more unknown fields")));
+        }
+        let Some(mut qc) = decoded else {
+            // Past MAX_CONFIG_ERRORS, or an error at the document itself (not a mapping).
+            return (None, errors);
+        };
         if qc.kind != "QosletConfiguration" {
-            return Err(invalid(
+            errors.push(invalid(
                 "kind",
-                format!("expected QosletConfiguration, got {:?}", qc.kind),
+                format!("expected QosletConfiguration, got {:?}", shown(&qc.kind)),
             ));
         }
         if qc.api_version != QOSLET_API_VERSION {
-            return Err(invalid(
+            errors.push(invalid(
                 "apiVersion",
-                format!("expected {QOSLET_API_VERSION}, got {:?}", qc.api_version),
+                format!(
+                    "expected {QOSLET_API_VERSION}, got {:?}",
+                    shown(&qc.api_version)
+                ),
             ));
         }
         if let Some(v) = &qc.kubernetes_version
             && let Err(e) = v.parse::<KubeVersion>()
         {
-            return Err(invalid("kubernetesVersion", format!("{v:?}: {e}")));
+            errors.push(invalid("kubernetesVersion", format!("{v:?}: {e}")));
         }
-        SensorSwitches::new(&qc.ebpf.sensors)
-            .map_err(|e| invalid("ebpf.sensors", e.to_string()))?;
+        if let Err(e) = SensorSwitches::new(&qc.ebpf.sensors) {
+            errors.push(invalid("ebpf.sensors", e.to_string()));
+        }
         if let Err((field, message)) = qc.cpu_pressure.policy() {
-            return Err(invalid(&format!("cpuPressure.{field}"), message));
+            errors.push(invalid(&format!("cpuPressure.{field}"), message));
         }
         if let Some(aware) = qc.deprecated_gang_aware_eviction.take() {
             tracing::warn!(file = %file.display(), "gangAwareEviction is deprecated: write gangEviction (none, node or unit) instead.");
             if !aware {
                 if qc.gang_eviction == GangEviction::Unit {
-                    return Err(invalid(
+                    errors.push(invalid(
                         "gangAwareEviction",
                         "false contradicts gangEviction: unit".into(),
                     ));
@@ -502,7 +684,7 @@ impl QosletConfiguration {
                 qc.gang_eviction = GangEviction::None;
             }
         }
-        Ok(qc)
+        (Some(qc), errors)
     }
 
     /// `kubernetesVersion`, or 1.37 when unset (checked by [`Self::parse`]).

@@ -110,7 +110,7 @@ fn kubernetes_version_keys_the_memory_qos_defaults() {
     // An unknown version is an error naming the field.
     let e = versioned("1.30", "").unwrap_err();
     assert!(
-        e.starts_with("q.yaml: QosletConfiguration: kubernetesVersion: \"1.30\""),
+        e.starts_with("q.yaml:2: QosletConfiguration: kubernetesVersion: \"1.30\""),
         "{e}"
     );
 }
@@ -195,7 +195,8 @@ fn malformed_values_name_file_field_and_value() {
 fn qoslet_configuration_defaults_and_strictness() {
     let parsed = QosletConfiguration::parse(Path::new("q.yaml"), "{}").unwrap();
     assert_eq!(parsed, QosletConfiguration::default());
-    assert_eq!(parsed.metrics_address, "127.0.0.1:9479");
+    assert_eq!(parsed.metrics_address, None);
+    assert_eq!(parsed.endpoint_auth, None);
     assert_eq!(parsed.weight_formula, WeightFormula::KubeletLinear);
     assert_eq!(
         parsed.container_weight_formula,
@@ -246,9 +247,9 @@ fn qoslet_configuration_defaults_and_strictness() {
     let sensors = crate::sensors::SensorsConfig::from(&q.ebpf);
     assert!(sensors.ebpf && sensors.kernel_diagnostics);
     let err = QosletConfiguration::parse(Path::new("q.yaml"), "metricAddress: x\n").unwrap_err();
-    assert!(
-        err.to_string().contains("unknown field `metricAddress`"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "q.yaml:1: QosletConfiguration: metricAddress: unknown field (did you mean `metricsAddress`?)"
     );
 }
 
@@ -258,7 +259,7 @@ fn an_unknown_sensor_name_is_an_error_naming_the_field_and_the_sensors() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "q.yaml: QosletConfiguration: ebpf.sensors: unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, reclaim_wake, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
+        "q.yaml:1: QosletConfiguration: ebpf.sensors: unknown sensor \"oom\" (the eBPF sensors are oom_victim, memcg_events, reclaim_stall, reclaim_wake, cpu_runqueue, oom_score_adj, process_lifecycle, cgroup_lifecycle)"
     );
 }
 
@@ -341,7 +342,7 @@ fn cpu_pressure_configuration_defaults_and_validation() {
         let err = QosletConfiguration::parse(Path::new("q.yaml"), text).unwrap_err();
         assert!(
             err.to_string()
-                .starts_with(&format!("q.yaml: QosletConfiguration: {field}: ")),
+                .starts_with(&format!("q.yaml:1: QosletConfiguration: {field}: ")),
             "{text}: {err}"
         );
     }
@@ -364,6 +365,71 @@ fn gang_aware_eviction_is_the_deprecated_spelling_of_gang_eviction() {
     let err = parse("gangAwareEviction: false\ngangEviction: unit\n").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "q.yaml: QosletConfiguration: gangAwareEviction: false contradicts gangEviction: unit"
+        "q.yaml:1: QosletConfiguration: gangAwareEviction: false contradicts gangEviction: unit"
     );
+}
+
+/// `endpointAuth` defaults by mode (standalone has no API server, so `tokenReview` is refused
+/// there), and the default address follows it: every address (IPv6 and IPv4) when the
+/// endpoints are authorized, loopback when open; an explicit `metricsAddress` wins.
+#[test]
+fn endpoint_auth_and_the_default_address_follow_the_mode() {
+    let q = |text: &str| QosletConfiguration::parse(Path::new("q.yaml"), text).unwrap();
+    let defaults = q("{}");
+    assert_eq!(defaults.endpoint_auth(true), Ok(EndpointAuth::TokenReview));
+    assert_eq!(defaults.endpoint_auth(false), Ok(EndpointAuth::None));
+    assert_eq!(
+        defaults
+            .listen_address(EndpointAuth::TokenReview)
+            .unwrap()
+            .to_string(),
+        "[::]:9479"
+    );
+    assert_eq!(
+        defaults
+            .listen_address(EndpointAuth::None)
+            .unwrap()
+            .to_string(),
+        "127.0.0.1:9479"
+    );
+    let review = q("endpointAuth: tokenReview\nmetricsAddress: 10.0.0.1:9500\n");
+    assert!(
+        review
+            .endpoint_auth(false)
+            .unwrap_err()
+            .contains("standalone")
+    );
+    assert_eq!(
+        review
+            .listen_address(EndpointAuth::TokenReview)
+            .unwrap()
+            .to_string(),
+        "10.0.0.1:9500"
+    );
+    assert_eq!(
+        q("endpointAuth: none\n").endpoint_auth(true),
+        Ok(EndpointAuth::None)
+    );
+    assert!(QosletConfiguration::parse(Path::new("q.yaml"), "endpointAuth: basic\n").is_err());
+}
+
+#[test]
+fn every_problem_of_a_qoslet_configuration_is_reported_with_its_line() {
+    let text = "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nmetricsAdress: 127.0.0.1:1\nhousekeepingInterval: 5x\ncpuPressure:\n  latencyTarget: soon\n  capPercnt: 10\nkubernetesVersion: '1.33'\nenforce: [memoryQoS, bogus]\n";
+    let err = QosletConfiguration::parse(Path::new("q.yaml"), text).unwrap_err();
+    let lines: Vec<String> = err.into_list().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "q.yaml:3: QosletConfiguration: metricsAdress: unknown field (did you mean `metricsAddress`?)",
+            "q.yaml:4: QosletConfiguration: housekeepingInterval: invalid duration \"5x\"",
+            "q.yaml:6: QosletConfiguration: cpuPressure.latencyTarget: invalid duration \"soon\"",
+            "q.yaml:7: QosletConfiguration: cpuPressure.capPercnt: unknown field (did you mean `capPercent`?)",
+            "q.yaml:8: QosletConfiguration: kubernetesVersion: \"1.33\": Kubernetes 1.33 is not followed: qoslet knows 1.34 to 1.37",
+            "q.yaml:9: QosletConfiguration: enforce[1]: unknown variant `bogus`, expected one of `memoryQoS`, `oomScoreAdj`, `reservedCPUs`, `qosTierWeights`, `cpuPressure`",
+        ]
+    );
+    // A version written unquoted is read as written, as before.
+    let qc = QosletConfiguration::parse(Path::new("q.yaml"), "kubernetesVersion: 1.36\n").unwrap();
+    assert_eq!(qc.kubernetes_version.as_deref(), Some("1.36"));
 }

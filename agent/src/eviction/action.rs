@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
-    beneath,
     cgroup::{CgroupBeneath, parse_procs},
     policy::pod::PodKey,
+    support::beneath,
 };
 
 use super::signals::SignalError;

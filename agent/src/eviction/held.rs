@@ -41,7 +41,7 @@ impl HeldFiles {
             .into_iter()
             .map(|w @ (dir, file, _)| (dir.file_display(file), w))
             .collect();
-        let mut held = crate::lock(&self.0);
+        let mut held = crate::support::lock(&self.0);
         held.retain(|p, _| wanted.contains_key(p));
         let mut failed = Vec::new();
         for (path, (dir, file, access)) in wanted {
@@ -61,16 +61,16 @@ impl HeldFiles {
     }
 
     fn get(&self, path: &Path) -> Option<Arc<File>> {
-        crate::lock(&self.0).get(path).cloned()
+        crate::support::lock(&self.0).get(path).cloned()
     }
 
     fn forget(&self, path: &Path) {
-        crate::lock(&self.0).remove(path);
+        crate::support::lock(&self.0).remove(path);
     }
 
     /// How many files are held (tests).
     pub fn count(&self) -> usize {
-        crate::lock(&self.0).len()
+        crate::support::lock(&self.0).len()
     }
 
     /// Reads a whole file through its held descriptor; `None` when it is not held (or failed:

@@ -1,7 +1,14 @@
 //! The event-driven eviction manager: one pass per wake-up (or per housekeeping interval at the
-//! latest), stats read fresh, at most one unit evicted per pass, then a wait until its memory is
-//! released and an immediate re-check with minimum reclaim (eviction_manager.go `synchronize`,
-//! `waitForPodsCleanup`).
+//! latest), the node's signals read fresh, at most one unit evicted per pass, then a wait until
+//! its memory is released and an immediate re-check with minimum reclaim (eviction_manager.go
+//! `synchronize`, `waitForPodsCleanup`).
+//!
+//! The pods are ranked as the kubelet ranks them, on their usage read now less the
+//! `inactive_file` already held (`usage.rs`: the node's statistics sampling and this manager's
+//! own reads); a pass reads `memory.stat` only for the pods without a value held, and the head
+//! of the ranking and the candidates next to it until the head holds against them
+//! ([`FRESH_READS`] at most), so that the victim is chosen, and its message written, on its
+//! working set of now.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,17 +24,18 @@ use super::{
     conditions::{ConditionState, NodeCondition},
     held,
     node::NodeSignals,
-    select::{Order, Sample, choose},
+    select::{Choice, Order, Sample, choose},
     signals::{MemoryCgroup, SignalError},
     stats::{Decision, EvictionStats, Stages},
     thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
+    usage::{CgroupFiles, PodReader, UsageCache},
     watch::Wake,
 };
 use crate::{
     cgroup::{Access, CgroupBeneath},
     config::QosletConfiguration,
     policy::{
-        eviction::{Candidate, Threshold, ThresholdValue, eviction_grace_secs},
+        eviction::{Candidate, Threshold, ThresholdValue, eviction_grace_secs, rank_memory},
         pod::PodKey,
         qos::QosClass,
         quantity::{Format, Quantity},
@@ -42,6 +50,12 @@ use crate::{
 pub const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
 
 const RELEASE_POLL: Duration = Duration::from_millis(10);
+
+/// How many pods with an `inactive_file` held a memory decision reads whole (`memory.stat`):
+/// the chosen unit's, then the next candidate's while the head is not confirmed. Pods without a
+/// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
+/// its message).
+pub const FRESH_READS: usize = 4;
 
 /// A pod the manager may evict.
 #[derive(Debug, Clone)]
@@ -173,6 +187,22 @@ pub struct Manager<A> {
     observed_tx: watch::Sender<Observations>,
     /// Every decision, to whoever listens (the node: metrics, status, persisted state).
     decisions_tx: Option<mpsc::UnboundedSender<Decision>>,
+    /// The pods' `inactive_file` as last read, by anyone (the ranking takes it off the usage
+    /// read now).
+    usage: UsageCache,
+    reader: Box<dyn PodReader>,
+}
+
+/// The candidates of one pass: `samples[i]` with `fresh[i]` when read in this pass.
+struct Samples<'a> {
+    samples: Vec<Sample>,
+    fresh: Vec<bool>,
+    pods: BTreeMap<PodKey, &'a ManagedPod>,
+    /// Pods whose working set was read whole in this pass, and those of them a value was held
+    /// for; pods whose usage alone was read.
+    reads: usize,
+    held_reads: usize,
+    usage_reads: usize,
 }
 
 impl<A: EvictionAction> Manager<A> {
@@ -183,7 +213,6 @@ impl<A: EvictionAction> Manager<A> {
         inventory: watch::Receiver<Arc<Inventory>>,
     ) -> Self {
         Self {
-            cfg,
             signals,
             action,
             inventory,
@@ -196,7 +225,28 @@ impl<A: EvictionAction> Manager<A> {
             stats: Arc::default(),
             observed_tx: watch::Sender::new(Observations::new()),
             decisions_tx: None,
+            usage: UsageCache::new(2 * cfg.housekeeping),
+            reader: Box::new(CgroupFiles),
+            cfg,
         }
+    }
+
+    /// Ranks on `usage` (shared with the node's statistics sampling) instead of a cache of its
+    /// own.
+    pub fn with_usage(mut self, usage: UsageCache) -> Self {
+        self.usage = usage;
+        self
+    }
+
+    /// Reads the pods with `reader` instead of their cgroup files (tests).
+    pub fn with_reader(mut self, reader: impl PodReader + 'static) -> Self {
+        self.reader = Box::new(reader);
+        self
+    }
+
+    /// The `inactive_file` values this manager ranks with (taken off each pod's usage read now).
+    pub fn usage(&self) -> UsageCache {
+        self.usage.clone()
     }
 
     /// Every decision from now on, in order, none dropped (decisions are rare: at most one per
@@ -352,7 +402,7 @@ impl<A: EvictionAction> Manager<A> {
             && let Some(pod) = self.awaited.take()
             && let Some(p) = self.last_decided.iter().find(|p| p.key == pod)
         {
-            let holds = p.memory.read().map_or(0, |r| r.working_set());
+            let holds = p.memory.working_set().unwrap_or(0);
             tracing::info!(%pod, "The Eviction API took the eviction that waited; waiting for the pod to release its resources before choosing again.");
             self.wait_released(&threshold, &[p], holds, resource).await;
             return Ok(None);
@@ -362,13 +412,21 @@ impl<A: EvictionAction> Manager<A> {
         let inventory = self.inventory.borrow().clone();
         self.evicted
             .retain(|k| inventory.pods.iter().any(|p| &p.key == k));
-        let (samples, pods) = self.samples(&inventory);
+        let mut candidates = self.samples(&inventory, resource, now);
         let forests = self.forests_with_evictions(&inventory);
-        let Some(choice) = choose(&samples, &forests, resource, need, self.cfg.order) else {
+        let Some(choice) = self.choose_fresh(&mut candidates, &forests, resource, need) else {
             self.with_stats(|s| s.nothing_to_evict += 1);
-            tracing::warn!(signal = %threshold.signal, observed = o.available, candidates = samples.len(), managed = inventory.pods.len(), "A threshold is met but no pod can be evicted.");
+            tracing::warn!(signal = %threshold.signal, observed = o.available, candidates = candidates.samples.len(), managed = inventory.pods.len(), "A threshold is met but no pod can be evicted.");
             return Ok(None);
         };
+        let Samples {
+            samples,
+            pods,
+            reads,
+            held_reads,
+            usage_reads,
+            ..
+        } = candidates;
         let amount = threshold_amount(&threshold, o.capacity, false);
         let unit = choice.unit.as_ref().map(|(ns, r)| match r {
             UnitRoot::Group(g) => format!("{ns}/{g}"),
@@ -388,6 +446,11 @@ impl<A: EvictionAction> Manager<A> {
             pods = ?names,
             reason = %choice.reason,
             wake = trigger.map_or("none", |w| w.source.as_str()),
+            ranked = samples.len(),
+            read_fresh = reads,
+            read_fresh_held = held_reads,
+            read_usage = usage_reads,
+            chosen_ms = now.elapsed().as_secs_f64() * 1e3,
             "Evicting to relieve node pressure."
         );
         let usage: BTreeMap<&PodKey, i64> = samples
@@ -494,27 +557,55 @@ impl<A: EvictionAction> Manager<A> {
         Ok(Some(decision))
     }
 
-    fn samples<'a>(&self, inv: &'a Inventory) -> (Vec<Sample>, BTreeMap<PodKey, &'a ManagedPod>) {
-        let mut samples = Vec::new();
-        let mut pods = BTreeMap::new();
-        for p in inv.pods.iter().filter(|p| !self.evicted.contains(&p.key)) {
-            let usage = match p.memory.read() {
-                Ok(r) => r.working_set(),
-                Err(e) => {
-                    // A pod whose cgroup is gone or unreadable cannot be ranked this pass.
-                    tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
-                    continue;
+    /// The candidates: every pod of `inv` but those this manager evicted, on its usage read now
+    /// less the `inactive_file` held for it, else on its working set read now (a pod whose
+    /// cgroup is gone or unreadable is left out). Process counts are read only to rank for
+    /// pids.
+    fn samples<'a>(&self, inv: &'a Inventory, resource: Resource, now: Instant) -> Samples<'a> {
+        let live: Vec<&ManagedPod> = inv
+            .pods
+            .iter()
+            .filter(|p| !self.evicted.contains(&p.key))
+            .collect();
+        let held = self.usage.held(live.iter().map(|p| &p.key), now);
+        let mut c = Samples {
+            samples: Vec::with_capacity(live.len()),
+            fresh: Vec::with_capacity(live.len()),
+            pods: BTreeMap::new(),
+            reads: 0,
+            held_reads: 0,
+            usage_reads: 0,
+        };
+        for (p, held) in live.into_iter().zip(held) {
+            let (usage, fresh) = match held {
+                Some(inactive) => {
+                    c.usage_reads += 1;
+                    match self.reader.usage(p) {
+                        Ok(u) => ((u - inactive).max(0), false),
+                        Err(e) => {
+                            tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
+                            continue;
+                        }
+                    }
+                }
+                None => {
+                    c.reads += 1;
+                    match self.read_fresh(p) {
+                        Some(v) => (v, true),
+                        None => continue,
+                    }
                 }
             };
-            let processes = p
-                .cgroups
-                .procs
-                .iter()
-                .chain(&p.cgroups.unified)
-                .map(|d| d.read_procs().map(|v| v.len()).unwrap_or(0))
-                .max()
-                .unwrap_or(0) as u64;
-            samples.push(Sample {
+            let processes = if resource == Resource::Pids {
+                // Its cgroup.procs files, there but unreadable.
+                let Some(n) = self.reader.processes(p) else {
+                    continue;
+                };
+                n
+            } else {
+                0
+            };
+            c.samples.push(Sample {
                 key: p.key.clone(),
                 candidate: Candidate {
                     usage_bytes: usage,
@@ -525,9 +616,94 @@ impl<A: EvictionAction> Manager<A> {
                     processes,
                 },
             });
-            pods.insert(p.key.clone(), p);
+            c.fresh.push(fresh);
+            c.pods.insert(p.key.clone(), p);
         }
-        (samples, pods)
+        c
+    }
+
+    /// The pod's working set read now (its `inactive_file` held from now on); `None` when it
+    /// cannot be read.
+    fn read_fresh(&self, p: &ManagedPod) -> Option<i64> {
+        match self.reader.reading(p) {
+            Ok(r) => {
+                self.usage
+                    .record(&p.key, r.inactive_file_bytes, Instant::now());
+                Some(r.working_set())
+            }
+            Err(e) => {
+                // A pod whose cgroup is gone or unreadable cannot be ranked this pass.
+                tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
+                None
+            }
+        }
+    }
+
+    /// `choose` on the candidates, reading whole the working sets the choice turns on: the
+    /// chosen unit's pods that were ranked on a held `inactive_file`, then (while fewer than
+    /// [`FRESH_READS`] held pods were read) the next candidate in the kubelet's order, until the
+    /// choice is read whole and holds against the next candidate read whole. A pod whose page
+    /// cache moved since its `inactive_file` was held is ranked on its usage less the old value
+    /// and set right when it comes to the head or next to it. Pids rank on process counts, read
+    /// fresh already.
+    fn choose_fresh(
+        &self,
+        c: &mut Samples<'_>,
+        forests: &BTreeMap<String, Forest>,
+        resource: Resource,
+        need: i64,
+    ) -> Option<Choice> {
+        loop {
+            let mut choice = choose(&c.samples, forests, resource, need, self.cfg.order)?;
+            if resource != Resource::Memory {
+                return Some(choice);
+            }
+            let index = |k: &PodKey| c.samples.iter().position(|s| &s.key == k);
+            let chosen: Vec<usize> = choice.pods.iter().filter_map(index).collect();
+            let stale: Vec<usize> = chosen.iter().copied().filter(|&i| !c.fresh[i]).collect();
+            let confirming = c.held_reads < FRESH_READS;
+            let read = if !stale.is_empty() {
+                stale.clone()
+            } else if confirming {
+                next_candidate(&c.samples, &chosen)
+                    .filter(|&i| !c.fresh[i])
+                    .into_iter()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            if read.is_empty() {
+                return Some(choice);
+            }
+            let mut gone = Vec::new();
+            for &i in &read {
+                let p = c.pods[&c.samples[i].key];
+                c.reads += 1;
+                c.held_reads += 1;
+                match self.read_fresh(p) {
+                    Some(v) => {
+                        c.samples[i].candidate.usage_bytes = v;
+                        c.fresh[i] = true;
+                    }
+                    None => gone.push(i),
+                }
+            }
+            // Gone since its value was held: not a candidate.
+            gone.sort_unstable();
+            for &i in gone.iter().rev() {
+                c.pods.remove(&c.samples[i].key);
+                c.samples.remove(i);
+                c.fresh.remove(i);
+            }
+            // Read as many held pods as allowed: the choice stands, on its own fresh values.
+            if !confirming && gone.is_empty() {
+                choice.frees = chosen
+                    .iter()
+                    .map(|&i| c.samples[i].candidate.usage_bytes)
+                    .sum();
+                return Some(choice);
+            }
+        }
     }
 
     /// The hierarchies with the pods this manager evicted marked Failed, so gangs count right
@@ -565,7 +741,7 @@ impl<A: EvictionAction> Manager<A> {
             });
             let held: i64 = unit
                 .iter()
-                .map(|p| p.memory.read().map(|r| r.working_set()).unwrap_or(0))
+                .map(|p| p.memory.working_set().unwrap_or(0))
                 .sum();
             let relieved = self.signals.observe().is_ok_and(|o: Observations| {
                 o.get(&t.signal).is_some_and(|x| shortfall(t, x) == 0)
@@ -583,6 +759,16 @@ impl<A: EvictionAction> Manager<A> {
     }
 }
 
+/// The first pod in the kubelet's memory order, after the chosen ones, that can be evicted.
+fn next_candidate(samples: &[Sample], chosen: &[usize]) -> Option<usize> {
+    let candidates: Vec<Candidate> = samples.iter().map(|s| s.candidate.clone()).collect();
+    rank_memory(&candidates)
+        .into_iter()
+        .find(|i| !chosen.contains(i) && !samples[*i].candidate.critical)
+}
+
+#[cfg(test)]
+mod fresh_tests;
 #[cfg(test)]
 mod tests;
 
@@ -619,10 +805,10 @@ fn pod_usage(p: &ManagedPod, usage: Option<i64>, resource: Resource) -> PodUsage
     }
     stats.pod = usage.zip(p.pod_memory_request);
     for c in &p.containers {
-        match c.memory.read() {
-            Ok(r) => stats.containers.push(ContainerUsage {
+        match c.memory.working_set() {
+            Ok(working_set) => stats.containers.push(ContainerUsage {
                 name: &c.name,
-                working_set: r.working_set(),
+                working_set,
                 request: c.memory_request,
             }),
             Err(e) => {

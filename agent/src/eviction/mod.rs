@@ -18,6 +18,7 @@ pub mod select;
 pub mod signals;
 pub mod stats;
 pub mod thresholds;
+pub mod usage;
 pub mod watch;
 
 pub use action::{
@@ -30,4 +31,5 @@ pub use pipeline::{HoldEvicted, Pipeline};
 pub use select::Order;
 pub use signals::MemoryCgroup;
 pub use stats::{Decision, EvictionStats, Histogram, Stages};
+pub use usage::UsageCache;
 pub use watch::{Wake, WakeSource, WatchConfig, spawn_watcher};

@@ -2,7 +2,7 @@
 //! this runs what is decided:
 //!
 //! 1. **mark** the pod's cgroup v2 directory ([`EvictionMark`], one syscall), which a restart
-//!    after a crash reads back (`node/run.rs` `stop_leftovers`, `cluster/marks.rs`); a pod
+//!    after a crash reads back (`node/leftovers.rs` `stop_leftovers`, `cluster/marks.rs`); a pod
 //!    without a v2 directory cannot be marked, and is recorded in the state file first instead;
 //! 2. **stop** the offender: the mode's one step, an [`EvictionAction`] (standalone:
 //!    [`CgroupKill`](super::CgroupKill); cluster mode: `cluster::ApiEviction`, the freeze, the
@@ -60,7 +60,7 @@ impl<S, H> Pipeline<S, H> {
 /// Records the eviction (at `at`, Unix seconds) in the state file, in the page cache; what is
 /// left to sync.
 fn record(records: &Mutex<StateFile>, req: &EvictionRequest, at: u64) -> Option<Unsynced> {
-    let mut records = crate::lock(records);
+    let mut records = crate::support::lock(records);
     records.record_evicted(&req.pod, req.revision, &req.message, at);
     records.write().unwrap_or_else(|e| {
         tracing::warn!(pod = %req.pod, error = %e, "Could not write the eviction to the state file.");
@@ -82,7 +82,7 @@ fn sync_detached(records: Arc<Mutex<StateFile>>, pod: PodKey, unsynced: Unsynced
     rt.spawn_blocking(move || {
         let started = Instant::now();
         match unsynced.sync() {
-            Ok(()) => crate::lock(&records).synced(&unsynced),
+            Ok(()) => crate::support::lock(&records).synced(&unsynced),
             Err(e) => {
                 tracing::warn!(pod = %pod, error = %e, "Could not sync the eviction to the state file; the next save tries again.");
             }

@@ -166,9 +166,20 @@ impl MemoryCgroup {
         self.read_with_stat().map(|(r, _)| r)
     }
 
-    /// The reading and the `memory.stat` text it came from (the Summary API takes more fields
-    /// from the same read).
-    pub fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
+    /// The working set alone: the usage and `memory.stat`, not the limit (one read fewer, for
+    /// the eviction manager's ranking and messages).
+    pub fn working_set(&self) -> Result<i64, SignalError> {
+        self.reading_without_limit().map(|r| r.working_set())
+    }
+
+    /// The usage and `inactive_file` of `memory.stat`; the limit is not read (`None`).
+    pub fn reading_without_limit(&self) -> Result<MemoryReading, SignalError> {
+        self.usage_and_stat().map(|(r, _, _)| r)
+    }
+
+    /// The usage (and whether this is the v2 root, which has none of its own) and `memory.stat`;
+    /// the limit left at `None`.
+    fn usage_and_stat(&self) -> Result<(MemoryReading, bool, String), SignalError> {
         let f = self.names();
         let (usage_bytes, root) = match self.read_i64(f.usage) {
             Err(e) if self.is_v2_root(&e) => (meminfo_usage()?, true),
@@ -180,16 +191,28 @@ impl MemoryCgroup {
                 path: self.dir.file_display(f.stat),
                 field: f.inactive_file,
             })?;
+        let reading = MemoryReading {
+            usage_bytes,
+            inactive_file_bytes,
+            limit_bytes: None,
+        };
+        Ok((reading, root, stat_text))
+    }
+
+    /// The reading and the `memory.stat` text it came from (the Summary API takes more fields
+    /// from the same read).
+    pub fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
+        let (reading, root, stat_text) = self.usage_and_stat()?;
         let limit_bytes = if root {
             None
         } else {
-            self.read_limit(f.limit)?.filter(|&l| l < V1_UNLIMITED)
+            self.read_limit(self.names().limit)?
+                .filter(|&l| l < V1_UNLIMITED)
         };
         Ok((
             MemoryReading {
-                usage_bytes,
-                inactive_file_bytes,
                 limit_bytes,
+                ..reading
             },
             stat_text,
         ))

@@ -23,6 +23,7 @@ use crate::{
     cgroup::{
         CgroupBeneath, CgroupFs, CgroupPath, DesiredState, Tree, desired::Role, layout::Controller,
     },
+    hub::metrics::{QosLabels, StepLabels},
     policy::{
         cpu::QUOTA_PERIOD_US,
         cpu_pressure::{
@@ -34,7 +35,6 @@ use crate::{
         qos::QosClass,
     },
     sensors::cpu_usage::read_cgroup_cpu,
-    server::metrics::{QosLabels, StepLabels},
 };
 
 /// The level stepper and what it remembers between windows.

@@ -4,8 +4,10 @@
 //! a managed cgroup was written or removed behind qoslet's back (then a pass puts it back). Per
 //! pod statistics (run-queue latency, working sets, the Summary API's CPU samples) and the scan
 //! of every container's processes for their oom_score_adj run at the slower statistics interval:
-//! they are reads per pod, nothing acts on them sooner (the eviction manager reads usage fresh at
-//! decision time), and new processes get their score from the sensors' events already.
+//! they are reads per pod, nothing acts on them sooner (the eviction manager ranks on the usage
+//! less the `inactive_file` read here and reads `memory.stat` only for the pods its decision
+//! turns on, `eviction/usage.rs`), and new processes get their score from the sensors' events
+//! already.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,7 @@ use crate::{
     eviction::{
         Decision, NodeCondition, Stages, thresholds::Observations, thresholds::threshold_amount,
     },
-    server::metrics::{
+    hub::metrics::{
         ConditionLabels, EvictionLabels, PodLabels, ProgramLabels, RingLabels, SignalLabels,
         StageLabels, ThresholdLabels,
     },
@@ -77,12 +79,17 @@ impl Node {
     /// Per-pod statistics: run-queue latency from the kernel's histograms, working sets, the
     /// Summary API's CPU base, and the oom_score_adj safety scan.
     fn sample_stats(&mut self, sensors: &impl SensorControl) {
+        let read_at = Instant::now();
+        let mut inactive = Vec::new();
         for (key, entry) in &mut self.tracked.pods {
-            entry.working_set = entry
+            let reading = entry
                 .memory
                 .as_ref()
-                .and_then(|m| m.read().ok())
-                .map(|r| r.working_set().max(0) as u64);
+                .and_then(|m| m.reading_without_limit().ok());
+            entry.working_set = reading.map(|r| r.working_set().max(0) as u64);
+            if let Some(r) = reading {
+                inactive.push((key.clone(), r.inactive_file_bytes));
+            }
             let mut seen = false;
             let (mut count, mut total) = (0, 0);
             let mut hist = [0u64; qoslet_common::sched::RUNQ_HIST_BUCKETS];
@@ -110,6 +117,12 @@ impl Node {
                 h.set(count, total, &hist);
                 entry.runq_p99 = h.quantile_upper_bound(0.99);
             }
+        }
+        if let Some(usage) = &self.usage {
+            let pods = &self.tracked.pods;
+            usage.record_all(inactive.iter().map(|(k, v)| (k, *v)), read_at, |k| {
+                pods.contains_key(k)
+            });
         }
         if let Some(t) = &self.cgroups.targets {
             // Failures are logged by the scan itself, once per process and value.
@@ -214,7 +227,7 @@ impl Node {
 
     /// Persists what must survive a crash; a failure is logged, the node goes on.
     pub(super) fn save_state(&self) {
-        let mut state = crate::lock(&self.persisted);
+        let mut state = crate::support::lock(&self.persisted);
         state.set_created_cgroups(&self.cgroups.created());
         if let Err(e) = state.save(true) {
             warn!(error = %e, source = ?std::error::Error::source(&e), "Could not save the node state.");

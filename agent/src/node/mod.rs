@@ -10,9 +10,11 @@
 //! (`crate::persist::StateFile`, what survives a crash), which it shares with the eviction
 //! pipeline; the eviction manager runs on its own task and talks to the node through channels.
 
+mod app;
 mod cgroups;
 mod cpu_pressure;
 mod housekeeping;
+mod leftovers;
 mod pass;
 pub mod pod_status;
 mod report;
@@ -37,21 +39,23 @@ use std::{
 use tokio::sync::watch;
 
 pub use crate::cgroup::Runner;
+pub use app::{NodeError, RunConfig};
 pub use pod_status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
-pub use run::{NodeError, RunConfig, run};
+pub use run::{Signals, run};
 pub use seams::{PlannedPod, PodExecutor, PodSource};
 pub use sensing::SensorControl;
 pub use startup::{ModeStart, StartError};
 
 use crate::{
     cgroup::{CgroupFs, Mode, Naming},
-    eviction::Inventory,
+    eviction::{Inventory, UsageCache},
+    hub::AgentState,
+    hub::metrics::MemcgEventLabels,
     persist::StateFile,
     policy::{
         cpu_pressure::CpuPressureConfig, eviction::Threshold, plan::Plan, pod::PodKey,
         settings::NodeSettings,
     },
-    server::{AgentState, metrics::MemcgEventLabels},
     workload::ValidationOptions,
 };
 
@@ -114,6 +118,9 @@ pub struct Node {
     cpu_pressure: Option<CpuPressure>,
     /// When the memory only start-up used is handed back (`housekeeping.rs`); `None` once done.
     release_start_up_at: Option<Instant>,
+    /// Where the `inactive_file` of each pod the statistics sampling reads is handed to the
+    /// eviction manager, which ranks on the usage less it.
+    usage: Option<UsageCache>,
 }
 
 impl Node {
@@ -152,6 +159,7 @@ impl Node {
             cpu_pressure,
             settings: parts.settings,
             release_start_up_at: Some(Instant::now() + housekeeping::START_UP_SETTLE),
+            usage: None,
         };
         (node, inventory_rx)
     }
@@ -160,6 +168,12 @@ impl Node {
     pub fn note_problems<'a>(&mut self, lines: impl IntoIterator<Item = &'a String>) {
         let lines: Vec<String> = lines.into_iter().cloned().collect();
         self.report.noted(&lines);
+    }
+
+    /// Hands every pod's `inactive_file` the statistics sampling reads to `usage` (the eviction
+    /// manager's).
+    pub fn share_usage(&mut self, usage: UsageCache) {
+        self.usage = Some(usage);
     }
 
     /// The state file, for the eviction pipeline (`crate::eviction::Pipeline`).

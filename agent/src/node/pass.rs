@@ -24,6 +24,8 @@ use crate::{
     eviction::{
         Inventory, ManagedContainer, ManagedPod, MemoryCgroup, NodeCondition, PodCgroups, SeenPod,
     },
+    hub::metrics::MemcgEventLabels,
+    hub::summary::PodReference,
     policy::{
         plan::{Plan, PodPlan, plan_node},
         pod::{PodKey, PodSpecView},
@@ -31,7 +33,6 @@ use crate::{
         quantity::Quantity,
     },
     sensors::{CgroupOwner, WatchedCgroup},
-    server::{metrics::MemcgEventLabels, summary::PodReference},
     source::{ManifestPod, PodSet},
     workload::Forest,
 };
@@ -194,7 +195,9 @@ impl Node {
         let planned: Vec<PlannedPod<'_>> = views
             .iter()
             .zip(&plan.pods)
-            .filter(|((key, _, mp), _)| !crate::lock(&self.persisted).is_evicted(key, mp.spec_hash))
+            .filter(|((key, _, mp), _)| {
+                !crate::support::lock(&self.persisted).is_evicted(key, mp.spec_hash)
+            })
             .map(|((key, view, pod), p)| PlannedPod {
                 key: key.clone(),
                 pod,
@@ -220,7 +223,7 @@ impl Node {
             .collect();
         let problems = executor.apply(planned, conditions);
         self.report.problems(&problems);
-        crate::lock(&self.persisted).retain_present(pods);
+        crate::support::lock(&self.persisted).retain_present(pods);
     }
 
     /// Eviction inventory, sensors' watch list, summary sources, memcg owners.
@@ -240,7 +243,7 @@ impl Node {
             .into_iter()
             .filter(super::PodStatus::is_evicted)
             .map(|s| s.key)
-            .chain(crate::lock(&self.persisted).evicted())
+            .chain(crate::support::lock(&self.persisted).evicted())
             .collect();
         let mut tracked = Tracked {
             now_watched: BTreeSet::new(),

@@ -6,11 +6,11 @@ use std::{collections::BTreeSet, sync::Arc};
 use tracing::warn;
 
 use crate::{
+    hub::{AgentState, status::EventRow},
     policy::{
         plan::Plan,
         pod::{PodKey, PodSpecView},
     },
-    server::{AgentState, status::EventRow},
 };
 
 pub(super) struct Report {

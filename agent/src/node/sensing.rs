@@ -8,10 +8,10 @@ use tracing::warn;
 use super::Node;
 use crate::{
     cgroup::{self, CgroupRef},
+    hub::metrics::{ContainerLabels, MemcgEventLabels},
     sensors::{
         CgroupOwner, CpuUsage, SensorEvent, SensorMode, Sensors, WatchedCgroup, kmaps::ProgramCost,
     },
-    server::metrics::{ContainerLabels, MemcgEventLabels},
 };
 
 pub trait SensorControl {

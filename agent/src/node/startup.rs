@@ -14,7 +14,10 @@ use crate::{
         CgroupFs, CgroupPath, ContainerRuntime, Mode, Mounts, fs::OpenRootError,
         layout::LayoutError,
     },
-    config::{CapacityOverride, ConfigError, KubeletConfig, QosletConfiguration, node_settings},
+    config::{
+        CapacityOverride, ConfigError, EndpointAuth, KubeletConfig, QosletConfiguration,
+        node_settings,
+    },
     exit,
     policy::settings::{Capacity, NodeSettings},
     workload::ValidationOptions,
@@ -52,14 +55,17 @@ pub struct ModeStart {
     /// `qc.mode`, or observe when `--observe` was given.
     pub mode: Mode,
     pub addr: SocketAddr,
+    /// Whether `/metrics` and `/stats/summary` ask the API server (`endpointAuth`).
+    pub endpoint_auth: EndpointAuth,
     pub node_root: CgroupPath,
     /// The QosletConfiguration's file, for errors (`(defaults)` without one).
     config_file: String,
 }
 
 impl ModeStart {
-    /// Reads `config` (the defaults without one) and checks the values every mode reads.
-    pub fn load(config: Option<&Path>, observe: bool) -> Result<Self, StartError> {
+    /// Reads `config` (the defaults without one) and checks the values every mode reads;
+    /// `cluster`: the node has an API server (`endpointAuth`'s default and what it allows).
+    pub fn load(config: Option<&Path>, observe: bool, cluster: bool) -> Result<Self, StartError> {
         let qc = match config {
             Some(f) => QosletConfiguration::load(f)?,
             None => QosletConfiguration::default(),
@@ -67,9 +73,11 @@ impl ModeStart {
         let config_file =
             config.map_or_else(|| "(defaults)".to_owned(), |f| f.display().to_string());
         let setting = |field, e: &dyn Display| setting(&config_file, field, e);
+        let endpoint_auth = qc
+            .endpoint_auth(cluster)
+            .map_err(|e| setting("endpointAuth", &e))?;
         let addr = qc
-            .metrics_address
-            .parse()
+            .listen_address(endpoint_auth)
             .map_err(|e| setting("metricsAddress", &e))?;
         let node_root = CgroupPath::parse(qc.node_root_cgroup.as_deref().unwrap_or("/"))
             .map_err(|e| setting("nodeRootCgroup", &e))?;
@@ -77,6 +85,7 @@ impl ModeStart {
             mode: if observe { Mode::Observe } else { qc.mode },
             qc,
             addr,
+            endpoint_auth,
             node_root,
             config_file,
         })
@@ -139,6 +148,7 @@ impl ModeStart {
             shutdown_grace,
             on_start: None,
             node_name: None,
+            auth: None,
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{Node, pod_status::PodStatus};
-use crate::{eviction::NodeCondition, policy::pod::PodKey, server::status::PodRow};
+use crate::{eviction::NodeCondition, hub::status::PodRow, policy::pod::PodKey};
 
 impl Node {
     pub(super) fn refresh_status(&self, conditions: &[NodeCondition], statuses: Vec<PodStatus>) {
@@ -12,7 +12,7 @@ impl Node {
         let Some(plan) = &self.plan else { return };
         let statuses: BTreeMap<PodKey, PodStatus> =
             statuses.into_iter().map(|s| (s.key.clone(), s)).collect();
-        let evicted: Vec<PodKey> = crate::lock(&self.persisted).evicted().collect();
+        let evicted: Vec<PodKey> = crate::support::lock(&self.persisted).evicted().collect();
         let rows = plan
             .pods
             .iter()

@@ -24,13 +24,13 @@ use std::{
 use crate::{
     cgroup::{Access, CgroupBeneath},
     eviction::{MemoryCgroup, held::HeldFiles, signals::stat_field},
-    lock,
-    node::pod_status::{ContainerState, ContainerStatus, PodStatus},
-    policy::pod::PodKey,
-    server::{
+    hub::{
         Summary, SummarySource,
         summary::{ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats},
     },
+    node::pod_status::{ContainerState, ContainerStatus, PodStatus},
+    policy::pod::PodKey,
+    support::lock,
 };
 
 /// Where one cgroup's numbers are read.

@@ -18,6 +18,7 @@ use crate::{
         ManagerConfig, MemoryCgroup, NodeCondition, NodeSignals, Order, Outcome, Pipeline,
         action::ActionError,
     },
+    hub::AgentState,
     policy::{
         cpuset::CpuSet,
         eviction::{EvictionInput, parse_thresholds},
@@ -25,7 +26,6 @@ use crate::{
         settings::{Capacity, CgroupDriver},
     },
     sensors::{CgroupOwner, CpuUsage, WatchedCgroup, kmaps::ProgramCost},
-    server::{AgentState, Metrics, Readiness, StatusStore},
     source::{Diff, PodSet, pod_set},
 };
 
@@ -281,13 +281,10 @@ fn build_node_with(
 ) -> (Node, watch::Receiver<Arc<Inventory>>, Arc<AgentState>) {
     let fs = CgroupFs::open(tree.mounts(), CgroupPath::root()).unwrap();
     let settings = node_settings();
-    let state = Arc::new(AgentState {
-        metrics: Metrics::new(),
-        readiness: Readiness::default(),
-        status: StatusStore::default(),
-        summary: Box::new(CgroupSummary::new(Default::default(), None)),
-        conditions: Default::default(),
-    });
+    let state = Arc::new(AgentState::new(
+        Box::new(CgroupSummary::new(Default::default(), None)),
+        None,
+    ));
     let (node, inventory) = Node::new(NodeParts {
         settings,
         naming: Naming {
@@ -383,6 +380,43 @@ async fn pods_added_changed_and_removed() {
     node.housekeeping(&sensors);
     assert!(!pod_dir(&tree, "besteffort", UID_A).exists());
     assert!(pod_dir(&tree, "burstable", UID_B).is_dir());
+}
+
+/// The statistics sampling hands every pod's `inactive_file` to the eviction manager's cache,
+/// which ranks on the usage less it.
+#[tokio::test]
+async fn the_sampled_inactive_file_is_what_the_eviction_manager_ranks_on() {
+    let tree = Tree0::new("usage");
+    let (mut node, inventory, _) = build_node(&tree);
+    let (exec, sensors) = (FakeExecutor::default(), FakeSensors::default());
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &PodSet::default(),
+    );
+    node.pass(&both, &exec, &[], &sensors);
+    for (tier, uid, mib) in [("besteffort", UID_A, 30), ("burstable", UID_B, 70)] {
+        let dir = pod_dir(&tree, tier, uid);
+        std::fs::write(dir.join("memory.current"), (mib * MI).to_string()).unwrap();
+        let stat = format!("anon 0\ninactive_file {}\n", mib / 10 * MI);
+        std::fs::write(dir.join("memory.stat"), stat).unwrap();
+        std::fs::write(dir.join("memory.max"), "max").unwrap();
+    }
+    let usage = UsageCache::new(Duration::from_secs(20));
+    node.share_usage(usage.clone());
+    node.housekeeping(&sensors);
+    let keys: Vec<PodKey> = inventory
+        .borrow()
+        .pods
+        .iter()
+        .map(|p| p.key.clone())
+        .collect();
+    let held = usage.held(&keys, Instant::now());
+    let by_name: BTreeMap<&str, Option<i64>> =
+        keys.iter().map(|k| k.name.as_str()).zip(held).collect();
+    assert_eq!(
+        by_name,
+        BTreeMap::from([("a", Some(3 * MI)), ("b", Some(7 * MI))])
+    );
 }
 
 /// The pass hands the eviction manager what the kubelet's eviction message and evicted status

@@ -16,6 +16,7 @@ pub mod oom;
 pub mod plan;
 pub mod pod;
 pub mod qos;
+pub mod qos_class;
 pub mod quantity;
 pub mod reserved;
 pub mod settings;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{
-    qos::QosClass,
+    qos_class::QosClass,
     quantity::{Quantity, QuantityError},
 };
 

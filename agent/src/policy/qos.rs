@@ -1,38 +1,10 @@
 //! The pod QoS class (pkg/apis/core/helper/qos/qos.go `ComputePodQOS`).
 
-use serde::Serialize;
-
+pub use super::qos_class::QosClass;
 use super::{
     pod::{Amounts, PodSpecView},
     quantity::Quantity,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum QosClass {
-    Guaranteed,
-    Burstable,
-    BestEffort,
-}
-
-impl QosClass {
-    /// The API spelling (`status.qosClass`).
-    pub fn from_api(s: &str) -> Option<Self> {
-        match s {
-            "Guaranteed" => Some(Self::Guaranteed),
-            "Burstable" => Some(Self::Burstable),
-            "BestEffort" => Some(Self::BestEffort),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Guaranteed => "Guaranteed",
-            Self::Burstable => "Burstable",
-            Self::BestEffort => "BestEffort",
-        }
-    }
-}
 
 /// The class the kubelet uses: `status.qosClass` when present, else computed.
 pub fn pod_qos(pod: &PodSpecView) -> QosClass {

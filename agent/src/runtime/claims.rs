@@ -32,7 +32,7 @@ pub(crate) struct Held {
 impl Claims {
     /// Takes all of `wanted` or none: on a conflict, the claim another container holds.
     pub fn take(&self, wanted: Vec<Claim>) -> Result<Held, Claim> {
-        let mut set = crate::lock(&self.0);
+        let mut set = crate::support::lock(&self.0);
         let mut seen = BTreeSet::new();
         for c in &wanted {
             // A container naming one cgroup twice conflicts with itself.
@@ -50,7 +50,7 @@ impl Claims {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut set = crate::lock(&self.claims.0);
+        let mut set = crate::support::lock(&self.claims.0);
         for c in &self.held {
             set.remove(c);
         }

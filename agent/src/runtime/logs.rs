@@ -3,7 +3,7 @@
 //!
 //! qoslet runs as root and the names come from manifests, so the log directory is opened once
 //! and everything below it is made and opened relative to that descriptor: directories with
-//! `mkdirat`, files with `openat2` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (`crate::beneath`).
+//! `mkdirat`, files with `openat2` and `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (`crate::support::beneath`).
 //! A name that is not one plain path component (`..`, `x/../../esc`, an absolute path, a
 //! control character, over 255 bytes) is refused, never rewritten: two pods must not be
 //! sanitised into one log directory.
@@ -19,8 +19,8 @@ use std::{
 use thiserror::Error;
 
 use crate::{
-    beneath::{self, RESOLVE_STRICT},
     policy::pod::PodKey,
+    support::beneath::{self, RESOLVE_STRICT},
 };
 
 /// A log file could not be made.
@@ -30,13 +30,13 @@ pub enum LogError {
         "{what} {value:?} is not a plain file name (no '/', '.', '..', control characters, at most 255 bytes); refusing to build a log path from it"
     )]
     Name { what: &'static str, value: String },
-    #[error("{path}: cannot open the log directory: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}: cannot open the log directory: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     OpenDir {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("{path}: cannot create the log file: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}: cannot create the log file: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Create {
         path: PathBuf,
         #[source]
@@ -67,7 +67,7 @@ impl LogDir {
     /// The directory's descriptor, created and opened on first use; a failure is retried by the
     /// next call.
     fn fd(&self) -> Result<Arc<OwnedFd>, LogError> {
-        let mut fd = crate::lock(&self.fd);
+        let mut fd = crate::support::lock(&self.fd);
         if let Some(fd) = fd.as_ref() {
             return Ok(fd.clone());
         }

@@ -107,7 +107,7 @@ impl Runtime {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        crate::lock(&self.state)
+        crate::support::lock(&self.state)
     }
 
     /// Makes the running pods match `desired`: new pods start (once `held` gives no reason to

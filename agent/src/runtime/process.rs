@@ -18,8 +18,8 @@ use super::{
     spec::{ContainerCgroups, ContainerSpec},
 };
 use crate::{
-    beneath::{self, RESOLVE_STRICT},
     cgroup::CgroupBeneath,
+    support::beneath::{self, RESOLVE_STRICT},
 };
 
 /// A container process could not be started.
@@ -29,7 +29,7 @@ pub enum ProcessError {
     NoCgroup,
     #[error("cgroup {path} is shared with another container of the node; it is not started in it")]
     SharedCgroup { path: PathBuf },
-    #[error("{path}: cannot open to join the cgroup: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("{path}: cannot open to join the cgroup: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Cgroup {
         path: PathBuf,
         #[source]
@@ -41,7 +41,7 @@ pub enum ProcessError {
     Log(#[from] LogError),
     #[error("log file {path} is in use by another container; the container is not started")]
     SharedLog { path: PathBuf },
-    #[error("cannot start {command:?}: {source}{hint}", hint = crate::privilege_hint(.source))]
+    #[error("cannot start {command:?}: {source}{hint}", hint = crate::support::privilege_hint(.source))]
     Spawn {
         command: String,
         #[source]

@@ -24,7 +24,7 @@ impl SharedStatus {
 
     /// Changes the status and says so.
     pub fn update<R>(&self, f: impl FnOnce(&mut PodStatus) -> R) -> R {
-        let r = f(&mut crate::lock(&self.status));
+        let r = f(&mut crate::support::lock(&self.status));
         self.notify();
         r
     }
@@ -36,6 +36,6 @@ impl SharedStatus {
     }
 
     pub fn read(&self) -> MutexGuard<'_, PodStatus> {
-        crate::lock(&self.status)
+        crate::support::lock(&self.status)
     }
 }

@@ -15,7 +15,6 @@ use super::{
     btf::{BtfError, KernelBtf},
     event::{DecodeError, SensorEvent, decode},
     kernel_log::{self, KernelLogReader},
-    privilege,
     slots::SlotTable,
     table::{
         Attach, AttachedProgram, Attachment, Hook, Program, Requirement, Sensor, SensorSwitches,
@@ -79,7 +78,7 @@ impl EbpfSensors {
         options: EbpfOptions,
         switches: &SensorSwitches,
     ) -> Result<Self, SensorError> {
-        privilege::check()?;
+        crate::support::privilege::check()?;
         if !Self::object_built() {
             return Err(SensorError::NotBuilt);
         }

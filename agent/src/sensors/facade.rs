@@ -16,7 +16,7 @@ use qoslet_common::sched::ReclaimStats;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use crate::{cgroup::CgroupBeneath, config::EbpfConfig, lock};
+use crate::{cgroup::CgroupBeneath, support::lock};
 
 use super::{
     EbpfSensors, SensorError,
@@ -66,19 +66,6 @@ impl Default for SensorsConfig {
             memory_events_resync: Duration::from_secs(10),
             psi_stall: Duration::from_millis(150),
             psi_window: Duration::from_secs(1),
-        }
-    }
-}
-
-impl From<&EbpfConfig> for SensorsConfig {
-    /// The defaults with the configuration's `ebpf` settings, whose sensor names
-    /// `QosletConfiguration::parse` checked when the file was loaded.
-    fn from(ebpf: &EbpfConfig) -> Self {
-        Self {
-            ebpf: ebpf.enabled,
-            switches: SensorSwitches::from_checked(&ebpf.sensors),
-            kernel_diagnostics: ebpf.kernel_diagnostics,
-            ..Self::default()
         }
     }
 }

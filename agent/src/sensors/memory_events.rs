@@ -29,7 +29,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use super::event::{MemcgEventKind, SensorEvent};
 use crate::{
     cgroup::{Access, CgroupBeneath, value::flat_keyed},
-    inotify::InotifyFd,
+    support::inotify::InotifyFd,
 };
 
 /// The counters of one memory cgroup, as last read.
@@ -213,7 +213,7 @@ impl MemoryNotifier {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         let v1_oom = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Self {
-            inotify: crate::inotify::register(inotify)?,
+            inotify: crate::support::inotify::register(inotify)?,
             // SAFETY: the EventFd owns its descriptor, which stays open and unchanged until the
             // AsyncFd (and the EventFd inside it) is dropped.
             v1_oom: unsafe { AsyncFd::register_with_interest(v1_oom, Interest::READABLE) }

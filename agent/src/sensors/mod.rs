@@ -10,7 +10,6 @@ pub mod kernel_log;
 pub mod kmaps;
 pub mod memory_events;
 pub mod owners;
-pub mod privilege;
 pub mod psi;
 pub mod scores;
 pub mod slots;
@@ -30,7 +29,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum SensorError {
     #[error(transparent)]
-    Privilege(#[from] privilege::PrivilegeError),
+    Privilege(#[from] crate::support::privilege::PrivilegeError),
     #[error(
         "the eBPF programs were not built into this binary (built with AYA_BUILD_SKIP); rebuild with `cargo xtask build-ebpf`"
     )]

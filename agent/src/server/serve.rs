@@ -24,10 +24,7 @@ use std::{
 };
 
 use axum::Router;
-use hyper_util::{
-    rt::{TokioIo, TokioTimer},
-    service::TowerToHyperService,
-};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
@@ -37,15 +34,15 @@ use tokio::{
 
 /// Bounds on what clients may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServeLimits {
+pub(crate) struct ServeLimits {
     /// Connections open at once; more wait in the listen backlog.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Connections one peer address may hold at once; more from it are closed at once.
-    pub max_connections_per_peer: usize,
+    pub(crate) max_connections_per_peer: usize,
     /// A request's headers must arrive within this.
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// A connection with no byte read or written for this long is closed.
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -66,23 +63,58 @@ impl Default for ServeLimits {
 /// a client that reconnects as fast as its connections past the per-peer cap are closed must not
 /// fill the backlog, or the kernel drops the next probe's SYN and the probe waits a second for
 /// its retransmit.
-const BACKLOG: u32 = 4096;
+const BACKLOG: i32 = 4096;
+
+/// The address a request came from (a request extension every request of [`serve`] carries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub IpAddr);
 
 /// Binds `addr` as a listener for [`serve`]: address reuse as `TcpListener::bind` sets it, and a
 /// backlog of [`BACKLOG`] (tokio's `bind` asks for 1,024).
-pub fn listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
+///
+/// `[::]` (IPv6's every address, the default where the endpoints are authorized) is bound
+/// dual-stack (`IPV6_V6ONLY` off, whatever `net.ipv6.bindv6only` says), so IPv4 and IPv6
+/// clients reach it alike, on IPv6-only clusters too, where `0.0.0.0` would not be reached. On
+/// a node without IPv6 (`ipv6.disable=1`: no IPv6 socket, or no IPv6 address to bind) it falls
+/// back to `0.0.0.0`, the same port. Any other address is bound as given.
+pub(crate) fn listen(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    match bind_socket(addr) {
+        Err(e) if addr.ip() == IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) && no_ipv6(&e) => {
+            let v4 = std::net::SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+            tracing::info!(error = %e, %v4, "No IPv6 on this node; listening on IPv4 only.");
+            bind_socket(v4)
+        }
+        bound => bound,
+    }
+}
+
+/// Whether binding failed for want of IPv6 on the node.
+fn no_ipv6(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+    )
+}
+
+fn bind_socket(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
 }
 
 /// Serves `app` on `listener` within `limits` until dropped.
-pub async fn serve(listener: TcpListener, app: Router, limits: ServeLimits) -> io::Result<()> {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let peers = Peers::default();
     let mut last_error_logged: Option<Instant> = None;
@@ -117,10 +149,16 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ServeLimits) -> i
         let app = app.clone();
         tokio::spawn(async move {
             let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));
+            let service =
+                hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(Peer(peer));
+                    // The router is always ready; each request gets its own handle.
+                    tower::Service::call(&mut app.clone(), req)
+                });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(io, TowerToHyperService::new(app));
+                .serve_connection(io, service);
             // A client that goes away or times out ends its connection; nothing to report.
             let _ = conn.await;
             drop(peer_slot);
@@ -140,7 +178,7 @@ struct PeerSlot {
 
 impl PeerSlot {
     fn take(peers: &Peers, peer: IpAddr, max: usize) -> Option<Self> {
-        let mut open = crate::lock(peers);
+        let mut open = crate::support::lock(peers);
         let n = open.entry(peer).or_default();
         if *n >= max.max(1) {
             return None;
@@ -155,7 +193,7 @@ impl PeerSlot {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut open = crate::lock(&self.peers);
+        let mut open = crate::support::lock(&self.peers);
         if let Some(n) = open.get_mut(&self.peer) {
             *n -= 1;
             if *n == 0 {

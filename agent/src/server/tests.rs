@@ -1,47 +1,14 @@
 use std::{
     io::{Read as _, Write as _},
     net::TcpStream,
-    path::Path,
     sync::Arc,
 };
 
-use k8s_openapi::api::core::v1::Pod;
-
 use super::*;
 use crate::{
-    config::{KubeletConfig, QosletConfiguration, node_settings},
-    policy::{
-        cpuset::CpuSet,
-        plan::{Plan, plan_node},
-        pod::PodSpecView,
-        settings::Capacity,
-    },
-    source::manifest::load_paths,
+    hub::metrics::tests::{example_plan, metric_value},
+    hub::{AgentState, Summary, SummarySource},
 };
-
-/// The plan `qoslet plan` computes for deploy/examples on a 4-CPU, 32 GiB node.
-fn example_plan() -> Plan {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
-    let kc_path = root.join("kubelet-config.yaml");
-    let kc = KubeletConfig::load(&kc_path).expect("example kubelet config");
-    let qc = QosletConfiguration::load(&root.join("qoslet-config.yaml")).expect("example config");
-    let capacity = Capacity {
-        cpu_millis: 4000,
-        memory_bytes: 32 << 30,
-        pids: 4_194_304,
-        cpus: "0-3".parse::<CpuSet>().expect("cpuset"),
-    };
-    let settings = node_settings(&kc_path, &kc, &qc, capacity).expect("settings");
-    let loaded = load_paths(&[root.join("pods")], crate::source::file::DEFAULT_MAX_BYTES)
-        .expect("example pods");
-    let pods: Vec<PodSpecView> = loaded
-        .objects
-        .iter()
-        .filter(|o| o.kind == "Pod")
-        .map(|o| PodSpecView::from_pod(&o.decode::<Pod>().expect("pod")).expect("pod view"))
-        .collect();
-    plan_node(&settings, &pods).expect("plan")
-}
 
 struct NoSummary;
 
@@ -53,13 +20,7 @@ impl SummarySource for NoSummary {
 
 /// An agent's state as at start: nothing measured, nothing ready.
 fn fresh_state() -> Arc<AgentState> {
-    Arc::new(AgentState {
-        metrics: Metrics::new(),
-        readiness: Readiness::default(),
-        status: StatusStore::default(),
-        summary: Box::new(NoSummary),
-        conditions: Default::default(),
-    })
+    Arc::new(AgentState::new(Box::new(NoSummary), None))
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -77,13 +38,6 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (code, body)
-}
-
-fn metric_value(text: &str, line_prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,119 +96,6 @@ async fn serves_the_plan_as_metrics_and_readiness_per_subsystem() {
         .unwrap();
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     server.abort();
-}
-
-#[test]
-fn kernel_histograms_are_exported_with_log2_microsecond_buckets() {
-    let metrics = Metrics::new();
-    let h = metrics
-        .runqueue_latency
-        .get_or_create_owned(&metrics::PodLabels {
-            namespace: "demo".into(),
-            pod: "db".into(),
-        });
-    // 3 waits under 2 µs, 1 in [4, 8) µs; 10 µs in all.
-    let mut buckets = [0u64; 32];
-    buckets[0] = 3;
-    buckets[2] = 1;
-    h.set(4, 10_000, &buckets);
-    assert_eq!(h.quantile_upper_bound(0.5), Some(2e-6));
-    assert_eq!(h.quantile_upper_bound(0.99), Some(8e-6));
-    let text = metrics.encode().unwrap();
-    let labels = "namespace=\"demo\",pod=\"db\"";
-    assert_eq!(
-        metric_value(
-            &text,
-            &format!("qoslet_runqueue_latency_seconds_count{{{labels}}}")
-        ),
-        Some(4.0)
-    );
-    // Buckets are cumulative in the text format: le=2e-6 holds 3, le=8e-6 holds all 4.
-    let bucket = |le: &str| {
-        metric_value(
-            &text,
-            &format!("qoslet_runqueue_latency_seconds_bucket{{le=\"{le}\",{labels}}}"),
-        )
-    };
-    assert_eq!(bucket("0.000002"), Some(3.0), "{text}");
-    assert_eq!(bucket("0.000008"), Some(4.0));
-    // The last bucket is +Inf, without which Prometheus' histogram_quantile returns NaN.
-    assert_eq!(bucket("+Inf"), Some(4.0), "{text}");
-}
-
-#[test]
-fn a_removed_pods_series_leave_metrics() {
-    let m = Metrics::new();
-    for (pod, uid) in [("gone", "u1"), ("kept", "u2")] {
-        m.memcg_events
-            .get_or_create(&metrics::MemcgEventLabels {
-                namespace: "ns".into(),
-                pod: pod.into(),
-                uid: uid.into(),
-                container: "c".into(),
-                event: "high".into(),
-            })
-            .inc();
-        m.oom_kills
-            .get_or_create(&metrics::ContainerLabels {
-                namespace: "ns".into(),
-                pod: pod.into(),
-                container: "c".into(),
-            })
-            .inc();
-        m.runqueue_latency
-            .get_or_create(&metrics::PodLabels {
-                namespace: "ns".into(),
-                pod: pod.into(),
-            })
-            .set(1, 1000, &[1]);
-    }
-    m.drop_pod("ns", "gone", "u1", &["c"]);
-    let text = m.encode().unwrap();
-    assert!(!text.contains("pod=\"gone\""), "{text}");
-    for family in [
-        "qoslet_memcg_events_total{",
-        "qoslet_oom_kills_total{",
-        "qoslet_runqueue_latency_seconds_count{",
-    ] {
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with(family) && l.contains("pod=\"kept\"")),
-            "{family} of the kept pod in {text}"
-        );
-    }
-}
-
-#[test]
-fn series_names_are_what_metrics_carries() {
-    let m = Metrics::new();
-    m.set_plan(&example_plan());
-    m.set_pod_requests([("ns", "p", 100, 1 << 20)]);
-    m.memcg_events
-        .get_or_create(&metrics::MemcgEventLabels {
-            namespace: "ns".into(),
-            pod: "p".into(),
-            uid: "u".into(),
-            container: String::new(),
-            event: "max".into(),
-        })
-        .inc();
-    m.reconcile_duration.observe(0.01);
-    let names = m.series_names();
-    let text = m.encode().unwrap();
-    let mut seen = 0;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let name = line.split(['{', ' ']).next().unwrap();
-        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
-        seen += 1;
-    }
-    assert!(seen > 20, "{text}");
-    assert!(names.iter().any(|n| n == "qoslet_memcg_events_total"));
-    assert!(
-        names
-            .iter()
-            .any(|n| n == "qoslet_reconcile_duration_seconds_bucket")
-    );
 }
 
 /// A client that opens the cap's worth of connections and sends nothing: the next connection
@@ -323,10 +164,11 @@ async fn idle_connections_are_capped_and_closed() {
     assert!(!rest.contains("200 OK"), "{rest}");
 }
 
-/// A pod that holds a thousand silent connections to the agent, reopening each as the server
-/// closes it, cannot starve the kubelet's probes, which come from another address (the node's):
-/// with the shipped limits, every probe from 127.0.0.2 is answered within the kubelet's default
-/// probe timeout of 1 s while 127.0.0.1 attacks.
+/// A pod that holds a thousand silent connections to the agent (every other one slow: a request
+/// whose headers never end), reopening each as the server closes it, cannot starve the kubelet's
+/// probes, which come from another address (the node's):
+/// with the shipped limits, every probe from 127.0.0.2 (`/healthz` and `/readyz` in turn) is
+/// answered within the kubelet's default probe timeout of 1 s while 127.0.0.1 attacks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() {
     use std::{
@@ -334,6 +176,7 @@ async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() 
         time::{Duration, Instant},
     };
     let state = fresh_state();
+    state.readiness.set("api", true, "watches: pods synced");
     let (addr, serve) = bind_with(
         "127.0.0.1:0".parse().unwrap(),
         state,
@@ -364,8 +207,11 @@ async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() 
                         break;
                     };
                     s.set_nonblocking(true).unwrap();
+                    // Every other one slow: a request whose headers never end.
+                    if reopened.fetch_add(1, Ordering::Relaxed) % 2 == 1 {
+                        let _ = (&s).write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+                    }
                     open.push(s);
-                    reopened.fetch_add(1, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -374,17 +220,15 @@ async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() 
     // The attack is on: a thousand connections are open.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut slowest = Duration::ZERO;
-    for _ in 0..20 {
+    for i in 0..20 {
+        let path = if i % 2 == 0 { "/healthz" } else { "/readyz" };
         let started = Instant::now();
         let probe = async {
             let socket = tokio::net::TcpSocket::new_v4()?;
             socket.bind("127.0.0.2:0".parse().unwrap())?;
             let mut s = socket.connect(addr).await?;
-            tokio::io::AsyncWriteExt::write_all(
-                &mut s,
-                b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-            )
-            .await?;
+            let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            tokio::io::AsyncWriteExt::write_all(&mut s, request.as_bytes()).await?;
             let mut out = String::new();
             tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out).await?;
             std::io::Result::Ok(out)
@@ -393,144 +237,111 @@ async fn a_thousand_silent_connections_from_one_peer_do_not_starve_the_probes() 
         let took = started.elapsed();
         slowest = slowest.max(took);
         let answer = answer
-            .unwrap_or_else(|_| panic!("a probe was not answered in 1 s"))
+            .unwrap_or_else(|_| panic!("a {path} probe was not answered in 1 s"))
             .expect("probe");
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     stop.store(true, Ordering::Relaxed);
     attacker.join().unwrap();
     server.abort();
     let reopened = reopened.load(Ordering::Relaxed);
-    println!("20 probes under {reopened} silent connections: slowest answer {slowest:?}");
+    println!(
+        "20 probes (10 /healthz, 10 /readyz) under a thousand silent or slow connections ({reopened} opened in all), each answered: slowest answer {slowest:?}"
+    );
     assert!(
         reopened > 1000,
         "the attack never reopened a connection: {reopened}"
     );
 }
 
-#[test]
-fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
-    let m = Metrics::new();
-    // The error counter is there before the first error, so an alert on its increase has a
-    // baseline.
-    let text = m.encode().unwrap();
-    assert!(
-        text.lines().any(|l| l == "qoslet_reconcile_errors_total 0"),
-        "{text}"
-    );
-    m.reconcile_errors.inc();
-    m.node_signal_available
-        .get_or_create(&metrics::SignalLabels {
-            signal: "memory.available".into(),
+/// Authenticates the token "t" as "u" and allows nothing.
+struct DenyAll;
+
+impl auth::Reviewer for DenyAll {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<auth::User>, auth::ReviewError>> {
+        Box::pin(async move {
+            Ok((token == "t").then(|| auth::User {
+                username: "u".into(),
+                ..Default::default()
+            }))
         })
-        .set(700 << 20);
-    m.node_eviction_threshold
-        .get_or_create(&metrics::ThresholdLabels {
-            signal: "memory.available".into(),
-            kind: "hard".into(),
-        })
-        .set(256 << 20);
-    // A pid count is no amount of bytes: pid.available has its own family.
-    m.node_signal_available
-        .get_or_create(&metrics::SignalLabels {
-            signal: "pid.available".into(),
-        })
-        .set(4000);
-    m.node_eviction_threshold
-        .get_or_create(&metrics::ThresholdLabels {
-            signal: "pid.available".into(),
-            kind: "hard".into(),
-        })
-        .set(100);
-    m.node_condition
-        .get_or_create(&metrics::ConditionLabels {
-            condition: "MemoryPressure".into(),
-        })
-        .set(1);
-    let text = m.encode().unwrap();
-    for line in [
-        "qoslet_reconcile_errors_total 1",
-        "qoslet_node_signal_available_bytes{signal=\"memory.available\"} 734003200",
-        "qoslet_node_eviction_threshold_bytes{signal=\"memory.available\",kind=\"hard\"} 268435456",
-        "qoslet_node_signal_available_pids{signal=\"pid.available\"} 4000",
-        "qoslet_node_eviction_threshold_pids{signal=\"pid.available\",kind=\"hard\"} 100",
-        "qoslet_node_condition{condition=\"MemoryPressure\"} 1",
-    ] {
-        assert!(text.lines().any(|l| l == line), "{line} in {text}");
     }
-    assert!(!text.contains("_bytes{signal=\"pid.available\""), "{text}");
+
+    fn authorize<'a>(
+        &'a self,
+        _: &'a auth::User,
+        _: auth::Access,
+    ) -> futures::future::BoxFuture<'a, Result<bool, auth::ReviewError>> {
+        Box::pin(async { Ok(false) })
+    }
 }
 
-#[test]
-fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
-    use crate::cgroup::{Mode, ReconcileReport, Tree, WriteReport, WriteResult, name::CgroupPath};
-    let m = Metrics::new();
-    let write = |result| WriteReport {
-        cgroup: CgroupPath::root(),
-        tree: Tree::V2,
-        path: "/sys/fs/cgroup/x".into(),
-        file: "cpu.weight",
-        old: None,
-        new: "100".into(),
-        result,
+/// With the endpoints guarded, the probes' paths stay open, and `/status` answers loopback (where
+/// `qoslet status` asks from) as it is and any other address as `/metrics` is answered.
+#[tokio::test]
+async fn guarded_endpoints_leave_the_probes_and_loopbacks_status_open() {
+    let state = Arc::new(AgentState::new(
+        Box::new(NoSummary),
+        Some(Arc::new(auth::Guard::new(DenyAll))),
+    ));
+    state.readiness.register("x");
+    state.readiness.set("x", true, "ready");
+    let app = router(state);
+    let ask = |path: &str, peer: [u8; 4], token: Option<&str>| {
+        let mut req = http::Request::get(path);
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let mut req = req.body(axum::body::Body::empty()).unwrap();
+        req.extensions_mut()
+            .insert(Peer(std::net::IpAddr::from(peer)));
+        let mut app = app.clone();
+        async move {
+            tower::Service::call(&mut app, req)
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
     };
-    let report = ReconcileReport {
-        mode: Mode::Enforce,
-        created: Vec::new(),
-        writes: vec![
-            write(WriteResult::Written),
-            write(WriteResult::Failed { errno: 13 }),
-            write(WriteResult::Vanished),
-        ],
-        errors: Vec::new(),
-        read: 1,
-        compared: Vec::new(),
-    };
-    m.record_reconcile(&report, std::time::Duration::from_millis(3));
-    let text = m.encode().unwrap();
-    assert!(
-        text.lines().any(|l| l == "qoslet_reconcile_errors_total 1"),
-        "{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l == "qoslet_reconcile_duration_seconds_count 1"),
-        "{text}"
-    );
+    let outside = [10, 0, 0, 7];
+    assert_eq!(ask("/healthz", outside, None).await, 200);
+    assert_eq!(ask("/readyz", outside, None).await, 200);
+    assert_eq!(ask("/metrics", outside, None).await, 401);
+    assert_eq!(ask("/metrics", [127, 0, 0, 1], None).await, 401);
+    assert_eq!(ask("/metrics", outside, Some("other")).await, 401);
+    assert_eq!(ask("/metrics", outside, Some("t")).await, 403);
+    assert_eq!(ask("/stats/summary", outside, Some("t")).await, 403);
+    assert_eq!(ask("/status", outside, None).await, 401);
+    assert_eq!(ask("/status", outside, Some("t")).await, 403);
+    assert_eq!(ask("/status", [127, 0, 0, 1], None).await, 200);
 }
 
-#[test]
-fn the_agents_own_series_and_the_baselines_are_there_from_the_start() {
-    let text = Metrics::new().encode().unwrap();
-    let version = format!(
-        "qoslet_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    for line in [
-        version.as_str(),
-        // Rates and increases need a sample before the first drop or eviction.
-        "qoslet_api_writes_dropped_total{write=\"\",reason=\"expired\"} 0",
-        "qoslet_api_writes_dropped_total{write=\"\",reason=\"overflow\"} 0",
-        "qoslet_eviction_stage_latency_seconds_count{stage=\"wake\"} 0",
-        "qoslet_eviction_stage_latency_seconds_count{stage=\"decide\"} 0",
-        "qoslet_eviction_stage_latency_seconds_count{stage=\"kill\"} 0",
-    ] {
-        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+/// `[::]` is bound dual-stack: IPv4 clients reach it too (on a node without IPv6 it is
+/// `0.0.0.0`, which they reach as well).
+#[tokio::test]
+async fn every_address_is_bound_for_ipv4_and_ipv6_alike() {
+    let listener = serve::listen("[::]:0".parse().unwrap()).expect("listen");
+    let local = listener.local_addr().unwrap();
+    let port = local.port();
+    let accept = tokio::spawn(async move {
+        for _ in 0..2 {
+            if listener.accept().await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("IPv4 reaches [::]");
+    if local.is_ipv6() {
+        tokio::net::TcpStream::connect(("::1", port))
+            .await
+            .expect("IPv6 reaches [::]");
     }
-    for series in process::SERIES {
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{series} ")))
-            .unwrap_or_else(|| panic!("{series} in {text}"));
-        assert!(
-            value.parse::<f64>().is_ok_and(f64::is_finite),
-            "{series} {value}"
-        );
-        let family = series.trim_end_matches("_total");
-        assert!(
-            text.contains(&format!("# TYPE {family} ")),
-            "{family} in {text}"
-        );
-    }
+    accept.abort();
 }

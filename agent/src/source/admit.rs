@@ -33,7 +33,7 @@ use crate::{
     policy::{pod::PodSpecView, quantity::Quantity},
     runtime::spec::PodRuntimeSpec,
     workload::{
-        self, DecodeError, Kind, Object, Origin,
+        self, DecodeError, Kind, Object, Origin, Typed,
         problem::{Problem, Rule},
         validate::{is_dns_label, is_dns_subdomain},
     },
@@ -65,7 +65,7 @@ pub struct AdmittedPod {
 pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
     let raw_problem = |rule, message: String| {
         vec![Problem::new(
-            &Origin::of(raw),
+            &raw.origin(),
             raw.display_id().to_string(),
             rule,
             message,
@@ -80,18 +80,19 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
             ),
         ),
         e @ DecodeError::ApiVersion { .. } => raw_problem(Rule::ApiVersion, e.to_string()),
-        DecodeError::Schema { message, .. } => raw_problem(Rule::Schema, message),
+        DecodeError::Schema { field, message, .. } => {
+            let mut p = raw_problem(Rule::Schema, message);
+            p[0].field = field;
+            p
+        }
     };
-    if workload::kind_of(raw).map_err(decode_problem)? == Kind::Pod {
-        let pod: core::Pod = raw
-            .decode()
-            .map_err(|e| decode_problem(workload::schema_error(raw, Kind::Pod, e)))?;
-        return admit_pod(pod, Origin::of(raw));
-    }
-    let object = workload::decode(raw).map_err(decode_problem)?;
+    let object = match raw.typed().map_err(decode_problem)? {
+        Typed::Pod(pod) => return admit_pod(*pod, raw.origin()),
+        typed => workload::object(typed, raw.origin()),
+    };
     let mut problems = Vec::new();
-    meta_rules(&object, &mut |rule, message| {
-        problems.push(Problem::on(&object, rule, message));
+    meta_rules(&object, &mut |rule, field, message| {
+        problems.push(Problem::on(&object, rule, message).at(field));
     });
     if problems.is_empty() {
         Ok(Admitted { object, pod: None })
@@ -100,12 +101,80 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
     }
 }
 
+/// The most unknown fields noted per document (the rest are counted).
+pub const MAX_UNKNOWN_FIELDS: usize = 20;
+
+/// The keys of a Pod, Workload, PodGroup or CompositePodGroup document that its type does not
+/// read, each an `unknown-field` problem at its path (with "did you mean" where a field is
+/// close), and how many more there are past [`MAX_UNKNOWN_FIELDS`]. They are warnings, not
+/// refusals: the API server drops unknown fields with a warning (`fieldValidation=Warn`, its
+/// default), and so does the decoding here. Other kinds have none here.
+pub fn unknown_fields(raw: &RawObject) -> (Vec<Problem>, usize) {
+    use super::fields::unknown_fields as of;
+    use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
+    let (fields, more) = match raw.hierarchy_kind() {
+        Ok(Kind::Pod) => of::<core::Pod>(&raw.value, MAX_UNKNOWN_FIELDS),
+        Ok(Kind::Workload) => of::<v1beta1::Workload>(&raw.value, MAX_UNKNOWN_FIELDS),
+        Ok(Kind::PodGroup) => of::<v1beta1::PodGroup>(&raw.value, MAX_UNKNOWN_FIELDS),
+        Ok(Kind::CompositePodGroup) => {
+            of::<v1alpha3::CompositePodGroup>(&raw.value, MAX_UNKNOWN_FIELDS)
+        }
+        Err(_) => return (Vec::new(), 0),
+    };
+    let problems = fields
+        .into_iter()
+        .map(|f| {
+            let mut p = Problem::new(
+                &raw.origin(),
+                raw.display_id().to_string(),
+                Rule::UnknownField,
+                format!("{}: {}", super::fields::shown(&f.path), f.message()),
+            );
+            p.field = f.path;
+            p
+        })
+        .collect();
+    (problems, more)
+}
+
+/// The unknown fields of a set of documents ([`unknown_fields`]), as `validate`, `plan` and the
+/// standalone watch report them.
+#[derive(Debug, Default)]
+pub struct UnknownFields {
+    /// One `unknown-field` problem each (a warning), at most [`MAX_UNKNOWN_FIELDS`] a document.
+    pub found: Vec<Problem>,
+    /// Per file, how many more there are past that bound.
+    pub more: BTreeMap<std::path::PathBuf, usize>,
+}
+
+impl UnknownFields {
+    pub fn of<'a>(objects: impl IntoIterator<Item = &'a RawObject>) -> Self {
+        let mut u = Self::default();
+        for raw in objects {
+            let (found, more) = unknown_fields(raw);
+            u.found.extend(found);
+            if more > 0 {
+                let n = u.more.entry(raw.file.clone()).or_default();
+                *n = n.saturating_add(more);
+            }
+        }
+        u
+    }
+
+    /// `file: and N more unknown fields`, for a file with more than were noted.
+    pub fn more_line(file: &std::path::Path, n: usize) -> String {
+        format!("{}: and {n} more unknown fields", file.display())
+    }
+}
+
 /// Admission of a typed Pod (the API's, or a manifest's once decoded): every rule of the module
 /// doc, and the policy's view computed once.
 pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem>> {
     let object = workload::pod_object(&pod, origin);
     let mut problems = Vec::new();
-    let mut push = |rule, message: String| problems.push(Problem::on(&object, rule, message));
+    let mut push = |rule, field: String, message: String| {
+        problems.push(Problem::on(&object, rule, message).at(field));
+    };
     meta_rules(&object, &mut push);
     pod_rules(&pod, &mut push);
     match PodSpecView::from_pod(&pod) {
@@ -128,42 +197,44 @@ pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem
     }
 }
 
-/// `metadata.name` and `metadata.namespace`, every kind.
-fn meta_rules(object: &Object, push: &mut impl FnMut(Rule, String)) {
+/// `metadata.name` and `metadata.namespace`, every kind. `push` takes the rule, the field and
+/// the message.
+fn meta_rules(object: &Object, push: &mut impl FnMut(Rule, String, String)) {
     let meta = object.meta();
     if !is_dns_subdomain(&meta.name) {
         push(
             Rule::NameDnsSubdomain,
-            format!("metadata.name: {:?} is not a DNS subdomain", meta.name),
+            "metadata.name".into(),
+            format!("{:?} is not a DNS subdomain", meta.name),
         );
     }
     if !meta.namespace.is_empty() && !is_dns_label(&meta.namespace) {
         push(
             Rule::NamespaceDnsLabel,
-            format!(
-                "metadata.namespace: {:?} is not a DNS label",
-                meta.namespace
-            ),
+            "metadata.namespace".into(),
+            format!("{:?} is not a DNS label", meta.namespace),
         );
     }
 }
 
 /// The rules of a Pod's own fields.
-fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String)) {
+fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String, String)) {
     if let Some(uid) = &pod.metadata.uid
         && validate_uid(uid).is_err()
     {
         push(
             Rule::UidFormat,
+            "metadata.uid".into(),
             format!(
-                "metadata.uid: {uid:?} is not a UUID (8-4-4-4-12 hexadecimal digits), which the pod cgroup's name needs"
+                "{uid:?} is not a UUID (8-4-4-4-12 hexadecimal digits), which the pod cgroup's name needs"
             ),
         );
     }
     let Some(spec) = pod.spec.as_ref().filter(|s| !s.containers.is_empty()) else {
         push(
             Rule::ContainersRequired,
-            "spec.containers: a pod needs at least one container".into(),
+            "spec.containers".into(),
+            "a pod needs at least one container".into(),
         );
         return;
     };
@@ -189,13 +260,15 @@ fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String)) {
         if !is_dns_label(name) {
             push(
                 Rule::ContainerNameDnsLabel,
-                format!("{field}.name: {name:?} is not a DNS label"),
+                format!("{field}.name"),
+                format!("{name:?} is not a DNS label"),
             );
         }
         if let Some(first) = seen.get(name.as_str()) {
             push(
                 Rule::ContainerNameUnique,
-                format!("{field}.name: {name:?} is already the name of {first}"),
+                format!("{field}.name"),
+                format!("{name:?} is already the name of {first}"),
             );
         } else {
             seen.insert(name, field.clone());
@@ -213,7 +286,7 @@ fn pod_rules(pod: &core::Pod, push: &mut impl FnMut(Rule, String)) {
 fn resource_rules(
     r: &core::ResourceRequirements,
     field: &str,
-    push: &mut impl FnMut(Rule, String),
+    push: &mut impl FnMut(Rule, String, String),
 ) {
     let mut parsed = [BTreeMap::new(), BTreeMap::new()];
     for (i, (kind, list)) in [("limits", &r.limits), ("requests", &r.requests)]
@@ -225,7 +298,11 @@ fn resource_rules(
                 Ok(v) => {
                     parsed[i].insert(name.as_str(), v);
                 }
-                Err(e) => push(Rule::Schema, format!("{field}.{kind}.{name}: {e}")),
+                Err(e) => push(
+                    Rule::Schema,
+                    format!("{field}.{kind}.{name}"),
+                    e.to_string(),
+                ),
             }
         }
     }
@@ -236,18 +313,14 @@ fn resource_rules(
             if q.signum() < 0 {
                 push(
                     Rule::QuantityNonNegative,
-                    format!(
-                        "{path}: {:?}: must be greater than or equal to 0",
-                        q.canonical()
-                    ),
+                    path,
+                    format!("{:?}: must be greater than or equal to 0", q.canonical()),
                 );
             } else if let Some(max) = out_of_range(name, q) {
                 push(
                     Rule::QuantityRange,
-                    format!(
-                        "{path}: {:?}: must be less than or equal to {max}",
-                        q.canonical()
-                    ),
+                    path,
+                    format!("{:?}: must be less than or equal to {max}", q.canonical()),
                 );
             }
         }
@@ -258,8 +331,9 @@ fn resource_rules(
         {
             push(
                 Rule::RequestWithinLimit,
+                format!("{field}.requests.{name}"),
                 format!(
-                    "{field}.requests.{name}: {:?}: must be less than or equal to {name} limit of {}",
+                    "{:?}: must be less than or equal to {name} limit of {}",
                     req.canonical(),
                     lim.canonical()
                 ),
@@ -324,14 +398,17 @@ pub fn unique_uids(
         if *k == who {
             return true;
         }
-        problems.push(Problem::on(
-            &a.object,
-            Rule::UidUnique,
-            format!(
-                "metadata.uid: {uid:?} is already Pod/{}/{}'s: a UID names one pod cgroup",
-                k.0, k.1
-            ),
-        ));
+        problems.push(
+            Problem::on(
+                &a.object,
+                Rule::UidUnique,
+                format!(
+                    "{uid:?} is already Pod/{}/{}'s: a UID names one pod cgroup",
+                    k.0, k.1
+                ),
+            )
+            .at("metadata.uid"),
+        );
         false
     });
     problems

@@ -11,6 +11,7 @@
 //! the end of this file pin the first two.
 
 use std::{
+    collections::BTreeMap,
     fmt, fs,
     path::{Path, PathBuf},
 };
@@ -18,7 +19,32 @@ use std::{
 use serde::Deserialize as _;
 use thiserror::Error;
 
-use super::{file::read_bounded, nesting::check_nesting};
+use super::{fields::shown, file::read_bounded, nesting::check_nesting, yaml::key_lines};
+use crate::workload::{self, DecodeError, Kind, Object, Origin, Problem, Typed};
+
+/// A path as problems name fields (`spec.containers[0].resources`; empty for the document).
+pub fn field_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            Segment::Seq { index } => s.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(key);
+            }
+            Segment::Unknown => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push('?');
+            }
+        }
+    }
+    s
+}
 
 /// A manifest could not be read at all (exit status 2 in the CLI).
 #[derive(Debug, Error)]
@@ -36,6 +62,8 @@ pub struct MalformedError {
     pub file: PathBuf,
     /// 0-based position of the document in its file.
     pub index: usize,
+    /// The field that does not decode (`spec.containers[0].resources`), empty for the document.
+    pub field: String,
     pub message: String,
 }
 
@@ -45,8 +73,40 @@ pub struct Loaded {
     pub objects: Vec<RawObject>,
     /// Pods that are typed already (the API's): admitted as they are, without a detour through
     /// a document (`source::admit::admit_pod`).
-    pub pods: Vec<(crate::workload::Origin, k8s_openapi::api::core::v1::Pod)>,
+    pub pods: Vec<(Origin, k8s_openapi::api::core::v1::Pod)>,
     pub malformed: Vec<MalformedError>,
+    /// The text of each file read by [`load_paths`], so that a problem can be given its line
+    /// ([`Loaded::locate`]).
+    pub texts: BTreeMap<PathBuf, String>,
+}
+
+impl Loaded {
+    /// Gives each problem in a file of [`Self::texts`] its line: that of its field, else of
+    /// the field's nearest ancestor in the document, else of the document. One pass per file.
+    pub fn locate(texts: &BTreeMap<PathBuf, String>, problems: &mut [&mut Problem]) {
+        let mut by_file: BTreeMap<&Path, Vec<usize>> = BTreeMap::new();
+        for (i, p) in problems.iter().enumerate() {
+            by_file.entry(p.origin.file.as_path()).or_default().push(i);
+        }
+        let mut lines = Vec::new();
+        for (file, at) in by_file {
+            let Some(text) = texts.get(file) else {
+                continue;
+            };
+            let wanted: Vec<(usize, &str)> = at
+                .iter()
+                .map(|i| (problems[*i].origin.index, problems[*i].field.as_str()))
+                .collect();
+            let found = key_lines(text, &wanted);
+            for i in at {
+                let p = &problems[i];
+                lines.push((i, found.get(&(p.origin.index, p.field.clone())).copied()));
+            }
+        }
+        for (i, line) in lines {
+            problems[i].line = line;
+        }
+    }
 }
 
 /// One document of a manifest file.
@@ -68,13 +128,64 @@ impl RawObject {
         ObjectId(self)
     }
 
-    /// Decodes the document into `T`, naming the file and object on failure.
+    /// Decodes the document into `T`, naming the file, the object and the field on failure
+    /// (serde's own errors do not say which field).
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, MalformedError> {
-        serde_yaml_ng::from_value(self.value.clone()).map_err(|e| MalformedError {
+        serde_path_to_error::deserialize(self.value.clone()).map_err(|e| {
+            let field = field_path(e.path());
+            let at = if field.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", shown(&field))
+            };
+            MalformedError {
+                file: self.file.clone(),
+                index: self.index,
+                message: format!("{}: {at}{}", self.display_id(), e.inner()),
+                field,
+            }
+        })
+    }
+
+    /// Where the document was read from.
+    pub fn origin(&self) -> Origin {
+        Origin {
             file: self.file.clone(),
             index: self.index,
-            message: format!("{}: {e}", self.display_id()),
+        }
+    }
+
+    /// The document's kind, when it is one of the hierarchy's in the API version qoslet reads.
+    pub fn hierarchy_kind(&self) -> Result<Kind, DecodeError> {
+        workload::kind_of(&self.api_version, &self.kind)
+    }
+
+    /// The document decoded as the typed object of its kind (k8s-openapi's), for the hierarchy.
+    pub fn typed(&self) -> Result<Typed, DecodeError> {
+        let kind = self.hierarchy_kind()?;
+        let schema = |e| self.schema_error(kind, e);
+        Ok(match kind {
+            Kind::Workload => Typed::Workload(self.decode().map_err(schema)?),
+            Kind::PodGroup => Typed::PodGroup(self.decode().map_err(schema)?),
+            Kind::CompositePodGroup => Typed::CompositePodGroup(self.decode().map_err(schema)?),
+            Kind::Pod => Typed::Pod(Box::new(self.decode().map_err(schema)?)),
         })
+    }
+
+    /// The document as the hierarchy's [`Object`].
+    pub fn hierarchy_object(&self) -> Result<Object, DecodeError> {
+        Ok(workload::object(self.typed()?, self.origin()))
+    }
+
+    /// A document of `kind` that does not decode, its message without the object's name (the
+    /// problem line names it).
+    pub fn schema_error(&self, kind: Kind, e: MalformedError) -> DecodeError {
+        let id = format!("{}: ", self.display_id());
+        DecodeError::Schema {
+            kind,
+            message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
+            field: e.field,
+        }
     }
 }
 
@@ -103,6 +214,7 @@ pub fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, Unreadabl
                 source,
             })?;
             parse_documents(&file, &text, &mut loaded);
+            loaded.texts.insert(file, text);
         }
     }
     Ok(loaded)
@@ -146,6 +258,7 @@ pub fn parse_documents(file: &Path, text: &str, loaded: &mut Loaded) {
         loaded.malformed.push(MalformedError {
             file: file.to_path_buf(),
             index: 0,
+            field: String::new(),
             message: format!("invalid YAML: {e}"),
         });
         return;
@@ -154,6 +267,7 @@ pub fn parse_documents(file: &Path, text: &str, loaded: &mut Loaded) {
         let malformed = |message: String| MalformedError {
             file: file.to_path_buf(),
             index,
+            field: String::new(),
             message,
         };
         let value = match serde_yaml_ng::Value::deserialize(doc) {

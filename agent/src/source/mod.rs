@@ -3,11 +3,12 @@
 
 pub mod admit;
 pub mod build;
+pub mod fields;
 pub mod file;
 pub mod manifest;
 pub mod nesting;
 pub mod podset;
-pub mod watch;
+pub mod yaml;
 
 pub use build::build;
 pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, spec_hash};

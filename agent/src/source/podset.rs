@@ -50,6 +50,8 @@ pub struct PodSet {
     pub objects: BTreeMap<ObjectKey, Object>,
     /// Every current problem line, sorted.
     pub problems: BTreeSet<String>,
+    /// Every current warning line (a manifest's unknown field, dropped), sorted.
+    pub warnings: BTreeSet<String>,
     /// Files that could not be read or hold a document that does not parse or decode.
     pub broken_files: BTreeSet<PathBuf>,
     /// Broken files whose last good objects are kept in this state for the parse grace period.
@@ -67,6 +69,8 @@ pub struct Diff {
     pub objects_removed: Vec<ObjectKey>,
     /// Problem lines that were not reported by the previous load.
     pub new_problems: Vec<String>,
+    /// Warning lines that were not reported by the previous load.
+    pub new_warnings: Vec<String>,
 }
 
 impl Diff {
@@ -145,6 +149,7 @@ pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
         objects_changed,
         objects_removed,
         new_problems: new.problems.difference(&old.problems).cloned().collect(),
+        new_warnings: new.warnings.difference(&old.warnings).cloned().collect(),
     }
 }
 

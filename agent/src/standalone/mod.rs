@@ -1,16 +1,19 @@
 //! The standalone node: pods from a manifest directory, run as processes by qoslet's own runtime
 //! in real cgroups, evicted by a cgroup kill. This module only holds what is standalone: its
 //! options, the node root cgroup (created when missing, with the configured memory limit), and
-//! the wiring of the manifest source, the process executor and the cgroup-kill action into
+//! the manifest directory's watch ([`watch`]), and the wiring of it, the process executor and the cgroup-kill action into
 //! [`crate::node`].
 
 mod node_root;
+pub mod watch;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use thiserror::Error;
 
 pub use node_root::{NodeRoot, NodeRootError};
+
+use watch::{ManifestDirError, ManifestWatch};
 
 use crate::{
     cgroup::{ContainerRuntime, Mounts},
@@ -20,7 +23,6 @@ use crate::{
     node::{self, ModeStart, NodeError, PodExecutor, StartError},
     policy::{quantity::Quantity, settings::Capacity},
     runtime::{BackoffConfig, Runtime, RuntimeConfig},
-    source::watch::{ManifestDirError, ManifestWatch},
 };
 
 /// How the standalone node was asked to run.
@@ -66,8 +68,10 @@ pub async fn run(
     opts: StandaloneOptions,
     capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
 ) -> Result<(), StandaloneError> {
+    // First: a signal from here on stops qoslet the same way (node::Signals).
+    let signals = node::Signals::new()?;
     let kc = KubeletConfig::load(&opts.kubelet_config).map_err(StartError::from)?;
-    let start = ModeStart::load(opts.config.as_deref(), opts.observe)?;
+    let start = ModeStart::load(opts.config.as_deref(), opts.observe, false)?;
     let node_memory = start
         .qc
         .capacity
@@ -83,7 +87,7 @@ pub async fn run(
     } else {
         NodeRoot::default()
     };
-    let result = run_node(opts, kc, start, mounts, capacity).await;
+    let result = run_node(opts, kc, start, mounts, capacity, signals).await;
     // Removed however the node ended (a node root qoslet made is qoslet's alone), unless
     // another instance owns it.
     if !matches!(
@@ -103,6 +107,7 @@ async fn run_node(
     start: ModeStart,
     mounts: Mounts,
     capacity: impl FnOnce(&CapacityOverride, Option<i64>) -> Result<Capacity, String>,
+    signals: node::Signals,
 ) -> Result<(), StandaloneError> {
     let fs = start.open_root(mounts).map_err(NodeError::NodeRoot)?;
     let mut settings = start.settings(&opts.kubelet_config, &kc, &fs, capacity)?;
@@ -129,6 +134,6 @@ async fn run_node(
     .with_max_manifest_bytes(cfg.qc.max_manifest_bytes);
     manifests.reload().map_err(StandaloneError::Manifests)?;
     tracing::info!(dir = %opts.dir.display(), "Standalone node: pods from the manifest directory.");
-    node::run(cfg, manifests, runtime, CgroupKill).await?;
+    node::run(cfg, manifests, runtime, CgroupKill, signals).await?;
     Ok(())
 }

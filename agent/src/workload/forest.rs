@@ -193,10 +193,16 @@ impl Forest {
         }
     }
 
-    /// 1 for a root, 2 for its children, ...; counted from the topmost existing group when a parent
-    /// is missing; `None` on a cycle.
+    /// 1 for a root, 2 for its children, ...; `None` on a cycle. A parent that is named but absent
+    /// counts as one level: the group is at least this deep once it exists (a parent's name is
+    /// immutable), so a chain is judged too deep without reading the level past the limit.
     pub fn depth(&self, g: &ObjRef) -> Option<usize> {
-        self.ancestors(g).map(|a| a.len() + 1)
+        let ancestors = self.ancestors(g)?;
+        let top = ancestors.last().unwrap_or(g);
+        // `ancestors` stops below a parent that is absent, so a top that names one lacks it.
+        let absent_parent = usize::from(self.parent_ref(top).is_some());
+        // A Vec's length is at most isize::MAX: two more cannot overflow.
+        Some(ancestors.len() + 1 + absent_parent)
     }
 
     /// `g` and every group below it, parents before children.

@@ -20,8 +20,8 @@ pub use gate::{Gate, HoldReason, admissible, gate, held, startable};
 pub use lifecycle::{Finalisation, cascade_delete, finalise};
 pub use problem::{Problem, Rule};
 pub use types::{
-    DecodeError, Group, Kind, ObjRef, Object, Origin, Pod, Workload, decode, kind_of, pod_object,
-    schema_error,
+    DecodeError, Group, Kind, ObjRef, Object, Origin, Pod, Typed, Workload, kind_of, object,
+    pod_object,
 };
 pub use update::{Applied, RejectedUpdate, apply_updates, check_update};
 pub use validate::{ValidationOptions, dangling, validate};

@@ -55,11 +55,12 @@ pub enum Rule {
     QuantityRange,
     RequestWithinLimit,
     ContainersRequired,
+    UnknownField,
 }
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 46] = [
+    pub const ALL: [Rule; 47] = [
         Rule::NameDnsSubdomain,
         Rule::NameDnsLabel,
         Rule::NameUnique,
@@ -106,6 +107,7 @@ impl Rule {
         Rule::QuantityRange,
         Rule::RequestWithinLimit,
         Rule::ContainersRequired,
+        Rule::UnknownField,
     ];
 
     /// The rules source/admit.rs checks on each object before the forest sees it (with
@@ -170,6 +172,7 @@ impl Rule {
             Rule::QuantityRange => "quantity-range",
             Rule::RequestWithinLimit => "request-within-limit",
             Rule::ContainersRequired => "containers-required",
+            Rule::UnknownField => "unknown-field",
         }
     }
 }
@@ -190,6 +193,12 @@ pub struct Problem {
     pub id: String,
     pub rule: Rule,
     pub message: String,
+    /// The field the problem is in (`spec.containers[0].resources`), when it is one field's;
+    /// the message names it too. It says where in the document the problem is.
+    pub field: String,
+    /// The 1-based line of [`Self::field`] (else of the object) in its file, once looked up
+    /// (`source::manifest::Loaded::locate`).
+    pub line: Option<u64>,
 }
 
 impl Problem {
@@ -200,7 +209,23 @@ impl Problem {
             id,
             rule,
             message: message.into(),
+            field: String::new(),
+            line: None,
         }
+    }
+
+    /// The problem of one field: the message is `field: message`.
+    pub fn at(mut self, field: impl Into<String>) -> Self {
+        self.field = field.into();
+        self.message = format!("{}: {}", self.field, self.message);
+        self
+    }
+
+    /// The problem is about `field`, which the message names in its own words: the field is
+    /// where its line is looked up.
+    pub fn about(mut self, field: impl Into<String>) -> Self {
+        self.field = field.into();
+        self
     }
 
     /// A problem on an object of the forest.
@@ -212,17 +237,15 @@ impl Problem {
     }
 }
 
-/// `file: Kind/namespace/name: rule: message`, as docs/usage.md documents for `validate`.
+/// `file:line: Kind/namespace/name: rule: message` (`file: ...` while the line is not looked
+/// up), as docs/usage.md documents for `validate`.
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {}: {}",
-            self.origin.file.display(),
-            self.id,
-            self.rule,
-            self.message
-        )
+        write!(f, "{}", self.origin.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        write!(f, ": {}: {}: {}", self.id, self.rule, self.message)
     }
 }
 

@@ -42,7 +42,10 @@ fn load_objects(path: &Path) -> Vec<Object> {
     loaded
         .objects
         .iter()
-        .map(|r| decode(r).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .map(|r| {
+            r.hierarchy_object()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
         .collect()
 }
 
@@ -152,11 +155,14 @@ fn every_rule_has_a_breaking_case() {
     for d in std::fs::read_dir(corpus().join("update")).expect("update corpus") {
         covered.insert(case(&d.expect("entry").path()).0);
     }
-    // kind-known, api-version and schema are the CLI's: tests/validate_cli.rs covers them.
-    // The admission rules are checked before the forest: source/admit/tests.rs covers them.
+    // kind-known, api-version, schema and unknown-field are the CLI's: tests/validate_cli.rs
+    // covers them (unknown-field also source/fields.rs). The admission rules are checked before
+    // the forest: source/admit/tests.rs covers them.
     for r in Rule::ALL {
-        if matches!(r, Rule::KindKnown | Rule::ApiVersion | Rule::Schema)
-            || Rule::ADMISSION.contains(&r)
+        if matches!(
+            r,
+            Rule::KindKnown | Rule::ApiVersion | Rule::Schema | Rule::UnknownField
+        ) || Rule::ADMISSION.contains(&r)
         {
             continue;
         }
@@ -303,6 +309,79 @@ fn forest_lookups() {
     assert_eq!(f.depth(&root), Some(1));
     assert_eq!(f.pods_below(&root).len(), 3);
     assert!(validate(&f, &ValidationOptions::default()).is_empty());
+}
+
+/// A chain to judge the depth of: p (a PodGroup) under c1 under c2 ... under c`composites`,
+/// which names `top_parent` (a root without).
+fn depth_chain(composites: usize, top_parent: Option<&str>) -> Vec<Object> {
+    let name = |i: usize| format!("c{i}");
+    let mut v = vec![pg("p", Some("c1"), gang(1), false)];
+    for i in 1..=composites {
+        let parent = if i == composites {
+            top_parent.map(str::to_owned)
+        } else {
+            Some(name(i + 1))
+        };
+        v.push(cpg(&name(i), parent.as_deref(), gang(1), false));
+    }
+    v
+}
+
+/// The `depth-limit` lines of a forest, as validation writes them.
+fn depth_lines(f: &Forest) -> Vec<String> {
+    validate(f, &ValidationOptions::default())
+        .iter()
+        .filter(|p| matches!(p.rule, Rule::DepthLimit | Rule::NoCycles))
+        .map(|p| format!("{}: {}: {}", p.id, p.rule, p.message))
+        .collect()
+}
+
+#[test]
+fn a_chain_at_the_limit_is_not_too_deep_whether_its_top_is_there_or_not() {
+    let p = r(Kind::PodGroup, "p");
+    // p, c1, c2, c3 and the root c3 names: four levels, the last one not there yet.
+    let f = Forest::new("ns", depth_chain(3, None));
+    assert_eq!(f.depth(&p), Some(validate::MAX_DEPTH));
+    assert_eq!(depth_lines(&f), Vec::<String>::new());
+    let f = Forest::new("ns", depth_chain(2, Some("c3")));
+    assert_eq!(f.depth(&p), Some(validate::MAX_DEPTH));
+    assert_eq!(depth_lines(&f), Vec::<String>::new());
+}
+
+#[test]
+fn a_parent_named_past_the_limit_is_a_level_though_absent() {
+    let p = r(Kind::PodGroup, "p");
+    // p, c1, c2, c3, and c4 named by c3 but absent: five levels at least.
+    let f = Forest::new("ns", depth_chain(3, Some("c4")));
+    assert_eq!(f.depth(&p), Some(5));
+    assert_eq!(f.depth(&r(Kind::CompositePodGroup, "c3")), Some(2));
+    assert_eq!(
+        depth_lines(&f),
+        ["PodGroup/ns/p: depth-limit: at depth 5 or more, at most 4"]
+    );
+    // Once there, the parent says how deep: a root at depth 1, p at 5, said alike.
+    let mut objs = depth_chain(3, Some("c4"));
+    objs.push(cpg("c4", None, gang(1), false));
+    let f = Forest::new("ns", objs);
+    assert_eq!(f.depth(&p), Some(5));
+    assert_eq!(
+        depth_lines(&f),
+        ["PodGroup/ns/p: depth-limit: at depth 5, at most 4"]
+    );
+}
+
+#[test]
+fn a_loop_has_no_depth_and_is_one_rule_not_the_depth_limit() {
+    // p under c1 under c2 under c3, whose parent is c1.
+    let f = Forest::new("ns", depth_chain(3, Some("c1")));
+    for g in f.groups.keys() {
+        assert_eq!(f.depth(g), None, "{g}");
+    }
+    let lines = depth_lines(&f);
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l.contains(": no-cycles: ")),
+        "{lines:?}"
+    );
 }
 
 #[test]

@@ -13,8 +13,6 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::source::manifest::RawObject;
-
 /// API versions of the kinds this module owns.
 pub const WORKLOAD_API: &str = "scheduling.k8s.io/v1beta1";
 pub const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";
@@ -99,15 +97,6 @@ impl fmt::Display for ObjRef {
 pub struct Origin {
     pub file: PathBuf,
     pub index: usize,
-}
-
-impl Origin {
-    pub fn of(raw: &RawObject) -> Self {
-        Self {
-            file: raw.file.clone(),
-            index: raw.index,
-        }
-    }
 }
 
 /// An entry of `metadata.ownerReferences`.
@@ -282,59 +271,46 @@ pub enum DecodeError {
         expected: &'static str,
     },
     #[error("does not match the {kind} schema: {message}")]
-    Schema { kind: Kind, message: String },
+    Schema {
+        kind: Kind,
+        /// The field that does not decode; the message names it too.
+        field: String,
+        message: String,
+    },
 }
 
-/// Decodes a manifest document of kind Workload, PodGroup, CompositePodGroup or Pod.
-pub fn decode(raw: &RawObject) -> Result<Object, DecodeError> {
-    let kind = kind_of(raw)?;
-    let origin = Origin::of(raw);
-    let schema = |e| schema_error(raw, kind, e);
-    Ok(match kind {
-        Kind::Workload => {
-            let w: v1beta1::Workload = raw.decode().map_err(schema)?;
-            Object::Workload(workload(w, origin))
-        }
-        Kind::PodGroup => {
-            let g: v1beta1::PodGroup = raw.decode().map_err(schema)?;
-            Object::Group(pod_group(g, origin))
-        }
-        Kind::CompositePodGroup => {
-            let g: v1alpha3::CompositePodGroup = raw.decode().map_err(schema)?;
-            Object::Group(composite(g, origin))
-        }
-        Kind::Pod => {
-            let p: K8sPod = raw.decode().map_err(schema)?;
-            pod_object(&p, origin)
-        }
-    })
+/// An object of the hierarchy as k8s-openapi decodes it: what the door hands this module,
+/// whichever mode read it (a manifest document, an API object).
+#[derive(Debug, Clone)]
+pub enum Typed {
+    Workload(v1beta1::Workload),
+    PodGroup(v1beta1::PodGroup),
+    CompositePodGroup(v1alpha3::CompositePodGroup),
+    Pod(Box<K8sPod>),
 }
 
-/// The kind of `raw`, when it is one qoslet reads in the API version it reads.
-pub fn kind_of(raw: &RawObject) -> Result<Kind, DecodeError> {
-    let kind = Kind::from_kind_str(&raw.kind).ok_or(DecodeError::NotOurs)?;
-    if raw.api_version != kind.api_version() {
+/// The hierarchy's view of a typed object read at `origin`.
+pub fn object(typed: Typed, origin: Origin) -> Object {
+    match typed {
+        Typed::Workload(w) => Object::Workload(workload(w, origin)),
+        Typed::PodGroup(g) => Object::Group(pod_group(g, origin)),
+        Typed::CompositePodGroup(g) => Object::Group(composite(g, origin)),
+        Typed::Pod(p) => pod_object(&p, origin),
+    }
+}
+
+/// The kind of an object of `api_version` and `kind`, when it is one qoslet reads in the API
+/// version it reads.
+pub fn kind_of(api_version: &str, kind: &str) -> Result<Kind, DecodeError> {
+    let of = Kind::from_kind_str(kind).ok_or(DecodeError::NotOurs)?;
+    if api_version != of.api_version() {
         return Err(DecodeError::ApiVersion {
-            kind,
-            found: raw.api_version.clone(),
-            expected: kind.api_version(),
+            kind: of,
+            found: api_version.to_owned(),
+            expected: of.api_version(),
         });
     }
-    Ok(kind)
-}
-
-/// A document of `kind` that does not decode, its message without the object's name (the
-/// problem line names it).
-pub fn schema_error(
-    raw: &RawObject,
-    kind: Kind,
-    e: crate::source::manifest::MalformedError,
-) -> DecodeError {
-    let id = format!("{}: ", raw.display_id());
-    DecodeError::Schema {
-        kind,
-        message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
-    }
+    Ok(of)
 }
 
 /// A typed Pod's workload-hierarchy view.

@@ -10,7 +10,8 @@
 //!   compositePodGroupTemplates (KEP-6012).
 //! - `composite-template-children`: a CompositePodGroupTemplate has at least one child template.
 //! - `template-count`: at most 8 child templates per level, both lists together (seed 002).
-//! - `depth-limit`: template trees and group trees are at most 4 levels deep (seed 002).
+//! - `depth-limit`: template trees and group trees are at most 4 levels deep (seed 002); a
+//!   parent that is named but absent counts as a level ([`Forest::depth`]).
 //! - `scheduling-policy-exclusive`: exactly one of `basic` / `gang`.
 //! - `disruption-mode-exclusive`: `disruptionMode`, when set, sets exactly one of `single` / `all`.
 //! - `preemption-policy-value`: `PreemptLowerPriority` or `Never`.
@@ -73,6 +74,15 @@ pub const SYSTEM_PRIORITY_CLASSES: [(&str, i32); 2] = [
     ("system-node-critical", 2_000_001_000),
 ];
 
+/// Whether a walk up from a pod reads the parent of a group `level` levels up (the pod's
+/// PodGroup is 1). Past [`MAX_DEPTH`] levels the chain is too deep whatever lies above, and
+/// [`Forest::depth`] counts a named parent that is absent as a level, so the walk reads at most
+/// [`MAX_DEPTH`] levels and the `depth-limit` rule still sees a longer chain, or a loop that
+/// closes above the limit.
+pub fn reads_parent(level: usize) -> bool {
+    level < MAX_DEPTH
+}
+
 /// Settings validation depends on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ValidationOptions {
@@ -130,11 +140,14 @@ pub fn validate(f: &Forest, opts: &ValidationOptions) -> Vec<Problem> {
         }
         for (field, name, valid) in references(o) {
             if !valid {
-                out.push(Problem::on(
-                    o,
-                    Rule::ReferenceName,
-                    format!("{field}: {name:?} is not a valid name"),
-                ));
+                out.push(
+                    Problem::on(
+                        o,
+                        Rule::ReferenceName,
+                        format!("{name:?} is not a valid name"),
+                    )
+                    .at(field),
+                );
             }
         }
         check_priority_class(o, &mut out);
@@ -162,21 +175,27 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
             && !f.groups.contains_key(&p)
             && is_dns_subdomain(&p.name)
         {
-            out.push(Problem::on(
-                &o,
-                Rule::ReferenceExists,
-                format!("parent {p} does not exist"),
-            ));
+            out.push(
+                Problem::on(
+                    &o,
+                    Rule::ReferenceExists,
+                    format!("parent {p} does not exist"),
+                )
+                .about("spec.parentCompositePodGroupName"),
+            );
         }
         if let Some(r) = &g.workload_ref
             && !f.workloads.contains_key(&r.workload_name)
             && is_dns_subdomain(&r.workload_name)
         {
-            out.push(Problem::on(
-                &o,
-                Rule::ReferenceExists,
-                format!("Workload/{} does not exist", r.workload_name),
-            ));
+            out.push(
+                Problem::on(
+                    &o,
+                    Rule::ReferenceExists,
+                    format!("Workload/{} does not exist", r.workload_name),
+                )
+                .about("spec.workloadRef.workloadName"),
+            );
         }
     }
     for p in f.pods.values() {
@@ -184,11 +203,14 @@ pub fn dangling(f: &Forest) -> Vec<Problem> {
             && !f.groups.contains_key(&ObjRef::new(Kind::PodGroup, pg))
             && is_dns_subdomain(pg)
         {
-            out.push(Problem::on(
-                &Object::Pod(p.clone()),
-                Rule::ReferenceExists,
-                format!("PodGroup/{pg} does not exist"),
-            ));
+            out.push(
+                Problem::on(
+                    &Object::Pod(p.clone()),
+                    Rule::ReferenceExists,
+                    format!("PodGroup/{pg} does not exist"),
+                )
+                .about("spec.schedulingGroup.podGroupName"),
+            );
         }
     }
     out.sort();
@@ -498,11 +520,22 @@ fn check_group(f: &Forest, g: &Group, out: &mut Vec<Problem>) {
             ));
             return;
         }
-        Some(d) if d > MAX_DEPTH => out.push(Problem::on(
-            &o,
-            Rule::DepthLimit,
-            format!("at depth {d}, at most {MAX_DEPTH}"),
-        )),
+        Some(d) if d > MAX_DEPTH => {
+            // With a parent absent the depth counted is the least the chain can have.
+            let open = matches!(
+                f.top(&r),
+                Top::Group {
+                    complete: false,
+                    ..
+                }
+            );
+            let more = if open { " or more" } else { "" };
+            out.push(Problem::on(
+                &o,
+                Rule::DepthLimit,
+                format!("at depth {d}{more}, at most {MAX_DEPTH}"),
+            ));
+        }
         Some(_) => {}
     }
     let parent = f.parent(&r);

@@ -14,7 +14,8 @@
 //! state; the API requests it makes per minute in that window, by verb; and the time from a pod
 //! appearing in the API (its cgroups already made, as the kubelet does before the pod runs) to
 //! qoslet exporting its per-pod metrics, which it does once a pass has found the pod's cgroups
-//! and put them under its sensors' watch.
+//! and put them under its sensors' watch. Last, VmRSS again with 220 pods more (about 330): its
+//! growth per pod.
 
 use std::{
     collections::BTreeMap,
@@ -117,7 +118,7 @@ async fn measure(bulk: usize) -> Result<String, String> {
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 1s\nleaseNamespace: qoslet-system\ngangEviction: node\n",
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 1s\nleaseNamespace: qoslet-system\nendpointAuth: none\ngangEviction: node\n",
             root.name,
             work.path.join("state").display()
         ),
@@ -245,6 +246,7 @@ async fn measure(bulk: usize) -> Result<String, String> {
         Duration::from_secs(10),
     )
     .await?;
+    let growth = rss_growth(&fake, &root, metrics, pid, bulk, &mut sleepers).await?;
     drop(agent);
 
     let mut out = String::new();
@@ -284,6 +286,16 @@ async fn measure(bulk: usize) -> Result<String, String> {
     }
     out.push('\n');
     out.push_str(&format!(
+        "VmRSS by pods on the node ({} KiB of annotations each), {SETTLE:?} after the last was exported: {:.1} MiB at {} pods, {:.1} MiB at {} pods: {:.3} MiB ({:.0} KiB) a pod more.\n\n",
+        bulk >> 10,
+        growth.before_kib as f64 / 1024.0,
+        growth.before_pods,
+        growth.after_kib as f64 / 1024.0,
+        growth.after_pods,
+        growth.kib_a_pod() / 1024.0,
+        growth.kib_a_pod(),
+    ));
+    out.push_str(&format!(
         "Workload-API objects watched (by name, from the start): {} ({} requests); requests for a whole kind: {whole_kind}.\n\n",
         named.len(),
         workload.len(),
@@ -297,6 +309,74 @@ async fn measure(bulk: usize) -> Result<String, String> {
     drop(sleepers);
     drop(root);
     Ok(out)
+}
+
+/// The pods added for the second RSS figure: about three times the first's 110.
+const EXTRA_PODS: usize = 220;
+
+/// How long RSS is left to settle after the pods are exported (start-up's statistics samples
+/// and first full reconcile, as before the steady window).
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// VmRSS at two pod counts.
+struct Growth {
+    before_pods: usize,
+    before_kib: u64,
+    after_pods: usize,
+    after_kib: u64,
+}
+
+impl Growth {
+    fn kib_a_pod(&self) -> f64 {
+        (self.after_kib as f64 - self.before_kib as f64)
+            / (self.after_pods.saturating_sub(self.before_pods).max(1)) as f64
+    }
+}
+
+/// VmRSS with the pods on the node now, then with [`EXTRA_PODS`] more (cgroups, a process and
+/// `bulk` bytes of annotations each, as the first 110), each [`SETTLE`] after the pods are
+/// exported: RSS does not follow CPU load, so one run gives the growth per pod.
+async fn rss_growth(
+    fake: &FakeApi,
+    root: &NodeRoot,
+    metrics: SocketAddr,
+    pid: u32,
+    bulk: usize,
+    sleepers: &mut Sleepers,
+) -> Result<Growth, String> {
+    tokio::time::sleep(SETTLE).await;
+    let before_pods = pods_exported(metrics);
+    let before_kib = status_kib(pid, "VmRSS:").ok_or("no VmRSS")?;
+    for i in 0..EXTRA_PODS {
+        let mut pod = KPod::new(
+            format!("more-{i}"),
+            &format!("33333333-0000-0000-0000-{i:012}"),
+            if i % 2 == 0 {
+                "BestEffort"
+            } else {
+                "Burstable"
+            },
+        );
+        add_pod(fake, root, &mut pod, bulk, sleepers)?;
+    }
+    let after_pods = before_pods + EXTRA_PODS;
+    wait_until(Duration::from_secs(180), || {
+        pods_exported(metrics) >= after_pods
+    })
+    .ok_or_else(|| {
+        format!(
+            "only {} of {after_pods} pods exported 180 s after adding {EXTRA_PODS}",
+            pods_exported(metrics)
+        )
+    })?;
+    tokio::time::sleep(SETTLE).await;
+    let after_kib = status_kib(pid, "VmRSS:").ok_or("no VmRSS")?;
+    Ok(Growth {
+        before_pods,
+        before_kib,
+        after_pods: pods_exported(metrics),
+        after_kib,
+    })
 }
 
 /// What the agent did in one window of events.

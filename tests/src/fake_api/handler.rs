@@ -13,11 +13,12 @@ use futures::StreamExt as _;
 use serde_json::{Value, json};
 
 use super::{
-    Outage, Shared, control,
+    Arrived, Outage, Shared, control,
     log::{RequestRecord, url_decode_pairs},
     ops::{self, DeleteOptions},
     patch::PatchType,
     resources::{RESOURCES, Route, Target, route},
+    reviews,
     select::Selector,
     status::ApiError,
     store::Part,
@@ -35,6 +36,28 @@ enum Reply {
 type Query = HashMap<String, String>;
 
 pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let arrived = Arrived {
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+        query: req.uri().query().unwrap_or_default().to_string(),
+    };
+    if !arrived.path.starts_with(control::PREFIX) {
+        let hook = shared.on_arrival.lock().expect("hook lock").clone();
+        if let Some(hook) = hook {
+            hook(&arrived);
+        }
+        // FakeApi::hang: as silent, for the requests it matches.
+        let mut hang = shared.hang.subscribe();
+        while hang
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|h| h(&arrived))
+        {
+            if hang.changed().await.is_err() {
+                break;
+            }
+        }
+    }
     // Outage::Silent: no answer until the fake comes up; a client that gives up first drops
     // this future, and the request never happened.
     let mut silent = shared.silent.subscribe();
@@ -205,6 +228,15 @@ fn dispatch(
             Err(ApiError::method_not_allowed())
         }
     };
+    if *method == Method::POST
+        && let Some(answer) = reviews::answer(
+            &shared.reviews.lock().expect("reviews lock"),
+            path,
+            body.clone(),
+        )
+    {
+        return answer.map(|review| Reply::Json(201, review));
+    }
     let served = |group: &str| shared.options.workload_api || group != WORKLOAD_GROUP;
     let target = match route(path) {
         Route::Version => return only_get(version()),

@@ -15,6 +15,8 @@
 //!   scheduling.k8s.io/v1alpha3 CompositePodGroups ([`resources`]). Every verb (get, list,
 //!   watch, create, update, patch, delete) on each; `status` subresources on Pods, Nodes and the
 //!   scheduling kinds; the `pods/eviction` subresource.
+//! - TokenReview and SubjectAccessReview (create), answered from a table the test sets
+//!   ([`FakeApi::add_token`], [`FakeApi::allow`]; [`reviews`]).
 //! - Minimal discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`.
 //! - One global resourceVersion bumped by every write; `uid`, `creationTimestamp` set on create;
 //!   identity fields kept on update; a write that changes nothing keeps the resourceVersion;
@@ -40,11 +42,14 @@
 //!   running (watches see them), block eviction per pod, compact the history, go down (refuse
 //!   connections, answer 503, never answer) and come back on the same port, inject faults
 //!   (watches that end, are cut mid-line or expire, garbage bodies, 429/503 with Retry-After:
-//!   [`Outage`]), and a request log. Over HTTP under `/_fake/`, for a fake that runs as its own
+//!   [`Outage`]), hang the requests a test chooses while serving the rest
+//!   ([`FakeApi::hang`]), and a request log (with a hook on each request as it arrives,
+//!   [`FakeApi::on_arrival`], and as it is answered). Over HTTP under `/_fake/`, for a fake that runs as its own
 //!   process ([`control`]): the object and eviction controls, compaction, 503 and the log.
 //!
 //! # What it does not implement
-//! - Authentication, authorization, admission, validation beyond the name, defaulting (a pod's
+//! - Authentication and authorization of its own clients (every request is served; [`rbac`]
+//!   checks a log against the shipped RBAC afterwards), admission, validation beyond the name, defaulting (a pod's
 //!   `status.phase` and `qosClass` are whatever was written), `generation`, finalizers, owner
 //!   references and garbage collection, namespaces as objects, `dryRun`.
 //! - Resources other than those above (404), subresources other than `status` and `eviction`.
@@ -66,6 +71,7 @@ mod ops;
 mod patch;
 pub mod rbac;
 mod resources;
+mod reviews;
 mod seed;
 mod select;
 mod server;
@@ -179,11 +185,40 @@ pub enum FakeApiError {
 /// See [`FakeApi::on_request`].
 pub type RequestHook = Arc<dyn Fn(&RequestRecord) + Send + Sync>;
 
+/// See [`FakeApi::on_arrival`].
+pub type ArrivalHook = Arc<dyn Fn(&Arrived) + Send + Sync>;
+
+/// Which requests [`FakeApi::hang`] holds.
+type HangPredicate = Arc<dyn Fn(&Arrived) -> bool + Send + Sync>;
+
+/// A request as it arrives, before any fault or answer: one that is never answered (a silent
+/// outage, [`FakeApi::hang`]) is seen here only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrived {
+    pub method: String,
+    pub path: String,
+    /// The raw query string ("" when none).
+    pub query: String,
+}
+
+impl Arrived {
+    pub fn is_watch(&self) -> bool {
+        log::url_decode_pairs(&self.query)
+            .iter()
+            .any(|(k, v)| k == "watch" && matches!(v.as_str(), "true" | "1"))
+    }
+}
+
 struct Shared {
     store: Mutex<Store>,
+    reviews: Mutex<reviews::Reviews>,
     log: Mutex<Vec<RequestRecord>>,
     /// Called with each request as it is answered, before the client has the answer.
     on_request: Mutex<Option<RequestHook>>,
+    /// Called with each API request as it arrives.
+    on_arrival: Mutex<Option<ArrivalHook>>,
+    /// While set, the requests it matches wait ([`FakeApi::hang`]).
+    hang: tokio::sync::watch::Sender<Option<HangPredicate>>,
     unavailable: AtomicBool,
     /// The fault the handlers apply to each request now: any [`Outage`] but `Refuse`,
     /// `Unavailable` and `Silent`, which have their own switches.
@@ -215,8 +250,11 @@ impl FakeApi {
         })?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(options.history_limit.max(1))),
+            reviews: Mutex::default(),
             log: Mutex::new(Vec::new()),
             on_request: Mutex::new(None),
+            on_arrival: Mutex::new(None),
+            hang: tokio::sync::watch::Sender::new(None),
             unavailable: AtomicBool::new(false),
             fault: Mutex::new(None),
             silent: tokio::sync::watch::Sender::new(false),
@@ -346,6 +384,30 @@ impl FakeApi {
             .remove(&(namespace.to_string(), name.to_string()));
     }
 
+    /// Makes a TokenReview of `token` authenticate it as `username` in `groups`.
+    pub fn add_token(&self, token: &str, username: &str, groups: &[&str]) {
+        self.shared
+            .reviews
+            .lock()
+            .expect("reviews lock")
+            .tokens
+            .insert(
+                token.to_owned(),
+                serde_json::json!({"username": username, "uid": format!("uid-{username}"), "groups": groups}),
+            );
+    }
+
+    /// Makes a SubjectAccessReview for `username` allowed when its spec has every field of
+    /// `attributes` (e.g. `{"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}`).
+    pub fn allow(&self, username: &str, attributes: Value) {
+        self.shared
+            .reviews
+            .lock()
+            .expect("reviews lock")
+            .allowed
+            .push((username.to_owned(), attributes));
+    }
+
     /// Forgets the change history: a watch from any earlier resourceVersion, including open
     /// watches that have not caught up, gets 410 Expired.
     pub fn compact(&self) {
@@ -361,6 +423,26 @@ impl FakeApi {
     /// answer: what the node looked like while the API server took a write.
     pub fn on_request(&self, hook: impl Fn(&RequestRecord) + Send + Sync + 'static) {
         *self.shared.on_request.lock().expect("hook lock") = Some(Arc::new(hook));
+    }
+
+    /// Calls `hook` with every API request (not the `/_fake/` controls) as it arrives, before
+    /// any fault: the requests a silent server or [`FakeApi::hang`] never answers are seen here
+    /// only.
+    pub fn on_arrival(&self, hook: impl Fn(&Arrived) + Send + Sync + 'static) {
+        *self.shared.on_arrival.lock().expect("hook lock") = Some(Arc::new(hook));
+    }
+
+    /// The API requests `hang` matches from now on (and those waiting already) wait, unanswered
+    /// and unrecorded, as behind a stuck connection or a hung handler, while every other request
+    /// is served: until [`FakeApi::release`] (then they are served) or until the client gives
+    /// up on them (then they never happened).
+    pub fn hang(&self, hang: impl Fn(&Arrived) -> bool + Send + Sync + 'static) {
+        self.shared.hang.send_replace(Some(Arc::new(hang)));
+    }
+
+    /// Ends [`FakeApi::hang`]: the requests it holds are served.
+    pub fn release(&self) {
+        self.shared.hang.send_replace(None);
     }
 
     pub fn clear_requests(&self) {

@@ -11,7 +11,8 @@
 //! - `allowWatchBookmarks=true`: a BOOKMARK carrying the current resourceVersion every
 //!   `Options::bookmark_interval`.
 //! - `timeoutSeconds`: the stream ends after that long. It also ends after an ERROR event, when
-//!   the fake goes down, and when the client goes away.
+//!   the fake goes down (with a 410 ERROR event when the fault is `WatchesExpire` or
+//!   `WatchesGone`), and when the client goes away.
 //! - A compaction ([`super::FakeApi::compact`]) ends every open watch with a 410 ERROR event.
 //! - The faults of [`Outage`] that touch watches: `WatchesEnd` ends one at once, `WatchesExpire`
 //!   answers with a 410 ERROR event (`WatchesCut` and `WatchesGone` are answered by the
@@ -230,7 +231,16 @@ async fn run(shared: &Shared, req: &WatchRequest, snapshot: Snapshot, tx: &mpsc:
             res = changed.changed() => if res.is_err() { return },
             _ = ticks.tick(), if req.bookmarks => bookmark_due = true,
             () = timeout => return,
-            _ = epoch.changed() => return,
+            _ = epoch.changed() => {
+                // The expiry faults reach an open watch as the server's `410` ERROR event (its
+                // watch cache can no longer serve the watcher), not as a silent end.
+                let fault = *shared.fault.lock().expect("fault lock");
+                if matches!(fault, Some(Outage::WatchesExpire | Outage::WatchesGone)) {
+                    let err = ApiError::expired(cursor, cursor + 1);
+                    let _ = tx.send(line("ERROR", &err.body())).await;
+                }
+                return;
+            }
         }
     }
 }

@@ -121,6 +121,28 @@ pub async fn setup_with(
     options: Options,
     extra_config: &str,
 ) -> Setup {
+    setup_node(
+        driver,
+        runtime,
+        limit_mib,
+        hard_mib,
+        options,
+        extra_config,
+        "v1.37.0",
+    )
+    .await
+}
+
+/// [`setup_with`] whose Node reports `kubelet_version` in `status.nodeInfo.kubeletVersion`.
+pub async fn setup_node(
+    driver: Driver,
+    runtime: Runtime,
+    limit_mib: u64,
+    hard_mib: u64,
+    options: Options,
+    extra_config: &str,
+    kubelet_version: &str,
+) -> Setup {
     let fake = FakeApi::start(options).await.expect("fake API");
     let root = NodeRoot::create();
     let limit = (limit_mib * MIB).to_string();
@@ -149,10 +171,17 @@ pub async fn setup_with(
     .unwrap();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = work.path.join("qoslet.yaml");
+    // The tests read /metrics without a token: the endpoints are open unless a test's own lines
+    // say otherwise (cluster_node's guarded-endpoints test; endpoint_auth.rs).
+    let auth = if extra_config.contains("endpointAuth:") {
+        ""
+    } else {
+        "endpointAuth: none\n"
+    };
     fs::write(
         &config,
         format!(
-            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n{extra_config}",
+            "apiVersion: qoslet.dev/v1alpha1\nkind: QosletConfiguration\nnodeRootCgroup: /{}\nmetricsAddress: \"{metrics}\"\nstateDir: {}\nhousekeepingInterval: 200ms\nleaseNamespace: qoslet-system\n{auth}{extra_config}",
             root.name,
             work.path.join("state").display()
         ),
@@ -166,7 +195,7 @@ pub async fn setup_with(
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": NODE},
         "status": {"nodeInfo": {"containerRuntimeVersion": version, "machineID": "", "systemUUID": "",
-            "bootID": "", "kernelVersion": "", "osImage": "", "kubeletVersion": "v1.37.0",
+            "bootID": "", "kernelVersion": "", "osImage": "", "kubeletVersion": kubelet_version,
             "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}},
     })])
     .unwrap();

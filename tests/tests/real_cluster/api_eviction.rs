@@ -60,19 +60,28 @@ fn qoslet_args(path: Option<&str>) -> Vec<String> {
 }
 
 /// The DaemonSet's container with [`qoslet_args`] (a strategic merge patch replaces the list).
-fn kubelet_config_args(path: Option<&str>) -> Patch<serde_json::Value> {
-    Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
-        {"name": "qoslet", "args": qoslet_args(path)},
-    ]}}}}))
+/// The copy named by `path` is on the host node's disk alone, so meanwhile the DaemonSet is kept
+/// to `node` (`None` lifts that): on the VM node the file is missing, and its pod, in enforce
+/// mode without the kubelet's configuration, would stay not ready and could hold the rollout.
+fn kubelet_config_args(path: Option<&str>, node: &str) -> Patch<serde_json::Value> {
+    let selector = path.map(|_| node);
+    Patch::Strategic(json!({"spec": {"template": {"spec": {
+        "containers": [{"name": "qoslet", "args": qoslet_args(path)}],
+        "nodeSelector": {"kubernetes.io/hostname": selector},
+    }}}}))
 }
 
-/// qoslet's pod once Ready with [`qoslet_args`] of `path` (the DaemonSet rolled out).
-async fn qoslet_pod_reading(c: &Client, path: Option<&str>) -> Pod {
+/// qoslet's pod on `node` once Ready with [`qoslet_args`] of `path` (the DaemonSet rolled out).
+async fn qoslet_pod_reading(c: &Client, node: &str, path: Option<&str>) -> Pod {
     let api: Api<Pod> = Api::namespaced(c.clone(), "qoslet-system");
     let want = qoslet_args(path);
     wait_for(&format!("qoslet's pod Ready, reading {path:?}"), || async {
         let list = api
-            .list(&ListParams::default().labels("app.kubernetes.io/name=qoslet"))
+            .list(
+                &ListParams::default()
+                    .labels("app.kubernetes.io/name=qoslet")
+                    .fields(&format!("spec.nodeName={node}")),
+            )
             .await
             .ok()?;
         list.items.into_iter().find(|p| {
@@ -96,6 +105,7 @@ async fn qoslet_pod_reading(c: &Client, path: Option<&str>) -> Pod {
 /// then waits for qoslet's pod to read the kubelet's own file again, and removes the copy.
 struct Restore {
     kubeconfig: PathBuf,
+    node: String,
     config_text: String,
     soft_copy: PathBuf,
 }
@@ -104,6 +114,7 @@ impl Drop for Restore {
     fn drop(&mut self) {
         let text = self.config_text.clone();
         let soft_copy = self.soft_copy.clone();
+        let node = self.node.clone();
         with_own_client(&self.kubeconfig, |client| async move {
             let params = PatchParams::default();
             let _ = Api::<ClusterRoleBinding>::all(client.clone())
@@ -120,9 +131,9 @@ impl Drop for Restore {
                 )
                 .await;
             let _ = Api::<DaemonSet>::namespaced(client.clone(), "qoslet-system")
-                .patch("qoslet", &params, &kubelet_config_args(None))
+                .patch("qoslet", &params, &kubelet_config_args(None, &node))
                 .await;
-            qoslet_pod_reading(&client, None).await;
+            qoslet_pod_reading(&client, &node, None).await;
             let _ = std::fs::remove_file(soft_copy);
         });
     }
@@ -174,6 +185,7 @@ async fn api_eviction_waits_for_the_disruption_budget_and_evicts_one() {
     let soft_copy = c.info.kubelet_config.with_file_name(SOFT_CONFIG);
     let _restore = Restore {
         kubeconfig: c.info.kubeconfig.clone(),
+        node: c.info.node.clone(),
         config_text: config_text.clone(),
         soft_copy: soft_copy.clone(),
     };
@@ -222,11 +234,11 @@ async fn api_eviction_waits_for_the_disruption_budget_and_evicts_one() {
         .patch(
             "qoslet",
             &PatchParams::default(),
-            &kubelet_config_args(Some(&soft_path)),
+            &kubelet_config_args(Some(&soft_path), &c.info.node),
         )
         .await
         .expect("the DaemonSet patched");
-    let qoslet = qoslet_pod_reading(&c.client, Some(&soft_path)).await;
+    let qoslet = qoslet_pod_reading(&c.client, &c.info.node, Some(&soft_path)).await;
 
     // Two hogs of a ReplicaSet under a budget that wants both.
     let ns = TestNamespace::create(&c, "qoslet-e2e-api").await;

@@ -603,7 +603,7 @@ async fn deleting_the_gangs_job_collects_the_gang_and_qoslet_lets_it_go() {
     let complaints = qoslet_complaints(&c, &ns.name).await;
     assert!(complaints.is_empty(), "{complaints:#?}");
     let status: Value = serde_json::from_str(
-        &super::qoslet_get(&qoslet_pod(&c).await, "/status").expect("qoslet's /status"),
+        &super::qoslet_get(&c, &qoslet_pod(&c).await, "/status").expect("qoslet's /status"),
     )
     .expect("its JSON");
     let stale: Vec<&Value> = status["pods"]

@@ -154,6 +154,37 @@ fn programs(bins: &parts::Bins) -> Vec<(PathBuf, String)> {
     out
 }
 
+/// What the tests read of the VM node (`cluster.json`'s `vm_node`).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Info {
+    pub node: String,
+    /// What qoslet's `/readyz` must name as the kubelet's configuration it read, as it words
+    /// it: the base file, the drop-in directory with its count of `*.conf` files, the flags of
+    /// the fields qoslet reads.
+    /// There is no one file of it: the tests take the kubelet's own merge from its `/configz`.
+    pub kubelet_layout: Vec<String>,
+    /// The taint that keeps other pods off the node: the tests' pods for it tolerate it.
+    pub taint: String,
+    /// kubectl, for `exec` in a pod of the test's on the node: its cgroups and qoslet's pod IP
+    /// are reachable from the VM only.
+    pub kubectl: PathBuf,
+}
+
+pub fn info(c: &Cluster) -> Info {
+    let dropins = DROPINS.iter().filter(|(n, _)| n.ends_with(".conf")).count();
+    Info {
+        node: NODE.into(),
+        kubelet_layout: vec![
+            KUBELET_CONFIG.into(),
+            format!("{KUBELET_CONFIG_DIR}/ ({dropins} drop-ins)"),
+            // qoslet names the flags it read in name order.
+            "flags --eviction-hard --system-reserved".into(),
+        ],
+        taint: TAINT.into(),
+        kubectl: c.bins.kubectl(),
+    }
+}
+
 /// A built root filesystem: its ext4 image and the kernel and initramfs to boot it with.
 pub struct RootFs {
     pub image: PathBuf,
@@ -322,13 +353,7 @@ pub fn start(c: &Cluster, archives: &[PathBuf]) -> Result<Started> {
         fs::copy(a, disk.join("images").join(name))?;
     }
     fs::write(disk.join("kubelet.kubeconfig"), kubeconfig())?;
-    fs::write(disk.join("kubelet-config.yaml"), kubelet_config())?;
-    fs::write(
-        disk.join("kubelet.env"),
-        format!(
-            "KUBELET_ARGS=--config=/var/lib/kubelet/config.yaml --kubeconfig=/mnt/cluster/kubelet.kubeconfig --hostname-override={NODE} --node-ip={NODE_IP} --register-with-taints={TAINT}\n"
-        ),
-    )?;
+    write_kubelet_layout(&disk.join("kubelet"))?;
     fs::write(disk.join("node-net.sh"), node_net_script())?;
     fs::write(
         disk.join("cni/10-qoslet.conflist"),
@@ -511,37 +536,106 @@ fn kubeconfig() -> String {
     )
 }
 
-/// As the host node's (`write_kubelet_config`), but the systemd driver on pure cgroup v2 and the
-/// VM's own paths.
-fn kubelet_config() -> String {
+/// Where the kubelet's files are in the VM, as nodeadm (Amazon EKS's AL2023 nodes) writes them:
+/// `vm_node/kubelet.service` names the file with `--config`, the environment file the directory
+/// with `--config-dir`.
+const KUBELET_CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
+const KUBELET_CONFIG_DIR: &str = "/etc/kubernetes/kubelet/config.json.d";
+
+/// The files of `--config-dir` (name, fields over the base file). Each layer overrides a field
+/// that sets qoslet's plan or thresholds, so that a reader that skips a layer, takes the
+/// drop-ins out of lexical order, replaces a map a drop-in only patches, reads a file without
+/// the `.conf` suffix or lays flags under the files instead of over them gets another Node
+/// Allocatable than the kubelet's (the test compares qoslet's with the Node's):
+/// - `cgroupDriver` is set by a drop-in alone (without it, cgroupfs: qoslet would look for
+///   `kubepods`, not `kubepods.slice`);
+/// - `kubeReserved.memory` is the base's 256Mi, then 192Mi, then 128Mi (lexical order), while
+///   its `cpu`, 50m, stays the base's (a merge patch merges the map key by key);
+/// - `evictionHard` `memory.available` is the base's 100Mi, a drop-in's 200Mi, then the
+///   flag's 150Mi, as is `systemReserved` (the base's `memory` 64Mi, the flag's 128Mi): the
+///   flags replace the files' maps;
+/// - `podPidsLimit` is the base's 512, then a drop-in's 1024;
+/// - the disabled file (not `*.conf`) would make `kubeReserved.memory` 512Mi.
+const DROPINS: &[(&str, &str)] = &[
+    (
+        "00-nodeadm.conf",
+        r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "cgroupDriver": "systemd", "kubeReserved": {"memory": "192Mi"}, "evictionHard": {"memory.available": "200Mi"}, "podPidsLimit": 1024}"#,
+    ),
+    (
+        "10-kube-reserved.conf",
+        r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "kubeReserved": {"memory": "128Mi"}}"#,
+    ),
+    (
+        "20-kube-reserved.conf.disabled",
+        r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "kubeReserved": {"memory": "512Mi"}}"#,
+    ),
+];
+
+/// The kubelet's hard threshold on `memory.available`, the flag's: not the host node's 100Mi,
+/// which is also the kubelet's default.
+const MEMORY_AVAILABLE: &str = "150Mi";
+
+/// The kubelet's `--system-reserved` and `--eviction-hard` flags: what the environment file
+/// adds over the files.
+fn kubelet_flags() -> String {
     format!(
-        r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: systemd
-cgroupsPerQOS: true
-enforceNodeAllocatable: [pods]
-systemReserved: {{cpu: 100m, memory: 128Mi}}
-kubeReserved: {{cpu: 100m, memory: 128Mi}}
-podPidsLimit: 1024
-evictionHard: {{memory.available: "{memory_available}", nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
-# The images were imported (there is no registry): never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
-address: 0.0.0.0
-healthzBindAddress: 127.0.0.1
-readOnlyPort: 0
-failSwapOn: false
-resolvConf: /etc/resolv.conf
-clusterDomain: cluster.local
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: /mnt/cluster/ca.crt}}
-authorization: {{mode: Webhook}}
-"#,
-        memory_available = super::KUBELET_MEMORY_AVAILABLE,
+        "--system-reserved=cpu=100m,memory=128Mi --eviction-hard=memory.available<{MEMORY_AVAILABLE},nodefs.available<1%,imagefs.available<1%,nodefs.inodesFree<1%"
     )
+}
+
+/// The kubelet's configuration on the cluster's disk under `dir`: `etc/` (copied to
+/// `/etc/kubernetes/kubelet`: the base `config.json` and `config.json.d/`) and `environment`
+/// (the flags, `NODEADM_KUBELET_ARGS`). Otherwise as the host node's (`write_kubelet_config`),
+/// with the VM's own paths.
+fn write_kubelet_layout(dir: &Path) -> Result<()> {
+    let etc = dir.join("etc");
+    let dropins = etc.join("config.json.d");
+    fs::create_dir_all(&dropins)?;
+    let base = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupsPerQOS": true,
+        "enforceNodeAllocatable": ["pods"],
+        "systemReserved": {"cpu": "100m", "memory": "64Mi"},
+        "kubeReserved": {"cpu": "50m", "memory": "256Mi"},
+        "podPidsLimit": 512,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        // The images were imported (there is no registry): never collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "address": "0.0.0.0",
+        "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "failSwapOn": false,
+        "resolvConf": "/etc/resolv.conf",
+        "clusterDomain": "cluster.local",
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": "/mnt/cluster/ca.crt"},
+        },
+        "authorization": {"mode": "Webhook"},
+    });
+    fs::write(
+        etc.join("config.json"),
+        serde_json::to_string_pretty(&base)?,
+    )?;
+    for (name, text) in DROPINS {
+        fs::write(dropins.join(name), text)?;
+    }
+    fs::write(
+        dir.join("environment"),
+        format!(
+            "NODEADM_KUBELET_ARGS=--config-dir={KUBELET_CONFIG_DIR} --hostname-override={NODE} --node-ip={NODE_IP} --register-with-taints={TAINT} {}\n",
+            kubelet_flags()
+        ),
+    )?;
+    Ok(())
 }
 
 /// The node IP on the VM's loopback; the ClusterIP of `kubernetes` sent to the API server, from
@@ -567,6 +661,14 @@ mod tests {
     fn the_pod_subnets_of_the_two_nodes_differ() {
         assert_ne!(POD_SUBNET, super::super::POD_SUBNET);
         assert_ne!(NODE_IP, super::super::NODE_IP);
+    }
+
+    #[test]
+    fn the_unit_names_the_layouts_paths() {
+        let unit = include_str!("vm_node/kubelet.service");
+        assert!(unit.contains(&format!("--config {KUBELET_CONFIG} ")));
+        assert!(unit.contains("/etc/kubernetes/kubelet\n"));
+        assert!(KUBELET_CONFIG_DIR.starts_with("/etc/kubernetes/kubelet/"));
     }
 
     #[test]

@@ -317,8 +317,8 @@ pub fn check_without_operator(with: &[Value], without: &[Value]) -> Result<()> {
 /// The chart rendered with ci/full-values.yaml in [`FULL_VALUES_NAMESPACE`]: no Namespace; every
 /// object named after fullnameOverride (the ServiceAccount serviceAccount.name), the namespaced
 /// ones in the release's namespace (the Lease Role and its binding in config.leaseNamespace); the service account named wherever qoslet's identity is
-/// (the DaemonSet, the bindings, the admission policy's condition); each alert's runbook_url
-/// runbookBaseURL#<alert in lower case>.
+/// (the DaemonSet, the bindings but the scraper's, the admission policy's condition); each
+/// alert's runbook_url runbookBaseURL#<alert in lower case>.
 pub fn check_full_values(objects: &[Value]) -> Result<()> {
     let text = std::fs::read_to_string(chart_dir().join("ci/full-values.yaml"))?;
     let values: Value = serde_yaml_ng::from_str(&text)?;
@@ -368,6 +368,8 @@ pub fn check_full_values(objects: &[Value]) -> Result<()> {
         let mut sa_names = Vec::new();
         match kind {
             "DaemonSet" => sa_names.push(&o["spec"]["template"]["spec"]["serviceAccountName"]),
+            // The scraper's binding names rbac.metricsReaderSubjects, not qoslet.
+            "ClusterRoleBinding" if name.ends_with("-metrics-reader") => {}
             "ClusterRoleBinding" | "RoleBinding" => sa_names.push(&o["subjects"][0]["name"]),
             "ValidatingAdmissionPolicy" => {
                 let cond = o["spec"]["matchConditions"][0]["expression"]

@@ -48,6 +48,56 @@ fn node_a(pods: Vec<Value>, node: Value) -> Routes {
     )
 }
 
+/// `routes`, and API discovery saying the Workload API (Workloads, PodGroups) is served.
+fn with_workload_api(routes: Routes) -> Routes {
+    routes.on(
+        "GET",
+        "/apis/scheduling.k8s.io/v1beta1",
+        200,
+        discovery(&["workloads", "podgroups"]),
+    )
+}
+
+/// A list answer as the API server gives it under `fieldSelector=metadata.name=X`: the object of
+/// `objects` named X, if there is one. A watch is left to the next route.
+fn by_name(kind: &'static str, objects: Vec<Value>) -> impl FnMut(&mock::Recorded) -> mock::Reply {
+    move |r| {
+        let want = r.query("fieldSelector").unwrap_or_default();
+        let items = objects
+            .iter()
+            .filter(|o| {
+                want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
+            })
+            .cloned()
+            .collect();
+        (!r.is_watch()).then(|| (200, list(kind, "5", items)))
+    }
+}
+
+/// The PodGroup g0 under CompositePodGroups g1 under ... g`len - 1`, which names `top_parent`
+/// (a root without): the PodGroup and the composites.
+fn group_chain(len: usize, top_parent: Option<&str>) -> (Value, Vec<Value>) {
+    let group = |kind: &str, name: &str, parent: Option<String>| {
+        let mut v = pod_group(name);
+        v["kind"] = kind.into();
+        if let Some(parent) = parent {
+            v["spec"]["parentCompositePodGroupName"] = parent.into();
+        }
+        v
+    };
+    let composites = (1..len)
+        .map(|i| {
+            let parent = if i + 1 == len {
+                top_parent.map(str::to_owned)
+            } else {
+                Some(format!("g{}", i + 1))
+            };
+            group("CompositePodGroup", &format!("g{i}"), parent)
+        })
+        .collect();
+    (group("PodGroup", "g0", Some("g1".into())), composites)
+}
+
 /// The source of node `node-a`, started on `client`, and its first diff once every watch synced
 /// (5 s at most).
 async fn synced(client: Client) -> (ApiSource, Diff) {
@@ -82,33 +132,18 @@ fn names(p: &PodSet) -> Vec<String> {
 
 #[tokio::test]
 async fn watches_carry_the_node_selectors_and_build_the_pod_set() {
-    let (client, api) = node_a(
+    let (client, api) = with_workload_api(node_a(
         vec![
             pod("a", UID_A, "Running", Some("g")),
             pod("done", UID_B, "Succeeded", None),
         ],
         json!({"metadata": {"name": "node-a", "uid": "n1"}}),
-    )
-    .on(
-        "GET",
-        "/apis/scheduling.k8s.io/v1beta1",
-        200,
-        discovery(&["workloads", "podgroups"]),
-    )
+    ))
     // The API server applies the field selector: only the named object.
     .route(
         "GET",
         "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups",
-        |r| {
-            let want = r.query("fieldSelector").unwrap_or_default();
-            let items = [pod_group("g"), pod_group("unrelated")]
-                .into_iter()
-                .filter(|o| {
-                    want == format!("metadata.name={}", o["metadata"]["name"].as_str().unwrap())
-                })
-                .collect();
-            (!r.is_watch()).then(|| (200, list("PodGroup", "5", items)))
-        },
+        by_name("PodGroup", vec![pod_group("g"), pod_group("unrelated")]),
     )
     .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
     .client();
@@ -314,16 +349,10 @@ async fn an_invalid_pod_is_reported_and_skipped() {
 /// problem line, no skipped object, and its group is watched for by name.
 #[tokio::test]
 async fn a_pod_whose_group_does_not_exist_yet_is_managed_with_no_problem() {
-    let (client, api) = node_a(
+    let (client, api) = with_workload_api(node_a(
         vec![pod("a", UID_A, "Running", Some("later"))],
         json!({"metadata": {"name": "node-a"}}),
-    )
-    .on(
-        "GET",
-        "/apis/scheduling.k8s.io/v1beta1",
-        200,
-        discovery(&["workloads", "podgroups"]),
-    )
+    ))
     .list("/apis/scheduling.k8s.io/*", "X", "5", vec![])
     .client();
     let (src, d) = synced(client).await;
@@ -399,12 +428,13 @@ async fn without_the_workload_api_gang_awareness_is_off_and_pods_are_managed() {
     );
 }
 
-/// A chain of 300 CompositePodGroups above a pod's PodGroup is followed one level past the depth
-/// limit and no further: the objects to watch stay five (the PodGroup and the four
-/// CompositePodGroups above it, depth 5 against a limit of 4, which the door reports), and a loop
-/// is followed once.
+/// A chain of 300 CompositePodGroups above a pod's PodGroup is read no higher than the depth
+/// limit: the objects to watch are the limit's levels (the PodGroup and the three
+/// CompositePodGroups above it), the door says the chain is too deep (the parent the top level
+/// names counts as a level), once, and a loop, closed above the limit or within it, is read once.
 #[test]
-fn a_group_chain_is_walked_no_deeper_than_one_past_its_limit() {
+fn a_group_chain_is_walked_no_deeper_than_its_limit() {
+    use crate::workload::validate::MAX_DEPTH;
     let pods = [Arc::new(
         serde_json::from_value::<Pod>(pod("p", UID_A, "Running", Some("g0"))).unwrap(),
     )];
@@ -414,42 +444,136 @@ fn a_group_chain_is_walked_no_deeper_than_one_past_its_limit() {
             .find(|r| r.kind == kind)
             .unwrap()
     };
-    let group = |kind: &str, name: &str, parent: &str| {
-        let mut v = pod_group(name);
-        v["kind"] = kind.into();
-        v["spec"]["parentCompositePodGroupName"] = parent.into();
-        Arc::new(serde_json::from_value::<DynamicObject>(v).unwrap())
-    };
-    let chain = |top_parent: &str| {
-        let composites = (1..300)
-            .map(|i| {
-                let parent = if i == 299 {
-                    top_parent.to_owned()
-                } else {
-                    format!("g{}", i + 1)
-                };
-                group("CompositePodGroup", &format!("g{i}"), &parent)
-            })
-            .collect();
+    let chain = |len: usize, top_parent: Option<&str>| {
+        let object = |v: Value| Arc::new(serde_json::from_value::<DynamicObject>(v).unwrap());
+        let (pod_group, composites) = group_chain(len, top_parent);
         [
-            (resource("PodGroup"), vec![group("PodGroup", "g0", "g1")]),
-            (resource("CompositePodGroup"), composites),
+            (resource("PodGroup"), vec![object(pod_group)]),
+            (
+                resource("CompositePodGroup"),
+                composites.into_iter().map(object).collect(),
+            ),
         ]
     };
-    let want: BTreeSet<_> = std::iter::once(("ns".into(), "PodGroup".into(), "g0".into()))
-        .chain((1..=crate::workload::validate::MAX_DEPTH).map(|i| {
-            (
-                "ns".to_owned(),
-                "CompositePodGroup".to_owned(),
-                format!("g{i}"),
-            )
-        }))
+    let levels = |n: usize| -> BTreeSet<(String, String, String)> {
+        std::iter::once(("ns".into(), "PodGroup".into(), "g0".into()))
+            .chain((1..n).map(|i| ("ns".into(), "CompositePodGroup".into(), format!("g{i}"))))
+            .collect()
+    };
+    let depth_problems = |objects: Loaded| -> Vec<String> {
+        let (set, _) = build(
+            objects,
+            &PodSet::default(),
+            &ValidationOptions::default(),
+            BTreeSet::new(),
+            crate::cluster::executor::KubeletExecutor::RUNNER,
+        );
+        set.problems
+            .into_iter()
+            .filter(|p| p.contains("depth-limit") || p.contains("no-cycles"))
+            .collect()
+    };
+    let (objects, wanted) = loaded(&pods, &chain(300, Some("g300")));
+    assert_eq!(wanted, levels(MAX_DEPTH));
+    assert_eq!(objects.objects.len(), MAX_DEPTH);
+    assert_eq!(
+        depth_problems(objects),
+        ["api: PodGroup/ns/g0: depth-limit: at depth 5 or more, at most 4"]
+    );
+    // A loop back to the bottom of the chain: no more, and the same one problem.
+    let (objects, wanted) = loaded(&pods, &chain(300, Some("g1")));
+    assert_eq!(wanted, levels(MAX_DEPTH));
+    assert_eq!(depth_problems(objects).len(), 1);
+    // A chain at the limit, its top a root: every level read, nothing too deep.
+    let (objects, wanted) = loaded(&pods, &chain(MAX_DEPTH, None));
+    assert_eq!(wanted, levels(MAX_DEPTH));
+    assert_eq!(depth_problems(objects), Vec::<String>::new());
+    // A loop within the limit (g0 under g1 under g2 under g1): each group read once.
+    let (objects, wanted) = loaded(&pods, &chain(3, Some("g1")));
+    assert_eq!(wanted, levels(3));
+    assert_eq!(objects.objects.len(), 3);
+}
+
+/// A node whose pod's PodGroup hangs below a chain of 300 CompositePodGroups, its top naming
+/// `top_parent` (absent, or the chain's own first composite: a loop): the node opens one watch
+/// for each level the depth limit allows, and says the chain is too deep in one line, however
+/// many passes follow.
+async fn a_long_chain_costs_the_limits_watches_and_one_line(top_parent: &str) {
+    use crate::workload::validate::MAX_DEPTH;
+    let logs = crate::test_log::LogBuffer::default();
+    // The test's runtime has one thread: the source's passes log to this subscriber.
+    let _log = tracing::subscriber::set_default(logs.subscriber());
+    let (pod_group, composites) = group_chain(300, Some(top_parent));
+    let (client, api) = with_workload_api(node_a(
+        vec![pod("p", UID_A, "Running", Some("g0"))],
+        json!({"metadata": {"name": "node-a"}}),
+    ))
+    .route(
+        "GET",
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups",
+        by_name("PodGroup", vec![pod_group]),
+    )
+    .route(
+        "GET",
+        "/apis/scheduling.k8s.io/v1alpha3/namespaces/ns/compositepodgroups",
+        by_name("CompositePodGroup", composites),
+    )
+    .client();
+    let (mut src, _) = synced(client).await;
+    changes_until(&mut src, "the limit's levels", |s| {
+        s.pods().objects.len() == MAX_DEPTH
+    })
+    .await;
+    let workload_watches = |requests: &[mock::Recorded]| -> Vec<String> {
+        requests
+            .iter()
+            .filter(|r| r.is_watch() && r.path().starts_with("/apis/scheduling.k8s.io/"))
+            .map(|r| r.query("fieldSelector").unwrap_or_default())
+            .collect()
+    };
+    api.wait_for("a watch of each level", |l| {
+        workload_watches(l).len() >= MAX_DEPTH
+    })
+    .await;
+    // Many more passes, each rebuilding from the stores: no further watch, no second line.
+    for _ in 0..20 {
+        src.tx.send_modify(|n| *n += 1);
+        tokio::time::timeout(Duration::from_secs(5), src.changed())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut watched = workload_watches(&api.requests());
+    watched.sort();
+    assert_eq!(
+        watched,
+        (0..MAX_DEPTH)
+            .map(|i| format!("metadata.name=g{i}"))
+            .collect::<Vec<_>>(),
+        "one watch for each level"
+    );
+    let too_deep: Vec<&String> = src
+        .pods()
+        .problems
+        .iter()
+        .filter(|p| p.contains("depth-limit"))
         .collect();
-    let (objects, wanted) = loaded(&pods, &chain("g300"));
-    assert_eq!(wanted, want);
-    assert_eq!(objects.objects.len(), want.len());
-    // A loop back to the bottom of the chain: no more.
-    assert_eq!(loaded(&pods, &chain("g1")).1, want);
+    assert_eq!(
+        too_deep,
+        ["api: PodGroup/ns/g0: depth-limit: at depth 5 or more, at most 4"]
+    );
+    assert_eq!(logs.count("depth-limit"), 1, "{}", logs.text());
+}
+
+#[tokio::test]
+async fn a_long_group_chain_costs_the_limits_watches_and_one_line() {
+    a_long_chain_costs_the_limits_watches_and_one_line("g300").await;
+}
+
+#[tokio::test]
+async fn a_long_group_loop_costs_the_limits_watches_and_one_line() {
+    a_long_chain_costs_the_limits_watches_and_one_line("g1").await;
 }
 
 /// A watch's log says its first sync, a failure at most once a minute however often the server
@@ -542,4 +666,36 @@ async fn a_watch_answered_http_410_lists_again() {
         src.watch_states().get().get("pods"),
         Some(&ApiWatchState::Synced)
     );
+}
+
+/// A synced watch whose stream the server cuts (kube-runtime sees no error, only an end) is
+/// named failing on `/readyz`, with how, while the node stays ready (its pods were listed); a
+/// re-established watch clears it once it has lasted a second, though it yields nothing.
+#[tokio::test(start_paused = true)]
+async fn a_synced_watch_that_is_cut_is_failing_on_readyz_until_a_watch_lasts() {
+    use crate::cluster::client::{SHORT_WATCH, WATCH_CUT};
+    let answered = Answered::default();
+    let states = ApiWatchStates::new(answered.clone());
+    states.set("pods", "/api/v1/pods", ApiWatchState::Synced);
+    states.set("node", "/api/v1/nodes", ApiWatchState::Synced);
+    assert_eq!(states.summary(), "node synced, pods synced");
+    let opened = Instant::now();
+    answered.watch_opened("/api/v1/pods", opened);
+    tokio::time::advance(Duration::from_millis(50)).await;
+    answered.watch_ended("/api/v1/pods", opened, Some(WATCH_CUT));
+    assert_eq!(
+        states.summary(),
+        format!("node synced, pods failing ({WATCH_CUT})")
+    );
+    assert!(states.synced(), "listed once: still ready");
+    let again = Instant::now();
+    answered.watch_opened("/api/v1/pods", again);
+    tokio::time::advance(SHORT_WATCH / 2).await;
+    assert!(
+        states.summary().contains("pods failing"),
+        "{}",
+        states.summary()
+    );
+    tokio::time::advance(SHORT_WATCH / 2).await;
+    assert_eq!(states.summary(), "node synced, pods synced");
 }

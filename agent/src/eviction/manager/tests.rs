@@ -87,7 +87,7 @@ fn cgroup(dir: &Path, current_mib: i64, max: &str) {
     write(dir, "cgroup.procs", "1\n");
 }
 
-fn config(hard: &[(&str, &str)], min_reclaim: &[(&str, &str)]) -> ManagerConfig {
+pub(super) fn config(hard: &[(&str, &str)], min_reclaim: &[(&str, &str)]) -> ManagerConfig {
     let m = |v: &[(&str, &str)]| -> BTreeMap<String, String> {
         v.iter().map(|(a, b)| ((*a).into(), (*b).into())).collect()
     };

@@ -70,6 +70,7 @@ fn run_config(tree: &Tree0, runtime: ContainerRuntime) -> RunConfig {
         validation: ValidationOptions::default(),
         addr: "127.0.0.1:0".parse().unwrap(),
         listener: None,
+        auth: None,
         shutdown_grace: GRACE,
         on_start: None,
         node_name: None,

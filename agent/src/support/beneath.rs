@@ -12,14 +12,14 @@ use std::{
 };
 
 /// Beneath the directory, no symlinks, no magic links (`/proc/self/fd/N`), no mount crossings.
-pub const RESOLVE_STRICT: u64 = libc::RESOLVE_BENEATH
+pub(crate) const RESOLVE_STRICT: u64 = libc::RESOLVE_BENEATH
     | libc::RESOLVE_NO_SYMLINKS
     | libc::RESOLVE_NO_MAGICLINKS
     | libc::RESOLVE_NO_XDEV;
 
 /// `openat2(dir, path, flags | O_CLOEXEC | O_NOFOLLOW, mode, resolve)`. An empty path opens
 /// `dir` itself. `mode` matters only with `O_CREAT`.
-pub fn openat2(
+pub(crate) fn openat2(
     dir: libc::c_int,
     path: &str,
     flags: libc::c_int,
@@ -67,11 +67,15 @@ fn openat2_following(
 /// Another root's view: `..`, absolute paths and symlinks (absolute ones included) resolve as if
 /// `root` were `/`, so nothing outside it is reached; magic links (`/proc/self/root`) are refused.
 /// For files named by another process's configuration, read beneath its root (or the host's).
-pub const RESOLVE_ROOTED: u64 = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+pub(crate) const RESOLVE_ROOTED: u64 = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
 
 /// Opens `path` for reading inside `root` (a directory, `O_PATH` is enough) as that root's own
 /// processes would see it ([`RESOLVE_ROOTED`]); symlinks are followed, inside the root.
-pub fn open_in_root(root: BorrowedFd<'_>, path: &str, flags: libc::c_int) -> io::Result<OwnedFd> {
+pub(crate) fn open_in_root(
+    root: BorrowedFd<'_>,
+    path: &str,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
     openat2_following(
         root.as_raw_fd(),
         path,
@@ -83,7 +87,7 @@ pub fn open_in_root(root: BorrowedFd<'_>, path: &str, flags: libc::c_int) -> io:
 
 /// Reads the regular file at `path` inside `root` ([`open_in_root`]), at most `max` bytes: a
 /// larger file is an error (`EFBIG`), not a truncated read.
-pub fn read_in_root(root: BorrowedFd<'_>, path: &str, max: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_in_root(root: BorrowedFd<'_>, path: &str, max: u64) -> io::Result<Vec<u8>> {
     use std::io::Read as _;
     let fd = open_in_root(root, path, 0)?;
     let file = std::fs::File::from(fd);
@@ -100,7 +104,7 @@ pub fn read_in_root(root: BorrowedFd<'_>, path: &str, max: u64) -> io::Result<Ve
 }
 
 /// Creates the directory `name` (one plain component) in `dir`; `Ok(false)` when it existed.
-pub fn mkdirat(dir: BorrowedFd<'_>, name: &str, mode: libc::mode_t) -> io::Result<bool> {
+pub(crate) fn mkdirat(dir: BorrowedFd<'_>, name: &str, mode: libc::mode_t) -> io::Result<bool> {
     if !is_plain_component(name) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -118,7 +122,7 @@ pub fn mkdirat(dir: BorrowedFd<'_>, name: &str, mode: libc::mode_t) -> io::Resul
 }
 
 /// Opens the child directory `name` (one plain component) of `dir` for reading.
-pub fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
+pub(crate) fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
     if !is_plain_component(name) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -132,7 +136,7 @@ pub fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> io::Result<OwnedFd> {
 }
 
 /// The names of the child directories of `dir` (opened for reading) that are plain components.
-pub fn subdirs(dir: BorrowedFd<'_>) -> io::Result<Vec<String>> {
+pub(crate) fn subdirs(dir: BorrowedFd<'_>) -> io::Result<Vec<String>> {
     // A descriptor of its own: the listing consumes it and moves its offset.
     let listing = nix::dir::Dir::from_fd(dir.try_clone_to_owned()?)?;
     let mut out = Vec::new();
@@ -153,7 +157,7 @@ pub fn subdirs(dir: BorrowedFd<'_>) -> io::Result<Vec<String>> {
 /// One path component that names an entry of its directory and nothing else: not empty, not
 /// `.` or `..`, no `/`, at most 255 bytes (NAME_MAX), and no control character (NUL ends a C
 /// string early; a newline or escape in a file name forges lines in listings and logs).
-pub fn is_plain_component(name: &str) -> bool {
+pub(crate) fn is_plain_component(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."

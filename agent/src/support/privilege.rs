@@ -17,13 +17,13 @@ pub enum PrivilegeError {
 
 /// This process's effective capability set, from `/proc/self/status` (no libcap dependency);
 /// 0 when it cannot be read.
-pub fn effective_capabilities() -> u64 {
+pub(crate) fn effective_capabilities() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     parse_cap_eff(&status).unwrap_or(0)
 }
 
 /// Checks that the effective capabilities allow loading tracing programs.
-pub fn check() -> Result<(), PrivilegeError> {
+pub(crate) fn check() -> Result<(), PrivilegeError> {
     if has_bpf_capabilities(effective_capabilities()) {
         Ok(())
     } else {
@@ -32,14 +32,14 @@ pub fn check() -> Result<(), PrivilegeError> {
 }
 
 /// Reads the `CapEff:` line (hex bit mask).
-pub fn parse_cap_eff(status: &str) -> Option<u64> {
+pub(crate) fn parse_cap_eff(status: &str) -> Option<u64> {
     status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
-pub fn has_bpf_capabilities(effective: u64) -> bool {
+pub(crate) fn has_bpf_capabilities(effective: u64) -> bool {
     let has = |cap: u32| effective & (1u64 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }

@@ -10,7 +10,7 @@ use nix::sys::inotify::Inotify;
 use tokio::io::{Interest, unix::AsyncFd};
 
 /// The inotify descriptor, owned.
-pub struct InotifyFd(pub Inotify);
+pub(crate) struct InotifyFd(pub Inotify);
 
 impl AsRawFd for InotifyFd {
     fn as_raw_fd(&self) -> RawFd {
@@ -19,7 +19,7 @@ impl AsRawFd for InotifyFd {
 }
 
 /// Registers `inotify` (made with `IN_NONBLOCK`) with the runtime for readability.
-pub fn register(inotify: Inotify) -> io::Result<AsyncFd<InotifyFd>> {
+pub(crate) fn register(inotify: Inotify) -> io::Result<AsyncFd<InotifyFd>> {
     // SAFETY: `InotifyFd` owns the descriptor and always returns it; it stays open until the
     // AsyncFd is dropped.
     unsafe { AsyncFd::register_with_interest(InotifyFd(inotify), Interest::READABLE) }

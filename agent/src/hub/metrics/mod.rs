@@ -1,13 +1,21 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text). The names are a stable interface,
 //! documented in docs/usage.md ("Endpoints and metrics"); change them only on purpose.
+//!
+//! Registration and recording live here, apart from serving: the node (its passes, sensor
+//! events and eviction decisions) and cluster mode record into [`Metrics`]; `server/` only
+//! serves its text at `/metrics`.
 
-use std::sync::{Arc, RwLock, atomic::AtomicU64};
+mod histogram;
+mod labels;
+pub mod process;
+
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet, text::encode},
+    encoding::text::encode,
     metrics::{
-        MetricType, TypedMetric,
+        MetricType,
         counter::Counter,
         family::Family,
         gauge::Gauge,
@@ -16,7 +24,6 @@ use prometheus_client::{
     registry::{Metric, Registry, Unit},
 };
 
-use super::process::{self, ProcessCollector};
 use crate::{
     cgroup::{ReconcileReport, WriteResult},
     eviction::{
@@ -26,106 +33,10 @@ use crate::{
     policy::plan::{CgroupPlan, Plan},
     sensors::event::MemcgEventKind,
 };
+use process::ProcessCollector;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    pub resource: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodInfoLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub uid: String,
-    pub qos_class: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodResourceLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub resource: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CgroupLabels {
-    pub cgroup: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ContainerLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-}
-
-#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MemcgEventLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub uid: String,
-    /// Empty for the pod's own cgroup.
-    pub container: String,
-    pub event: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodLabels {
-    pub namespace: String,
-    pub pod: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EvictionLabels {
-    pub signal: String,
-    pub qos_class: String,
-}
-
-/// A part of the eviction decision latency: `wake`, `decide`, `kill`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
-    pub stage: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProgramLabels {
-    pub program: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RingLabels {
-    pub ring: String,
-}
-
-/// An eviction signal (`memory.available`, `pid.available`, ...).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SignalLabels {
-    pub signal: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ThresholdLabels {
-    pub signal: String,
-    /// `hard` or `soft`.
-    pub kind: String,
-}
-
-/// Labels that name an eviction signal.
-pub trait SignalLabel {
-    fn signal(&self) -> &str;
-}
-
-impl SignalLabel for SignalLabels {
-    fn signal(&self) -> &str {
-        &self.signal
-    }
-}
-
-impl SignalLabel for ThresholdLabels {
-    fn signal(&self) -> &str {
-        &self.signal
-    }
-}
+pub use histogram::KernelHistogram;
+pub use labels::*;
 
 /// One gauge per eviction signal, in a family named after the signal's unit: the memory signals
 /// in `<name>_bytes`, `pid.available` in `<name>_pids`. A pid count under a bytes name would
@@ -146,139 +57,9 @@ impl<L: SignalLabel + Clone + std::hash::Hash + Eq> SignalGauges<L> {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QosLabels {
-    pub qos_class: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StepLabels {
-    /// `engage` or `release`.
-    pub direction: String,
-    /// The level stepped to.
-    pub level: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiWriteLabels {
-    /// The write's kind (`podEvicted`, `evict`, `event`, `nodeCondition`, `nodeTaint`); empty
-    /// for drops that are not about one write's answer.
-    pub write: String,
-    /// `rejected-<HTTP status>`, `expired`, `overflow`.
-    pub reason: String,
-}
-
-/// What was built: the agent's version (the crate's). The build records no source revision.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
-    pub version: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConditionLabels {
-    /// `MemoryPressure`, `PIDPressure`.
-    pub condition: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SensorLabels {
-    pub sensor: String,
-    /// `ebpf`, or the fallback in use (`psi`, `memory.events`, `polling`).
-    pub source: String,
-}
-
 fn latency_histogram() -> Histogram {
     // 100 us .. ~52 s.
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
-}
-
-/// A histogram as the kernel keeps it: log2 microsecond buckets (bucket `i` counts values in
-/// `[2^i, 2^(i+1))` µs), exported as is instead of being replayed into a client-side histogram.
-#[derive(Debug, Clone, Default)]
-pub struct KernelHistogram {
-    inner: Arc<RwLock<KernelHistogramData>>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct KernelHistogramData {
-    count: u64,
-    sum_ns: u64,
-    buckets: Vec<u64>,
-}
-
-impl KernelHistogram {
-    /// Replaces the snapshot (the kernel's counters are cumulative already).
-    pub fn set(&self, count: u64, sum_ns: u64, buckets: &[u64]) {
-        let mut d = self
-            .inner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        d.count = count;
-        d.sum_ns = sum_ns;
-        d.buckets = buckets.to_vec();
-    }
-
-    /// The upper bound (seconds) of the bucket holding the `q` quantile, `None` when empty.
-    pub fn quantile_upper_bound(&self, q: f64) -> Option<f64> {
-        let d = self
-            .inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let total: u64 = d.buckets.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = (q * total as f64).ceil() as u64;
-        let mut seen = 0;
-        for (i, n) in d.buckets.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return Some(bucket_upper_bound(i));
-            }
-        }
-        None
-    }
-}
-
-fn bucket_upper_bound(i: usize) -> f64 {
-    (1u64 << (i + 1).min(63)) as f64 * 1e-6
-}
-
-impl TypedMetric for KernelHistogram {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for KernelHistogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let d = self
-            .inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let last = d.buckets.len().saturating_sub(1);
-        let buckets: Vec<(f64, u64)> = d
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                (
-                    // The encoder writes `le="+Inf"` only for infinity, and Prometheus'
-                    // histogram_quantile needs that bucket (NaN without it).
-                    if i == last {
-                        f64::INFINITY
-                    } else {
-                        bucket_upper_bound(i)
-                    },
-                    *n,
-                )
-            })
-            .collect();
-        encoder.encode_histogram::<NoLabelSet>(d.sum_ns as f64 * 1e-9, d.count, &buckets, None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
 }
 
 /// The registry and the series names it exposes, suffixes included (`_total`, `_bucket`, ...).
@@ -772,3 +553,6 @@ impl Metrics {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,6 +1,8 @@
 //! The standalone source: a manifest directory watched with inotify, like the kubelet's static
 //! pod directory. Each change (debounced) reloads the directory and yields a [`Diff`] of the
 //! desired state: pods and workload objects added, changed and removed (`source/build.rs`).
+//! Standalone mode's `node::PodSource`, so it lives with its mode; the door it passes every
+//! object through is `source/`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,20 +15,18 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    file::{DEFAULT_MAX_BYTES, read_bounded},
-    manifest::{Loaded, expand, is_manifest_file, parse_documents},
-};
 use crate::{
     cgroup::Runner,
-    inotify::InotifyFd,
     policy::pod::PodKey,
-    workload::{Object, ValidationOptions},
-};
-
-use super::{
-    build::build,
-    podset::{Diff, ManifestPod, ObjectKey, PodSet, diff},
+    source::{
+        admit::UnknownFields,
+        build::build,
+        file::{DEFAULT_MAX_BYTES, read_bounded},
+        manifest::{Loaded, expand, is_manifest_file, parse_documents},
+        podset::{Diff, ManifestPod, ObjectKey, PodSet, diff},
+    },
+    support::inotify::InotifyFd,
+    workload::{Object, Problem, ValidationOptions},
 };
 
 /// The directory could not be read or watched.
@@ -44,6 +44,21 @@ pub enum ManifestDirError {
         #[source]
         source: io::Error,
     },
+}
+
+/// The unknown fields of the manifests (`source::admit::UnknownFields`), as `qoslet validate`
+/// prints them, each with its line: a misspelt key (`resoures`) is dropped, as the API server
+/// drops it, and said once. The texts are released.
+fn warnings(loaded: &mut Loaded) -> BTreeSet<String> {
+    let UnknownFields { mut found, more } = UnknownFields::of(&loaded.objects);
+    let texts = std::mem::take(&mut loaded.texts);
+    let mut all: Vec<&mut Problem> = found.iter_mut().collect();
+    Loaded::locate(&texts, &mut all);
+    found
+        .iter()
+        .map(ToString::to_string)
+        .chain(more.iter().map(|(f, n)| UnknownFields::more_line(f, *n)))
+        .collect()
 }
 
 /// Loads `dir` over `previous`: the new state and what changed. Files above `max_bytes`, FIFOs
@@ -66,14 +81,19 @@ pub fn load_dir(
         // A file may vanish or be half-written between the listing and the read: report it,
         // the next event reloads it.
         match read_bounded(&file, max_bytes) {
-            Ok(text) => parse_documents(&file, &text, &mut loaded),
+            Ok(text) => {
+                parse_documents(&file, &text, &mut loaded);
+                loaded.texts.insert(file, text);
+            }
             Err(e) => {
                 problems.insert(format!("{}: cannot read: {e}", file.display()));
                 unreadable.push(file);
             }
         }
     }
+    let warnings = warnings(&mut loaded);
     let (mut next, _) = build(loaded, previous, opts, problems, runner);
+    next.warnings = warnings;
     next.broken_files.extend(unreadable);
     let diff = diff(previous, &next);
     Ok((next, diff))
@@ -162,7 +182,7 @@ impl ManifestWatch {
         let dir_wd = inotify
             .add_watch(dir, DIR_EVENTS)
             .map_err(|e| watch_err(e.into()))?;
-        let fd = crate::inotify::register(inotify).map_err(watch_err)?;
+        let fd = crate::support::inotify::register(inotify).map_err(watch_err)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             fd,
@@ -211,6 +231,9 @@ impl ManifestWatch {
         let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
             tracing::warn!(dir = %self.dir.display(), problem = %line, "Manifest skipped.");
+        }
+        for line in &diff.new_warnings {
+            tracing::warn!(dir = %self.dir.display(), warning = %line, "Unknown field dropped.");
         }
         self.state = next;
         Ok(diff)

@@ -5,85 +5,85 @@
 use serde::{Deserialize, Serialize};
 
 /// Produces a fresh summary on each request (reads cgroup files at request time).
-pub trait SummarySource: Send + Sync {
+pub(crate) trait SummarySource: Send + Sync {
     fn summary(&self) -> Summary;
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Summary {
-    pub node: NodeStats,
-    pub pods: Vec<PodStats>,
+pub(crate) struct Summary {
+    pub(crate) node: NodeStats,
+    pub(crate) pods: Vec<PodStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeStats {
-    pub node_name: String,
+pub(crate) struct NodeStats {
+    pub(crate) node_name: String,
     #[serde(default)]
-    pub system_containers: Vec<ContainerStats>,
-    pub start_time: String,
+    pub(crate) system_containers: Vec<ContainerStats>,
+    pub(crate) start_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<CpuStats>,
+    pub(crate) cpu: Option<CpuStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<MemoryStats>,
+    pub(crate) memory: Option<MemoryStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PodStats {
-    pub pod_ref: PodReference,
-    pub start_time: String,
+pub(crate) struct PodStats {
+    pub(crate) pod_ref: PodReference,
+    pub(crate) start_time: String,
     #[serde(default)]
-    pub containers: Vec<ContainerStats>,
+    pub(crate) containers: Vec<ContainerStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<CpuStats>,
+    pub(crate) cpu: Option<CpuStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<MemoryStats>,
+    pub(crate) memory: Option<MemoryStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PodReference {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) uid: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ContainerStats {
-    pub name: String,
-    pub start_time: String,
+pub(crate) struct ContainerStats {
+    pub(crate) name: String,
+    pub(crate) start_time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<CpuStats>,
+    pub(crate) cpu: Option<CpuStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<MemoryStats>,
+    pub(crate) memory: Option<MemoryStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CpuStats {
-    pub time: String,
+pub(crate) struct CpuStats {
+    pub(crate) time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_nano_cores: Option<u64>,
+    pub(crate) usage_nano_cores: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_core_nano_seconds: Option<u64>,
+    pub(crate) usage_core_nano_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MemoryStats {
-    pub time: String,
+pub(crate) struct MemoryStats {
+    pub(crate) time: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub available_bytes: Option<u64>,
+    pub(crate) available_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage_bytes: Option<u64>,
+    pub(crate) usage_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub working_set_bytes: Option<u64>,
+    pub(crate) working_set_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub rss_bytes: Option<u64>,
+    pub(crate) rss_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub page_faults: Option<u64>,
+    pub(crate) page_faults: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub major_page_faults: Option<u64>,
+    pub(crate) major_page_faults: Option<u64>,
 }

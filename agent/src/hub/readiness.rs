@@ -4,24 +4,24 @@
 use std::{collections::BTreeMap, fmt::Write as _, sync::Mutex};
 
 #[derive(Debug, Default)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     subsystems: Mutex<BTreeMap<String, (bool, String)>>,
 }
 
 impl Readiness {
     /// Registers a subsystem as not ready yet.
-    pub fn register(&self, name: &str) {
+    pub(crate) fn register(&self, name: &str) {
         self.lock()
             .entry(name.to_owned())
             .or_insert((false, "starting".into()));
     }
 
-    pub fn set(&self, name: &str, ready: bool, detail: impl Into<String>) {
+    pub(crate) fn set(&self, name: &str, ready: bool, detail: impl Into<String>) {
         self.lock().insert(name.to_owned(), (ready, detail.into()));
     }
 
     /// Whether everything is ready, and one line per subsystem.
-    pub fn report(&self) -> (bool, String) {
+    pub(crate) fn report(&self) -> (bool, String) {
         let map = self.lock();
         let mut body = String::new();
         let mut all = !map.is_empty();
