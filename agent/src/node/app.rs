@@ -180,7 +180,7 @@ where
             f(state.clone());
         }
         let server = serve(cfg.addr, cfg.listener, cfg.mode, &state)?;
-        let (sensors, sensor_events) = sensors(&state);
+        let (sensors, sensor_events) = off_the_workers(|| sensors(&state));
 
         let mut persisted = if enforce {
             StateFile::load(Some(&cfg.qc.state_dir), fs.node_root())
@@ -427,6 +427,18 @@ impl NodeMemory {
                 warn!(error = %e, "Memory watcher of the pods' cgroup unavailable; allocatableMemory.available is read on the node's wake-ups and housekeeping.");
             }
         }
+    }
+}
+
+/// Runs `f`, which blocks (loading the eBPF programs takes seconds under emulation), with this
+/// worker's queued tasks handed to another thread meanwhile. The server task spawned just before
+/// sits in this worker's LIFO slot, which no other worker steals: run in place, `f` held every
+/// probe unanswered until it returned (a VM's `/metrics` request waited out its 5 s). A
+/// current-thread runtime (unit tests) has no other thread to hand them to.
+fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 

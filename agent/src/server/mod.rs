@@ -166,4 +166,4 @@ async fn status_handler<S: Endpoints>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -23,8 +23,11 @@ fn fresh_state() -> Arc<AgentState> {
     Arc::new(AgentState::new(Box::new(NoSummary), None))
 }
 
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+/// A GET's status and body; a server silent for 30 s fails it.
+pub(crate) fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .expect("a read timeout");
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

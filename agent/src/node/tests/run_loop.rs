@@ -10,7 +10,9 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use super::*;
-use crate::{cgroup::ContainerRuntime, config::EvictionWakeups, node::run::drive};
+use crate::{
+    cgroup::ContainerRuntime, config::EvictionWakeups, node::run::drive, sensors::SensorEvent,
+};
 
 /// A source fed by the test: each PodSet sent is the next change; once the sender is gone it
 /// never changes again (as a quiet directory or API server).
@@ -85,13 +87,24 @@ struct Running {
 }
 
 fn start(cfg: RunConfig, first: PodSet, exec: Arc<FakeExecutor>) -> Running {
+    start_with(cfg, first, exec, |_: &AgentState| fake_sensors())
+}
+
+fn fake_sensors() -> (FakeSensors, mpsc::Receiver<SensorEvent>) {
+    let (_tx, rx) = mpsc::channel(1);
+    (FakeSensors::default(), rx)
+}
+
+/// [`start`] with the sensors' start given.
+fn start_with(
+    cfg: RunConfig,
+    first: PodSet,
+    exec: Arc<FakeExecutor>,
+    sensors: impl FnOnce(&AgentState) -> (FakeSensors, mpsc::Receiver<SensorEvent>) + Send + 'static,
+) -> Running {
     let (changes, next) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel::<()>();
     let source = ChannelSource { now: first, next };
-    let sensors = |_: &AgentState| {
-        let (_tx, rx) = mpsc::channel(1);
-        (FakeSensors::default(), rx)
-    };
     let task = tokio::spawn(drive(
         cfg,
         source,
@@ -129,6 +142,41 @@ fn created_on_disk(tree: &Tree0) -> Vec<String> {
         .iter()
         .map(ToString::to_string)
         .collect()
+}
+
+/// The sensors' start blocks (the eBPF programs load for seconds under emulation); the server,
+/// started before it, answers the probes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_answers_while_the_sensors_start() {
+    let tree = Tree0::new("loop-sensors-start");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut cfg = run_config(&tree, ContainerRuntime::Containerd);
+    cfg.listener = Some(listener);
+    let (starting, started) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let sensors = move |_: &AgentState| {
+        starting.send(()).unwrap();
+        // Until the test has its answer (or gave up on it).
+        let _ = released.recv();
+        fake_sensors()
+    };
+    let node = start_with(
+        cfg,
+        PodSet::default(),
+        Arc::new(FakeExecutor::kubelet()),
+        sensors,
+    );
+    tokio::task::spawn_blocking(move || {
+        started.recv().unwrap();
+        let answer = crate::server::tests::get(addr, "/healthz");
+        release.send(()).unwrap();
+        assert_eq!(answer.0, 200, "/healthz while the sensors start");
+    })
+    .await
+    .unwrap();
+    node.stop.send(()).unwrap();
+    node.task.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
