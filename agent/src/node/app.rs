@@ -226,7 +226,10 @@ where
         // Ranked on the usage less the inactive_file the statistics sampling reads; a value missed
         // by one sampling is still used, one older is read fresh.
         .with_usage(UsageCache::new(2 * cfg.qc.stats_interval));
-        node.share_usage(manager.usage());
+        // Observe mode runs no manager: nothing would read what the sampling hands over.
+        if enforce {
+            node.share_usage(manager.usage());
+        }
         let decisions = manager.decisions();
         let observations = manager.observations();
         let conditions = manager.conditions();
