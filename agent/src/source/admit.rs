@@ -86,9 +86,14 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
             p
         }
     };
-    let object = match raw.typed().map_err(decode_problem)? {
-        Typed::Pod(pod) => return admit_pod(*pod, raw.origin()),
-        typed => workload::object(typed, raw.origin()),
+    admit_typed(raw.typed().map_err(decode_problem)?, raw.origin())
+}
+
+/// Admission of an object typed already (a decoded document, or the API's).
+pub fn admit_typed(typed: Typed, origin: Origin) -> Result<Admitted, Vec<Problem>> {
+    let object = match typed {
+        Typed::Pod(pod) => return admit_pod(*pod, origin),
+        typed => workload::object(typed, origin),
     };
     let mut problems = Vec::new();
     meta_rules(&object, &mut |rule, field, message| {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    admit::{Admitted, AdmittedPod, admit, admit_pod, unique_uids},
+    admit::{Admitted, AdmittedPod, admit, admit_typed, unique_uids},
     manifest::Loaded,
 };
 use crate::{
@@ -46,8 +46,8 @@ pub fn build(
             }
         }
     }
-    for (origin, pod) in loaded.pods {
-        match admit_pod(pod, origin)
+    for (origin, typed) in loaded.typed {
+        match admit_typed(typed, origin)
             .map_err(lines)
             .and_then(|a| runnable(a, runner))
         {
@@ -395,7 +395,9 @@ mod tests {
                     file: "api".into(),
                     index,
                 };
-                loaded.pods.push((origin, typed(name)));
+                loaded
+                    .typed
+                    .push((origin, workload::Typed::Pod(Box::new(typed(name)))));
             }
             build(
                 loaded,
