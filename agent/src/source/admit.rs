@@ -31,7 +31,6 @@ use super::manifest::RawObject;
 use crate::{
     cgroup::name::validate_uid,
     policy::{pod::PodSpecView, quantity::Quantity},
-    runtime::spec::PodRuntimeSpec,
     workload::{
         self, DecodeError, Kind, Object, Origin, Typed,
         problem::{Problem, Rule},
@@ -54,9 +53,6 @@ pub struct AdmittedPod {
     pub pod: core::Pod,
     /// The policy's view.
     pub view: PodSpecView,
-    /// What qoslet's own runtime runs: set by the source's door for pods that runtime runs
-    /// (`source::build`), `None` otherwise.
-    pub runtime: Option<PodRuntimeSpec>,
 }
 
 /// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
@@ -185,11 +181,7 @@ pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem
     match PodSpecView::from_pod(&pod) {
         Ok(view) if problems.is_empty() => Ok(Admitted {
             object,
-            pod: Some(AdmittedPod {
-                pod,
-                view,
-                runtime: None,
-            }),
+            pod: Some(AdmittedPod { pod, view }),
         }),
         Ok(_) => Err(problems),
         Err(e) => {

@@ -466,7 +466,7 @@ fn a_group_chain_is_walked_no_deeper_than_its_limit() {
             &PodSet::default(),
             &ValidationOptions::default(),
             BTreeSet::new(),
-            crate::cluster::executor::KubeletExecutor::RUNNER,
+            None,
         );
         set.problems
             .into_iter()
@@ -534,7 +534,7 @@ fn workload_objects_go_typed_and_one_that_does_not_decode_is_reported() {
         &PodSet::default(),
         &ValidationOptions::default(),
         BTreeSet::new(),
-        crate::cluster::executor::KubeletExecutor::RUNNER,
+        None,
     );
     let problems: Vec<&String> = set.problems.iter().collect();
     assert_eq!(problems.len(), 1, "{problems:?}");
