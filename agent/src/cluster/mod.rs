@@ -781,7 +781,7 @@ mod tests {
             got,
             [
                 want("client", &[]),
-                want("source", &["client", "executor"]),
+                want("source", &["client"]),
                 want("unit", &["source"]),
                 want("action", &["queue", "unit", "writes"]),
                 want("marks", &["action", "queue", "writes"]),

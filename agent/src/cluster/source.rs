@@ -46,7 +46,7 @@ use crate::{
         podset::Diff,
     },
     support::lock,
-    workload::{ValidationOptions, validate::reads_parent},
+    workload::{self, Kind, Typed, ValidationOptions, validate::reads_parent},
 };
 
 /// Where problem lines say an object came from.
@@ -495,7 +495,8 @@ impl ApiSource {
             &self.state,
             &self.opts,
             BTreeSet::new(),
-            super::executor::KubeletExecutor::RUNNER,
+            // The kubelet runs these pods: no runtime of qoslet's checks them.
+            None,
         );
         for line in &diff.new_problems {
             tracing::warn!(problem = %line, "API object skipped.");
@@ -774,18 +775,22 @@ pub fn loaded_all(
 
 /// The API's pods go to admission typed, as they are.
 fn push_pod(out: &mut Loaded, p: &Pod) {
-    let origin = crate::workload::Origin {
-        file: PathBuf::from(ORIGIN),
-        index: out.objects.len() + out.pods.len(),
-    };
-    out.pods.push((origin, p.clone()));
+    let origin = next_origin(out);
+    out.typed.push((origin, Typed::Pod(Box::new(p.clone()))));
 }
 
+/// A workload object of the API goes to admission typed, decoded from the watch's JSON. One that
+/// does not decode goes as a document, so that the door says why, as it would of a manifest's.
 fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::Value) {
+    let origin = next_origin(out);
     // List items carry no apiVersion and kind: the watch knows them.
     if let Some(m) = value.as_object_mut() {
         m.insert("apiVersion".into(), api_version.into());
         m.insert("kind".into(), kind.into());
+    }
+    if let Some(typed) = typed(api_version, kind, &value) {
+        out.typed.push((origin, typed));
+        return;
     }
     let str_at = |p: &str| {
         value
@@ -799,16 +804,34 @@ fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::
     let Ok(value) = serde_yaml_ng::to_value(&value) else {
         return;
     };
-    let index = out.objects.len() + out.pods.len();
     out.objects.push(RawObject {
-        file: PathBuf::from(ORIGIN),
-        index,
+        file: origin.file,
+        index: origin.index,
         api_version: api_version.into(),
         kind: kind.into(),
         namespace,
         name,
         value,
     });
+}
+
+/// `value` as the typed object of the hierarchy's `kind`, if it decodes as one.
+fn typed(api_version: &str, kind: &str, value: &serde_json::Value) -> Option<Typed> {
+    use serde::Deserialize;
+    Some(match workload::kind_of(api_version, kind).ok()? {
+        Kind::Workload => Typed::Workload(Deserialize::deserialize(value).ok()?),
+        Kind::PodGroup => Typed::PodGroup(Deserialize::deserialize(value).ok()?),
+        Kind::CompositePodGroup => Typed::CompositePodGroup(Deserialize::deserialize(value).ok()?),
+        Kind::Pod => Typed::Pod(Box::new(Deserialize::deserialize(value).ok()?)),
+    })
+}
+
+/// The next object's place among what the API gave.
+fn next_origin(out: &Loaded) -> workload::Origin {
+    workload::Origin {
+        file: PathBuf::from(ORIGIN),
+        index: out.objects.len() + out.typed.len(),
+    }
 }
 
 mod trim;

@@ -53,9 +53,9 @@ impl UnitMembers {
             .map(|a| a.object)
             .chain(
                 loaded
-                    .pods
+                    .typed
                     .into_iter()
-                    .filter_map(|(o, p)| crate::source::admit::admit_pod(p, o).ok())
+                    .filter_map(|(o, t)| crate::source::admit::admit_typed(t, o).ok())
                     .map(|a| a.object),
             );
         let forest = Forest::new(ns, objects);

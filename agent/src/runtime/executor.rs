@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use super::{ContainerCgroups, Runtime};
+use super::{ContainerCgroups, Runtime, spec::PodRuntimeSpec};
 use crate::{
     cgroup::{ContainerIds, Runner},
     eviction::{Admission, NodeCondition, admit},
@@ -18,12 +18,12 @@ impl PodExecutor for Runtime {
         Runner::Qoslet
     }
 
-    /// Only pods the source's door read for this runtime (`source::build`, [`Runner::Qoslet`]).
+    /// Only pods it can read into what it runs (the source's door refused the rest already,
+    /// with `spec::run_check`).
     fn accepts(&self, pod: &ManifestPod) -> Result<(), String> {
-        match pod.runtime {
-            Some(_) => Ok(()),
-            None => Err(not_read(pod)),
-        }
+        PodRuntimeSpec::from_pod(&pod.pod)
+            .map(drop)
+            .map_err(|_| not_read(pod))
     }
 
     /// The standalone runtime names container cgroups by the container's name.
@@ -58,7 +58,7 @@ impl PodExecutor for Runtime {
         let mut specs = Vec::new();
         let mut held = BTreeMap::new();
         for p in pods {
-            let Some(mut spec) = p.pod.runtime.clone() else {
+            let Ok(mut spec) = PodRuntimeSpec::from_pod(&p.pod.pod) else {
                 problems.push(not_read(p.pod));
                 continue;
             };

@@ -10,6 +10,7 @@ use thiserror::Error;
 use crate::{
     cgroup::CgroupBeneath,
     policy::pod::{ContainerKind, PodKey, RestartPolicy, derived_uid},
+    source::build::Unrunnable,
 };
 
 /// `terminationGracePeriodSeconds` when unset (PodSpec defaulting).
@@ -61,6 +62,17 @@ pub struct SpecError {
     /// JSON path inside the object, e.g. `spec.containers[0].env[1].valueFrom`.
     pub field: String,
     pub message: String,
+}
+
+/// The runtime's check at the source's door (`source::build::RunCheck`): a pod it cannot read
+/// into a [`PodRuntimeSpec`] is a problem line there, not a failure when it is to start.
+pub fn run_check(pod: &core::Pod) -> Result<(), Unrunnable> {
+    PodRuntimeSpec::from_pod(pod)
+        .map(drop)
+        .map_err(|e| Unrunnable {
+            field: e.field,
+            message: e.message,
+        })
 }
 
 impl PodRuntimeSpec {

@@ -31,7 +31,6 @@ use super::manifest::RawObject;
 use crate::{
     cgroup::name::validate_uid,
     policy::{pod::PodSpecView, quantity::Quantity},
-    runtime::spec::PodRuntimeSpec,
     workload::{
         self, DecodeError, Kind, Object, Origin, Typed,
         problem::{Problem, Rule},
@@ -54,9 +53,6 @@ pub struct AdmittedPod {
     pub pod: core::Pod,
     /// The policy's view.
     pub view: PodSpecView,
-    /// What qoslet's own runtime runs: set by the source's door for pods that runtime runs
-    /// (`source::build`), `None` otherwise.
-    pub runtime: Option<PodRuntimeSpec>,
 }
 
 /// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
@@ -86,9 +82,14 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
             p
         }
     };
-    let object = match raw.typed().map_err(decode_problem)? {
-        Typed::Pod(pod) => return admit_pod(*pod, raw.origin()),
-        typed => workload::object(typed, raw.origin()),
+    admit_typed(raw.typed().map_err(decode_problem)?, raw.origin())
+}
+
+/// Admission of an object typed already (a decoded document, or the API's).
+pub fn admit_typed(typed: Typed, origin: Origin) -> Result<Admitted, Vec<Problem>> {
+    let object = match typed {
+        Typed::Pod(pod) => return admit_pod(*pod, origin),
+        typed => workload::object(typed, origin),
     };
     let mut problems = Vec::new();
     meta_rules(&object, &mut |rule, field, message| {
@@ -180,11 +181,7 @@ pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem
     match PodSpecView::from_pod(&pod) {
         Ok(view) if problems.is_empty() => Ok(Admitted {
             object,
-            pod: Some(AdmittedPod {
-                pod,
-                view,
-                runtime: None,
-            }),
+            pod: Some(AdmittedPod { pod, view }),
         }),
         Ok(_) => Err(problems),
         Err(e) => {

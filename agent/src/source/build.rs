@@ -6,29 +6,39 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    admit::{Admitted, AdmittedPod, admit, admit_pod, unique_uids},
+    admit::{Admitted, AdmittedPod, admit, admit_typed, unique_uids},
     manifest::Loaded,
 };
-use crate::{
-    cgroup::Runner,
-    runtime::spec::PodRuntimeSpec,
-    workload::{
-        self, Forest, Object, ValidationOptions, apply_updates,
-        problem::{Problem, Rule},
-    },
+use k8s_openapi::api::core::v1 as core;
+
+use crate::workload::{
+    self, Forest, Object, ValidationOptions, apply_updates,
+    problem::{Problem, Rule},
 };
 
 use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_key, spec_hash};
 
-/// Decoding, admission, immutability, validation and the diff, for pods run by `runner`: one
-/// check at the door depends on it (qoslet's own runtime needs every container's `command`;
-/// under the kubelet the image's entrypoint is the kubelet's business).
+/// The check of each admitted pod that the runtime running it makes at the door: qoslet's own
+/// runtime needs what it runs (every container's `command`, among others:
+/// `runtime::spec::run_check`); under the kubelet there is none (the image's entrypoint is the
+/// kubelet's business). The mode gives it, so that the door knows no runtime.
+pub type RunCheck = fn(&core::Pod) -> Result<(), Unrunnable>;
+
+/// Why the runtime cannot run a pod: the field and the message of the pod's problem line.
+#[derive(Debug)]
+pub struct Unrunnable {
+    pub field: String,
+    pub message: String,
+}
+
+/// Decoding, admission, immutability, validation and the diff; `run_check` is the runtime's
+/// check of each pod, if it has one.
 pub fn build(
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,
     mut problems: BTreeSet<String>,
-    runner: Runner,
+    run_check: Option<RunCheck>,
 ) -> (PodSet, Diff) {
     let mut broken_files = BTreeSet::new();
     for m in loaded.malformed {
@@ -38,7 +48,10 @@ pub fn build(
     // Admission (source/admit.rs), then a Pod has to be runnable by the runtime; one pod per UID.
     let mut admitted = Vec::new();
     for raw in &loaded.objects {
-        match admit(raw).map_err(lines).and_then(|a| runnable(a, runner)) {
+        match admit(raw)
+            .map_err(lines)
+            .and_then(|a| runnable(a, run_check))
+        {
             Ok(a) => admitted.push(a),
             Err(lines) => {
                 problems.extend(lines);
@@ -46,10 +59,10 @@ pub fn build(
             }
         }
     }
-    for (origin, pod) in loaded.pods {
-        match admit_pod(pod, origin)
+    for (origin, typed) in loaded.typed {
+        match admit_typed(typed, origin)
             .map_err(lines)
-            .and_then(|a| runnable(a, runner))
+            .and_then(|a| runnable(a, run_check))
         {
             Ok(a) => admitted.push(a),
             Err(lines) => problems.extend(lines),
@@ -113,7 +126,6 @@ pub fn build(
                         pod: a.pod.clone(),
                         object: o,
                         view: a.view.clone(),
-                        runtime: a.runtime.clone(),
                         spec_hash: spec_hash(&a.pod),
                     },
                     _ => match old_pods.get(&key) {
@@ -143,19 +155,16 @@ fn lines(ps: Vec<Problem>) -> Vec<String> {
     ps.iter().map(ToString::to_string).collect()
 }
 
-/// For a Pod that qoslet's own runtime runs, the spec that runtime runs, computed here once.
-fn runnable(mut a: Admitted, runner: Runner) -> Result<Admitted, Vec<String>> {
-    if runner == Runner::Qoslet
-        && let Some(p) = &mut a.pod
-    {
-        let spec = PodRuntimeSpec::from_pod(&p.pod).map_err(|e| {
+/// A Pod the runtime's check refuses is a problem line, at the field it names.
+fn runnable(a: Admitted, run_check: Option<RunCheck>) -> Result<Admitted, Vec<String>> {
+    if let (Some(check), Some(p)) = (run_check, &a.pod) {
+        check(&p.pod).map_err(|e| {
             lines(vec![Problem::on(
                 &a.object,
                 Rule::Schema,
                 format!("{}: {}", e.field, e.message),
             )])
         })?;
-        p.runtime = Some(spec);
     }
     Ok(a)
 }
@@ -171,6 +180,18 @@ mod tests {
         workload::Origin,
     };
 
+    /// A runtime's check as the mode gives it: every container needs a `command`.
+    fn needs_commands(pod: &core::Pod) -> Result<(), Unrunnable> {
+        let containers = pod.spec.iter().flat_map(|s| &s.containers);
+        match containers.enumerate().find(|(_, c)| c.command.is_none()) {
+            Some((i, _)) => Err(Unrunnable {
+                field: format!("spec.containers[{i}].command"),
+                message: "required: this runtime runs commands".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn load(files: &[(&str, &str)], prev: &PodSet) -> (PodSet, Diff) {
         let mut loaded = Loaded::default();
         for (name, text) in files {
@@ -181,7 +202,7 @@ mod tests {
             prev,
             &ValidationOptions::default(),
             BTreeSet::new(),
-            Runner::Qoslet,
+            Some(needs_commands),
         )
     }
 
@@ -227,7 +248,7 @@ mod tests {
         assert_eq!(
             d1.new_problems,
             [
-                "bad.yaml: Pod/bad: schema: spec.containers[0].command: required: qoslet runs commands on the host and has no image entrypoint"
+                "bad.yaml: Pod/bad: schema: spec.containers[0].command: required: this runtime runs commands"
             ]
         );
         let (_, d2) = load(&files, &s1);
@@ -388,25 +409,27 @@ mod tests {
         let typed = |name: &str| -> k8s_openapi::api::core::v1::Pod {
             serde_yaml_ng::from_str(&doc(name)).unwrap()
         };
-        let api = |runner| {
+        let api = |run_check: Option<RunCheck>| {
             let mut loaded = Loaded::default();
             for (index, name) in ["a", "Bad_Name"].into_iter().enumerate() {
                 let origin = Origin {
                     file: "api".into(),
                     index,
                 };
-                loaded.pods.push((origin, typed(name)));
+                loaded
+                    .typed
+                    .push((origin, workload::Typed::Pod(Box::new(typed(name)))));
             }
             build(
                 loaded,
                 &PodSet::default(),
                 &ValidationOptions::default(),
                 BTreeSet::new(),
-                runner,
+                run_check,
             )
         };
 
-        let (set, diff) = api(Runner::Kubelet);
+        let (set, diff) = api(None);
         assert_eq!(names(&diff.pods_added), ["a"]);
         assert_eq!(diff.new_problems.len(), 1, "{:?}", diff.new_problems);
         assert!(
@@ -419,21 +442,27 @@ mod tests {
         assert_eq!(a.pod, typed("a"));
         assert_eq!(a.view, PodSpecView::from_pod(&typed("a")).unwrap());
         assert_eq!(a.spec_hash, spec_hash(&typed("a")));
-        assert_eq!(a.runtime, None, "the kubelet runs it");
 
-        let (set, _) = api(Runner::Qoslet);
-        let a = set.pods.values().next().unwrap();
-        assert_eq!(
-            a.runtime,
-            Some(PodRuntimeSpec::from_pod(&typed("a")).unwrap()),
-            "qoslet's runtime gets its spec from the door"
+        // The runtime's check refuses a pod at the door, with its field.
+        let (set, diff) = api(Some(|_| {
+            Err(Unrunnable {
+                field: "spec".into(),
+                message: "refused".into(),
+            })
+        }));
+        assert!(set.pods.is_empty());
+        assert!(
+            diff.new_problems
+                .contains(&"api: Pod/default/a: schema: spec: refused".to_owned()),
+            "{:?}",
+            diff.new_problems
         );
 
         let (manifest, _) = load(&[("a.yaml", &doc("a"))], &PodSet::default());
         let m = manifest.pods.values().next().unwrap();
         assert_eq!(
-            (&m.pod, &m.view, &m.runtime, m.spec_hash),
-            (&a.pod, &a.view, &a.runtime, a.spec_hash)
+            (&m.pod, &m.view, m.spec_hash),
+            (&a.pod, &a.view, a.spec_hash)
         );
     }
 }

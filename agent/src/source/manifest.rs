@@ -71,9 +71,9 @@ pub struct MalformedError {
 #[derive(Debug, Default)]
 pub struct Loaded {
     pub objects: Vec<RawObject>,
-    /// Pods that are typed already (the API's): admitted as they are, without a detour through
-    /// a document (`source::admit::admit_pod`).
-    pub pods: Vec<(Origin, k8s_openapi::api::core::v1::Pod)>,
+    /// Objects that are typed already (the API's pods and workload objects): admitted as they
+    /// are, without a detour through a document (`source::admit::admit_typed`).
+    pub typed: Vec<(Origin, Typed)>,
     pub malformed: Vec<MalformedError>,
     /// The text of each file read by [`load_paths`], so that a problem can be given its line
     /// ([`Loaded::locate`]).

@@ -23,7 +23,7 @@ pub(crate) fn pod_set(yaml: &str, previous: &PodSet) -> PodSet {
         previous,
         &crate::workload::ValidationOptions::default(),
         std::collections::BTreeSet::new(),
-        crate::cgroup::Runner::Qoslet,
+        None,
     )
     .0
 }

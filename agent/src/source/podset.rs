@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1 as core;
 
 use crate::{
     policy::pod::{PodKey, PodSpecView},
-    runtime::spec::PodRuntimeSpec,
     workload::{self, Forest, Kind, Object, ValidationOptions},
 };
 
@@ -26,8 +25,6 @@ pub struct ManifestPod {
     pub object: Object,
     /// The policy's view.
     pub view: PodSpecView,
-    /// What qoslet's own runtime runs; `None` for pods the kubelet runs.
-    pub runtime: Option<PodRuntimeSpec>,
     /// [`spec_hash`] of the pod: recorded with an eviction, a changed spec makes a new pod.
     pub spec_hash: u64,
 }

@@ -18,9 +18,10 @@ use tokio::io::unix::AsyncFd;
 use crate::{
     cgroup::Runner,
     policy::pod::PodKey,
+    runtime::spec::run_check,
     source::{
         admit::UnknownFields,
-        build::build,
+        build::{RunCheck, build},
         file::{DEFAULT_MAX_BYTES, read_bounded},
         manifest::{Loaded, expand, is_manifest_file, parse_documents},
         podset::{Diff, ManifestPod, ObjectKey, PodSet, diff},
@@ -92,7 +93,9 @@ pub fn load_dir(
         }
     }
     let warnings = warnings(&mut loaded);
-    let (mut next, _) = build(loaded, previous, opts, problems, runner);
+    // qoslet's own runtime checks at the door that it can run each pod; the kubelet's, nothing.
+    let run_check = (runner == Runner::Qoslet).then_some(run_check as RunCheck);
+    let (mut next, _) = build(loaded, previous, opts, problems, run_check);
     next.warnings = warnings;
     next.broken_files.extend(unreadable);
     let diff = diff(previous, &next);

@@ -57,7 +57,6 @@ fn manifest_pod(p: core::Pod) -> ManifestPod {
         pod: admitted.pod,
         object: a.object,
         view: admitted.view,
-        runtime: None,
     }
 }
 

@@ -466,16 +466,24 @@ fn a_group_chain_is_walked_no_deeper_than_its_limit() {
             &PodSet::default(),
             &ValidationOptions::default(),
             BTreeSet::new(),
-            crate::cluster::executor::KubeletExecutor::RUNNER,
+            None,
         );
         set.problems
             .into_iter()
             .filter(|p| p.contains("depth-limit") || p.contains("no-cycles"))
             .collect()
     };
+    // The workload objects given to the door, typed (none as a document).
+    let groups = |l: &Loaded| {
+        assert!(l.objects.is_empty(), "every group decodes");
+        l.typed
+            .iter()
+            .filter(|(_, t)| !matches!(t, Typed::Pod(_)))
+            .count()
+    };
     let (objects, wanted) = loaded(&pods, &chain(300, Some("g300")));
     assert_eq!(wanted, levels(MAX_DEPTH));
-    assert_eq!(objects.objects.len(), MAX_DEPTH);
+    assert_eq!(groups(&objects), MAX_DEPTH);
     assert_eq!(
         depth_problems(objects),
         ["api: PodGroup/ns/g0: depth-limit: at depth 5 or more, at most 4"]
@@ -491,7 +499,53 @@ fn a_group_chain_is_walked_no_deeper_than_its_limit() {
     // A loop within the limit (g0 under g1 under g2 under g1): each group read once.
     let (objects, wanted) = loaded(&pods, &chain(3, Some("g1")));
     assert_eq!(wanted, levels(3));
-    assert_eq!(objects.objects.len(), 3);
+    assert_eq!(groups(&objects), 3);
+}
+
+/// The API's workload objects reach the door typed; one that does not decode as its kind goes
+/// as a document, and the door names the object and the field, as it would a manifest's.
+#[test]
+fn workload_objects_go_typed_and_one_that_does_not_decode_is_reported() {
+    let pods = [Arc::new(
+        serde_json::from_value::<Pod>(pod("p", UID_A, "Running", Some("good"))).unwrap(),
+    )];
+    let mut bad = pod_group("bad");
+    bad["spec"]["schedulingPolicy"]["gang"]["minCount"] = json!("many");
+    let object = |v: Value| Arc::new(serde_json::from_value::<DynamicObject>(v).unwrap());
+    let resource = workload_resources()
+        .into_iter()
+        .find(|r| r.kind == "PodGroup")
+        .unwrap();
+    let objects = vec![(resource, vec![object(pod_group("good")), object(bad)])];
+    let all = loaded_all(&pods, &objects);
+    let kinds: Vec<&str> = all
+        .typed
+        .iter()
+        .map(|(_, t)| match t {
+            Typed::Pod(_) => "Pod",
+            Typed::PodGroup(_) => "PodGroup",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["Pod", "PodGroup"]);
+    assert_eq!(all.objects.len(), 1, "the one that does not decode");
+    let (set, _) = build(
+        all,
+        &PodSet::default(),
+        &ValidationOptions::default(),
+        BTreeSet::new(),
+        None,
+    );
+    let problems: Vec<&String> = set.problems.iter().collect();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with(
+            "api: PodGroup/ns/bad: schema: spec.schedulingPolicy.gang.minCount: invalid type"
+        ),
+        "{problems:?}"
+    );
+    assert_eq!(names(&set), ["p"]);
+    assert_eq!(set.objects.len(), 1, "the good PodGroup");
 }
 
 /// A node whose pod's PodGroup hangs below a chain of 300 CompositePodGroups, its top naming

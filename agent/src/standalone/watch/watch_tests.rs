@@ -190,3 +190,31 @@ async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
     fs::remove_file(&file).unwrap();
     assert_eq!(next(&mut w).await.unwrap().pods_removed.len(), 1);
 }
+
+/// A pod qoslet's runtime cannot run (a container without a `command`: there is no image
+/// entrypoint) is refused at the door with the runtime's own line; the rest run.
+#[test]
+fn a_pod_the_runtime_cannot_run_is_refused_at_the_door() {
+    let s = Scratch::new("unrunnable");
+    fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
+    let image_only = "apiVersion: v1\nkind: Pod\nmetadata: {name: b}\nspec:\n  containers: [{name: c, image: x}]\n";
+    fs::write(s.dir().join("b.yaml"), image_only).unwrap();
+    let (set, diff) = load_dir(
+        &s.dir(),
+        &PodSet::default(),
+        &ValidationOptions::default(),
+        Runner::Qoslet,
+        DEFAULT_MAX_BYTES,
+    )
+    .unwrap();
+    let names: Vec<&str> = set.pods.keys().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["a"]);
+    let file = s.dir().join("b.yaml");
+    assert_eq!(
+        diff.new_problems,
+        [format!(
+            "{}: Pod/b: schema: spec.containers[0].command: required: qoslet runs commands on the host and has no image entrypoint",
+            file.display()
+        )]
+    );
+}
