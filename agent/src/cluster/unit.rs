@@ -43,7 +43,6 @@ impl UnitMembers {
         let pod = self
             .pods
             .find(|p| p.metadata.uid.as_deref() == Some(key.uid.as_str()))?;
-        let ns = key.namespace.as_str();
         let loaded = loaded_all(&[pod], namespace_objects);
         // Through admission, as at the source's door: nothing unvalidated reaches the forest.
         let objects = loaded
@@ -58,7 +57,7 @@ impl UnitMembers {
                     .filter_map(|(o, p)| crate::source::admit::admit_pod(p, o).ok())
                     .map(|a| a.object),
             );
-        let forest = Forest::new(ns, objects);
+        let forest = Forest::new(objects);
         let unit = disruption_unit(&forest, &key.name)?;
         let UnitRoot::Group(top) = unit.root else {
             return None;
