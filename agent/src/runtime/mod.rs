@@ -12,7 +12,7 @@ mod container;
 mod executor;
 pub mod logs;
 mod pod;
-pub mod process;
+pub(crate) mod process;
 mod shared;
 pub mod spec;
 
@@ -29,7 +29,9 @@ use tokio::{
 };
 
 pub use backoff::BackoffConfig;
-pub use spec::{ContainerCgroups, ContainerSpec, PodRuntimeSpec, SpecError};
+pub use spec::ContainerCgroups;
+pub use spec::ContainerSpec;
+pub use spec::PodRuntimeSpec;
 
 use crate::{
     node::pod_status::{
