@@ -23,7 +23,7 @@ use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_
 /// Decoding, admission, immutability, validation and the diff, for pods run by `runner`: one
 /// check at the door depends on it (qoslet's own runtime needs every container's `command`;
 /// under the kubelet the image's entrypoint is the kubelet's business).
-pub fn build(
+pub(crate) fn build(
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,
