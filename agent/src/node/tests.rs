@@ -215,9 +215,6 @@ impl SensorControl for FakeSensors {
     fn events_lost(&self) -> u64 {
         0
     }
-    fn reports_new_processes(&self) -> bool {
-        true
-    }
 }
 
 /// A temporary directory standing for a cgroup v2 mount, removed on drop.
