@@ -8,7 +8,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub(crate) enum PrivilegeError {
+pub enum PrivilegeError {
     #[error(
         "qoslet needs root, or the CAP_BPF and CAP_PERFMON capabilities, to load its eBPF programs; run it as root or as the privileged DaemonSet"
     )]
