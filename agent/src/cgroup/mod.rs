@@ -13,17 +13,17 @@
 //! symlinks. The files are few and plainly formatted, so qoslet writes them directly, through
 //! `openat2` beneath the node root with symlinks refused.
 
-pub mod beneath;
-pub mod capacity;
+pub(crate) mod beneath;
+pub(crate) mod capacity;
 pub(crate) mod changes;
-pub mod desired;
+pub(crate) mod desired;
 pub(crate) mod diff;
 pub(crate) mod files;
-pub mod fs;
+pub(crate) mod fs;
 pub mod layout;
-pub mod name;
-pub mod oom;
-pub mod reconcile;
+pub(crate) mod name;
+pub(crate) mod oom;
+pub(crate) mod reconcile;
 pub mod report;
 pub(crate) mod value;
 

@@ -16,7 +16,7 @@ mod cpu_pressure;
 mod housekeeping;
 mod leftovers;
 mod pass;
-pub mod pod_status;
+pub(crate) mod pod_status;
 mod report;
 mod run;
 mod seams;

@@ -141,7 +141,7 @@ struct Persisted {
 
 /// The node's state file and what it holds now.
 #[derive(Debug)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     path: Option<PathBuf>,
     saved: Persisted,
     now: Persisted,

@@ -6,7 +6,7 @@
 //! I/O, `container` supervises one container and `pod` one pod, both writing the pod's status
 //! through `shared`, which announces each change; [`Runtime`] ties them together.
 
-pub mod backoff;
+pub(crate) mod backoff;
 mod claims;
 mod container;
 mod executor;
@@ -14,7 +14,7 @@ pub mod logs;
 mod pod;
 pub(crate) mod process;
 mod shared;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::{
     collections::BTreeMap,

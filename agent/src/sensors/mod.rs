@@ -5,7 +5,7 @@ pub(crate) mod btf;
 pub mod cpu_usage;
 pub mod ebpf;
 pub mod event;
-pub mod facade;
+pub(crate) mod facade;
 pub mod kernel_log;
 pub mod kmaps;
 pub(crate) mod memory_events;

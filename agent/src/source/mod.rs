@@ -7,7 +7,7 @@ pub(crate) mod fields;
 pub(crate) mod file;
 pub mod manifest;
 pub(crate) mod nesting;
-pub mod podset;
+pub(crate) mod podset;
 pub(crate) mod yaml;
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod disruption;
-pub mod forest;
+pub(crate) mod forest;
 pub(crate) mod gate;
 #[cfg(test)]
 mod lifecycle;
