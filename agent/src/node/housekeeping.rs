@@ -133,7 +133,7 @@ impl Node {
 
     /// An eviction the manager made: metrics and the status events. The eviction pipeline has
     /// recorded it in the state file already (`eviction/pipeline.rs`).
-    pub(crate) fn on_eviction(&mut self, d: &Decision) {
+    pub(crate) fn on_eviction(&self, d: &Decision) {
         for pod in &d.pods {
             let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
             self.report

@@ -49,7 +49,7 @@ impl SensorControl for Sensors {
 }
 
 impl Node {
-    pub(crate) fn on_sensor_event(&mut self, e: &SensorEvent) {
+    pub(crate) fn on_sensor_event(&self, e: &SensorEvent) {
         match e {
             SensorEvent::Process { pid, cgroup_id, .. } => {
                 if let Some(t) = &self.cgroups.targets {
