@@ -12,14 +12,14 @@
 //! | 72 | [`OSFILE`] | a system file is missing: no cgroup hierarchy is mounted, or the layout cannot be detected |
 
 /// The commands that read input: it, or an option, is not valid.
-pub const PROBLEMS: u8 = 1;
+pub(crate) const PROBLEMS: u8 = 1;
 /// The commands that read input: it could not be read.
-pub const UNREADABLE: u8 = 2;
+pub(crate) const UNREADABLE: u8 = 2;
 /// EX_USAGE / EX_CONFIG: a configuration or usage error.
-pub const CONFIG: u8 = 64;
+pub(crate) const CONFIG: u8 = 64;
 /// EX_UNAVAILABLE: a service is unavailable.
-pub const UNAVAILABLE: u8 = 69;
+pub(crate) const UNAVAILABLE: u8 = 69;
 /// EX_OSERR: an operating system error.
-pub const OSERR: u8 = 71;
+pub(crate) const OSERR: u8 = 71;
 /// EX_OSFILE: a system file is missing.
-pub const OSFILE: u8 = 72;
+pub(crate) const OSFILE: u8 = 72;

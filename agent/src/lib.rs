@@ -8,7 +8,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod eviction;
-pub mod exit;
+pub(crate) mod exit;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hub;

@@ -7,7 +7,7 @@ use std::{
 
 /// What the subscriber of [`LogBuffer::subscriber`] wrote.
 #[derive(Clone, Default)]
-pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct LogBuffer(Arc<Mutex<Vec<u8>>>);
 
 impl Write for LogBuffer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -22,7 +22,7 @@ impl Write for LogBuffer {
 
 impl LogBuffer {
     /// A plain-text subscriber at INFO and above writing here (for `with_default`).
-    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
+    pub(crate) fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
         let writer = self.clone();
         tracing_subscriber::fmt()
             .with_ansi(false)
@@ -31,12 +31,12 @@ impl LogBuffer {
             .finish()
     }
 
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
     }
 
     /// How often `needle` occurs in the text.
-    pub fn count(&self, needle: &str) -> usize {
+    pub(crate) fn count(&self, needle: &str) -> usize {
         self.text().matches(needle).count()
     }
 }

@@ -18,7 +18,7 @@ use super::{CgroupFs, CgroupPath, Tree, fs::OpenRootError};
 
 /// Whether a file is opened to be read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Access {
+pub(crate) enum Access {
     Read,
     Write,
 }
@@ -40,7 +40,7 @@ impl Eq for CgroupBeneath {}
 
 impl CgroupBeneath {
     /// The cgroup `path` of `tree`, beneath the node root `fs` was opened at.
-    pub fn new(fs: &Arc<CgroupFs>, tree: Tree, path: &CgroupPath) -> Self {
+    pub(crate) fn new(fs: &Arc<CgroupFs>, tree: Tree, path: &CgroupPath) -> Self {
         Self {
             fs: fs.clone(),
             tree,
@@ -62,32 +62,32 @@ impl CgroupBeneath {
     }
 
     /// The full path, for reports and the held descriptors' keys.
-    pub fn display(&self) -> PathBuf {
+    pub(crate) fn display(&self) -> PathBuf {
         self.fs.display_path(self.tree, &self.path)
     }
 
     /// The full path of one of its files: the key of its held descriptor, and what errors name.
-    pub fn file_display(&self, file: &str) -> PathBuf {
+    pub(crate) fn file_display(&self, file: &str) -> PathBuf {
         self.display().join(file)
     }
 
     /// The directory, opened for reading beneath the node root.
-    pub fn open(&self) -> io::Result<OwnedFd> {
+    pub(crate) fn open(&self) -> io::Result<OwnedFd> {
         self.fs.open_dir_fd(self.tree, &self.path)
     }
 
     /// Whether the directory exists (and is reached beneath the node root).
-    pub fn exists(&self) -> bool {
+    pub(crate) fn exists(&self) -> bool {
         self.fs.exists(self.tree, &self.path).unwrap_or(false)
     }
 
     /// The cgroup id: the inode of the directory, from a descriptor opened beneath the root.
-    pub fn inode(&self) -> io::Result<u64> {
+    pub(crate) fn inode(&self) -> io::Result<u64> {
         self.fs.inode(self.tree, &self.path)
     }
 
     /// One of the directory's files, opened beneath the node root.
-    pub fn open_file(&self, file: &str, access: Access) -> io::Result<File> {
+    pub(crate) fn open_file(&self, file: &str, access: Access) -> io::Result<File> {
         let flags = match access {
             Access::Read => libc::O_RDONLY,
             Access::Write => libc::O_WRONLY,
@@ -98,22 +98,22 @@ impl CgroupBeneath {
     }
 
     /// One of the directory's files read whole, opened beneath the node root.
-    pub fn read_file(&self, file: &str) -> io::Result<String> {
+    pub(crate) fn read_file(&self, file: &str) -> io::Result<String> {
         self.fs.read(self.tree, &self.path, file)
     }
 
     /// One of the directory's files written in one write, opened beneath the node root.
-    pub fn write_file(&self, file: &str, value: &str) -> io::Result<()> {
+    pub(crate) fn write_file(&self, file: &str, value: &str) -> io::Result<()> {
         self.fs.write(self.tree, &self.path, file, value)
     }
 
     /// The pids its `cgroup.procs` lists, opened beneath the node root.
-    pub fn procs<T: FromStr>(&self) -> io::Result<Vec<T>> {
+    pub(crate) fn procs<T: FromStr>(&self) -> io::Result<Vec<T>> {
         Ok(parse_procs(&self.read_file("cgroup.procs")?).collect())
     }
 
     /// Whether the directory has `file` (opened beneath the root; a symlink is an error).
-    pub fn has_file(&self, file: &str) -> io::Result<bool> {
+    pub(crate) fn has_file(&self, file: &str) -> io::Result<bool> {
         match self.open_file(file, Access::Read) {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -124,7 +124,7 @@ impl CgroupBeneath {
 
 /// The pids of a `cgroup.procs` text, one per line; the eviction path signals them as `pid_t`,
 /// the runtime and the executor report them as `u32`.
-pub fn parse_procs<T: FromStr>(text: &str) -> impl Iterator<Item = T> + '_ {
+pub(crate) fn parse_procs<T: FromStr>(text: &str) -> impl Iterator<Item = T> + '_ {
     text.lines().filter_map(|l| l.trim().parse().ok())
 }
 
@@ -133,14 +133,14 @@ pub fn parse_procs<T: FromStr>(text: &str) -> impl Iterator<Item = T> + '_ {
 #[cfg(test)]
 pub(crate) struct RootWithLink {
     base: PathBuf,
-    pub root: PathBuf,
-    pub outside: PathBuf,
+    pub(crate) root: PathBuf,
+    pub(crate) outside: PathBuf,
     dir: CgroupBeneath,
 }
 
 #[cfg(test)]
 impl RootWithLink {
-    pub fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let base = std::env::temp_dir().join(format!("qoslet-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         let (root, outside) = (base.join("root"), base.join("outside"));
@@ -157,14 +157,14 @@ impl RootWithLink {
     }
 
     /// Writes `file` into `/real` (a directory of the root, made here) and into `outside`.
-    pub fn write(&self, file: &str, real: &str, outside: &str) {
+    pub(crate) fn write(&self, file: &str, real: &str, outside: &str) {
         std::fs::create_dir_all(self.root.join("real")).unwrap();
         std::fs::write(self.root.join("real").join(file), real).unwrap();
         std::fs::write(self.outside.join(file), outside).unwrap();
     }
 
     /// `path` (`/real`, `/link`) named beneath the root.
-    pub fn dir(&self, path: &str) -> CgroupBeneath {
+    pub(crate) fn dir(&self, path: &str) -> CgroupBeneath {
         CgroupBeneath {
             path: CgroupPath::parse(path).unwrap(),
             ..self.dir.clone()

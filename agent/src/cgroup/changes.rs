@@ -23,10 +23,10 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use super::{layout::Tree, name::CgroupPath, value::Value};
 
-pub type Key = (Tree, CgroupPath);
+pub(crate) type Key = (Tree, CgroupPath);
 
 /// The files and values a cgroup held in one tree when it was last found as planned.
-pub type Files = Vec<(&'static str, Value)>;
+pub(crate) type Files = Vec<(&'static str, Value)>;
 
 /// What is known of one cgroup in one tree.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ struct Entry {
 
 /// Inotify watches on the managed cgroups and what each held when last verified.
 #[derive(Debug)]
-pub struct ChangeFeed {
+pub(crate) struct ChangeFeed {
     inotify: Inotify,
     by_wd: HashMap<WatchDescriptor, Key>,
     // By path, then tree: lookups borrow the desired cgroup's path instead of cloning it.
@@ -57,7 +57,7 @@ fn kernel_notified(name: &str) -> bool {
 }
 
 impl ChangeFeed {
-    pub fn new(full_every: Duration) -> io::Result<Self> {
+    pub(crate) fn new(full_every: Duration) -> io::Result<Self> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         Ok(Self {
             inotify,
@@ -94,7 +94,7 @@ impl ChangeFeed {
     /// Reads the pending inotify events: forgets the verification of every cgroup an event
     /// names, and every cgroup removed. True when something a pass must look at happened (a
     /// write by anyone, a removal, an overflow); kernel notifications do not count.
-    pub fn absorb_events(&mut self) -> bool {
+    pub(crate) fn absorb_events(&mut self) -> bool {
         let mut touched = false;
         while let Ok(events) = self.inotify.read_events() {
             if events.is_empty() {
@@ -143,7 +143,7 @@ impl ChangeFeed {
 
     /// Starts a pass: reads the pending events, and forgets every verification when this pass
     /// must read everything (first pass, overflow, or a full pass is due).
-    pub fn begin_pass(&mut self) {
+    pub(crate) fn begin_pass(&mut self) {
         self.absorb_events();
         let full = std::mem::take(&mut self.overflowed)
             || self
@@ -159,13 +159,13 @@ impl ChangeFeed {
 
     /// Whether the cgroup was found holding exactly `files` in `tree` and nothing has touched
     /// it since.
-    pub fn unchanged(&self, tree: Tree, path: &CgroupPath, files: &Files) -> bool {
+    pub(crate) fn unchanged(&self, tree: Tree, path: &CgroupPath, files: &Files) -> bool {
         self.entry(tree, path)
             .and_then(|e| e.verified.as_ref())
             .is_some_and(|v| v == files)
     }
 
-    pub fn is_watched(&self, tree: Tree, path: &CgroupPath) -> bool {
+    pub(crate) fn is_watched(&self, tree: Tree, path: &CgroupPath) -> bool {
         self.entry(tree, path).is_some()
     }
 
@@ -174,7 +174,7 @@ impl ChangeFeed {
     /// nothing is read or written through this path (files are opened with openat2 beneath the
     /// node root), so a redirected path could cost a read, never a wrong write. Safe from several threads; the returned
     /// descriptor goes to [`ChangeFeed::watching`] afterwards.
-    pub fn add_watch(&self, dir: &Path) -> io::Result<WatchDescriptor> {
+    pub(crate) fn add_watch(&self, dir: &Path) -> io::Result<WatchDescriptor> {
         let flags = AddWatchFlags::IN_MODIFY
             | AddWatchFlags::IN_DELETE
             | AddWatchFlags::IN_ONLYDIR
@@ -182,7 +182,7 @@ impl ChangeFeed {
         Ok(self.inotify.add_watch(dir, flags)?)
     }
 
-    pub fn watching(&mut self, (tree, path): Key, wd: WatchDescriptor) {
+    pub(crate) fn watching(&mut self, (tree, path): Key, wd: WatchDescriptor) {
         if self.is_watched(tree, &path) {
             return;
         }
@@ -195,14 +195,14 @@ impl ChangeFeed {
     }
 
     /// Records that the cgroup holds `files` as planned in `tree`.
-    pub fn verified(&mut self, tree: Tree, path: &CgroupPath, files: Files) {
+    pub(crate) fn verified(&mut self, tree: Tree, path: &CgroupPath, files: Files) {
         if let Some(entry) = self.entry_mut(tree, path) {
             entry.verified = Some(files);
         }
     }
 
     /// Drops the watches of cgroups no longer desired.
-    pub fn retain(&mut self, desired: &HashSet<&CgroupPath>) {
+    pub(crate) fn retain(&mut self, desired: &HashSet<&CgroupPath>) {
         let gone: Vec<CgroupPath> = self
             .entries
             .keys()
@@ -218,12 +218,12 @@ impl ChangeFeed {
     }
 
     /// Watches held, one per managed cgroup and tree.
-    pub fn watch_count(&self) -> usize {
+    pub(crate) fn watch_count(&self) -> usize {
         self.by_wd.len()
     }
 
     /// Cgroups with at least one watch.
-    pub fn cgroup_count(&self) -> usize {
+    pub(crate) fn cgroup_count(&self) -> usize {
         self.entries.len()
     }
 }

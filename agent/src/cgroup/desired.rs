@@ -47,14 +47,14 @@ pub enum Runner {
 
 impl Runner {
     /// Whether the node creates container cgroups (its own runtime) or only finds them.
-    pub fn creates_cgroups(self) -> bool {
+    pub(crate) fn creates_cgroups(self) -> bool {
         self == Runner::Qoslet
     }
 
     /// Whether the executor's `mark_evicted` itself signals the pod's processes (so the first
     /// signal of an eviction goes out there): qoslet's runtime stops an evicted pod at once; the
     /// kubelet's pods are signalled by the eviction action's cgroup kill.
-    pub fn signals_on_evict(self) -> bool {
+    pub(crate) fn signals_on_evict(self) -> bool {
         self == Runner::Qoslet
     }
 }
@@ -95,14 +95,14 @@ impl Area {
 
 /// Which of a cgroup's files qoslet writes; it compares the others and reports their drift.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Writes {
+pub(crate) enum Writes {
     #[default]
     All,
     Only(BTreeSet<&'static str>),
 }
 
 impl Writes {
-    pub fn allows(&self, file: &str) -> bool {
+    pub(crate) fn allows(&self, file: &str) -> bool {
         match self {
             Writes::All => true,
             Writes::Only(files) => files.contains(file),
@@ -112,7 +112,7 @@ impl Writes {
 
 /// What a cgroup is to qoslet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Kubepods,
     QosTier,
     Pod,
@@ -123,76 +123,76 @@ pub enum Role {
 
 /// Settings of one cgroup; `None` is not managed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// `cpu.idle` (5.15+, v2 and the v1 cpu controller): the cgroup's tasks run as SCHED_IDLE
     /// against its siblings. Set only by the CPU-pressure controller, on the BestEffort tier.
-    pub cpu_idle: Option<bool>,
-    pub cpu_shares: Option<u64>,
-    pub cpu_weight: Option<u64>,
+    pub(crate) cpu_idle: Option<bool>,
+    pub(crate) cpu_shares: Option<u64>,
+    pub(crate) cpu_weight: Option<u64>,
     /// `None` unlimited when `cpu_period_us` is set.
-    pub cpu_quota_us: Option<i64>,
-    pub cpu_period_us: Option<u64>,
-    pub memory_limit: Option<i64>,
-    pub memory_min: Option<i64>,
-    pub memory_low: Option<i64>,
-    pub memory_high: Option<i64>,
+    pub(crate) cpu_quota_us: Option<i64>,
+    pub(crate) cpu_period_us: Option<u64>,
+    pub(crate) memory_limit: Option<i64>,
+    pub(crate) memory_min: Option<i64>,
+    pub(crate) memory_low: Option<i64>,
+    pub(crate) memory_high: Option<i64>,
     /// memory.oom.group (v2 only): an OOM kill takes every process of the cgroup.
-    pub memory_oom_group: Option<bool>,
-    pub pids_max: Option<i64>,
-    pub cpus: Option<CpuSet>,
+    pub(crate) memory_oom_group: Option<bool>,
+    pub(crate) pids_max: Option<i64>,
+    pub(crate) cpus: Option<CpuSet>,
     /// Written only in a v1 cpuset hierarchy, where a child's cpuset is not confined by its
     /// parent's and starts empty; on v2 the parent's cpuset already confines it.
-    pub cpus_v1_only: bool,
+    pub(crate) cpus_v1_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DesiredCgroup {
-    pub path: CgroupPath,
-    pub role: Role,
+pub(crate) struct DesiredCgroup {
+    pub(crate) path: CgroupPath,
+    pub(crate) role: Role,
     /// The pod this cgroup belongs to (pods and containers).
-    pub pod_uid: Option<String>,
+    pub(crate) pod_uid: Option<String>,
     /// Containers: the container's name (the cgroup is named by the runtime's container id).
-    pub container: Option<String>,
-    pub settings: Settings,
+    pub(crate) container: Option<String>,
+    pub(crate) settings: Settings,
     /// Containers: the score every process in the cgroup gets.
-    pub oom_score_adj: Option<i32>,
+    pub(crate) oom_score_adj: Option<i32>,
     /// Create the directory when it is missing (never for reserved cgroups).
-    pub create: bool,
-    pub writes: Writes,
+    pub(crate) create: bool,
+    pub(crate) writes: Writes,
     /// v2: qoslet enables in `cgroup.subtree_control` the controllers the children need (and
     /// reports the file's drift). Not under the kubelet's systemd driver, where systemd owns the
     /// file: it enables a slice's controllers as the units beneath it need them and writes them
     /// again as pods come and go, so a difference there is systemd's doing, not drift.
-    pub enables_controllers: bool,
+    pub(crate) enables_controllers: bool,
 }
 
 /// A pod left out of the desired state.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("pod {namespace}/{name} (uid {uid:?}) is not reconciled")]
 pub struct PodRefused {
-    pub namespace: String,
+    pub(crate) namespace: String,
     pub name: String,
-    pub uid: String,
+    pub(crate) uid: String,
     #[source]
-    pub source: NameError,
+    pub(crate) source: NameError,
 }
 
 /// Node-level cgroups that cannot be placed (a reserved cgroup outside the node root).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{what} cgroup {name:?} is not reconciled")]
 pub struct NodeCgroupRefused {
-    pub what: &'static str,
-    pub name: String,
+    pub(crate) what: &'static str,
+    pub(crate) name: String,
     #[source]
-    pub source: NameError,
+    pub(crate) source: NameError,
 }
 
 /// Everything qoslet wants, parents before children.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DesiredState {
-    pub cgroups: Vec<DesiredCgroup>,
-    pub refused_pods: Vec<PodRefused>,
-    pub refused_node: Vec<NodeCgroupRefused>,
+    pub(crate) cgroups: Vec<DesiredCgroup>,
+    pub(crate) refused_pods: Vec<PodRefused>,
+    pub(crate) refused_node: Vec<NodeCgroupRefused>,
 }
 
 /// Container ids by (pod UID, container name); containers without an id are not started.
@@ -264,7 +264,7 @@ pub fn desired_state(plan: &Plan, naming: &Naming, ids: &ContainerIds) -> Desire
 }
 
 /// Whether a cgroup of `role` has children qoslet manages.
-pub fn has_children(role: Role) -> bool {
+pub(crate) fn has_children(role: Role) -> bool {
     matches!(role, Role::Kubepods | Role::QosTier | Role::Pod)
 }
 

@@ -11,31 +11,31 @@ use super::{
 
 /// One managed file as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileState {
+pub(crate) struct FileState {
     /// Index of the cgroup in the desired state.
-    pub cgroup: usize,
-    pub depth: usize,
-    pub tree: Tree,
-    pub file: &'static str,
+    pub(crate) cgroup: usize,
+    pub(crate) depth: usize,
+    pub(crate) tree: Tree,
+    pub(crate) file: &'static str,
     /// `None`: the cgroup does not exist yet (observe mode) or the file could not be read.
-    pub current: Option<String>,
-    pub want: Value,
+    pub(crate) current: Option<String>,
+    pub(crate) want: Value,
 }
 
 /// A write to perform.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedWrite {
-    pub cgroup: usize,
-    pub depth: usize,
-    pub tree: Tree,
-    pub file: &'static str,
-    pub old: Option<String>,
-    pub new: Value,
-    pub direction: Direction,
+pub(crate) struct PlannedWrite {
+    pub(crate) cgroup: usize,
+    pub(crate) depth: usize,
+    pub(crate) tree: Tree,
+    pub(crate) file: &'static str,
+    pub(crate) old: Option<String>,
+    pub(crate) new: Value,
+    pub(crate) direction: Direction,
 }
 
 /// The writes that bring every file to its wanted value, in a safe order.
-pub fn plan_writes(files: Vec<FileState>, page: i64) -> Vec<PlannedWrite> {
+pub(crate) fn plan_writes(files: Vec<FileState>, page: i64) -> Vec<PlannedWrite> {
     let mut widen = Vec::new();
     let mut narrow = Vec::new();
     for f in files {

@@ -9,14 +9,18 @@ use crate::policy::cpuset::CpuSet;
 
 /// Facts read once per pass that some values depend on.
 #[derive(Debug, Clone, Default)]
-pub struct FileContext {
+pub(crate) struct FileContext {
     /// The node root's `cpuset.mems` in a v1 cpuset hierarchy, copied into new cgroups there
     /// (a v1 cpuset starts empty and takes no tasks until both lists are set).
-    pub node_mems: Option<CpuSet>,
+    pub(crate) node_mems: Option<CpuSet>,
 }
 
 /// The files to hold `c`'s settings in `tree`, in the order they are written within the cgroup.
-pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static str, Value)> {
+pub(crate) fn files(
+    c: &DesiredCgroup,
+    tree: Tree,
+    ctx: &FileContext,
+) -> Vec<(&'static str, Value)> {
     let s = &c.settings;
     let limit = |v: Option<i64>, unlimited, paged| Value::Limit {
         value: v,
@@ -102,9 +106,9 @@ pub fn files(c: &DesiredCgroup, tree: Tree, ctx: &FileContext) -> Vec<(&'static 
 }
 
 /// The v2 controllers a cgroup's children need enabled in its `cgroup.subtree_control`.
-pub const V2_CONTROLLERS: [&str; 4] = ["cpu", "cpuset", "memory", "pids"];
+pub(crate) const V2_CONTROLLERS: [&str; 4] = ["cpu", "cpuset", "memory", "pids"];
 
 /// Whether `c` has children qoslet manages.
-pub fn has_managed_children(c: &DesiredCgroup) -> bool {
+pub(crate) fn has_managed_children(c: &DesiredCgroup) -> bool {
     super::desired::has_children(c.role)
 }

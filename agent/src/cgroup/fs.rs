@@ -24,9 +24,9 @@ use super::{
 #[derive(Debug, Error)]
 #[error("cannot open the node root {path}: {source}{hint}", hint = crate::support::privilege_hint(.source))]
 pub struct OpenRootError {
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 /// One cgroup directory: held open, or named relative to an open ancestor (`prefix`, ending in
@@ -34,7 +34,7 @@ pub struct OpenRootError {
 /// open and close ten thousand directories on a hybrid host, and every open and close is a few
 /// microseconds of kernel time. Files are opened beneath the ancestor either way.
 #[derive(Debug, Clone)]
-pub struct CgroupDir {
+pub(crate) struct CgroupDir {
     fd: Arc<OwnedFd>,
     prefix: String,
 }
@@ -55,7 +55,7 @@ impl CgroupDir {
         }
     }
 
-    pub fn read(&self, file: &str) -> io::Result<String> {
+    pub(crate) fn read(&self, file: &str) -> io::Result<String> {
         let path = self.path_of(file);
         read_small(openat2(
             self.fd.as_raw_fd(),
@@ -65,7 +65,7 @@ impl CgroupDir {
         )?)
     }
 
-    pub fn write(&self, file: &str, value: &str) -> io::Result<()> {
+    pub(crate) fn write(&self, file: &str, value: &str) -> io::Result<()> {
         let path = self.path_of(file);
         let fd = openat2(self.fd.as_raw_fd(), &path, libc::O_WRONLY, RESOLVE)?;
         write_once(File::from(fd), value)
@@ -73,7 +73,7 @@ impl CgroupDir {
 
     /// Opens a descendant (`relative`: validated components joined by `/`); `None` when it does
     /// not exist. A one-component walk from here is much cheaper than one from the node root.
-    pub fn open_descendant(&self, relative: &str) -> io::Result<Option<CgroupDir>> {
+    pub(crate) fn open_descendant(&self, relative: &str) -> io::Result<Option<CgroupDir>> {
         open_dir_beneath(self.fd.as_raw_fd(), &self.path_of(relative))
     }
 
@@ -82,7 +82,7 @@ impl CgroupDir {
     /// result comes back too (the caller needs it anyway); otherwise, or when the probe is
     /// missing, one `fstatat`. fstatat cannot refuse symlinks on the way as openat2 does, which
     /// is harmless: cgroupfs holds no symlinks and nothing is opened through that check.
-    pub fn descendant(
+    pub(crate) fn descendant(
         &self,
         relative: &str,
         probe: Option<&str>,
@@ -215,7 +215,7 @@ impl CgroupFs {
         })
     }
 
-    pub fn mounts(&self) -> &Mounts {
+    pub(crate) fn mounts(&self) -> &Mounts {
         &self.mounts
     }
 
@@ -223,17 +223,17 @@ impl CgroupFs {
         &self.node_root
     }
 
-    pub fn page_size(&self) -> i64 {
+    pub(crate) fn page_size(&self) -> i64 {
         self.page
     }
 
     /// The hierarchies qoslet uses.
-    pub fn trees(&self) -> impl Iterator<Item = Tree> + '_ {
+    pub(crate) fn trees(&self) -> impl Iterator<Item = Tree> + '_ {
         self.roots.keys().copied()
     }
 
     /// The full path of a cgroup (or one of its files) in a hierarchy, for reports.
-    pub fn display_path(&self, tree: Tree, cgroup: &CgroupPath) -> PathBuf {
+    pub(crate) fn display_path(&self, tree: Tree, cgroup: &CgroupPath) -> PathBuf {
         let mount = self.mounts.trees.get(&tree).map(PathBuf::as_path);
         let mut p = mount
             .unwrap_or(Path::new("/"))
@@ -259,12 +259,16 @@ impl CgroupFs {
         }
     }
 
-    pub fn exists(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
+    pub(crate) fn exists(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
         self.open_dir(tree, cgroup).map(|d| d.is_some())
     }
 
     /// Opens the cgroup directory; `None` when it does not exist.
-    pub fn open_dir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<Option<CgroupDir>> {
+    pub(crate) fn open_dir(
+        &self,
+        tree: Tree,
+        cgroup: &CgroupPath,
+    ) -> io::Result<Option<CgroupDir>> {
         open_dir_beneath(self.root(tree)?, &cgroup.relative())
     }
 
@@ -292,7 +296,7 @@ impl CgroupFs {
     }
 
     /// Creates the cgroup directory; its parent must exist. `Ok(false)` when it already did.
-    pub fn mkdir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
+    pub(crate) fn mkdir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
         let (Some(parent), Some(last)) = (cgroup.parent(), cgroup.components().last()) else {
             return Ok(false);
         };
@@ -307,7 +311,7 @@ impl CgroupFs {
 
     /// Removes the cgroup directory (it must have no children and no processes). `Ok(false)`
     /// when it did not exist. The node root itself is never removed here.
-    pub fn rmdir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
+    pub(crate) fn rmdir(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<bool> {
         let (Some(parent), Some(last)) = (cgroup.parent(), cgroup.components().last()) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
@@ -335,42 +339,14 @@ impl CgroupFs {
         }
     }
 
-    /// The names of the cgroup's child directories; empty when it does not exist.
-    pub fn children(&self, tree: Tree, cgroup: &CgroupPath) -> io::Result<Vec<String>> {
-        let relative = if cgroup.depth() == 0 {
-            ".".to_owned()
-        } else {
-            cgroup.relative()
-        };
-        let fd = match openat2(
-            self.root(tree)?,
-            &relative,
-            libc::O_RDONLY | libc::O_DIRECTORY,
-            RESOLVE,
-        ) {
-            Ok(d) => d,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut out = Vec::new();
-        for entry in nix::dir::Dir::from_fd(fd)?.iter() {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy();
-            if name != "." && name != ".." && entry.file_type() == Some(nix::dir::Type::Directory) {
-                out.push(name.into_owned());
-            }
-        }
-        Ok(out)
-    }
-
-    pub fn read(&self, tree: Tree, cgroup: &CgroupPath, file: &str) -> io::Result<String> {
+    pub(crate) fn read(&self, tree: Tree, cgroup: &CgroupPath, file: &str) -> io::Result<String> {
         read_small(self.open_file(tree, cgroup, file, libc::O_RDONLY)?)
     }
 
     /// Opens one of the cgroup's files with `flags` (`O_RDONLY` or `O_WRONLY`), beneath the node
     /// root. Not `O_PATH`: with it `O_NOFOLLOW` opens a trailing symlink itself instead of
     /// refusing it (openat2(2)).
-    pub fn open_file(
+    pub(crate) fn open_file(
         &self,
         tree: Tree,
         cgroup: &CgroupPath,
@@ -385,7 +361,7 @@ impl CgroupFs {
         )
     }
 
-    pub fn write(
+    pub(crate) fn write(
         &self,
         tree: Tree,
         cgroup: &CgroupPath,

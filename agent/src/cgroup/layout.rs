@@ -15,14 +15,14 @@ pub enum Controller {
 }
 
 impl Controller {
-    pub const ALL: [Controller; 4] = [
+    pub(crate) const ALL: [Controller; 4] = [
         Controller::Cpu,
         Controller::Cpuset,
         Controller::Memory,
         Controller::Pids,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Controller::Cpu => "cpu",
             Controller::Cpuset => "cpuset",
@@ -34,7 +34,7 @@ impl Controller {
 
 /// The host's cgroup layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayoutKind {
+pub(crate) enum LayoutKind {
     /// cgroup2 with controllers (production nodes, the VM matrix).
     Unified,
     /// v1 controllers plus a controller-less cgroup2 tree (the development machines).
@@ -54,17 +54,10 @@ pub enum Tree {
     Unified,
 }
 
-impl Tree {
-    /// cgroup v2 interface names (memory.min and friends exist only there).
-    pub fn is_v2(self) -> bool {
-        matches!(self, Tree::V2)
-    }
-}
-
 /// Mount points per hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mounts {
-    pub kind: LayoutKind,
+    pub(crate) kind: LayoutKind,
     /// Every hierarchy qoslet uses and where it is mounted.
     pub trees: BTreeMap<Tree, PathBuf>,
 }
@@ -99,7 +92,7 @@ impl Mounts {
     /// `/sys/fs/cgroup` (or `/sys/fs/cgroup/unified`) first. A container that mounts the host's
     /// `/` (cluster mode's `/host`, read-only) sees each hierarchy twice, and the copy under it
     /// can come first: writing there fails.
-    pub fn parse(mountinfo: &str) -> Option<Self> {
+    pub(crate) fn parse(mountinfo: &str) -> Option<Self> {
         let mut v1: BTreeMap<Controller, (PathBuf, (bool, bool))> = BTreeMap::new();
         let mut v2: Vec<(PathBuf, (bool, bool))> = Vec::new();
         for line in mountinfo.lines() {

@@ -13,26 +13,42 @@
 //! symlinks. The files are few and plainly formatted, so qoslet writes them directly, through
 //! `openat2` beneath the node root with symlinks refused.
 
-pub mod beneath;
-pub mod capacity;
-pub mod changes;
-pub mod desired;
-pub mod diff;
-pub mod files;
-pub mod fs;
+pub(crate) mod beneath;
+pub(crate) mod capacity;
+pub(crate) mod changes;
+pub(crate) mod desired;
+pub(crate) mod diff;
+pub(crate) mod files;
+pub(crate) mod fs;
 pub mod layout;
-pub mod name;
-pub mod oom;
-pub mod reconcile;
+pub(crate) mod name;
+pub(crate) mod oom;
+pub(crate) mod reconcile;
 pub mod report;
-pub mod value;
+pub(crate) mod value;
 
-pub use beneath::{Access, CgroupBeneath, parse_procs};
+pub use beneath::CgroupBeneath;
+pub(crate) use beneath::{Access, parse_procs};
 pub use capacity::node_root_memory_limit;
-pub use desired::{ContainerIds, DesiredState, Naming, Runner, desired_state};
+pub use desired::ContainerIds;
+pub(crate) use desired::DesiredState;
+pub use desired::Naming;
+pub use desired::Runner;
+pub use desired::desired_state;
 pub use fs::CgroupFs;
-pub use layout::{LayoutKind, Mounts, Tree};
-pub use name::{CgroupPath, ContainerRuntime};
-pub use oom::{CgroupRef, OomTargets, apply_oom_score, scan as scan_oom_scores, set_own_oom_score};
+pub(crate) use layout::LayoutKind;
+pub use layout::Mounts;
+pub use layout::Tree;
+pub use name::CgroupPath;
+pub use name::ContainerRuntime;
+pub use oom::CgroupRef;
+pub use oom::OomTargets;
+pub use oom::apply_oom_score;
+pub use oom::scan as scan_oom_scores;
+pub(crate) use oom::set_own_oom_score;
 pub use reconcile::Reconciler;
-pub use report::{Mode, ReconcileReport, WriteReport, WriteResult};
+pub use report::Mode;
+pub use report::ReconcileReport;
+#[cfg(test)]
+pub(crate) use report::WriteReport;
+pub use report::WriteResult;

@@ -37,7 +37,7 @@ pub enum NameError {
 const SHOWN: usize = 100;
 
 /// `value` quoted as `{:?}` does, cut after [`SHOWN`] characters with its length said.
-pub fn shortened(value: &str) -> String {
+pub(crate) fn shortened(value: &str) -> String {
     match value.char_indices().nth(SHOWN) {
         None => format!("{value:?}"),
         Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
@@ -81,7 +81,7 @@ impl CgroupPath {
     }
 
     /// Appends a component that was already validated by the caller's rules.
-    pub fn join(&self, component: &str) -> Result<Self, NameError> {
+    pub(crate) fn join(&self, component: &str) -> Result<Self, NameError> {
         if !is_component(component) {
             return Err(NameError::Component {
                 path: self.to_string(),
@@ -93,31 +93,31 @@ impl CgroupPath {
         Ok(out)
     }
 
-    pub fn components(&self) -> &[String] {
+    pub(crate) fn components(&self) -> &[String] {
         &self.0
     }
 
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         self.0.len()
     }
 
-    pub fn parent(&self) -> Option<Self> {
+    pub(crate) fn parent(&self) -> Option<Self> {
         (!self.0.is_empty()).then(|| Self(self.0[..self.0.len() - 1].to_vec()))
     }
 
-    pub fn starts_with(&self, other: &CgroupPath) -> bool {
+    pub(crate) fn starts_with(&self, other: &CgroupPath) -> bool {
         self.0.starts_with(&other.0)
     }
 
     /// `a/b` with no leading slash; empty for the root. Safe to hand to openat2 beneath the root.
-    pub fn relative(&self) -> String {
+    pub(crate) fn relative(&self) -> String {
         self.0.join("/")
     }
 
     /// Where a plan's cgroup name lives below `node_root`: names already under the node root
     /// (config folds `nodeRootCgroup` into `cgroupRoot`) are kept, other names are the kubelet's
     /// own, relative to the node, and go beneath it.
-    pub fn under_root(name: &str, node_root: &CgroupPath) -> Result<Self, NameError> {
+    pub(crate) fn under_root(name: &str, node_root: &CgroupPath) -> Result<Self, NameError> {
         let full = Self::parse(name)?;
         if !node_root.0.is_empty() && full.starts_with(node_root) {
             return Ok(Self(full.0[node_root.0.len()..].to_vec()));
@@ -134,7 +134,7 @@ impl fmt::Display for CgroupPath {
 
 /// A directory name that cannot climb, hide or inject: printable ASCII without `/`, not `.` or
 /// `..`, at most 255 bytes.
-pub fn is_component(c: &str) -> bool {
+pub(crate) fn is_component(c: &str) -> bool {
     !c.is_empty()
         && c.len() <= 255
         && c != "."
@@ -144,7 +144,7 @@ pub fn is_component(c: &str) -> bool {
 }
 
 /// A Kubernetes pod UID: the 8-4-4-4-12 hexadecimal UUID form.
-pub fn validate_uid(uid: &str) -> Result<(), NameError> {
+pub(crate) fn validate_uid(uid: &str) -> Result<(), NameError> {
     let groups: Vec<&str> = uid.split('-').collect();
     let ok = groups.len() == 5
         && groups
@@ -159,7 +159,7 @@ pub fn validate_uid(uid: &str) -> Result<(), NameError> {
 }
 
 /// An RFC 1123 DNS label (container names).
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
@@ -171,7 +171,7 @@ pub fn is_dns_label(s: &str) -> bool {
 
 /// Validates a container id in the runtime's form: hexadecimal (CRI runtimes use 64 digits),
 /// or for the standalone runtime a DNS label.
-pub fn validate_container_id(id: &str, runtime: ContainerRuntime) -> Result<(), NameError> {
+pub(crate) fn validate_container_id(id: &str, runtime: ContainerRuntime) -> Result<(), NameError> {
     let hex = !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
     let ok = match runtime {
         ContainerRuntime::Containerd | ContainerRuntime::CriO => hex,
@@ -188,7 +188,11 @@ pub fn validate_container_id(id: &str, runtime: ContainerRuntime) -> Result<(), 
 }
 
 /// The container cgroup's directory name as the runtime creates it.
-pub fn container_component(driver: CgroupDriver, runtime: ContainerRuntime, id: &str) -> String {
+pub(crate) fn container_component(
+    driver: CgroupDriver,
+    runtime: ContainerRuntime,
+    id: &str,
+) -> String {
     match (driver, runtime) {
         (CgroupDriver::Systemd, ContainerRuntime::Containerd) => {
             format!("cri-containerd-{id}.scope")
@@ -201,7 +205,7 @@ pub fn container_component(driver: CgroupDriver, runtime: ContainerRuntime, id: 
 
 /// The pod component the driver gives a pod cgroup must end the plan's name: `pod<uid>` for
 /// cgroupfs, `...-pod<uid with _>.slice` for systemd.
-pub fn check_pod_component(
+pub(crate) fn check_pod_component(
     path: &CgroupPath,
     driver: CgroupDriver,
     uid: &str,

@@ -23,7 +23,7 @@ use super::{
 };
 
 /// The kubelet's and the runtime's own score (pkg/kubelet/qos/policy.go); qoslet's too.
-pub const QOSLET_OOM_SCORE_ADJ: i32 = -999;
+pub(crate) const QOSLET_OOM_SCORE_ADJ: i32 = -999;
 
 #[derive(Debug, Error)]
 pub enum OomError {
@@ -53,7 +53,7 @@ pub enum OomError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OomWrite {
     pub pid: i32,
-    pub cgroup: CgroupPath,
+    pub(crate) cgroup: CgroupPath,
     pub old: i32,
     pub new: i32,
     /// False in observe mode.
@@ -65,7 +65,7 @@ pub struct OomReport {
     pub writes: Vec<OomWrite>,
     pub errors: Vec<OomError>,
     /// Processes that exited (or moved) while being handled.
-    pub gone: usize,
+    pub(crate) gone: usize,
 }
 
 /// Which cgroup a process is in, as the caller knows it.
@@ -103,7 +103,7 @@ impl OomTargets {
         t
     }
 
-    pub fn lookup(&self, cgroup: CgroupRef<'_>) -> Option<(&CgroupPath, i32)> {
+    pub(crate) fn lookup(&self, cgroup: CgroupRef<'_>) -> Option<(&CgroupPath, i32)> {
         let path = match cgroup {
             CgroupRef::Path(p) => p,
             CgroupRef::Id(id) => self.by_id.get(&id)?,
@@ -121,7 +121,7 @@ impl OomTargets {
 }
 
 /// Sets qoslet's own process to [`QOSLET_OOM_SCORE_ADJ`].
-pub fn set_own_oom_score() -> io::Result<()> {
+pub(crate) fn set_own_oom_score() -> io::Result<()> {
     std::fs::write("/proc/self/oom_score_adj", QOSLET_OOM_SCORE_ADJ.to_string())
 }
 
@@ -349,7 +349,7 @@ fn first_time(said: &Said, pid: i32, value: i32) -> bool {
 
 /// CAP_SYS_RESOURCE is what lets a process lower another's oom_score_adj below 0 (the kernel's
 /// `oom_score_adj_min` check); without it Guaranteed (-997) and qoslet's own -999 cannot be set.
-pub fn can_lower_scores() -> bool {
+pub(crate) fn can_lower_scores() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
     crate::support::privilege::effective_capabilities() & (1 << CAP_SYS_RESOURCE) != 0
 }

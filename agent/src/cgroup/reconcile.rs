@@ -100,7 +100,7 @@ impl Reconciler {
 
     /// Whether a managed cgroup was written or removed by someone since the last pass (the
     /// change feed's events), so a pass should run now to put it back. False without a feed.
-    pub fn changed_since_pass(&self) -> bool {
+    pub(crate) fn changed_since_pass(&self) -> bool {
         self.feed().is_some_and(|mut f| f.absorb_events())
     }
 
@@ -113,13 +113,13 @@ impl Reconciler {
         &self.fs
     }
 
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         self.mode
     }
 
     /// One pass. Every problem is reported per pod, cgroup or file; nothing aborts the pass.
     pub fn reconcile(&self, desired: &DesiredState) -> ReconcileReport {
-        let mut report = ReconcileReport::new(self.mode);
+        let mut report = ReconcileReport::new();
         for p in &desired.refused_pods {
             // The node logs each refusal once when it plans (`node::pass`); every pass would
             // repeat it.
@@ -158,7 +158,7 @@ impl Reconciler {
         let mut survey = self.survey(&node, &ctx, &mut report);
         let chunks = pod_chunks(&pods, survey_threads(pods.len()));
         let parts: Vec<(Survey, ReconcileReport)> = if chunks.len() <= 1 {
-            let mut part = ReconcileReport::new(self.mode);
+            let mut part = ReconcileReport::new();
             vec![(self.survey(&pods, &ctx, &mut part), part)]
         } else {
             std::thread::scope(|scope| {
@@ -166,7 +166,7 @@ impl Reconciler {
                     .iter()
                     .map(|chunk| {
                         let ctx = &ctx;
-                        let mut part = ReconcileReport::new(self.mode);
+                        let mut part = ReconcileReport::new();
                         scope.spawn(move || (self.survey(chunk, ctx, &mut part), part))
                     })
                     .collect();

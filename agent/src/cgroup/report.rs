@@ -42,8 +42,8 @@ pub enum WriteResult {
 /// One file write, attempted or observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteReport {
-    pub cgroup: CgroupPath,
-    pub tree: Tree,
+    pub(crate) cgroup: CgroupPath,
+    pub(crate) tree: Tree,
     /// The cgroup directory on this host.
     pub path: PathBuf,
     pub file: &'static str,
@@ -87,7 +87,6 @@ pub enum ReconcileError {
 /// The outcome of one pass.
 #[derive(Debug)]
 pub struct ReconcileReport {
-    pub mode: Mode,
     /// Cgroup directories created (enforce) or missing (observe).
     pub created: Vec<PathBuf>,
     pub writes: Vec<WriteReport>,
@@ -98,13 +97,12 @@ pub struct ReconcileReport {
     /// The cgroups (per tree) among them that exist and whose files were compared with the
     /// plan: a file of theirs not in `writes` holds the plan's value now, or could not be read
     /// (an entry of `errors`).
-    pub compared: Vec<(CgroupPath, Tree)>,
+    pub(crate) compared: Vec<(CgroupPath, Tree)>,
 }
 
 impl ReconcileReport {
-    pub(super) fn new(mode: Mode) -> Self {
+    pub(super) fn new() -> Self {
         Self {
-            mode,
             created: Vec::new(),
             writes: Vec::new(),
             errors: Vec::new(),

@@ -9,7 +9,7 @@ const V1_UNLIMITED_FLOOR: i64 = 1 << 62;
 
 /// A value qoslet wants in one interface file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value {
+pub(crate) enum Value {
     /// cpu.shares, cpu.weight, cpu.cfs_period_us: relative values, any order works.
     Plain(i64),
     /// A limit; `None` is unlimited, written as `unlimited` (`max` or `-1`). `paged` values are
@@ -27,7 +27,7 @@ pub enum Value {
 
 /// Whether a change loosens (parents first) or tightens (children first) the hierarchy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Direction {
+pub(crate) enum Direction {
     /// Raising a limit, widening a set, or a relative value: top-down.
     Widen,
     /// Lowering a limit or narrowing a set: bottom-up, after every widening.
@@ -36,7 +36,7 @@ pub enum Direction {
 
 impl Value {
     /// The text written to the file.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         match self {
             Value::Plain(v) => v.to_string(),
             Value::Limit {
@@ -54,7 +54,7 @@ impl Value {
     }
 
     /// Whether `current` (the file's text) already holds this value.
-    pub fn matches(&self, current: &str, page: i64) -> bool {
+    pub(crate) fn matches(&self, current: &str, page: i64) -> bool {
         let current = current.trim();
         match self {
             Value::Plain(v) => current.parse::<i64>().is_ok_and(|c| c == *v),
@@ -69,7 +69,7 @@ impl Value {
 
     /// The writes that bring `current` to this value, with their directions: one write, or for
     /// a set that is neither wider nor narrower, the union first and the target after it.
-    pub fn steps(&self, current: Option<&str>, page: i64) -> Vec<(Value, Direction)> {
+    pub(crate) fn steps(&self, current: Option<&str>, page: i64) -> Vec<(Value, Direction)> {
         if current.is_some_and(|c| self.matches(c, page)) {
             return Vec::new();
         }
@@ -117,7 +117,7 @@ impl Value {
 }
 
 /// `max`, `-1` and v1's huge unlimited value are `None`.
-pub fn parse_limit(text: &str) -> Option<Option<i64>> {
+pub(crate) fn parse_limit(text: &str) -> Option<Option<i64>> {
     let text = text.trim();
     if text == "max" {
         return Some(None);
@@ -137,7 +137,7 @@ fn parse_cpu_max(text: &str) -> Option<(Option<i64>, u64)> {
 
 /// The `key value` lines of a flat-keyed kernel file (`memory.stat`, `memory.events`,
 /// `cpu.stat`, `/proc/stat`); lines whose value is not a `T` are skipped.
-pub fn flat_keyed<T: std::str::FromStr>(text: &str) -> impl Iterator<Item = (&str, T)> {
+pub(crate) fn flat_keyed<T: std::str::FromStr>(text: &str) -> impl Iterator<Item = (&str, T)> {
     text.lines().filter_map(|line| {
         let mut it = line.split_whitespace();
         Some((it.next()?, it.next()?.parse().ok()?))
@@ -145,7 +145,7 @@ pub fn flat_keyed<T: std::str::FromStr>(text: &str) -> impl Iterator<Item = (&st
 }
 
 /// An empty file is the empty set.
-pub fn parse_list(text: &str) -> Option<CpuSet> {
+pub(crate) fn parse_list(text: &str) -> Option<CpuSet> {
     let text = text.trim();
     if text.is_empty() {
         return Some(CpuSet::default());

@@ -11,7 +11,7 @@ use std::{
 use serde::de::DeserializeOwned;
 
 /// GETs `path` from `addr` and decodes the 200 response's JSON body.
-pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> std::io::Result<T> {
+pub(crate) fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> std::io::Result<T> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -33,7 +33,7 @@ pub fn get_json<T: DeserializeOwned>(addr: SocketAddr, path: &str) -> std::io::R
 }
 
 /// `http://host:port[/path]` -> the address and the path (`default_path` when none).
-pub fn parse_url(url: &str, default_path: &str) -> Result<(SocketAddr, String), String> {
+pub(crate) fn parse_url(url: &str, default_path: &str) -> Result<(SocketAddr, String), String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("{url:?}: only http:// URLs (the agent's own endpoint)"))?;

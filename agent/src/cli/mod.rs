@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "eBPF-backed node enforcement agent for Kubernetes"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log lines as text (coloured only when stderr is a terminal) or as JSON objects, one per
     /// line, for a log pipeline.
     #[arg(
@@ -28,20 +28,20 @@ pub struct Cli {
         default_value_t = LogFormat::Text,
         env = "QOSLET_LOG_FORMAT"
     )]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// How log lines are written (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Print the desired node and pod cgroup state for the pods in PATH, touching nothing.
     ///
     /// The plan follows the kubelet of one Kubernetes version: `kubernetesVersion` in the
@@ -83,7 +83,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Runs one command and maps its outcome to an exit status.
-pub fn run(cli: Cli) -> ExitCode {
+pub(crate) fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Validate(args) => validate::run(args),
@@ -101,7 +101,7 @@ pub fn run(cli: Cli) -> ExitCode {
 /// server's garbage, unbounded); qoslet logs the errors it gets back itself.
 pub const DEFAULT_LOG_FILTER: &str = "info,kube_client::client=error";
 
-pub fn init_tracing(format: LogFormat) {
+pub(crate) fn init_tracing(format: LogFormat) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
@@ -119,8 +119,8 @@ pub fn init_tracing(format: LogFormat) {
 
 /// Paths given on the command line, for subcommands that read manifests.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ManifestPaths {
+pub(crate) struct ManifestPaths {
     /// Files or directories of YAML (multi-document allowed).
     #[arg(required = true)]
-    pub paths: Vec<PathBuf>,
+    pub(crate) paths: Vec<PathBuf>,
 }

@@ -35,44 +35,44 @@ const SKIPPED_KINDS: &[&str] = &[
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub(crate) enum Output {
     Table,
     Json,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct PlanArgs {
+pub(crate) struct PlanArgs {
     /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1).
     #[arg(long, value_name = "FILE")]
-    pub kubelet_config: PathBuf,
+    pub(crate) kubelet_config: PathBuf,
     /// qoslet's own QosletConfiguration.
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Node capacity, e.g. `cpu=4,memory=32Gi,pids=4194304` (optionally `cpus=0-3`); the machine
     /// is not consulted then.
     #[arg(long, value_name = "SPEC")]
-    pub capacity: Option<String>,
+    pub(crate) capacity: Option<String>,
     /// Overrides the KubeletConfiguration's cgroupDriver.
     #[arg(long, value_enum)]
-    pub cgroup_driver: Option<Driver>,
+    pub(crate) cgroup_driver: Option<Driver>,
     #[arg(long, value_enum, default_value = "table")]
-    pub output: Output,
+    pub(crate) output: Output,
     /// A running agent (e.g. `http://127.0.0.1:9479`) whose /stats/summary gives the pods'
     /// working sets: the plan then ranks the pods for memory-pressure eviction, with the reason
     /// for each rank.
     #[arg(long, value_name = "URL")]
-    pub usage_from: Option<String>,
+    pub(crate) usage_from: Option<String>,
     /// The largest manifest file read, in bytes [default: the QosletConfiguration's
     /// maxManifestBytes, else 4194304 (4 MiB)]. FIFOs and devices are refused.
     #[arg(long, value_name = "BYTES")]
-    pub max_manifest_bytes: Option<u64>,
+    pub(crate) max_manifest_bytes: Option<u64>,
     /// Files or directories of Pod manifests (multi-document YAML allowed).
     #[arg(required = true)]
-    pub paths: Vec<PathBuf>,
+    pub(crate) paths: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Driver {
+pub(crate) enum Driver {
     Cgroupfs,
     Systemd,
 }
@@ -105,7 +105,7 @@ impl From<ConfigError> for Failure {
     }
 }
 
-pub fn run(args: PlanArgs) -> ExitCode {
+pub(crate) fn run(args: PlanArgs) -> ExitCode {
     match plan(&args) {
         Ok(text) => {
             print!("{text}");

@@ -36,44 +36,44 @@ const MIB: u64 = 1 << 20;
 const MILLICORE: u64 = 1_000_000;
 
 #[derive(Debug, clap::Args)]
-pub struct RecommendReservedArgs {
+pub(crate) struct RecommendReservedArgs {
     /// A running agent to poll, e.g. `http://127.0.0.1:9479` (its `/stats/summary`).
     #[arg(long, value_name = "URL", conflicts_with = "samples")]
-    pub from: Option<String>,
+    pub(crate) from: Option<String>,
     /// Recorded samples instead: a file of Summary API documents, one JSON object a line.
     #[arg(long, value_name = "FILE")]
-    pub samples: Option<PathBuf>,
+    pub(crate) samples: Option<PathBuf>,
     /// How long to poll (Go duration).
     #[arg(long, default_value = "10m")]
-    pub window: String,
+    pub(crate) window: String,
     /// How often to poll (Go duration).
     #[arg(long, default_value = "10s")]
-    pub interval: String,
+    pub(crate) interval: String,
     /// Added to p99, in percent.
     #[arg(long, default_value_t = 10)]
-    pub headroom_percent: u32,
+    pub(crate) headroom_percent: u32,
     /// The node's capacity for the OpenShift formula, e.g. `cpu=4,memory=32Gi`; else this
     /// machine's.
     #[arg(long, value_name = "SPEC")]
-    pub capacity: Option<String>,
+    pub(crate) capacity: Option<String>,
     #[arg(long, value_enum, default_value = "table")]
-    pub output: Output,
+    pub(crate) output: Output,
 }
 
 /// One sample: bytes of working set and nanocores, for the system and the kube daemons.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Sample {
-    pub system_memory: Option<u64>,
-    pub system_cpu: Option<u64>,
-    pub kube_memory: Option<u64>,
-    pub kube_cpu: Option<u64>,
+pub(crate) struct Sample {
+    pub(crate) system_memory: Option<u64>,
+    pub(crate) system_cpu: Option<u64>,
+    pub(crate) kube_memory: Option<u64>,
+    pub(crate) kube_cpu: Option<u64>,
     /// The system figures are node - pods - kube (no `misc` container).
-    pub system_derived: bool,
+    pub(crate) system_derived: bool,
 }
 
 /// The kubelet's system container names: `kubelet` and `runtime` are the kube daemons, `misc`
 /// the rest of the system, `pods` the pods (stats/v1alpha1 `SystemContainer*`).
-pub fn sample(summary: &Summary) -> Sample {
+pub(crate) fn sample(summary: &Summary) -> Sample {
     let containers = &summary.node.system_containers;
     let find = |name: &str| containers.iter().find(|c| c.name == name);
     let mem = |c: &ContainerStats| c.memory.as_ref().and_then(|m| m.working_set_bytes);
@@ -119,28 +119,28 @@ pub fn sample(summary: &Summary) -> Sample {
 
 /// One reservation's sizing; `None` where no sample had the figure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Reservation {
-    pub memory_bytes: Option<Sized>,
-    pub cpu_nano_cores: Option<Sized>,
+pub(crate) struct Reservation {
+    pub(crate) memory_bytes: Option<Sized>,
+    pub(crate) cpu_nano_cores: Option<Sized>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Recommendation {
+pub(crate) struct Recommendation {
     /// Where the samples came from (URL or file) and over how long.
-    pub source: String,
-    pub samples: usize,
+    pub(crate) source: String,
+    pub(crate) samples: usize,
     /// Seconds between the first and the last sample, when polled.
-    pub window_secs: Option<f64>,
-    pub headroom_percent: u32,
-    pub system_reserved: Reservation,
+    pub(crate) window_secs: Option<f64>,
+    pub(crate) headroom_percent: u32,
+    pub(crate) system_reserved: Reservation,
     /// Derived as node - pods - kubelet - runtime (no `misc` system container).
-    pub system_derived: bool,
-    pub kube_reserved: Reservation,
-    pub openshift_auto_sizing: AutoSizing,
+    pub(crate) system_derived: bool,
+    pub(crate) kube_reserved: Reservation,
+    pub(crate) openshift_auto_sizing: AutoSizing,
 }
 
 /// The statistics over the samples (pure).
-pub fn recommend(
+pub(crate) fn recommend(
     samples: &[Sample],
     headroom_percent: u32,
     auto: AutoSizing,
@@ -174,7 +174,7 @@ fn fail(status: u8, line: String) -> Failure {
     Failure { status, line }
 }
 
-pub fn run(args: RecommendReservedArgs) -> ExitCode {
+pub(crate) fn run(args: RecommendReservedArgs) -> ExitCode {
     match recommend_reserved(&args) {
         Ok(text) => {
             print!("{text}");

@@ -16,23 +16,23 @@ use crate::{
 };
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The node's KubeletConfiguration (kubelet.config.k8s.io/v1beta1). Cluster mode without
     /// it finds the running kubelet's configuration itself (its --config, --config-dir and
     /// flags).
     #[arg(long, value_name = "FILE", required_unless_present_any = ["kubelet_configz", "kube"])]
-    pub kubelet_config: Option<PathBuf>,
+    pub(crate) kubelet_config: Option<PathBuf>,
     /// Cluster mode: where the host's `/` is mounted (read-only); the kubelet's files are read
     /// beneath it when the kubelet's own root (/proc/PID/root) is closed to qoslet.
     #[arg(long, value_name = "DIR", requires = "kube")]
-    pub host_root: Option<PathBuf>,
+    pub(crate) host_root: Option<PathBuf>,
     /// Cluster mode: read the kubelet's running configuration from its /configz, through the
     /// API server (`/api/v1/nodes/NAME/proxy/configz`).
     #[arg(long, requires = "kube", conflicts_with = "kubelet_config")]
-    pub kubelet_configz: bool,
+    pub(crate) kubelet_configz: bool,
     /// qoslet's own QosletConfiguration.
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Standalone node: pods come from the manifests in DIR.
     #[arg(
         long,
@@ -40,29 +40,29 @@ pub struct RunArgs {
         required_unless_present = "kube",
         conflicts_with = "kube"
     )]
-    pub standalone: Option<PathBuf>,
+    pub(crate) standalone: Option<PathBuf>,
     /// Cluster mode: pods come from the Kubernetes API.
     #[arg(long)]
-    pub kube: bool,
+    pub(crate) kube: bool,
     /// Cluster mode: this node's name (the DaemonSet sets NODE_NAME from spec.nodeName).
     #[arg(long, value_name = "NAME", env = "NODE_NAME", requires = "kube")]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// Cluster mode: the kubeconfig to use; without it KUBECONFIG, ~/.kube/config or the
     /// in-cluster service account.
     #[arg(long, value_name = "FILE", requires = "kube")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Compute and report everything, write nothing, evict nobody.
     #[arg(long)]
-    pub observe: bool,
+    pub(crate) observe: bool,
     /// Where container logs go (`<dir>/<namespace>_<name>_<uid>/<container>/<restart>.log`).
     #[arg(long, value_name = "DIR", default_value = "/var/log/qoslet/pods")]
-    pub log_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
     /// How long pods get to stop when qoslet stops (each pod's own grace period if shorter).
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
-    pub shutdown_grace_seconds: u64,
+    pub(crate) shutdown_grace_seconds: u64,
 }
 
-pub fn run(args: RunArgs) -> ExitCode {
+pub(crate) fn run(args: RunArgs) -> ExitCode {
     raise_open_files_limit();
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -5,19 +5,19 @@ use std::{fmt::Write as _, io::Write as _, net::SocketAddr, process::ExitCode, t
 use crate::hub::StatusSnapshot;
 
 /// Where the agent listens by default (QosletConfiguration `metricsAddress`).
-pub const DEFAULT_ADDR: &str = "127.0.0.1:9479";
+pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9479";
 
 #[derive(Debug, clap::Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Address of the agent's HTTP endpoint.
     #[arg(long, default_value = DEFAULT_ADDR)]
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// Print the table once and exit (for scripts and tests).
     #[arg(long)]
-    pub once: bool,
+    pub(crate) once: bool,
 }
 
-pub fn run(args: StatusArgs) -> ExitCode {
+pub(crate) fn run(args: StatusArgs) -> ExitCode {
     loop {
         match fetch(args.addr) {
             Ok(snapshot) => {
@@ -53,7 +53,7 @@ fn mib(v: Option<i64>) -> String {
     }
 }
 
-pub fn render(s: &StatusSnapshot) -> String {
+pub(crate) fn render(s: &StatusSnapshot) -> String {
     let mut out = String::new();
     let n = &s.node;
     let _ = writeln!(

@@ -26,23 +26,23 @@ use crate::{
 };
 
 #[derive(Debug, clap::Args)]
-pub struct ValidateArgs {
+pub(crate) struct ValidateArgs {
     /// Objects the change set replaces (matched by kind, namespace and name); immutable fields
     /// are checked against them and the merged set is validated.
     #[arg(long, value_name = "DIR")]
-    pub previous: Option<PathBuf>,
+    pub(crate) previous: Option<PathBuf>,
     /// Feature gates, e.g. `PodGroupPreemptionPolicy=true` (until the config parser provides them).
     #[arg(long, value_name = "GATES", value_delimiter = ',')]
-    pub feature_gates: Vec<String>,
+    pub(crate) feature_gates: Vec<String>,
     /// The largest file read, in bytes. FIFOs and devices are refused.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
-    pub max_manifest_bytes: u64,
+    pub(crate) max_manifest_bytes: u64,
     /// Files or directories of YAML (multi-document allowed).
     #[arg(required = true)]
-    pub paths: Vec<PathBuf>,
+    pub(crate) paths: Vec<PathBuf>,
 }
 
-pub fn run(args: ValidateArgs) -> ExitCode {
+pub(crate) fn run(args: ValidateArgs) -> ExitCode {
     let opts = match options(&args.feature_gates) {
         Ok(o) => o,
         Err(e) => {
@@ -112,21 +112,21 @@ pub struct Checked {
     /// The problem lines: the set is invalid when there is one.
     pub problems: Vec<String>,
     /// Forward references (`reference-exists`): held by the scheduler, not refused.
-    pub pending: Vec<String>,
+    pub(crate) pending: Vec<String>,
     /// Unknown fields of Pods and the scheduling kinds (`unknown-field`), dropped as the API
     /// server drops them: at most [`MAX_WARNINGS_PER_FILE`] a file, then one `and N more` line.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// How many unknown fields there are, those past the lines' bound too.
-    pub warning_count: usize,
+    pub(crate) warning_count: usize,
 }
 
 /// The most warnings printed for one file.
-pub const MAX_WARNINGS_PER_FILE: usize = 20;
+pub(crate) const MAX_WARNINGS_PER_FILE: usize = 20;
 
 impl Checked {
     /// The one line on stdout: `valid: N objects` or `invalid: N problems`, with the pending
     /// references when there are any.
-    pub fn verdict(&self, objects: usize) -> String {
+    pub(crate) fn verdict(&self, objects: usize) -> String {
         let mut line = if self.problems.is_empty() {
             format!("valid: {}", count(objects, "object"))
         } else {

@@ -62,7 +62,7 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// an API server on the node's network answers in milliseconds; one that does not is in
 /// trouble. The frozen pod allocates nothing meanwhile, but holds what it has, so the node's
 /// memory is not left waiting longer.
-pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
+pub(crate) const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// The API server taking the Failed status does not mean the kubelet holds it. A status-only
 /// update reaches the kubelet's copy of the pod through its own watch and makes it sync nothing
@@ -82,11 +82,11 @@ pub const STATUS_BEFORE_KILL: Duration = Duration::from_secs(1);
 /// has it then too), at most [`SEEN_BEFORE_KILL`] after the API server took both; a phase still
 /// written back over it is answered, until [`GUARD_AFTER_KILL`] after the kill, by sending the
 /// status again at once.
-pub const SEEN_BEFORE_KILL: Duration = Duration::from_secs(1);
+pub(crate) const SEEN_BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// How long after the kill a phase written back over the Failed status is answered (the PLEG's
 /// 1 s relist and the sync after it, with margin).
-pub const GUARD_AFTER_KILL: Duration = Duration::from_secs(3);
+pub(crate) const GUARD_AFTER_KILL: Duration = Duration::from_secs(3);
 
 /// How often the pod watch is looked at before and after the kill.
 const WATCH_POLL: Duration = Duration::from_millis(10);
@@ -116,7 +116,7 @@ fn watched_phase(store: &Store<Pod>, pod: &PodKey) -> Option<String> {
 }
 
 /// The cluster eviction action.
-pub struct ApiEviction {
+pub(crate) struct ApiEviction {
     kill: CgroupKill,
     queue: Arc<WriteQueue>,
     node: String,
@@ -129,7 +129,7 @@ pub struct ApiEviction {
 }
 
 impl ApiEviction {
-    pub fn new(
+    pub(crate) fn new(
         queue: Arc<WriteQueue>,
         node: &str,
         method: EvictionMethod,
@@ -147,7 +147,7 @@ impl ApiEviction {
     }
 
     /// Watches `pods` (the source's store) for a phase written back over an eviction's status.
-    pub fn with_pod_store(mut self, pods: Store<Pod>) -> Self {
+    pub(crate) fn with_pod_store(mut self, pods: Store<Pod>) -> Self {
         self.pods = Some(pods);
         self
     }
@@ -228,7 +228,7 @@ impl ApiEviction {
 
     /// The writes one eviction of this node's pod makes, with their idempotency ids, in
     /// delivery order.
-    pub fn writes(&self, req: &EvictionRequest, at: &str) -> Vec<(String, ApiWrite)> {
+    pub(crate) fn writes(&self, req: &EvictionRequest, at: &str) -> Vec<(String, ApiWrite)> {
         let p = &req.pod;
         let first = if self.kills_locally(req) {
             (
@@ -316,7 +316,7 @@ fn grace_secs(req: &EvictionRequest) -> u32 {
 }
 
 /// The Eviction API writes for a unit's members on other nodes.
-pub fn member_writes(members: &[PodKey], grace_secs: u32) -> Vec<(String, ApiWrite)> {
+pub(crate) fn member_writes(members: &[PodKey], grace_secs: u32) -> Vec<(String, ApiWrite)> {
     members
         .iter()
         .map(|pod| {

@@ -59,7 +59,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 /// The shortest time between two reads of one resource path: two a second.
-pub const READ_SPACING: Duration = Duration::from_millis(500);
+pub(crate) const READ_SPACING: Duration = Duration::from_millis(500);
 
 /// How long any request but a watch may take to answer (a list of a node's pods from the watch
 /// cache takes milliseconds; one of every Workload in a namespace, less than a second).
@@ -67,19 +67,19 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A watch that ends sooner than this without a byte has failed (client-go's "very short watch":
 /// under a second, no event).
-pub const SHORT_WATCH: Duration = Duration::from_secs(1);
+pub(crate) const SHORT_WATCH: Duration = Duration::from_secs(1);
 
 /// The longest `Retry-After` honoured: a server (or a proxy) that asks for hours would leave the
 /// node blind that long. client-go caps nothing, but its reflector's own backoff tops out at
 /// 30 s: 5 minutes is ten times that.
-pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
+pub(crate) const RETRY_AFTER_CAP: Duration = Duration::from_secs(300);
 
 /// TCP keepalive's idle time and probe interval, client-go's (`net.Dialer{KeepAlive: 30s}`).
-pub const KEEPALIVE: Duration = Duration::from_secs(30);
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// Why the client could not be built.
 #[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     #[error(transparent)]
     Kube(#[from] kube::Error),
     /// kube, built without its proxy features as qoslet is, refuses a proxy too.
@@ -94,7 +94,7 @@ pub enum ConnectError {
 /// the watches already say once per change), gzip (not built into qoslet), kube's retries (off:
 /// see [`RequestBounds`]), and its read and write timeouts, which [`REQUEST_TIMEOUT`],
 /// kube-runtime's watch idle timeout and keepalive cover.
-pub fn connect(
+pub(crate) fn connect(
     config: &kube::Config,
     bounds: &RequestBounds,
 ) -> Result<kube::Client, ConnectError> {
@@ -135,7 +135,7 @@ const PATHS_KEPT: usize = 4096;
 /// with jitter, back to 800 ms once 2 minutes pass without a retry), never reset by the items of
 /// the stream it guards.
 #[derive(Default)]
-pub struct WatchBackoff(DefaultBackoff);
+pub(crate) struct WatchBackoff(DefaultBackoff);
 
 impl Iterator for WatchBackoff {
     type Item = Duration;
@@ -152,9 +152,9 @@ impl Backoff for WatchBackoff {
 }
 
 /// What a named watch's failure that kube-runtime does not see is called on `/readyz`.
-pub const WATCH_CUT: &str = "the watch stream was cut";
+pub(crate) const WATCH_CUT: &str = "the watch stream was cut";
 /// See [`WATCH_CUT`].
-pub const WATCH_ENDED_AT_ONCE: &str = "the watch ended at once without an event";
+pub(crate) const WATCH_ENDED_AT_ONCE: &str = "the watch ended at once without an event";
 
 /// What the reads of one resource path last did.
 #[derive(Clone, Copy, Default)]
@@ -197,11 +197,11 @@ impl PathReads {
 /// here (`/readyz` names it failing until a watch of its path has lasted [`SHORT_WATCH`]
 /// without failing so).
 #[derive(Clone, Default)]
-pub struct Answered(Arc<Mutex<HashMap<String, PathReads>>>);
+pub(crate) struct Answered(Arc<Mutex<HashMap<String, PathReads>>>);
 
 impl Answered {
     /// Whether a read of `path` succeeded after `at`.
-    pub fn since(&self, path: &str, at: Instant) -> bool {
+    pub(crate) fn since(&self, path: &str, at: Instant) -> bool {
         crate::support::lock(&self.0)
             .get(path)
             .and_then(|r| r.read)
@@ -210,7 +210,7 @@ impl Answered {
 
     /// How the last watch of `path` failed, when it failed without an error kube-runtime sees
     /// and no watch of the path has proved itself since.
-    pub fn watch_failing(&self, path: &str) -> Option<&'static str> {
+    pub(crate) fn watch_failing(&self, path: &str) -> Option<&'static str> {
         let now = Instant::now();
         let paths = crate::support::lock(&self.0);
         let r = paths.get(path)?;
@@ -284,7 +284,7 @@ pub struct RequestBounds {
 
 impl RequestBounds {
     /// The successes of the client's reads, by path.
-    pub fn answered(&self) -> Answered {
+    pub(crate) fn answered(&self) -> Answered {
         self.answered.clone()
     }
 }
@@ -312,7 +312,7 @@ pub struct Bounded<S> {
 /// The error of a request that did not answer within [`REQUEST_TIMEOUT`].
 #[derive(Debug, thiserror::Error)]
 #[error("the API server did not answer within {REQUEST_TIMEOUT:?}")]
-pub struct RequestTimedOut;
+pub(crate) struct RequestTimedOut;
 
 fn is_watch<B>(req: &Request<B>) -> bool {
     req.uri()

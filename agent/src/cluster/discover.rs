@@ -39,7 +39,7 @@ use crate::{
 
 /// The most of a command line read (Linux caps argv and envp together at a quarter of the stack
 /// limit; a kubelet's is a few KiB).
-pub const CMDLINE_MAX: u64 = 1 << 20;
+pub(crate) const CMDLINE_MAX: u64 = 1 << 20;
 /// `comm` is at most 16 bytes (TASK_COMM_LEN); anything longer is not a `comm` file.
 const COMM_MAX: u64 = 64;
 /// The most drop-in files read, and how deep `--config-dir` is walked.
@@ -112,7 +112,7 @@ const FLAGS: &[(&str, &str, Kind)] = &[
 ];
 
 #[derive(Debug, Error)]
-pub enum DiscoverError {
+pub(crate) enum DiscoverError {
     #[error("cannot list the processes in {proc}")]
     Proc {
         proc: PathBuf,
@@ -173,7 +173,7 @@ impl DiscoverError {
     /// The error and its causes on one line, for the log and `/readyz`; without
     /// [`crate::support::error_chain`]'s privilege hint, which is about cgroups: the remedy for a closed
     /// root is `--host-root`.
-    pub fn chain(&self) -> String {
+    pub(crate) fn chain(&self) -> String {
         let mut line = self.to_string();
         let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
@@ -189,23 +189,23 @@ impl DiscoverError {
 
 /// The kubelet's configuration as found.
 #[derive(Debug)]
-pub struct Discovered {
-    pub pid: u32,
-    pub config: KubeletConfig,
+pub(crate) struct Discovered {
+    pub(crate) pid: u32,
+    pub(crate) config: KubeletConfig,
     /// What it was built from, for the log, `/readyz` and errors: the root, the files and the
     /// flags read.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// The configuration-bearing parts of a kubelet's command line.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct KubeletArgs {
+pub(crate) struct KubeletArgs {
     /// `--config`, the last one given (pflag keeps the last); an empty value is none.
-    pub config: Option<String>,
+    pub(crate) config: Option<String>,
     /// `--config-dir`, likewise.
-    pub config_dir: Option<String>,
+    pub(crate) config_dir: Option<String>,
     /// The flags of [`FLAGS`] in command-line order, as (flag, value).
-    pub flags: Vec<(&'static str, String)>,
+    pub(crate) flags: Vec<(&'static str, String)>,
 }
 
 impl KubeletArgs {
@@ -213,7 +213,7 @@ impl KubeletArgs {
     /// flag alone is `true`), `_` spelled as `-` (cliflag's `WordSepNormalizeFunc`), nothing
     /// after `--`. Other flags are skipped; an unknown flag's value, if any, is then a
     /// positional argument and skipped too.
-    pub fn parse(argv: &[String]) -> Self {
+    pub(crate) fn parse(argv: &[String]) -> Self {
         let mut out = Self::default();
         let mut it = argv.iter().skip(1);
         while let Some(arg) = it.next() {
@@ -257,7 +257,10 @@ impl KubeletArgs {
     /// The flags laid over `cfg` (a KubeletConfiguration as JSON) as the kubelet re-parses its
     /// command line over the loaded configuration; `Err((flag, value, message))` for a value
     /// pflag would refuse.
-    pub fn apply(&self, cfg: &mut Map<String, Value>) -> Result<(), (String, String, String)> {
+    pub(crate) fn apply(
+        &self,
+        cfg: &mut Map<String, Value>,
+    ) -> Result<(), (String, String, String)> {
         let mut used = BTreeSet::new();
         for (flag, value) in &self.flags {
             let Some(&(_, field, kind)) = FLAGS.iter().find(|f| f.0 == *flag) else {
@@ -329,7 +332,7 @@ fn go_bool(s: &str) -> Result<bool, String> {
 
 /// RFC 7386 JSON merge patch (`jsonpatch.MergePatch`, as `mergeKubeletConfigurations` applies
 /// each drop-in): objects merge key by key, `null` removes a key, anything else replaces.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(p) = patch else {
         *target = patch.clone();
         return;
@@ -389,10 +392,10 @@ struct Root {
 
 /// What discovery opens the kubelet's root with; a parameter so tests can refuse it as a
 /// container without `SYS_PTRACE` is refused.
-pub type OpenDir<'a> = &'a dyn Fn(&Path) -> io::Result<OwnedFd>;
+pub(crate) type OpenDir<'a> = &'a dyn Fn(&Path) -> io::Result<OwnedFd>;
 
 /// Opens a directory (following a magic link such as `/proc/<pid>/root`) for use as a root.
-pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     Ok(fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
@@ -402,7 +405,11 @@ pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 
 /// The KubeletConfiguration file at `path` inside `root` ([`beneath::read_in_root`], at most
 /// 4 MiB), named `shown` in errors.
-pub fn load_in_root(root: &Path, path: &Path, shown: &Path) -> Result<KubeletConfig, ConfigError> {
+pub(crate) fn load_in_root(
+    root: &Path,
+    path: &Path,
+    shown: &Path,
+) -> Result<KubeletConfig, ConfigError> {
     let unreadable = |source| ConfigError::Unreadable {
         file: shown.into(),
         source,
@@ -423,22 +430,22 @@ pub fn load_in_root(root: &Path, path: &Path, shown: &Path) -> Result<KubeletCon
 }
 
 /// Finds the kubelet in `proc` and builds its configuration.
-pub struct Discover<'a> {
+pub(crate) struct Discover<'a> {
     /// The process table: `/proc` (the host's, with `hostPID`).
-    pub proc: &'a Path,
+    pub(crate) proc: &'a Path,
     /// Where the host's `/` is mounted, for when the kubelet's own root cannot be opened.
-    pub host_root: Option<&'a Path>,
+    pub(crate) host_root: Option<&'a Path>,
     /// This node's name: of several kubelets, those whose `--hostname-override` names it are
     /// preferred (a test machine may run several nodes' kubelets).
-    pub node_name: Option<&'a str>,
+    pub(crate) node_name: Option<&'a str>,
 }
 
 impl Discover<'_> {
-    pub fn run(&self) -> Result<Discovered, DiscoverError> {
+    pub(crate) fn run(&self) -> Result<Discovered, DiscoverError> {
         self.run_with(&open_dir)
     }
 
-    pub fn run_with(&self, open: OpenDir<'_>) -> Result<Discovered, DiscoverError> {
+    pub(crate) fn run_with(&self, open: OpenDir<'_>) -> Result<Discovered, DiscoverError> {
         let pid = self.find()?;
         let proc_fd = self.proc_fd()?;
         let cmdline = read_bounded(proc_fd.as_fd(), &format!("{pid}/cmdline"), CMDLINE_MAX)

@@ -30,7 +30,7 @@ use crate::{
 
 /// The container runtime a Node reports (`status.nodeInfo.containerRuntimeVersion`, e.g.
 /// `containerd://2.1.0`, `cri-o://1.33.0`).
-pub fn runtime_of_node(node: &core::Node) -> Option<ContainerRuntime> {
+pub(crate) fn runtime_of_node(node: &core::Node) -> Option<ContainerRuntime> {
     let v = node
         .status
         .as_ref()?
@@ -50,14 +50,14 @@ fn runtime_of_scheme(scheme: &str) -> Option<ContainerRuntime> {
 }
 
 /// The id of a `containerID` (`containerd://<id>`) when it is of `runtime`.
-pub fn container_id(container_id: &str, runtime: ContainerRuntime) -> Option<&str> {
+pub(crate) fn container_id(container_id: &str, runtime: ContainerRuntime) -> Option<&str> {
     let (scheme, id) = container_id.split_once("://")?;
     (runtime_of_scheme(scheme) == Some(runtime)).then_some(id)
 }
 
 /// Container ids by (pod uid, container name) from the pods' statuses (init, sidecar and app
 /// containers).
-pub fn container_ids(pods: &PodSet, runtime: ContainerRuntime) -> ContainerIds {
+pub(crate) fn container_ids(pods: &PodSet, runtime: ContainerRuntime) -> ContainerIds {
     let mut out = ContainerIds::new();
     for (key, p) in &pods.pods {
         let Some(st) = &p.pod.status else { continue };
@@ -84,7 +84,7 @@ pub fn container_ids(pods: &PodSet, runtime: ContainerRuntime) -> ContainerIds {
 }
 
 /// The kubelet's pods as qoslet sees them.
-pub struct KubeletExecutor {
+pub(crate) struct KubeletExecutor {
     runtime: ContainerRuntime,
     statuses: Mutex<BTreeMap<PodKey, PodStatus>>,
     /// Pods evicted, with the message and when (seconds since the Unix epoch): reported Failed
@@ -94,7 +94,7 @@ pub struct KubeletExecutor {
 }
 
 impl KubeletExecutor {
-    pub fn new(runtime: ContainerRuntime) -> Self {
+    pub(crate) fn new(runtime: ContainerRuntime) -> Self {
         Self {
             runtime,
             statuses: Mutex::default(),
@@ -103,13 +103,9 @@ impl KubeletExecutor {
         }
     }
 
-    pub fn runtime(&self) -> ContainerRuntime {
-        self.runtime
-    }
-
     /// Who runs the pods this executor reports on; the API source's door reads it too, before
     /// the executor exists (it needs the Node's runtime, which the source lists).
-    pub const RUNNER: Runner = Runner::Kubelet;
+    pub(crate) const RUNNER: Runner = Runner::Kubelet;
 }
 
 impl PodExecutor for KubeletExecutor {
@@ -208,7 +204,7 @@ fn termination(t: &core::ContainerStateTerminated) -> Termination {
 }
 
 /// The API's status of a pod in the node's terms.
-pub fn pod_status(
+pub(crate) fn pod_status(
     key: &PodKey,
     pod: &core::Pod,
     cgroups: &BTreeMap<String, Vec<CgroupBeneath>>,

@@ -34,7 +34,7 @@ use crate::{
 
 /// At start, after the first list of the node's pods: the writes of every marked pod the API
 /// server still shows live are queued again.
-pub fn at_start(
+pub(crate) fn at_start(
     fs: &CgroupFs,
     driver: CgroupDriver,
     pods: &PodSet,
@@ -88,12 +88,12 @@ pub fn at_start(
 /// A mark found on a pod cgroup.
 #[derive(Debug)]
 pub struct Found {
-    pub mark: EvictionMark,
+    pub(crate) mark: EvictionMark,
     /// The pod cgroup it is on.
-    pub path: CgroupPath,
+    pub(crate) path: CgroupPath,
     /// That cgroup's directory, opened beneath its parent while walking: the mark is removed
     /// through it, with no second lookup by path.
-    pub dir: OwnedFd,
+    pub(crate) dir: OwnedFd,
 }
 
 /// How deep below the node root a pod cgroup lies: `kubepods[.slice]`, the QoS tier (none for
@@ -193,29 +193,29 @@ fn subdirs(dir: BorrowedFd<'_>, path: &CgroupPath) -> Vec<(OwnedFd, CgroupPath)>
 
 /// A pod as the API server shows it at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LivePod {
+pub(crate) struct LivePod {
     /// Phase Succeeded or Failed: nothing left to write.
-    pub terminal: bool,
+    pub(crate) terminal: bool,
     /// `terminationGracePeriodSeconds`, for an Eviction API request.
-    pub grace: Duration,
+    pub(crate) grace: Duration,
     /// Its generation and conditions now, for the Failed status.
-    pub seen: SeenPod,
+    pub(crate) seen: SeenPod,
     /// The start of its latest running container (seconds since the Unix epoch).
-    pub running_since: Option<u64>,
+    pub(crate) running_since: Option<u64>,
 }
 
 /// What [`requeue`] did.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Requeued {
+pub(crate) struct Requeued {
     /// Evictions whose writes were queued again.
-    pub queued: usize,
+    pub(crate) queued: usize,
     /// The uids of marked pods that ran again after their eviction: nothing queued.
-    pub ran_again: Vec<String>,
+    pub(crate) ran_again: Vec<String>,
 }
 
 /// Queues the writes of each marked eviction whose pod (same UID) `live` finds not terminal and
 /// not run again since the mark, unless writes about that pod are still in the queue.
-pub fn requeue(
+pub(crate) fn requeue(
     marks: &[EvictionMark],
     live: impl Fn(&str) -> Option<LivePod>,
     action: &ApiEviction,

@@ -19,20 +19,20 @@ use super::queue::WriteQueue;
 
 /// One request as the API server received it.
 #[derive(Debug, Clone)]
-pub struct Recorded {
-    pub method: String,
+pub(crate) struct Recorded {
+    pub(crate) method: String,
     /// Path and query, percent-decoded.
-    pub uri: String,
-    pub body: Value,
-    pub content_type: String,
+    pub(crate) uri: String,
+    pub(crate) body: Value,
+    pub(crate) content_type: String,
 }
 
 impl Recorded {
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.uri.split('?').next().unwrap_or("")
     }
 
-    pub fn query(&self, key: &str) -> Option<String> {
+    pub(crate) fn query(&self, key: &str) -> Option<String> {
         self.query_pairs()
             .into_iter()
             .find(|(k, _)| k == key)
@@ -41,7 +41,7 @@ impl Recorded {
 
     /// Every `key=value` of the query, in order (kube ends a path without parameters with an
     /// empty query, `?`, which carries none).
-    pub fn query_pairs(&self) -> Vec<(String, String)> {
+    pub(crate) fn query_pairs(&self) -> Vec<(String, String)> {
         let q = self.uri.split_once('?').map_or("", |(_, q)| q);
         q.split('&')
             .filter(|kv| !kv.is_empty())
@@ -53,13 +53,13 @@ impl Recorded {
     }
 
     /// Whether this is a watch (`watch=true`) rather than a list or a get.
-    pub fn is_watch(&self) -> bool {
+    pub(crate) fn is_watch(&self) -> bool {
         self.query("watch").as_deref() == Some("true")
     }
 
     /// Asserts the whole request: method, path, no query, content type and body.
     #[track_caller]
-    pub fn assert_is(&self, method: &str, path: &str, content_type: &str, body: &Value) {
+    pub(crate) fn assert_is(&self, method: &str, path: &str, content_type: &str, body: &Value) {
         assert_eq!(
             (
                 self.method.as_str(),
@@ -75,20 +75,20 @@ impl Recorded {
 }
 
 /// An answer: status and JSON body; `None` holds the request open.
-pub type Reply = Option<(u16, Value)>;
+pub(crate) type Reply = Option<(u16, Value)>;
 
-pub struct Mock {
-    pub log: Arc<Mutex<Vec<Recorded>>>,
+pub(crate) struct Mock {
+    pub(crate) log: Arc<Mutex<Vec<Recorded>>>,
     _task: tokio::task::JoinHandle<()>,
 }
 
 impl Mock {
-    pub fn requests(&self) -> Vec<Recorded> {
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
         self.log.lock().unwrap().clone()
     }
 
     /// Waits until `pred` holds for the log (5 s at most).
-    pub async fn wait_for(&self, what: &str, pred: impl Fn(&[Recorded]) -> bool) {
+    pub(crate) async fn wait_for(&self, what: &str, pred: impl Fn(&[Recorded]) -> bool) {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
             if pred(&self.log.lock().unwrap()) {
@@ -124,7 +124,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// A client whose requests go to `respond`.
-pub fn client(respond: impl FnMut(&Recorded) -> Reply + Send + 'static) -> (Client, Mock) {
+pub(crate) fn client(respond: impl FnMut(&Recorded) -> Reply + Send + 'static) -> (Client, Mock) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let log: Arc<Mutex<Vec<Recorded>>> = Arc::default();
@@ -172,16 +172,16 @@ type Respond = Box<dyn FnMut(&Recorded) -> Reply + Send>;
 /// request open by answering `None`); a watch no route takes is held open, as a quiet watch is;
 /// anything else is a 404 with the API server's Status.
 #[derive(Default)]
-pub struct Routes(Vec<(String, String, Respond)>);
+pub(crate) struct Routes(Vec<(String, String, Respond)>);
 
 impl Routes {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// `method` (`*`: any) on `path` (ending in `*`: every path with that prefix) answers as
     /// `respond` says, watches too (a watch the route answers `None` goes on to the next).
-    pub fn route(
+    pub(crate) fn route(
         mut self,
         method: &str,
         path: &str,
@@ -192,12 +192,12 @@ impl Routes {
     }
 
     /// `method path` answers `code` with `body`, every time.
-    pub fn on(self, method: &str, path: &str, code: u16, body: Value) -> Self {
+    pub(crate) fn on(self, method: &str, path: &str, code: u16, body: Value) -> Self {
         self.route(method, path, move |_| Some((code, body.clone())))
     }
 
     /// `GET path` (not a watch) answers a list of `kind` at resourceVersion `rv`.
-    pub fn list(self, path: &str, kind: &str, rv: &str, items: Vec<Value>) -> Self {
+    pub(crate) fn list(self, path: &str, kind: &str, rv: &str, items: Vec<Value>) -> Self {
         let body = list(kind, rv, items);
         self.route("GET", path, move |r| {
             (!r.is_watch()).then(|| (200, body.clone()))
@@ -223,13 +223,13 @@ impl Routes {
     }
 
     /// A client answered by these routes.
-    pub fn client(mut self) -> (Client, Mock) {
+    pub(crate) fn client(mut self) -> (Client, Mock) {
         client(move |r| self.respond(r))
     }
 }
 
 /// The API server's Status body for an error.
-pub fn status(code: u16, reason: &str, message: &str) -> Value {
+pub(crate) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code,
@@ -237,12 +237,12 @@ pub fn status(code: u16, reason: &str, message: &str) -> Value {
 }
 
 /// A list response.
-pub fn list(kind: &str, rv: &str, items: Vec<Value>) -> Value {
+pub(crate) fn list(kind: &str, rv: &str, items: Vec<Value>) -> Value {
     json!({"kind": format!("{kind}List"), "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items})
 }
 
 /// A watch response body: one JSON event per line.
-pub fn events(events: &[(&str, Value)]) -> Value {
+pub(crate) fn events(events: &[(&str, Value)]) -> Value {
     Value::String(
         events
             .iter()
@@ -253,10 +253,10 @@ pub fn events(events: &[(&str, Value)]) -> Value {
 
 /// A fresh directory under the system's temporary one, unique to this process and call, removed
 /// on drop.
-pub struct TempDir(pub PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 
 impl TempDir {
-    pub fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let p = std::env::temp_dir().join(format!(
             "qoslet-cluster-{tag}-{}-{}",
@@ -275,7 +275,7 @@ impl Drop for TempDir {
 }
 
 /// A write queue in a fresh directory; the queue's files go with the [`TempDir`].
-pub fn queue(tag: &str) -> (TempDir, Arc<WriteQueue>) {
+pub(crate) fn queue(tag: &str) -> (TempDir, Arc<WriteQueue>) {
     let dir = TempDir::new(tag);
     let q = Arc::new(WriteQueue::open(&dir.0).unwrap());
     (dir, q)

@@ -13,17 +13,17 @@
 //! Data flows one way: `source` → `unit` → `action` → `queue` → `writes`; `report` →
 //! `queue`. No module reads back from one downstream of it.
 
-pub mod action;
+pub(crate) mod action;
 pub mod client;
-pub mod discover;
-pub mod executor;
+pub(crate) mod discover;
+pub(crate) mod executor;
 pub mod marks;
-pub mod queue;
-pub mod report;
-pub mod review;
-pub mod source;
-pub mod unit;
-pub mod writes;
+pub(crate) mod queue;
+pub(crate) mod report;
+pub(crate) mod review;
+pub(crate) mod source;
+pub(crate) mod unit;
+pub(crate) mod writes;
 
 #[cfg(test)]
 mod mock;
@@ -38,9 +38,9 @@ use std::{
 use kube::{Client, config::KubeConfigOptions};
 use thiserror::Error;
 
-pub use action::ApiEviction;
-pub use executor::KubeletExecutor;
-pub use source::{ApiSource, ApiWatchState, ApiWatchStates, GangAwareness, SourceClosed};
+pub(crate) use action::ApiEviction;
+pub(crate) use executor::KubeletExecutor;
+pub(crate) use source::{ApiSource, SourceClosed};
 
 use crate::{
     cgroup::ContainerRuntime,
@@ -104,7 +104,7 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Start(e) => e.exit_code(),
             Self::NodeName | Self::Client(_) => exit::CONFIG,
@@ -150,7 +150,7 @@ pub async fn client(
 
 /// The kubelet's configuration from `/configz` (`{"kubeletconfig": {...}}`, without apiVersion
 /// and kind).
-pub async fn configz(client: &Client, node: &str) -> Result<KubeletConfig, ClusterError> {
+pub(crate) async fn configz(client: &Client, node: &str) -> Result<KubeletConfig, ClusterError> {
     let err = |source: Box<dyn std::error::Error + Send + Sync>| ClusterError::Configz {
         node: node.into(),
         source,
@@ -168,7 +168,7 @@ pub async fn configz(client: &Client, node: &str) -> Result<KubeletConfig, Clust
     parse_configz(&text).map_err(|e| err(e.into()))
 }
 
-pub fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
+pub(crate) fn parse_configz(text: &str) -> Result<KubeletConfig, String> {
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let mut kc = v
         .get("kubeletconfig")
@@ -230,7 +230,7 @@ fn discovered(
 /// The Kubernetes version whose kubelet rules apply: `kubernetesVersion` when the
 /// QosletConfiguration sets it (checked when it was read), else the Node's `kubeletVersion`
 /// (clamped to 1.34..=1.37 with a warning), else 1.37.
-pub fn kubernetes_version(configured: Option<&str>, kubelet: Option<&str>) -> KubeVersion {
+pub(crate) fn kubernetes_version(configured: Option<&str>, kubelet: Option<&str>) -> KubeVersion {
     let of_node = kubelet.map(|k| (k, KubeVersion::of_kubelet(k)));
     if let Some(v) = configured.and_then(|c| c.parse::<KubeVersion>().ok()) {
         if let Some((k, Ok((n, _)))) = of_node

@@ -51,21 +51,21 @@ const FIRST_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 /// Pending writes at most. An eviction makes two or three; a node in trouble for hours makes a
 /// few condition writes (each type replaces its own).
-pub const MAX_PENDING: usize = 1024;
+pub(crate) const MAX_PENDING: usize = 1024;
 /// How long a write may wait for the API server before it is dropped.
-pub const TTL: Duration = Duration::from_secs(15 * 60);
+pub(crate) const TTL: Duration = Duration::from_secs(15 * 60);
 /// How long one delivery attempt may take: a request the API server does not answer (a
 /// half-open connection, an overloaded server) is abandoned, its connection with it, and retried.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writes in flight at once, at most one per object.
-pub const MAX_IN_FLIGHT: usize = 4;
+pub(crate) const MAX_IN_FLIGHT: usize = 4;
 
 #[derive(Debug, Error)]
 #[error("{path}: cannot persist a pending API write")]
 pub struct QueueError {
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 /// A write as stored on disk.
@@ -156,13 +156,13 @@ impl Entry {
 
 /// Writes the queue gave up on, by why and the write's kind.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     /// (kind, HTTP status) of writes the API server refused for good.
-    pub rejected: BTreeMap<(&'static str, u16), u64>,
+    pub(crate) rejected: BTreeMap<(&'static str, u16), u64>,
     /// Writes older than [`TTL`].
-    pub expired: u64,
+    pub(crate) expired: u64,
     /// Writes pushed out by newer ones beyond [`MAX_PENDING`].
-    pub overflow: u64,
+    pub(crate) overflow: u64,
 }
 
 #[derive(Default)]
@@ -184,11 +184,12 @@ enum ToPersist {
     /// Write the file of this id, if it is still pending and not written.
     Id(String),
     /// Answer once everything sent before is written.
+    #[cfg(test)]
     Flush(mpsc::SyncSender<()>),
 }
 
 /// The persistent queue. Share it with `Arc`; [`WriteQueue::run`] delivers.
-pub struct WriteQueue {
+pub(crate) struct WriteQueue {
     shared: Arc<Shared>,
     wake: Notify,
     /// Bumped after every delivery attempt: [`Self::settled`] waits on it (a write dropped for
@@ -211,7 +212,7 @@ fn is_id(id: &str) -> bool {
 
 impl WriteQueue {
     /// Opens (creating) `dir` and loads the writes a previous run left pending.
-    pub fn open(dir: &Path) -> Result<Self, QueueError> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, QueueError> {
         let err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| QueueError { path, source }
@@ -288,7 +289,7 @@ impl WriteQueue {
     /// Queues a write and returns; its file is written by the queue's thread. `id` must be
     /// unique per write (letters, digits, `-`, `_`, `.`); pushing an id again replaces that
     /// write. `key` orders writes about one object.
-    pub fn push(&self, id: &str, key: &str, write: ApiWrite) -> Result<(), QueueError> {
+    pub(crate) fn push(&self, id: &str, key: &str, write: ApiWrite) -> Result<(), QueueError> {
         if !is_id(id) {
             return Err(QueueError {
                 path: self.shared.dir.join(format!("{id}.json")),
@@ -341,20 +342,21 @@ impl WriteQueue {
     }
 
     /// Blocks until every write pushed so far is on disk (or gone).
-    pub fn flush(&self) {
+    #[cfg(test)]
+    pub(crate) fn flush(&self) {
         let (tx, rx) = mpsc::sync_channel(1);
         self.send_persister(ToPersist::Flush(tx));
         let _ = rx.recv();
     }
 
     /// What was dropped since the last call (the reporter turns it into metrics).
-    pub fn take_dropped(&self) -> Dropped {
+    pub(crate) fn take_dropped(&self) -> Dropped {
         std::mem::take(&mut self.state().dropped)
     }
 
     /// The pod of the oldest Eviction API request still pending (refused for now, or not sent
     /// yet), if any.
-    pub fn pending_eviction(&self) -> Option<PodKey> {
+    pub(crate) fn pending_eviction(&self) -> Option<PodKey> {
         let st = self.state();
         st.pending
             .values()
@@ -368,12 +370,12 @@ impl WriteQueue {
 
     /// Whether a write about `key` (a pod's UID) is still pending: read back from disk at start,
     /// or pushed since.
-    pub fn has_pending(&self, key: &str) -> bool {
+    pub(crate) fn has_pending(&self, key: &str) -> bool {
         self.state().pending.values().any(|e| e.stored.key == key)
     }
 
     /// The pending writes, oldest first.
-    pub fn pending(&self) -> Vec<(String, ApiWrite)> {
+    pub(crate) fn pending(&self) -> Vec<(String, ApiWrite)> {
         let st = self.state();
         let mut v: Vec<(u64, String, ApiWrite)> = st
             .pending
@@ -386,7 +388,7 @@ impl WriteQueue {
 
     /// Waits until the write `id` has left the queue (delivered, refused for good or dropped), at
     /// most `timeout`; whether it left in time.
-    pub async fn settled(&self, id: &str, timeout: Duration) -> bool {
+    pub(crate) async fn settled(&self, id: &str, timeout: Duration) -> bool {
         // Subscribed before the first look, so a write that leaves in between still wakes us.
         let mut left = self.left.subscribe();
         let deadline = Instant::now() + timeout;
@@ -402,7 +404,8 @@ impl WriteQueue {
     }
 
     /// Writes delivered since the queue was opened.
-    pub fn delivered(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn delivered(&self) -> u64 {
         self.state().delivered
     }
 
@@ -508,7 +511,7 @@ impl WriteQueue {
 
     /// Delivers forever through `send`: up to [`MAX_IN_FLIGHT`] writes at once, each attempt
     /// cut at [`REQUEST_TIMEOUT`].
-    pub async fn run<F, Fut>(self: Arc<Self>, send: F)
+    pub(crate) async fn run<F, Fut>(self: Arc<Self>, send: F)
     where
         F: Fn(ApiWrite) -> Fut,
         Fut: Future<Output = Delivery>,
@@ -578,6 +581,7 @@ impl Shared {
     fn persist_loop(&self, rx: &mpsc::Receiver<ToPersist>) {
         for msg in rx {
             match msg {
+                #[cfg(test)]
                 ToPersist::Flush(done) => {
                     let _ = done.send(());
                 }

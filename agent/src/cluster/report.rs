@@ -25,10 +25,10 @@ use crate::{
 };
 
 /// How long a lease holds without renewal; renewed every quarter of it (as the kubelet's).
-pub const LEASE_SECS: i32 = 40;
+pub(crate) const LEASE_SECS: i32 = 40;
 
 /// qoslet's condition type for one of the kubelet's.
-pub fn condition_type(c: NodeCondition) -> &'static str {
+pub(crate) fn condition_type(c: NodeCondition) -> &'static str {
     match c {
         NodeCondition::MemoryPressure => "QosletMemoryPressure",
         NodeCondition::PidPressure => "QosletPIDPressure",
@@ -38,7 +38,7 @@ pub fn condition_type(c: NodeCondition) -> &'static str {
 /// The writes for a condition that changed: the condition, and an event when it became true.
 /// The event is one per condition type and `run` (the start of this process, in seconds), its
 /// `count` the times the condition became true in this run: repeats update one Event.
-pub fn condition_writes(
+pub(crate) fn condition_writes(
     node: &str,
     node_uid: &str,
     c: NodeCondition,
@@ -98,7 +98,7 @@ pub fn condition_writes(
 /// The per-node Lease `qoslet-NODE`, renewed by replacing the object last written (its
 /// resourceVersion makes the replace fail with 409 if someone else wrote it; the next renewal
 /// then reads it again).
-pub struct LeaseKeeper {
+pub(crate) struct LeaseKeeper {
     api: Api<Lease>,
     name: String,
     node: String,
@@ -106,7 +106,7 @@ pub struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
-    pub fn new(client: &Client, namespace: &str, node: &str) -> Self {
+    pub(crate) fn new(client: &Client, namespace: &str, node: &str) -> Self {
         Self {
             api: Api::namespaced(client.clone(), namespace),
             name: format!("qoslet-{node}"),
@@ -116,7 +116,7 @@ impl LeaseKeeper {
     }
 
     /// Creates or renews the lease.
-    pub async fn renew(&mut self) -> Result<(), kube::Error> {
+    pub(crate) async fn renew(&mut self) -> Result<(), kube::Error> {
         let now = MicroTime(Timestamp::now());
         let current = match self.last.take() {
             Some(l) => Some(l),
@@ -156,7 +156,7 @@ impl LeaseKeeper {
 
 /// What the API server was last told about the node's conditions and qoslet's taint; each
 /// change of the node's conditions becomes the writes that tell it.
-pub struct ConditionReport {
+pub(crate) struct ConditionReport {
     node: String,
     node_uid: String,
     /// `taintOnPressure`.
@@ -171,7 +171,7 @@ pub struct ConditionReport {
 }
 
 impl ConditionReport {
-    pub fn new(node: &str, node_uid: &str, taint: bool, run: u64) -> Self {
+    pub(crate) fn new(node: &str, node_uid: &str, taint: bool, run: u64) -> Self {
         Self {
             node: node.into(),
             node_uid: node_uid.into(),
@@ -186,7 +186,7 @@ impl ConditionReport {
     /// The writes, as (id, key, write), that bring the API server to `conditions` (the node's
     /// conditions now, at `at`): a condition whose status changed (every one the first time),
     /// its event when it became true, and the taint when pressure began or ended.
-    pub fn writes(
+    pub(crate) fn writes(
         &mut self,
         conditions: &[NodeCondition],
         at: &str,
@@ -229,25 +229,25 @@ impl ConditionReport {
 }
 
 /// The reporter's parts.
-pub struct Reporter {
-    pub client: Client,
-    pub node: String,
-    pub node_uid: String,
-    pub lease_namespace: String,
-    pub queue: Arc<WriteQueue>,
-    pub watches: ApiWatchStates,
-    pub gang: Arc<std::sync::Mutex<GangAwareness>>,
+pub(crate) struct Reporter {
+    pub(crate) client: Client,
+    pub(crate) node: String,
+    pub(crate) node_uid: String,
+    pub(crate) lease_namespace: String,
+    pub(crate) queue: Arc<WriteQueue>,
+    pub(crate) watches: ApiWatchStates,
+    pub(crate) gang: Arc<std::sync::Mutex<GangAwareness>>,
     /// Write conditions, events and the lease (not in observe mode).
-    pub write: bool,
+    pub(crate) write: bool,
     /// `taintOnPressure`.
-    pub taint: bool,
+    pub(crate) taint: bool,
 }
 
 impl Reporter {
     /// Runs until aborted, with the agent's state: the node's conditions as they change (the
     /// node publishes them on [`AgentState::conditions`]), readiness and the queue's drops
     /// every second, the lease every `LEASE_SECS / 4`.
-    pub async fn run(self, state: Arc<AgentState>) {
+    pub(crate) async fn run(self, state: Arc<AgentState>) {
         state.readiness.register("api");
         // The lease on its own: a renewal the API server is slow to answer holds up nothing.
         tokio::join!(self.report(&state), self.keep_lease());

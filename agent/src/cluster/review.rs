@@ -27,14 +27,14 @@ use kube::{Api, Client, api::PostParams};
 use crate::server::auth::{Access, ReviewError, Reviewer, User};
 
 /// Reviews through the API server, for the node `node`.
-pub struct ApiReviewer {
-    pub client: Client,
-    pub node: String,
+pub(crate) struct ApiReviewer {
+    pub(crate) client: Client,
+    pub(crate) node: String,
 }
 
 impl ApiReviewer {
     /// The SubjectAccessReview's attributes for `access` (see the module's doc).
-    pub fn spec(&self, user: &User, access: Access) -> SubjectAccessReviewSpec {
+    pub(crate) fn spec(&self, user: &User, access: Access) -> SubjectAccessReviewSpec {
         let mut spec = SubjectAccessReviewSpec {
             user: Some(user.username.clone()),
             uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),

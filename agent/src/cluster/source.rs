@@ -50,7 +50,7 @@ use crate::{
 };
 
 /// Where problem lines say an object came from.
-pub const ORIGIN: &str = "api";
+pub(crate) const ORIGIN: &str = "api";
 
 /// The API source stopped: every watcher task ended.
 #[derive(Debug, Error)]
@@ -59,7 +59,7 @@ pub struct SourceClosed;
 
 /// What one watch is doing, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiWatchState {
+pub(crate) enum ApiWatchState {
     /// Listing (first list, or a relist after `410 Gone` or a restart).
     Listing,
     /// Listed and watching.
@@ -81,7 +81,7 @@ struct Watched {
 
 /// The state of every watch, by name (`pods`, `node`, `workloads`, ...).
 #[derive(Clone, Default)]
-pub struct ApiWatchStates {
+pub(crate) struct ApiWatchStates {
     watches: Arc<Mutex<BTreeMap<&'static str, Watched>>>,
     /// A failing watch whose path a read answered since is watching again: kube-runtime yields
     /// nothing for a watch re-established with nothing changed. A synced watch whose path's
@@ -90,7 +90,7 @@ pub struct ApiWatchStates {
 }
 
 impl ApiWatchStates {
-    pub fn new(answered: Answered) -> Self {
+    pub(crate) fn new(answered: Answered) -> Self {
         Self {
             answered,
             ..Self::default()
@@ -99,7 +99,7 @@ impl ApiWatchStates {
 
     /// Every watch's state now, as `/readyz` says it: a watch kube-runtime holds synced is
     /// failing while its path's watches are cut or end at once ([`Answered::watch_failing`]).
-    pub fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
+    pub(crate) fn get(&self) -> BTreeMap<&'static str, ApiWatchState> {
         lock(&self.watches)
             .iter()
             .map(|(n, w)| {
@@ -142,14 +142,14 @@ impl ApiWatchStates {
     /// The pod watch listed at least once and no error of it since: all readiness needs (the
     /// Node object is only read at start; workload objects are optional). A cut watch, which
     /// `/readyz`'s line names failing, does not hold readiness back: the pods were listed.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         lock(&self.watches)
             .get("pods")
             .is_some_and(|w| self.state(w) == ApiWatchState::Synced)
     }
 
     /// One line for `/readyz`: `pods synced, node listing, ...`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         self.get()
             .iter()
             .map(|(n, s)| match s {
@@ -163,7 +163,7 @@ impl ApiWatchStates {
 }
 
 /// The workload kinds and where the API serves them.
-pub fn workload_resources() -> [ApiResource; 3] {
+pub(crate) fn workload_resources() -> [ApiResource; 3] {
     let ar = |version: &str, kind: &str, plural: &str| {
         ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("scheduling.k8s.io", version, kind),
@@ -178,14 +178,14 @@ pub fn workload_resources() -> [ApiResource; 3] {
 }
 
 /// The field selector of the node's pods.
-pub fn pods_selector(node: &str) -> String {
+pub(crate) fn pods_selector(node: &str) -> String {
     format!("spec.nodeName={node}")
 }
 
 /// The listed pods bound to `node`, and the others. The watch asks for [`pods_selector`], but a
 /// server or proxy that ignored the selector would hand over every node's pods, which this node
 /// must never manage: their status written, their cgroups looked for, their memory counted.
-pub fn on_node(pods: Vec<Arc<Pod>>, node: &str) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+pub(crate) fn on_node(pods: Vec<Arc<Pod>>, node: &str) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
     pods.into_iter()
         .partition(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
 }
@@ -201,13 +201,13 @@ fn from_cache(fields: &str) -> watcher::Config {
 }
 
 /// The field selector of the Node object.
-pub fn node_selector(node: &str) -> String {
+pub(crate) fn node_selector(node: &str) -> String {
     format!("metadata.name={node}")
 }
 
 /// Whether the cluster serves the Workload API, so eviction can be gang-aware.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GangAwareness {
+pub(crate) enum GangAwareness {
     /// Not known yet (API discovery has not answered).
     Unknown,
     On,
@@ -225,11 +225,11 @@ struct ObjectWatch {
 
 /// The watched workload objects, shared with the eviction action.
 #[derive(Clone, Default)]
-pub struct WorkloadObjects(Arc<Mutex<BTreeMap<ObjectKey, ObjectWatch>>>);
+pub(crate) struct WorkloadObjects(Arc<Mutex<BTreeMap<ObjectKey, ObjectWatch>>>);
 
 impl WorkloadObjects {
     /// Every watched object, by kind.
-    pub fn snapshot(&self) -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
+    pub(crate) fn snapshot(&self) -> Vec<(ApiResource, Vec<Arc<DynamicObject>>)> {
         let resources = workload_resources();
         let w = lock(&self.0);
         resources
@@ -248,7 +248,7 @@ impl WorkloadObjects {
 }
 
 /// The node's pods and workload objects from the API server.
-pub struct ApiSource {
+pub(crate) struct ApiSource {
     client: Client,
     node_name: String,
     opts: ValidationOptions,
@@ -325,7 +325,7 @@ impl ApiSource {
     /// Starts the watchers. Needs a tokio runtime; call [`ApiSource::wait_synced`] for the
     /// first complete list.
     /// `answered` is the client's record of successful reads ([`super::client::RequestBounds`]).
-    pub fn start(
+    pub(crate) fn start(
         client: Client,
         answered: Answered,
         node_name: &str,
@@ -380,7 +380,7 @@ impl ApiSource {
     }
 
     /// Whether eviction can be gang-aware on this cluster.
-    pub fn gang_awareness(&self) -> Arc<Mutex<GangAwareness>> {
+    pub(crate) fn gang_awareness(&self) -> Arc<Mutex<GangAwareness>> {
         self.gang.clone()
     }
 
@@ -422,7 +422,7 @@ impl ApiSource {
 
     /// Waits for the first complete list of the node's pods and the Node, then builds the first
     /// state. Workload kinds a cluster does not serve never list; they do not hold the start.
-    pub async fn wait_synced(&mut self) -> Result<Diff, SourceClosed> {
+    pub(crate) async fn wait_synced(&mut self) -> Result<Diff, SourceClosed> {
         self.pods
             .wait_until_ready()
             .await
@@ -434,31 +434,27 @@ impl ApiSource {
         Ok(self.rebuild())
     }
 
-    pub fn pods(&self) -> &PodSet {
+    pub(crate) fn pods(&self) -> &PodSet {
         &self.state
     }
 
-    pub fn node_name(&self) -> &str {
-        &self.node_name
-    }
-
     /// The Node object, once listed.
-    pub fn node(&self) -> Option<Arc<Node>> {
+    pub(crate) fn node(&self) -> Option<Arc<Node>> {
         self.node.state().into_iter().next()
     }
 
-    pub fn watch_states(&self) -> ApiWatchStates {
+    pub(crate) fn watch_states(&self) -> ApiWatchStates {
         self.states.clone()
     }
 
     /// A reader of the node's pods (the eviction action finds a pod's unit from it).
-    pub fn pod_store(&self) -> Store<Pod> {
+    pub(crate) fn pod_store(&self) -> Store<Pod> {
         self.pods.clone()
     }
 
     /// Resolves when a watch delivered a change; returns the diff (possibly empty when nothing
     /// qoslet reads changed). Cancel-safe: the change counter is only marked seen once read.
-    pub async fn changed(&mut self) -> Result<Diff, SourceClosed> {
+    pub(crate) async fn changed(&mut self) -> Result<Diff, SourceClosed> {
         self.changes.changed().await.map_err(|_| SourceClosed)?;
         Ok(self.rebuild())
     }
@@ -683,7 +679,7 @@ where
 /// (Succeeded and Failed pods hold no cgroups), and the workload objects they reference with
 /// their ancestors; with the (namespace, kind, name) of every object so referenced, found or not
 /// (the objects to watch).
-pub fn loaded(
+pub(crate) fn loaded(
     pods: &[Arc<Pod>],
     workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
 ) -> (Loaded, BTreeSet<(String, String, String)>) {
@@ -755,7 +751,7 @@ pub fn loaded(
 }
 
 /// `pods` and every workload object given, unfiltered (a unit's whole hierarchy).
-pub fn loaded_all(
+pub(crate) fn loaded_all(
     pods: &[Arc<Pod>],
     workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
 ) -> Loaded {

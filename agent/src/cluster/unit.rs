@@ -24,10 +24,10 @@ use crate::{
 
 /// Where a unit's members on other nodes are found: the API client and the node's pods.
 #[derive(Clone)]
-pub struct UnitMembers {
-    pub client: Client,
+pub(crate) struct UnitMembers {
+    pub(crate) client: Client,
     /// The node's pods, as the source's watch keeps them.
-    pub pods: Store<Pod>,
+    pub(crate) pods: Store<Pod>,
 }
 
 impl UnitMembers {
@@ -35,7 +35,7 @@ impl UnitMembers {
     /// highest `all` ancestor), or `None` when the pod goes alone. `namespace_objects` are the
     /// namespace's workload objects, listed when the decision is made (the source watches only
     /// the node's pods' ancestors, not their sibling groups on other nodes).
-    pub fn unit_groups(
+    pub(crate) fn unit_groups(
         &self,
         key: &PodKey,
         namespace_objects: &[(ApiResource, Vec<Arc<DynamicObject>>)],
@@ -43,7 +43,6 @@ impl UnitMembers {
         let pod = self
             .pods
             .find(|p| p.metadata.uid.as_deref() == Some(key.uid.as_str()))?;
-        let ns = key.namespace.as_str();
         let loaded = loaded_all(&[pod], namespace_objects);
         // Through admission, as at the source's door: nothing unvalidated reaches the forest.
         let objects = loaded
@@ -58,7 +57,7 @@ impl UnitMembers {
                     .filter_map(|(o, t)| crate::source::admit::admit_typed(t, o).ok())
                     .map(|a| a.object),
             );
-        let forest = Forest::new(ns, objects);
+        let forest = Forest::new(objects);
         let unit = disruption_unit(&forest, &key.name)?;
         let UnitRoot::Group(top) = unit.root else {
             return None;
@@ -74,7 +73,11 @@ impl UnitMembers {
 
     /// The live members of `pod`'s unit on nodes other than `node`, by UID, now; empty when the
     /// pod goes alone. Lists the namespace's workload objects (`GET` of each kind) and pods.
-    pub async fn resolve(&self, pod: &PodKey, node: &str) -> Result<Vec<PodKey>, kube::Error> {
+    pub(crate) async fn resolve(
+        &self,
+        pod: &PodKey,
+        node: &str,
+    ) -> Result<Vec<PodKey>, kube::Error> {
         let ns = pod.namespace.as_str();
         let mut listed = Vec::new();
         for ar in workload_resources() {

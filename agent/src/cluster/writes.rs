@@ -36,14 +36,14 @@ use crate::{
 };
 
 /// The component that writes events, conditions and the lease.
-pub const COMPONENT: &str = "qoslet";
+pub(crate) const COMPONENT: &str = "qoslet";
 
 /// One write to the API server, as queued (and persisted) until delivered. Every write about a
 /// pod names its UID, which the API server checks: a pod re-created under the same name is never
 /// touched.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "write", rename_all = "camelCase")]
-pub enum ApiWrite {
+pub(crate) enum ApiWrite {
     /// `pods/status` as the kubelet's eviction manager leaves it: phase Failed, reason Evicted,
     /// the eviction message, the `DisruptionTarget` condition (reason `TerminationByKubelet`),
     /// `Ready` and `ContainersReady` False (reason `PodFailed`) and the observed generation
@@ -114,15 +114,15 @@ fn one() -> i32 {
 
 /// The annotation of [`ApiWrite::EvictedAt`]: the eviction's time (RFC 3339), on a pod qoslet
 /// evicted in the kubelet's way.
-pub const EVICTED_AT: &str = "qoslet.dev/evicted-at";
+pub(crate) const EVICTED_AT: &str = "qoslet.dev/evicted-at";
 
 /// The taint `taintOnPressure` sets while a qoslet pressure condition is true.
-pub const TAINT_KEY: &str = "qoslet.dev/pressure";
+pub(crate) const TAINT_KEY: &str = "qoslet.dev/pressure";
 
 impl ApiWrite {
     /// Which of the writes due goes first (lowest): a pod's Failed status, which the kubelet
     /// must see before the kill, then Eviction API calls, then Events and node writes.
-    pub fn priority(&self) -> u8 {
+    pub(crate) fn priority(&self) -> u8 {
         match self {
             Self::PodEvicted { .. } | Self::EvictedAt { .. } => 0,
             Self::Evict { .. } => 1,
@@ -133,7 +133,7 @@ impl ApiWrite {
     }
 
     /// The write's kind, for metrics and logs.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::PodEvicted { .. } => "podEvicted",
             Self::EvictedAt { .. } => "evictedAt",
@@ -148,16 +148,16 @@ impl ApiWrite {
 /// What an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct EventObject {
-    pub kind: String,
-    pub namespace: Option<String>,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct EventObject {
+    pub(crate) kind: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 /// The result of one delivery attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
+pub(crate) enum Delivery {
     /// Done, or nothing left to do (the object is gone).
     Done,
     /// Try again later: the API server is unreachable, overloaded, refused for now (a PDB's 429)
@@ -174,7 +174,7 @@ pub enum Delivery {
 
 impl Delivery {
     /// A retry with no Retry-After.
-    pub fn retry(why: impl Into<String>) -> Self {
+    pub(crate) fn retry(why: impl Into<String>) -> Self {
         Self::Retry {
             why: why.into(),
             after: None,
@@ -183,7 +183,7 @@ impl Delivery {
 }
 
 /// Now, in the API's RFC 3339 form.
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     Timestamp::try_from(SystemTime::now())
         .unwrap_or(Timestamp::UNIX_EPOCH)
         .to_string()
@@ -194,7 +194,7 @@ fn time(at: &str) -> Option<Time> {
 }
 
 /// The `policy/v1` Eviction of `pods/{name}/eviction`: grace and a UID precondition.
-pub fn eviction_body(pod: &PodKey, grace_secs: u32) -> Eviction {
+pub(crate) fn eviction_body(pod: &PodKey, grace_secs: u32) -> Eviction {
     Eviction {
         metadata: ObjectMeta {
             name: Some(pod.name.clone()),
@@ -223,7 +223,7 @@ fn delete_options(pod: &PodKey, grace_secs: u32) -> DeleteOptions {
 /// carries no `lastTransitionTime`, so the pod's stays (status_manager.go
 /// `updateLastTransitionTime`); the others' is the eviction's time. A generation of 0 (a pod
 /// without one) is left out, as the API's `omitempty` does.
-pub fn pod_evicted_patch(
+pub(crate) fn pod_evicted_patch(
     pod: &PodKey,
     message: &str,
     seen: &SeenPod,
@@ -267,12 +267,12 @@ pub fn pod_evicted_patch(
 
 /// The merge patch of [`ApiWrite::EvictedAt`]: the annotation alone, with `metadata.uid` as the
 /// precondition (a pod that is another one now answers 422, uid immutable).
-pub fn evicted_at_patch(pod: &PodKey, at: &str) -> serde_json::Value {
+pub(crate) fn evicted_at_patch(pod: &PodKey, at: &str) -> serde_json::Value {
     json!({"metadata": {"uid": pod.uid, "annotations": {EVICTED_AT: at}}})
 }
 
 /// The core/v1 Event: `POST namespaces/{ns}/events`.
-pub fn event_body(w: &ApiWrite) -> Option<Event> {
+pub(crate) fn event_body(w: &ApiWrite) -> Option<Event> {
     let ApiWrite::Event {
         name,
         namespace,
@@ -322,7 +322,7 @@ pub fn event_body(w: &ApiWrite) -> Option<Event> {
 
 /// The strategic merge patch of `nodes/status` with one condition of qoslet's own type (merged
 /// by type: the kubelet's conditions are left alone).
-pub fn node_condition_patch(
+pub(crate) fn node_condition_patch(
     type_: &str,
     status: bool,
     reason: &str,
@@ -390,7 +390,7 @@ fn sorted<T>(what: &str, answer: Result<T, kube::Error>) -> Delivery {
 }
 
 /// Sends one write.
-pub async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
+pub(crate) async fn deliver(client: &Client, w: &ApiWrite) -> Delivery {
     match w {
         ApiWrite::PodEvicted {
             pod,

@@ -19,45 +19,45 @@ use super::{ConfigError, KUBELET_API_VERSION, QosletConfiguration, node_settings
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletConfig {
-    pub api_version: Option<String>,
-    pub kind: Option<String>,
-    pub system_reserved: Option<BTreeMap<String, String>>,
-    pub kube_reserved: Option<BTreeMap<String, String>>,
-    pub eviction_hard: Option<BTreeMap<String, String>>,
-    pub eviction_soft: Option<BTreeMap<String, String>>,
-    pub eviction_soft_grace_period: Option<BTreeMap<String, String>>,
-    pub eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
-    pub eviction_pressure_transition_period: Option<String>,
-    pub merge_default_eviction_settings: Option<bool>,
-    pub eviction_max_pod_grace_period: Option<i32>,
-    pub enforce_node_allocatable: Option<Vec<String>>,
-    pub system_reserved_cgroup: Option<String>,
-    pub kube_reserved_cgroup: Option<String>,
+    pub(crate) api_version: Option<String>,
+    pub(crate) kind: Option<String>,
+    pub(crate) system_reserved: Option<BTreeMap<String, String>>,
+    pub(crate) kube_reserved: Option<BTreeMap<String, String>>,
+    pub(crate) eviction_hard: Option<BTreeMap<String, String>>,
+    pub(crate) eviction_soft: Option<BTreeMap<String, String>>,
+    pub(crate) eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    pub(crate) eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    pub(crate) eviction_pressure_transition_period: Option<String>,
+    pub(crate) merge_default_eviction_settings: Option<bool>,
+    pub(crate) eviction_max_pod_grace_period: Option<i32>,
+    pub(crate) enforce_node_allocatable: Option<Vec<String>>,
+    pub(crate) system_reserved_cgroup: Option<String>,
+    pub(crate) kube_reserved_cgroup: Option<String>,
     #[serde(rename = "reservedSystemCPUs")]
-    pub reserved_system_cpus: Option<String>,
-    pub cgroup_driver: Option<String>,
-    pub cgroup_root: Option<String>,
+    pub(crate) reserved_system_cpus: Option<String>,
+    pub(crate) cgroup_driver: Option<String>,
+    pub(crate) cgroup_root: Option<String>,
     #[serde(rename = "cgroupsPerQOS")]
-    pub cgroups_per_qos: Option<bool>,
+    pub(crate) cgroups_per_qos: Option<bool>,
     #[serde(rename = "cpuCFSQuota")]
-    pub cpu_cfs_quota: Option<bool>,
+    pub(crate) cpu_cfs_quota: Option<bool>,
     #[serde(rename = "cpuCFSQuotaPeriod")]
-    pub cpu_cfs_quota_period: Option<String>,
-    pub memory_throttling_factor: Option<f64>,
-    pub memory_reservation_policy: Option<String>,
-    pub qos_reserved: Option<BTreeMap<String, String>>,
+    pub(crate) cpu_cfs_quota_period: Option<String>,
+    pub(crate) memory_throttling_factor: Option<f64>,
+    pub(crate) memory_reservation_policy: Option<String>,
+    pub(crate) qos_reserved: Option<BTreeMap<String, String>>,
     #[serde(rename = "singleProcessOOMKill")]
-    pub single_process_oom_kill: Option<bool>,
-    pub feature_gates: Option<BTreeMap<String, bool>>,
-    pub pod_pids_limit: Option<i64>,
+    pub(crate) single_process_oom_kill: Option<bool>,
+    pub(crate) feature_gates: Option<BTreeMap<String, bool>>,
+    pub(crate) pod_pids_limit: Option<i64>,
     /// Top-level fields of the file that qoslet does not implement, in file order; they are
     /// ignored (reported once by `run`, as a note by `plan` and `validate`).
     #[serde(skip)]
-    pub ignored: Vec<String>,
+    pub(crate) ignored: Vec<String>,
 }
 
 /// The KubeletConfiguration fields [`KubeletConfig`] reads, as spelled in the file.
-pub const KUBELET_FIELDS: &[&str] = &[
+pub(crate) const KUBELET_FIELDS: &[&str] = &[
     "apiVersion",
     "kind",
     "systemReserved",
@@ -87,7 +87,7 @@ pub const KUBELET_FIELDS: &[&str] = &[
 
 impl KubeletConfig {
     /// A configuration that sets nothing: the kubelet's defaults, where no kubelet was found.
-    pub fn kubelet_defaults() -> Self {
+    pub(crate) fn kubelet_defaults() -> Self {
         Self {
             api_version: Some(KUBELET_API_VERSION.into()),
             kind: Some("KubeletConfiguration".into()),
@@ -96,7 +96,7 @@ impl KubeletConfig {
     }
 
     /// Reads and checks the kind of a KubeletConfiguration file.
-    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+    pub(crate) fn load(file: &Path) -> Result<Self, ConfigError> {
         Self::parse(file, &read(file)?)
     }
 
@@ -144,7 +144,7 @@ impl KubeletConfig {
     /// no error and no warning: the kubelet has many fields qoslet has no use for. A name a
     /// small edit away from one qoslet reads is likely misspelt, and the note says which it
     /// may be (`systemReseved (did you mean `systemReserved`?)`).
-    pub fn ignored_note(&self) -> Option<String> {
+    pub(crate) fn ignored_note(&self) -> Option<String> {
         (!self.ignored.is_empty()).then(|| {
             let names: Vec<String> = self
                 .ignored
@@ -163,7 +163,7 @@ impl KubeletConfig {
 
     /// Every check [`node_settings`] makes that does not depend on the node's capacity, for
     /// `qoslet validate`, with the QosletConfiguration defaults.
-    pub fn check(&self, file: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn check(&self, file: &Path) -> Result<(), ConfigError> {
         let capacity = Capacity {
             cpu_millis: i64::MAX,
             memory_bytes: i64::MAX,
@@ -186,7 +186,7 @@ impl KubeletConfig {
         }
     }
 
-    pub fn gate(&self, name: &str) -> Option<bool> {
+    pub(crate) fn gate(&self, name: &str) -> Option<bool> {
         self.feature_gates
             .as_ref()
             .and_then(|g| g.get(name).copied())

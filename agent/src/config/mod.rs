@@ -18,15 +18,15 @@ use crate::source::{
     yaml::key_lines,
 };
 
-pub use kubelet::{KUBELET_FIELDS, KubeletConfig};
+pub use kubelet::KubeletConfig;
 pub use node_settings::node_settings;
 pub use qoslet::*;
 
-pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
-pub const QOSLET_API_VERSION: &str = "qoslet.dev/v1alpha1";
+pub(crate) const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub(crate) const QOSLET_API_VERSION: &str = "qoslet.dev/v1alpha1";
 
 /// The most problems reported of one configuration document.
-pub const MAX_CONFIG_ERRORS: usize = 20;
+pub(crate) const MAX_CONFIG_ERRORS: usize = 20;
 
 /// A configuration file could not be used.
 #[derive(Debug, Error)]
@@ -73,7 +73,7 @@ fn at(line: Option<u64>) -> String {
 
 impl ConfigError {
     /// `Ok` when `errors` is empty, else the one error or [`Self::Several`].
-    pub fn all(mut errors: Vec<ConfigError>) -> Result<(), ConfigError> {
+    pub(crate) fn all(mut errors: Vec<ConfigError>) -> Result<(), ConfigError> {
         match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
@@ -82,7 +82,7 @@ impl ConfigError {
     }
 
     /// The errors one by one ([`Self::Several`] taken apart).
-    pub fn into_list(self) -> Vec<ConfigError> {
+    pub(crate) fn into_list(self) -> Vec<ConfigError> {
         match self {
             ConfigError::Several(v) => v.into_iter().flat_map(Self::into_list).collect(),
             e => vec![e],
@@ -90,7 +90,7 @@ impl ConfigError {
     }
 
     /// Each error of a field with the line of that field in `text` (a one-document file).
-    pub fn with_lines(self, text: &str) -> ConfigError {
+    pub(crate) fn with_lines(self, text: &str) -> ConfigError {
         let mut list = self.into_list();
         let wanted: Vec<(usize, &str)> =
             list.iter()

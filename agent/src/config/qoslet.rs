@@ -72,9 +72,9 @@ impl From<&EbpfConfig> for crate::sensors::SensorsConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityOverride {
-    pub cpu: Option<String>,
-    pub memory: Option<String>,
-    pub pids: Option<i64>,
+    pub(crate) cpu: Option<String>,
+    pub(crate) memory: Option<String>,
+    pub(crate) pids: Option<i64>,
 }
 
 /// qoslet's own file (kind `QosletConfiguration`).
@@ -195,7 +195,7 @@ pub enum EndpointAuth {
 }
 
 /// The port qoslet serves on unless `metricsAddress` says otherwise.
-pub const DEFAULT_PORT: u16 = 9479;
+pub(crate) const DEFAULT_PORT: u16 = 9479;
 
 /// `evictionWakeups`: what wakes the eviction manager besides its housekeeping interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -230,7 +230,7 @@ pub enum EnforceArea {
 }
 
 impl EnforceArea {
-    pub fn area(self) -> crate::cgroup::desired::Area {
+    pub(crate) fn area(self) -> crate::cgroup::desired::Area {
         use crate::cgroup::desired::Area;
         match self {
             Self::MemoryQos => Area::MemoryQos,
@@ -252,7 +252,7 @@ pub struct CpuPressureConfiguration {
     /// Unset: on where qoslet runs the pods and owns the BestEffort tier (standalone), off where
     /// the tier is the kubelet's (cluster), so writing it there is opt-in.
     #[serde(default)]
-    pub enabled: Option<bool>,
+    pub(crate) enabled: Option<bool>,
     /// Go duration; the protected pods' run-queue latency p99 over a housekeeping window above
     /// which the tier is constrained.
     #[serde(
@@ -260,30 +260,30 @@ pub struct CpuPressureConfiguration {
         deserialize_with = "de_duration",
         serialize_with = "ser_duration"
     )]
-    pub latency_target: Duration,
+    pub(crate) latency_target: Duration,
     /// Protect Burstable pods too (Guaranteed pods always are).
     #[serde(default)]
-    pub protect_burstable: bool,
+    pub(crate) protect_burstable: bool,
     /// The node's CPU PSI `some` percentage of a window above which the tier is constrained;
     /// unset: PSI is not a trigger (it counts BestEffort's own waiting too).
     #[serde(default)]
-    pub psi_some_target_percent: Option<f64>,
+    pub(crate) psi_some_target_percent: Option<f64>,
     /// Calm windows in a row before one level is released.
     #[serde(default = "default_calm_windows")]
-    pub calm_windows: u32,
+    pub(crate) calm_windows: u32,
     /// The most calm windows a release needs after pressure came back soon after a release.
     #[serde(default = "default_max_calm_windows")]
-    pub max_calm_windows: u32,
+    pub(crate) max_calm_windows: u32,
     /// The CPUs the tier keeps at level 2 (by cpuset) and its cap at level 3, percent of the
     /// node's CPU.
     #[serde(default = "default_cap_percent")]
-    pub cap_percent: u32,
+    pub(crate) cap_percent: u32,
     /// The cap at level 4, percent of the node's CPU: BestEffort never gets less.
     #[serde(default = "default_floor_percent")]
-    pub floor_percent: u32,
+    pub(crate) floor_percent: u32,
     /// Windows with fewer protected wake-ups than this do not count as pressure.
     #[serde(default = "default_min_wakeups")]
-    pub min_wakeups: u64,
+    pub(crate) min_wakeups: u64,
 }
 
 fn default_latency_target() -> Duration {
@@ -357,7 +357,7 @@ fn default_lease_namespace() -> String {
 
 impl CpuPressureConfiguration {
     /// The controller's configuration; the first invalid field (camelCase) and why.
-    pub fn policy(&self) -> Result<CpuPressureConfig, (&'static str, String)> {
+    pub(crate) fn policy(&self) -> Result<CpuPressureConfig, (&'static str, String)> {
         if self.latency_target.is_zero() {
             return Err(("latencyTarget", "must be more than 0".into()));
         }
@@ -476,7 +476,7 @@ impl Default for QosletConfiguration {
 
 impl QosletConfiguration {
     /// `endpointAuth` for a node that has an API server to ask (`cluster`) or not.
-    pub fn endpoint_auth(&self, cluster: bool) -> Result<EndpointAuth, String> {
+    pub(crate) fn endpoint_auth(&self, cluster: bool) -> Result<EndpointAuth, String> {
         match (self.endpoint_auth, cluster) {
             (Some(EndpointAuth::TokenReview), false) => Err(
                 "tokenReview needs an API server: standalone mode has none (use none, and keep metricsAddress on loopback)".into(),
@@ -489,7 +489,7 @@ impl QosletConfiguration {
 
     /// Where to listen: `metricsAddress`, or by default every address when the endpoints are
     /// authorized and loopback when they are open.
-    pub fn listen_address(
+    pub(crate) fn listen_address(
         &self,
         auth: EndpointAuth,
     ) -> Result<std::net::SocketAddr, std::net::AddrParseError> {
@@ -506,7 +506,7 @@ impl QosletConfiguration {
         }
     }
 
-    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+    pub(crate) fn load(file: &Path) -> Result<Self, ConfigError> {
         Self::parse(file, &read(file)?)
     }
 
@@ -569,19 +569,9 @@ impl QosletConfiguration {
         qc.ok_or_else(|| unreachable_decode(file))
     }
 
-    /// The configuration in a loaded document, with every problem of it: each field that does
-    /// not decode (its key is then left out and the rest decoded again, up to
-    /// [`MAX_CONFIG_ERRORS`]), each unknown field (with "did you mean" where a field is close:
-    /// `source::fields`), and each value out of bounds.
-    pub fn from_value(file: &Path, value: serde_yaml_ng::Value) -> Result<Self, ConfigError> {
-        let (qc, errors) = Self::decode_all(file, value, None);
-        ConfigError::all(errors)?;
-        qc.ok_or_else(|| unreachable_decode(file))
-    }
-
     /// Every problem of a loaded document, those of [`Self::check`] too (for `qoslet
     /// validate`): a value that does not decode is left out of the rest of the checks.
-    pub fn problems(file: &Path, value: serde_yaml_ng::Value) -> Vec<ConfigError> {
+    pub(crate) fn problems(file: &Path, value: serde_yaml_ng::Value) -> Vec<ConfigError> {
         let (qc, mut errors) = Self::decode_all(file, value, None);
         if let Some(Err(e)) = qc.map(|qc| qc.check(file)) {
             errors.extend(e.into_list());
@@ -589,8 +579,11 @@ impl QosletConfiguration {
         errors
     }
 
-    /// [`Self::from_value`]; `text`, the document's own text when there is one, is decoded
-    /// first, so that its scalars are read as written (`kubernetesVersion: 1.30` is `"1.30"`,
+    /// The configuration in a loaded document, with every problem of it: each field that does
+    /// not decode (its key is then left out and the rest decoded again, up to
+    /// [`MAX_CONFIG_ERRORS`]), each unknown field (with "did you mean" where a field is close:
+    /// `source::fields`), and each value out of bounds. `text`, the document's own text when
+    /// there is one, is decoded first, so that its scalars are read as written (`kubernetesVersion: 1.30` is `"1.30"`,
     /// which the loaded value holds as the number 1.3).
     /// The configuration (when it decodes, with the failing values left out) and every problem.
     fn decode_all(
@@ -688,7 +681,7 @@ impl QosletConfiguration {
     }
 
     /// `kubernetesVersion`, or 1.37 when unset (checked by [`Self::parse`]).
-    pub fn kubernetes_version(&self) -> KubeVersion {
+    pub(crate) fn kubernetes_version(&self) -> KubeVersion {
         self.kubernetes_version
             .as_deref()
             .and_then(|v| v.parse().ok())

@@ -34,7 +34,7 @@ const POLL: Duration = Duration::from_millis(10);
 /// How long [`PodCgroups::freeze`] waits for the kernel to report the pod frozen: a task stops at
 /// its next return to user space, in microseconds, unless it sleeps uninterruptibly (reclaim
 /// under memory pressure, I/O).
-pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const FREEZE_TIMEOUT: Duration = Duration::from_secs(1);
 const FREEZE_POLL: Duration = Duration::from_millis(1);
 
 /// The cgroups of one pod: every directory its processes are in (the v1 controllers' and, on
@@ -54,7 +54,7 @@ impl PodCgroups {
     /// allocate nothing more and run no code, while a fatal signal still kills them. When the
     /// freeze was written; `None` when the pod has no cgroup v2 directory or the write failed
     /// (said in the log), which leaves the processes running until the kill.
-    pub async fn freeze(&self) -> Option<Instant> {
+    pub(crate) async fn freeze(&self) -> Option<Instant> {
         let dir = self.unified.as_ref()?;
         let at = Instant::now();
         if let Err(e) = dir.write_file("cgroup.freeze", "1") {
@@ -81,7 +81,7 @@ impl PodCgroups {
     /// Thaws the pod's cgroup v2 directory once its processes are gone, so that nothing the
     /// runtime places there later (it should place nothing) starts frozen. A cgroup removed
     /// meanwhile is fine.
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         let Some(dir) = &self.unified else {
             return;
         };
@@ -96,7 +96,7 @@ impl PodCgroups {
 impl CgroupBeneath {
     /// The pids of this directory's own `cgroup.procs` (through the held descriptor when there
     /// is one); an absent cgroup has none.
-    pub fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
+    pub(crate) fn read_procs(&self) -> Result<Vec<i32>, SignalError> {
         let mut out = Vec::new();
         procs_of(self, false, &mut out)?;
         Ok(out)
@@ -138,7 +138,7 @@ pub struct EvictedStatus {
     /// `status.observedGeneration`: pkg/kubelet/status/status_manager.go `SetPodStatus` (line
     /// 500) sets `CalculatePodStatusObservedGeneration` (pkg/api/v1/pod/util.go line 521), the
     /// pod's generation, the `PodObservedGenerationTracking` gate being locked on.
-    pub observed_generation: i64,
+    pub(crate) observed_generation: i64,
     /// `DisruptionTarget`, `Ready`, `ContainersReady`, in the order the kubelet lists them.
     pub conditions: Vec<PodCondition>,
 }
@@ -146,16 +146,16 @@ pub struct EvictedStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCondition {
     pub type_: &'static str,
-    pub status: &'static str,
-    pub reason: &'static str,
+    pub(crate) status: &'static str,
+    pub(crate) reason: &'static str,
     /// Empty for `Ready` and `ContainersReady` (the API leaves an empty message out).
-    pub message: String,
+    pub(crate) message: String,
     /// [`condition_observed_generation`].
-    pub observed_generation: i64,
+    pub(crate) observed_generation: i64,
     /// The pod's status already had this condition at this status: its `lastTransitionTime`
     /// stays (pkg/kubelet/status/status_manager.go `updateLastTransitionTime`, line 1116;
     /// pkg/api/v1/pod/util.go `UpdatePodCondition`, line 363); else it is the eviction's time.
-    pub unchanged: bool,
+    pub(crate) unchanged: bool,
 }
 
 /// The pod as the source last saw it, as far as the status an eviction leaves depends on it:
@@ -165,14 +165,14 @@ pub struct PodCondition {
 pub struct SeenPod {
     /// `metadata.generation`; 0 when unset (a manifest), which the API leaves out.
     #[serde(default)]
-    pub generation: i64,
+    pub(crate) generation: i64,
     /// `status.conditions`: type -> status.
     #[serde(default)]
-    pub conditions: BTreeMap<String, String>,
+    pub(crate) conditions: BTreeMap<String, String>,
 }
 
 impl SeenPod {
-    pub fn of(pod: &core::Pod) -> Self {
+    pub(crate) fn of(pod: &core::Pod) -> Self {
         Self {
             generation: pod.metadata.generation.unwrap_or(0),
             conditions: pod
@@ -191,14 +191,14 @@ impl SeenPod {
 /// (pkg/features/kube_features.go line 1982; v1.37.2 refuses to start with it off), and the
 /// status it is given is never nil (`evictPod` passes the status being built), so it is the
 /// generation.
-pub fn condition_observed_generation(seen: &SeenPod) -> i64 {
+pub(crate) fn condition_observed_generation(seen: &SeenPod) -> i64 {
     seen.generation
 }
 
 /// The reason (pod status, Event) of a pod the node evicted, as the kubelet's eviction manager
 /// writes it (pkg/kubelet/eviction `Reason`). The one spelling: every place that sets or reads
 /// it goes through this (`node::PodStatus::set_evicted`, `is_evicted`).
-pub const EVICTED: &str = "Evicted";
+pub(crate) const EVICTED: &str = "Evicted";
 
 /// The reason of `Ready` and `ContainersReady` in a Failed pod (pkg/kubelet/status/generate.go
 /// `PodFailed`).
@@ -215,7 +215,7 @@ impl EvictedStatus {
     ///   `GeneratePodReadyCondition` (line 127) copies a not-True ContainersReady's status,
     ///   reason and message. (Reason `UnknownContainerStatuses` only without container
     ///   statuses, which `convertToAPIContainerStatuses` gives every container of a pod.)
-    pub fn new(message: String, seen: &SeenPod) -> Self {
+    pub(crate) fn new(message: String, seen: &SeenPod) -> Self {
         let generation = condition_observed_generation(seen);
         let condition = |type_, status, reason, message| PodCondition {
             type_,
@@ -250,7 +250,7 @@ pub struct Outcome {
     /// When the pod's processes were first stopped: frozen (cluster mode), signalled or killed
     /// by `cgroup.kill`; `None` if nothing was done (no process left and no `cgroup.kill`).
     pub first_signal_at: Option<Instant>,
-    pub signalled: usize,
+    pub(crate) signalled: usize,
     pub status: EvictedStatus,
 }
 

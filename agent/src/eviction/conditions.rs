@@ -9,14 +9,14 @@ use super::thresholds::{Resource, resource_of};
 use crate::policy::{eviction::Threshold, qos::QosClass};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum NodeCondition {
+pub(crate) enum NodeCondition {
     MemoryPressure,
     PidPressure,
 }
 
 impl NodeCondition {
     /// The API spelling (`NodeConditionType`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::MemoryPressure => "MemoryPressure",
             Self::PidPressure => "PIDPressure",
@@ -26,7 +26,7 @@ impl NodeCondition {
 
 /// Conditions with the time each was last observed.
 #[derive(Debug, Clone, Default)]
-pub struct ConditionState {
+pub(crate) struct ConditionState {
     last_observed: BTreeMap<NodeCondition, Instant>,
 }
 
@@ -34,7 +34,7 @@ impl ConditionState {
     /// Records the conditions the met thresholds (before grace) imply at `now` and returns the
     /// ones in force: each stays for `transition` after it was last observed, so a node does
     /// not flap in and out of pressure.
-    pub fn update(
+    pub(crate) fn update(
         &mut self,
         met: &[Threshold],
         transition: Duration,
@@ -56,7 +56,7 @@ impl ConditionState {
 
 /// Whether a pod may start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     Admit,
     /// Reason `Evicted` and this message, as the kubelet rejects.
     Reject {
@@ -67,7 +67,7 @@ pub enum Admission {
 /// The kubelet's `Admit`: critical pods always; under MemoryPressure alone, everything but
 /// BestEffort pods that do not tolerate the memory-pressure taint; under any other condition,
 /// nothing else.
-pub fn admit(
+pub(crate) fn admit(
     conditions: &[NodeCondition],
     qos: QosClass,
     critical: bool,

@@ -11,7 +11,7 @@ use super::held;
 impl CgroupBeneath {
     /// Reads a whole file: through its held descriptor when there is one, else opened beneath
     /// the node root.
-    pub fn read_held_first(&self, file: &str) -> io::Result<String> {
+    pub(crate) fn read_held_first(&self, file: &str) -> io::Result<String> {
         match held::read_held(&self.file_display(file)) {
             Some(text) => Ok(text),
             None => self.read_file(file),

@@ -21,19 +21,19 @@ use crate::cgroup::{Access, CgroupBeneath};
 /// A set of files held open, keyed by their full paths, each read with one `pread` from offset
 /// 0. The eviction path's is [`HELD`]; the node's statistics hold their own (`node/summary.rs`).
 #[derive(Debug, Default)]
-pub struct HeldFiles(Mutex<BTreeMap<PathBuf, Arc<File>>>);
+pub(crate) struct HeldFiles(Mutex<BTreeMap<PathBuf, Arc<File>>>);
 
 static HELD: HeldFiles = HeldFiles::new();
 
 impl HeldFiles {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self(Mutex::new(BTreeMap::new()))
     }
 
     /// Holds exactly the files of `wanted` (a directory, a file name, how it is used) from now
     /// on: opens what is new beneath the node root ([`CgroupBeneath::open_file`]), closes what
     /// is no longer wanted. Returns the paths that could not be opened.
-    pub fn hold_only<'a>(
+    pub(crate) fn hold_only<'a>(
         &self,
         wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
     ) -> Vec<(PathBuf, io::Error)> {
@@ -69,19 +69,20 @@ impl HeldFiles {
     }
 
     /// How many files are held (tests).
-    pub fn count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
         crate::support::lock(&self.0).len()
     }
 
     /// Reads a whole file through its held descriptor; `None` when it is not held (or failed:
     /// its cgroup was removed, and perhaps made again, so the caller opens it anew).
-    pub fn read(&self, path: &Path) -> Option<String> {
+    pub(crate) fn read(&self, path: &Path) -> Option<String> {
         let f = self.get(path)?;
         pread_all(&f).inspect_err(|_| self.forget(path)).ok()
     }
 
     /// `file` of `dir` through its held descriptor, else opened beneath the node root.
-    pub fn read_or_open(&self, dir: &CgroupBeneath, file: &str) -> io::Result<String> {
+    pub(crate) fn read_or_open(&self, dir: &CgroupBeneath, file: &str) -> io::Result<String> {
         match self.read(&dir.file_display(file)) {
             Some(text) => Ok(text),
             None => dir.read_file(file),
@@ -90,7 +91,7 @@ impl HeldFiles {
 
     /// Writes `value` in one write through the held descriptor; `false` when it is not held (or
     /// failed).
-    pub fn write(&self, path: &Path, value: &str) -> bool {
+    pub(crate) fn write(&self, path: &Path, value: &str) -> bool {
         let Some(f) = self.get(path) else {
             return false;
         };
@@ -105,20 +106,15 @@ impl HeldFiles {
 }
 
 /// Holds exactly the eviction path's files of `wanted` from now on ([`HeldFiles::hold_only`]).
-pub fn hold_only<'a>(
+pub(crate) fn hold_only<'a>(
     wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
 ) -> Vec<(PathBuf, io::Error)> {
     HELD.hold_only(wanted)
 }
 
-/// How many files the eviction path holds (tests).
-pub fn count() -> usize {
-    HELD.count()
-}
-
 /// Reads a whole file through the eviction path's held descriptor; `None` when it is not held
 /// (or failed).
-pub fn read_held(path: &Path) -> Option<String> {
+pub(crate) fn read_held(path: &Path) -> Option<String> {
     HELD.read(path)
 }
 
@@ -139,7 +135,7 @@ fn pread_all(f: &File) -> io::Result<String> {
 
 /// Writes `value` in one write through the eviction path's held descriptor; `false` when it is
 /// not held (or failed).
-pub fn write_held(path: &Path, value: &str) -> bool {
+pub(crate) fn write_held(path: &Path, value: &str) -> bool {
     HELD.write(path, value)
 }
 

@@ -47,7 +47,7 @@ use crate::{
 /// The Event annotation naming the `disruptionMode: all` group an evicted pod went with
 /// (`PodGroup/NAME` or `CompositePodGroup/NAME`, in the pod's namespace): qoslet's own key
 /// beside the kubelet's, so that the message stays the kubelet's word for word.
-pub const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
+pub(crate) const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
 
 const RELEASE_POLL: Duration = Duration::from_millis(10);
 
@@ -55,7 +55,7 @@ const RELEASE_POLL: Duration = Duration::from_millis(10);
 /// the chosen unit's, then the next candidate's while the head is not confirmed. Pods without a
 /// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
 /// its message).
-pub const FRESH_READS: usize = 4;
+pub(crate) const FRESH_READS: usize = 4;
 
 /// A pod the manager may evict.
 #[derive(Debug, Clone)]
@@ -89,12 +89,12 @@ pub struct ManagedPod {
 /// A container of a [`ManagedPod`], as the eviction message reads it.
 #[derive(Debug, Clone)]
 pub struct ManagedContainer {
-    pub name: String,
+    pub(crate) name: String,
     /// `resources.requests.memory` after API defaulting (a limit alone sets it); `None` when
     /// unset, Go's zero Quantity.
-    pub memory_request: Option<Quantity>,
+    pub(crate) memory_request: Option<Quantity>,
     /// Where its working set is read.
-    pub memory: MemoryCgroup,
+    pub(crate) memory: MemoryCgroup,
 }
 
 /// The pods and workload hierarchies, as the source last saw them.
@@ -119,7 +119,7 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    pub fn from_settings(s: &NodeSettings, q: &QosletConfiguration) -> Self {
+    pub(crate) fn from_settings(s: &NodeSettings, q: &QosletConfiguration) -> Self {
         Self {
             hard: s.hard_eviction.clone(),
             soft: s.soft_eviction.clone(),
@@ -152,7 +152,7 @@ impl ManagerConfig {
 }
 
 #[derive(Debug, Error)]
-pub enum ManagerError {
+pub(crate) enum ManagerError {
     #[error("reading the eviction signals")]
     Signals(#[from] SignalError),
     #[error("evicting {pod}")]
@@ -233,32 +233,33 @@ impl<A: EvictionAction> Manager<A> {
 
     /// Ranks on `usage` (shared with the node's statistics sampling) instead of a cache of its
     /// own.
-    pub fn with_usage(mut self, usage: UsageCache) -> Self {
+    pub(crate) fn with_usage(mut self, usage: UsageCache) -> Self {
         self.usage = usage;
         self
     }
 
     /// Reads the pods with `reader` instead of their cgroup files (tests).
-    pub fn with_reader(mut self, reader: impl PodReader + 'static) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_reader(mut self, reader: impl PodReader + 'static) -> Self {
         self.reader = Box::new(reader);
         self
     }
 
     /// The `inactive_file` values this manager ranks with (taken off each pod's usage read now).
-    pub fn usage(&self) -> UsageCache {
+    pub(crate) fn usage(&self) -> UsageCache {
         self.usage.clone()
     }
 
     /// Every decision from now on, in order, none dropped (decisions are rare: at most one per
     /// pass, and a pass that evicts waits for the memory to come back).
-    pub fn decisions(&mut self) -> mpsc::UnboundedReceiver<Decision> {
+    pub(crate) fn decisions(&mut self) -> mpsc::UnboundedReceiver<Decision> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.decisions_tx = Some(tx);
         rx
     }
 
     /// Each signal as the last pass observed it.
-    pub fn observations(&self) -> watch::Receiver<Observations> {
+    pub(crate) fn observations(&self) -> watch::Receiver<Observations> {
         self.observed_tx.subscribe()
     }
 
@@ -268,7 +269,7 @@ impl<A: EvictionAction> Manager<A> {
     }
 
     /// MemoryPressure / PIDPressure in force, for status and admission.
-    pub fn conditions(&self) -> watch::Receiver<Vec<NodeCondition>> {
+    pub(crate) fn conditions(&self) -> watch::Receiver<Vec<NodeCondition>> {
         self.conditions_tx.subscribe()
     }
 
@@ -280,7 +281,7 @@ impl<A: EvictionAction> Manager<A> {
 
     /// Opens the descriptors the next passes need (`held.rs`): the node's files and those of
     /// every pod of the current inventory; closes those of pods that left it.
-    pub fn hold_files(&self) {
+    pub(crate) fn hold_files(&self) {
         let inventory = self.inventory.borrow().clone();
         let mut wanted: Vec<(&CgroupBeneath, &str, Access)> = self
             .signals
@@ -356,7 +357,10 @@ impl<A: EvictionAction> Manager<A> {
 
     /// One `synchronize`: observe, update thresholds and conditions, evict at most one unit and
     /// wait for its memory. Returns the decision, if any.
-    pub async fn pass(&mut self, trigger: Option<Wake>) -> Result<Option<Decision>, ManagerError> {
+    pub(crate) async fn pass(
+        &mut self,
+        trigger: Option<Wake>,
+    ) -> Result<Option<Decision>, ManagerError> {
         let now = Instant::now();
         let seen = trigger.map_or(now, |w| w.at.min(now));
         self.with_stats(|s| s.passes += 1);

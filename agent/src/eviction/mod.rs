@@ -7,29 +7,39 @@
 //! reports, and [`pipeline`] runs one eviction in the order both modes share (mark, the mode's
 //! step, hold and record), keeping it in the state file (`crate::persist`).
 
-pub mod action;
-pub mod conditions;
-pub mod dir;
-pub mod held;
-pub mod manager;
-pub mod node;
-pub mod pipeline;
-pub mod select;
-pub mod signals;
-pub mod stats;
-pub mod thresholds;
-pub mod usage;
+pub(crate) mod action;
+pub(crate) mod conditions;
+pub(crate) mod dir;
+pub(crate) mod held;
+pub(crate) mod manager;
+pub(crate) mod node;
+pub(crate) mod pipeline;
+pub(crate) mod select;
+pub(crate) mod signals;
+pub(crate) mod stats;
+pub(crate) mod thresholds;
+pub(crate) mod usage;
 pub mod watch;
 
-pub use action::{
-    CgroupKill, EvictedStatus, EvictionAction, EvictionRequest, Outcome, PodCgroups, SeenPod,
-};
-pub use conditions::{Admission, NodeCondition, admit};
-pub use manager::{Inventory, ManagedContainer, ManagedPod, Manager, ManagerConfig, ManagerError};
+pub use action::CgroupKill;
+pub use action::EvictionAction;
+pub use action::EvictionRequest;
+pub use action::PodCgroups;
+pub(crate) use action::{EvictedStatus, Outcome, SeenPod};
+pub(crate) use conditions::{Admission, NodeCondition, admit};
+pub use manager::Inventory;
+pub(crate) use manager::ManagedContainer;
+pub use manager::ManagedPod;
+pub use manager::Manager;
+pub use manager::ManagerConfig;
 pub use node::NodeSignals;
-pub use pipeline::{HoldEvicted, Pipeline};
+pub(crate) use pipeline::{HoldEvicted, Pipeline};
 pub use select::Order;
 pub use signals::MemoryCgroup;
-pub use stats::{Decision, EvictionStats, Histogram, Stages};
-pub use usage::UsageCache;
-pub use watch::{Wake, WakeSource, WatchConfig, spawn_watcher};
+pub use stats::EvictionStats;
+pub(crate) use stats::{Decision, Stages};
+pub(crate) use usage::UsageCache;
+pub(crate) use watch::Wake;
+pub use watch::WakeSource;
+pub use watch::WatchConfig;
+pub use watch::spawn_watcher;

@@ -23,7 +23,7 @@ pub struct NodeSignals {
 
 impl NodeSignals {
     /// Every file [`NodeSignals::observe`] reads, by its directory.
-    pub fn files(&self) -> Vec<(&CgroupBeneath, &'static str)> {
+    pub(crate) fn files(&self) -> Vec<(&CgroupBeneath, &'static str)> {
         let mut files: Vec<_> = self.node_root.files().into();
         if let Some(k) = &self.kubepods {
             files.extend(k.files());
@@ -34,7 +34,7 @@ impl NodeSignals {
         files
     }
 
-    pub fn observe(&self) -> Result<Observations, SignalError> {
+    pub(crate) fn observe(&self) -> Result<Observations, SignalError> {
         let mut obs = Observations::new();
         let root = self.node_root.read()?;
         let capacity =

@@ -31,7 +31,7 @@ use crate::{
 
 /// Whoever runs the pods, in an eviction: it must not start the evicted pod again, and it reports
 /// it Failed with reason `Evicted` (the node's executor, `node::PodExecutor`).
-pub trait HoldEvicted: Send + Sync {
+pub(crate) trait HoldEvicted: Send + Sync {
     /// The pod is being evicted, within `grace`.
     fn hold(&self, pod: &PodKey, message: &str, grace: Duration);
 
@@ -41,14 +41,14 @@ pub trait HoldEvicted: Send + Sync {
 }
 
 /// The eviction pipeline: the mode's step `S`, the runner `H`, the state file.
-pub struct Pipeline<S, H> {
+pub(crate) struct Pipeline<S, H> {
     stop: S,
     runner: Arc<H>,
     records: Arc<Mutex<StateFile>>,
 }
 
 impl<S, H> Pipeline<S, H> {
-    pub fn new(stop: S, runner: Arc<H>, records: Arc<Mutex<StateFile>>) -> Self {
+    pub(crate) fn new(stop: S, runner: Arc<H>, records: Arc<Mutex<StateFile>>) -> Self {
         Self {
             stop,
             runner,

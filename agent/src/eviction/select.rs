@@ -23,9 +23,9 @@ use crate::{
 
 /// A pod as the ranking sees it, usage read at decision time.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
-    pub key: PodKey,
-    pub candidate: Candidate,
+pub(crate) struct Sample {
+    pub(crate) key: PodKey,
+    pub(crate) candidate: Candidate,
 }
 
 /// `gangEviction: none`, or gang-aware (`node`, `unit`).
@@ -39,7 +39,7 @@ pub enum Order {
 
 /// Why a unit was chosen, for the decision's log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// First in the kubelet's order.
     KubeletRank,
     GangAware {
@@ -86,14 +86,14 @@ impl fmt::Display for Reason {
 
 /// The unit to evict.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Choice {
-    pub pods: Vec<PodKey>,
+pub(crate) struct Choice {
+    pub(crate) pods: Vec<PodKey>,
     /// The `disruptionMode: all` group the unit is rooted at, if any.
-    pub unit: Option<(String, UnitRoot)>,
+    pub(crate) unit: Option<(String, UnitRoot)>,
     /// Bytes (memory) or processes (pids) the unit holds.
-    pub frees: i64,
-    pub breaks: Vec<GangBreak>,
-    pub reason: Reason,
+    pub(crate) frees: i64,
+    pub(crate) breaks: Vec<GangBreak>,
+    pub(crate) reason: Reason,
 }
 
 struct Unit {
@@ -107,7 +107,7 @@ struct Unit {
 
 /// Chooses the unit to evict to free `need` of `resource`; `None` when nothing is evictable.
 /// Critical pods are never chosen, nor a unit that holds one.
-pub fn choose(
+pub(crate) fn choose(
     samples: &[Sample],
     forests: &BTreeMap<String, Forest>,
     resource: Resource,

@@ -76,8 +76,8 @@ const V2_FILES: Files = Files {
 /// One memory reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryReading {
-    pub usage_bytes: i64,
-    pub inactive_file_bytes: i64,
+    pub(crate) usage_bytes: i64,
+    pub(crate) inactive_file_bytes: i64,
     /// `None` when unlimited.
     pub limit_bytes: Option<i64>,
 }
@@ -91,7 +91,7 @@ impl MemoryReading {
 
 impl MemoryCgroup {
     /// The memory directory `dir` (of the v2 tree, or of v1's memory controller).
-    pub fn new(dir: CgroupBeneath) -> Self {
+    pub(crate) fn new(dir: CgroupBeneath) -> Self {
         Self { dir }
     }
 
@@ -105,12 +105,12 @@ impl MemoryCgroup {
     }
 
     /// Whether this is a cgroup v2 directory (else v1's memory controller).
-    pub fn is_v2(&self) -> bool {
+    pub(crate) fn is_v2(&self) -> bool {
         self.dir.tree == Tree::V2
     }
 
     /// The full path, for reports.
-    pub fn display(&self) -> PathBuf {
+    pub(crate) fn display(&self) -> PathBuf {
         self.dir.display()
     }
 
@@ -119,12 +119,12 @@ impl MemoryCgroup {
     }
 
     /// The file whose usage crossing a level the watchers wait for.
-    pub fn usage_file(&self) -> &'static str {
+    pub(crate) fn usage_file(&self) -> &'static str {
         self.names().usage
     }
 
     /// Every file [`MemoryCgroup::read`] reads, by its directory.
-    pub fn files(&self) -> [(&CgroupBeneath, &'static str); 3] {
+    pub(crate) fn files(&self) -> [(&CgroupBeneath, &'static str); 3] {
         let f = self.names();
         [f.usage, f.stat, f.limit].map(|file| (&self.dir, file))
     }
@@ -141,7 +141,7 @@ impl MemoryCgroup {
     /// the working set itself, `MemTotal - MemFree - Inactive(file)` of `/proc/meminfo`. The
     /// root's usage counts the whole page cache, so on a node with a warm cache it would sit
     /// above any level and wake the manager at every check.
-    pub fn level_usage(&self) -> Result<i64, SignalError> {
+    pub(crate) fn level_usage(&self) -> Result<i64, SignalError> {
         match self.read_i64(self.usage_file()) {
             Err(e) if self.is_v2_root(&e) => {
                 let text = read_proc(Path::new(MEMINFO))?;
@@ -168,12 +168,12 @@ impl MemoryCgroup {
 
     /// The working set alone: the usage and `memory.stat`, not the limit (one read fewer, for
     /// the eviction manager's ranking and messages).
-    pub fn working_set(&self) -> Result<i64, SignalError> {
+    pub(crate) fn working_set(&self) -> Result<i64, SignalError> {
         self.reading_without_limit().map(|r| r.working_set())
     }
 
     /// The usage and `inactive_file` of `memory.stat`; the limit is not read (`None`).
-    pub fn reading_without_limit(&self) -> Result<MemoryReading, SignalError> {
+    pub(crate) fn reading_without_limit(&self) -> Result<MemoryReading, SignalError> {
         self.usage_and_stat().map(|(r, _, _)| r)
     }
 
@@ -201,7 +201,7 @@ impl MemoryCgroup {
 
     /// The reading and the `memory.stat` text it came from (the Summary API takes more fields
     /// from the same read).
-    pub fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
+    pub(crate) fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
         let (reading, root, stat_text) = self.usage_and_stat()?;
         let limit_bytes = if root {
             None
@@ -249,14 +249,14 @@ impl MemoryCgroup {
 
 /// A pids cgroup directory (v1 `/sys/fs/cgroup/pids/...` or a v2 directory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PidsReading {
-    pub current: i64,
+pub(crate) struct PidsReading {
+    pub(crate) current: i64,
     /// `None` for `max`.
-    pub max: Option<i64>,
+    pub(crate) max: Option<i64>,
 }
 
 /// `pids.current` and `pids.max` of a pids cgroup (v1's pids controller or a v2 directory).
-pub fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
+pub(crate) fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
     Ok(PidsReading {
         current: read_i64_beneath(dir, "pids.current")?,
         max: read_limit_beneath(dir, "pids.max")?,
@@ -267,7 +267,7 @@ pub fn read_pids(dir: &CgroupBeneath) -> Result<PidsReading, SignalError> {
 /// `kernel.threads-max`, both system-wide limits on tasks; the capacity when the node root has no
 /// `pids.max`. threads-max follows the memory: on a 2 GiB VM it was 15619 under a pid_max of
 /// 4194304, and the kubelet's kubepods pids.max was 15619.
-pub fn task_max() -> Result<i64, SignalError> {
+pub(crate) fn task_max() -> Result<i64, SignalError> {
     let path = Path::new("/proc/sys/kernel/pid_max");
     let pid_max = parse_i64(path.to_owned(), read_proc(path)?)?;
     // As the kubelet, a threads-max it cannot read or parse is left out.
@@ -282,7 +282,7 @@ fn lower_task_limit(pid_max: i64, threads_max: Option<i64>) -> i64 {
 }
 
 /// One value of a `key value` file (memory.stat, memory.events, memory.oom_control).
-pub fn stat_field(text: &str, key: &str) -> Option<i64> {
+pub(crate) fn stat_field(text: &str, key: &str) -> Option<i64> {
     flat_keyed(text).find_map(|(k, v)| (k == key).then_some(v))
 }
 

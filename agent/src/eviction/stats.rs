@@ -10,7 +10,7 @@ use super::action::EvictedStatus;
 use crate::policy::{pod::PodKey, qos::QosClass};
 
 /// Upper bounds of the latency buckets, seconds (Prometheus `le`).
-pub const LATENCY_BUCKETS_SECS: &[f64] = &[
+pub(crate) const LATENCY_BUCKETS_SECS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
@@ -20,11 +20,11 @@ const RECENT: usize = 64;
 /// A cumulative histogram in the Prometheus layout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
-    pub bounds_secs: &'static [f64],
+    pub(crate) bounds_secs: &'static [f64],
     /// `counts[i]`: observations <= `bounds_secs[i]` (cumulative); `count` holds +Inf.
-    pub counts: Vec<u64>,
+    pub(crate) counts: Vec<u64>,
     pub count: u64,
-    pub sum_secs: f64,
+    pub(crate) sum_secs: f64,
 }
 
 impl Default for Histogram {
@@ -39,7 +39,7 @@ impl Default for Histogram {
 }
 
 impl Histogram {
-    pub fn observe(&mut self, d: Duration) {
+    pub(crate) fn observe(&mut self, d: Duration) {
         let s = d.as_secs_f64();
         for (c, b) in self.counts.iter_mut().zip(self.bounds_secs) {
             if s <= *b {
@@ -60,16 +60,16 @@ pub struct Decision {
     pub pods: Vec<PodKey>,
     /// Each evicted pod's QoS class as the manager ranked it: by the time the node records the
     /// decision, its plan may have dropped the pod (cluster mode: the Failed status came first).
-    pub qos: BTreeMap<PodKey, QosClass>,
+    pub(crate) qos: BTreeMap<PodKey, QosClass>,
     /// The unit the pods went as, `namespace/Kind/name` (a `disruptionMode: all` group, or a
     /// gang's pod alone); `None` for a pod of no gang.
     pub unit: Option<String>,
-    pub reason: String,
+    pub(crate) reason: String,
     /// Signal crossing seen -> the pod first stopped (frozen in cluster mode, else the first
     /// signal or the cgroup kill); `None` when nothing was done.
     pub latency: Option<Duration>,
     /// The latency's parts; `None` when nothing was signalled.
-    pub stages: Option<Stages>,
+    pub(crate) stages: Option<Stages>,
     /// When the pod was first stopped (see `latency`).
     pub first_signal_at: Option<Instant>,
     pub statuses: Vec<(PodKey, EvictedStatus)>,
@@ -77,19 +77,19 @@ pub struct Decision {
 
 /// The parts of a decision's latency, in order; they add up to [`Decision::latency`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stages {
+pub(crate) struct Stages {
     /// The wake-up seen -> the pass started (the channel and the manager's scheduling).
-    pub wake: Duration,
+    pub(crate) wake: Duration,
     /// The pass started -> the action called (signals read, thresholds, ranking).
-    pub decide: Duration,
+    pub(crate) decide: Duration,
     /// The action called -> the pod first stopped (the freeze in cluster mode, else the first
     /// signal or the cgroup kill).
-    pub kill: Duration,
+    pub(crate) kill: Duration,
 }
 
 impl Stages {
     /// Each stage with its metric label.
-    pub fn labelled(&self) -> [(&'static str, Duration); 3] {
+    pub(crate) fn labelled(&self) -> [(&'static str, Duration); 3] {
         [
             ("wake", self.wake),
             ("decide", self.decide),
@@ -101,25 +101,25 @@ impl Stages {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvictionStats {
     /// Wake-ups received, by source.
-    pub wakes: BTreeMap<&'static str, u64>,
-    pub passes: u64,
+    pub(crate) wakes: BTreeMap<&'static str, u64>,
+    pub(crate) passes: u64,
     /// Pods evicted, by signal.
     pub evictions: BTreeMap<String, u64>,
     /// Passes where a threshold was met but nothing was evictable.
-    pub nothing_to_evict: u64,
+    pub(crate) nothing_to_evict: u64,
     /// Passes where a soft threshold was met while an earlier eviction still waited to be handed
     /// over (the Eviction API refused it for now).
-    pub awaiting_handover: u64,
+    pub(crate) awaiting_handover: u64,
     /// Failed reads or actions (each also logged).
-    pub errors: u64,
+    pub(crate) errors: u64,
     /// Waits for released memory that timed out.
-    pub release_timeouts: u64,
+    pub(crate) release_timeouts: u64,
     pub decision_latency: Histogram,
     pub recent: VecDeque<Decision>,
 }
 
 impl EvictionStats {
-    pub fn record(&mut self, d: Decision) {
+    pub(crate) fn record(&mut self, d: Decision) {
         *self.evictions.entry(d.signal.clone()).or_default() += d.pods.len() as u64;
         if let Some(l) = d.latency {
             self.decision_latency.observe(l);

@@ -8,23 +8,23 @@ use crate::policy::eviction::Threshold;
 
 /// One observed signal: what is left and out of how much (`signalObservation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Observed {
-    pub available: i64,
-    pub capacity: i64,
+pub(crate) struct Observed {
+    pub(crate) available: i64,
+    pub(crate) capacity: i64,
 }
 
 /// Signal name -> observation.
-pub type Observations = BTreeMap<String, Observed>;
+pub(crate) type Observations = BTreeMap<String, Observed>;
 
 /// What a threshold guards: the resource an eviction reclaims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Resource {
+pub(crate) enum Resource {
     Memory,
     Pids,
 }
 
 /// The resource a signal reclaims (`signalToResource`); disk signals are not handled here.
-pub fn resource_of(signal: &str) -> Option<Resource> {
+pub(crate) fn resource_of(signal: &str) -> Option<Resource> {
     match signal {
         "memory.available" | "allocatableMemory.available" => Some(Resource::Memory),
         "pid.available" => Some(Resource::Pids),
@@ -33,7 +33,7 @@ pub fn resource_of(signal: &str) -> Option<Resource> {
 }
 
 /// The amount a threshold stands for, plus its minimum reclaim when enforced.
-pub fn threshold_amount(t: &Threshold, capacity: i64, enforce_min_reclaim: bool) -> i64 {
+pub(crate) fn threshold_amount(t: &Threshold, capacity: i64, enforce_min_reclaim: bool) -> i64 {
     let mut q = t.value.amount(capacity);
     if enforce_min_reclaim && let Some(m) = &t.min_reclaim {
         q += m.amount(capacity);
@@ -42,7 +42,7 @@ pub fn threshold_amount(t: &Threshold, capacity: i64, enforce_min_reclaim: bool)
 }
 
 /// `thresholdsMet`: thresholds whose signal's available is below the amount.
-pub fn thresholds_met(
+pub(crate) fn thresholds_met(
     thresholds: &[Threshold],
     obs: &Observations,
     enforce_min_reclaim: bool,
@@ -69,7 +69,7 @@ fn key(t: &Threshold) -> (String, String, u64) {
 
 /// What the manager remembers between passes.
 #[derive(Debug, Clone, Default)]
-pub struct ThresholdState {
+pub(crate) struct ThresholdState {
     first_observed: BTreeMap<(String, String, u64), Instant>,
     /// Thresholds acted on last pass: minimum reclaim applies to them until resolved.
     met: Vec<Threshold>,
@@ -77,16 +77,16 @@ pub struct ThresholdState {
 
 /// The outcome of one observation.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Evaluation {
+pub(crate) struct Evaluation {
     /// Met, before grace periods: what node conditions are derived from.
-    pub met: Vec<Threshold>,
+    pub(crate) met: Vec<Threshold>,
     /// Met and past their grace period: what evictions act on.
-    pub actionable: Vec<Threshold>,
+    pub(crate) actionable: Vec<Threshold>,
 }
 
 impl ThresholdState {
     /// One `synchronize` step on `obs` at `now`.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         thresholds: &[Threshold],
         obs: &Observations,
@@ -119,14 +119,15 @@ impl ThresholdState {
     }
 
     /// When a met threshold was first seen (the start of its episode).
-    pub fn first_observed(&self, t: &Threshold) -> Option<Instant> {
+    #[cfg(test)]
+    pub(crate) fn first_observed(&self, t: &Threshold) -> Option<Instant> {
         self.first_observed.get(&key(t)).copied()
     }
 }
 
 /// The threshold to reclaim for: memory signals before pids (`byEvictionPriority`), hard before
 /// soft among equals.
-pub fn to_reclaim(actionable: &[Threshold]) -> Option<(&Threshold, Resource)> {
+pub(crate) fn to_reclaim(actionable: &[Threshold]) -> Option<(&Threshold, Resource)> {
     actionable
         .iter()
         .filter_map(|t| resource_of(&t.signal).map(|r| (t, r)))
@@ -134,7 +135,7 @@ pub fn to_reclaim(actionable: &[Threshold]) -> Option<(&Threshold, Resource)> {
 }
 
 /// How much must be freed for `t` (with its minimum reclaim) to stop being met.
-pub fn shortfall(t: &Threshold, o: &Observed) -> i64 {
+pub(crate) fn shortfall(t: &Threshold, o: &Observed) -> i64 {
     (threshold_amount(t, o.capacity, true) - o.available).max(0)
 }
 

@@ -29,7 +29,7 @@ use crate::{policy::pod::PodKey, support::lock};
 
 /// Where the manager reads a pod's memory and its process count; the cgroup files
 /// ([`CgroupFiles`]) but in tests.
-pub trait PodReader: Send + Sync {
+pub(crate) trait PodReader: Send + Sync {
     /// The pod's usage and `inactive_file`, read now.
     fn reading(&self, pod: &ManagedPod) -> Result<MemoryReading, SignalError>;
     /// The pod's usage alone, read now.
@@ -41,7 +41,7 @@ pub trait PodReader: Send + Sync {
 
 /// The pod's own cgroup files.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CgroupFiles;
+pub(crate) struct CgroupFiles;
 
 impl PodReader for CgroupFiles {
     fn reading(&self, pod: &ManagedPod) -> Result<MemoryReading, SignalError> {
@@ -71,7 +71,7 @@ impl PodReader for CgroupFiles {
 /// what its statistics sampling reads) and the eviction manager. A value older than `max_age`
 /// is not used: the pod's `memory.stat` is read fresh instead.
 #[derive(Debug, Clone)]
-pub struct UsageCache {
+pub(crate) struct UsageCache {
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -95,7 +95,7 @@ impl Inner {
 }
 
 impl UsageCache {
-    pub fn new(max_age: Duration) -> Self {
+    pub(crate) fn new(max_age: Duration) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 max_age,
@@ -104,18 +104,13 @@ impl UsageCache {
         }
     }
 
-    /// How old a value may be and still rank its pod.
-    pub fn max_age(&self) -> Duration {
-        lock(&self.inner).max_age
-    }
-
     /// `inactive_file` of `pod`, read at `at`.
-    pub fn record(&self, pod: &PodKey, inactive_file: i64, at: Instant) {
+    pub(crate) fn record(&self, pod: &PodKey, inactive_file: i64, at: Instant) {
         lock(&self.inner).put(pod, inactive_file, at);
     }
 
     /// Values read at `at` for many pods, under one lock; pods not in `keep` are forgotten.
-    pub fn record_all<'a>(
+    pub(crate) fn record_all<'a>(
         &self,
         values: impl IntoIterator<Item = (&'a PodKey, i64)>,
         at: Instant,
@@ -130,7 +125,7 @@ impl UsageCache {
 
     /// The value held for each of `pods`, `None` where none is held or it is older than
     /// `max_age` at `now`.
-    pub fn held<'a>(
+    pub(crate) fn held<'a>(
         &self,
         pods: impl IntoIterator<Item = &'a PodKey>,
         now: Instant,
@@ -148,12 +143,9 @@ impl UsageCache {
     }
 
     /// How many pods have a value (tests).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         lock(&self.inner).pods.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

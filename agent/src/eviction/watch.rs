@@ -37,7 +37,7 @@ use crate::sensors::{
 
 /// The id of a cgroup hierarchy's root directory (kernfs numbers it 1, on v1 and v2): a node
 /// root with this id is the whole machine.
-pub const ROOT_CGROUP_ID: u64 = 1;
+pub(crate) const ROOT_CGROUP_ID: u64 = 1;
 
 /// Where a wake-up came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,7 +60,7 @@ pub enum WakeSource {
 }
 
 impl WakeSource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Memcg => "memcg",
             Self::Pressure => "pressure",
@@ -77,11 +77,11 @@ impl WakeSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Wake {
     pub source: WakeSource,
-    pub at: Instant,
+    pub(crate) at: Instant,
 }
 
 impl Wake {
-    pub fn now(source: WakeSource) -> Self {
+    pub(crate) fn now(source: WakeSource) -> Self {
         Self {
             source,
             at: Instant::now(),
@@ -91,7 +91,7 @@ impl Wake {
     /// A wake-up seen by the kernel at `boot_ns` (CLOCK_BOOTTIME, the clock of the eBPF
     /// records): `at` is that moment on the [`Instant`] clock, so the wake stage of the decision
     /// latency starts when the kernel saw it, not when the agent read the record.
-    pub fn at_boot_ns(source: WakeSource, boot_ns: u64) -> Self {
+    pub(crate) fn at_boot_ns(source: WakeSource, boot_ns: u64) -> Self {
         let now = Instant::now();
         let age = Duration::from_nanos(boot_now_ns().saturating_sub(boot_ns));
         Self {
@@ -169,14 +169,14 @@ pub struct WatchConfig {
 }
 
 /// The level check's longest interval (earlyoom's `max_sleep`).
-pub const LEVEL_CHECK_MAX: Duration = Duration::from_secs(1);
+pub(crate) const LEVEL_CHECK_MAX: Duration = Duration::from_secs(1);
 /// The fastest memory is assumed to fill, bytes per second: earlyoom's `mem_fill_rate` (6000
 /// MiB/s, "seen with stress -m 4 --vm-bytes 4G").
 const FILL_RATE: u64 = 6000 << 20;
 
 /// How long the level check may sleep with `headroom` bytes below the level: the time memory
 /// takes to fill it at [`FILL_RATE`], between `shortest` and [`LEVEL_CHECK_MAX`].
-pub fn level_check_interval(headroom: i64, shortest: Duration) -> Duration {
+pub(crate) fn level_check_interval(headroom: i64, shortest: Duration) -> Duration {
     let headroom = u64::try_from(headroom).unwrap_or(0);
     let fill = Duration::from_secs_f64(headroom as f64 / FILL_RATE as f64);
     fill.clamp(shortest, LEVEL_CHECK_MAX.max(shortest))

@@ -14,7 +14,7 @@ pub(crate) use summary::{Summary, SummarySource};
 use metrics::Metrics;
 
 /// Everything the endpoints read. Producers update it; requests only read.
-pub struct AgentState {
+pub(crate) struct AgentState {
     pub(crate) metrics: Metrics,
     pub(crate) readiness: Readiness,
     pub(crate) status: StatusStore,

@@ -43,7 +43,7 @@ pub(crate) struct PodStats {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PodReference {
+pub(crate) struct PodReference {
     pub(crate) name: String,
     pub(crate) namespace: String,
     pub(crate) uid: String,

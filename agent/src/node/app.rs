@@ -62,7 +62,7 @@ pub enum NodeError {
 
 impl NodeError {
     /// The process's exit status for this error.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::NoMemoryHierarchy => exit::OSFILE,
             Self::State(StateError::Locked { .. }) | Self::Bind(_) => exit::UNAVAILABLE,
@@ -72,30 +72,30 @@ impl NodeError {
 }
 
 /// What the mode decided: the node's settings, its cgroups and how it runs.
-pub struct RunConfig {
-    pub settings: NodeSettings,
-    pub qc: QosletConfiguration,
-    pub mode: Mode,
+pub(crate) struct RunConfig {
+    pub(crate) settings: NodeSettings,
+    pub(crate) qc: QosletConfiguration,
+    pub(crate) mode: Mode,
     /// The node root, opened by the mode at start ([`super::startup::ModeStart::open_root`]).
-    pub fs: Arc<CgroupFs>,
+    pub(crate) fs: Arc<CgroupFs>,
     /// How the container runtime names container cgroups.
-    pub runtime: ContainerRuntime,
-    pub validation: ValidationOptions,
-    pub addr: SocketAddr,
+    pub(crate) runtime: ContainerRuntime,
+    pub(crate) validation: ValidationOptions,
+    pub(crate) addr: SocketAddr,
     /// `addr` bound already by the mode (cluster mode answers `/healthz` on it while it waits
     /// for the API server), served from here on; `None` binds `addr`.
-    pub listener: Option<std::net::TcpListener>,
+    pub(crate) listener: Option<std::net::TcpListener>,
     /// How long pods get to stop at shutdown, and how long a pass or an eviction in progress
     /// may take to finish.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// Called once the agent's state exists, before the first pass: a mode's own tasks (cluster
     /// mode: the API watch readiness, node conditions and the lease) read and report through it.
-    pub on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
+    pub(crate) on_start: Option<Box<dyn FnOnce(Arc<AgentState>) + Send>>,
     /// The Node object's name (cluster mode), which `/stats/summary` reports as `nodeName`, as the
     /// kubelet does; `None`: the hostname (standalone).
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// Guards `/metrics` and `/stats/summary` (cluster mode's `endpointAuth: tokenReview`).
-    pub auth: Option<Arc<server::auth::Guard>>,
+    pub(crate) auth: Option<Arc<server::auth::Guard>>,
 }
 
 /// The shortest housekeeping interval: a smaller setting would spin the loop.

@@ -32,7 +32,7 @@ pub(super) const START_UP_SETTLE: Duration = Duration::from_secs(30);
 impl Node {
     /// One housekeeping tick; true when a pass should run now (a managed cgroup was changed or
     /// removed by someone else, or the CPU-pressure controller changed its level).
-    pub fn housekeeping(&mut self, sensors: &impl SensorControl) -> bool {
+    pub(crate) fn housekeeping(&mut self, sensors: &impl SensorControl) -> bool {
         if self
             .release_start_up_at
             .is_some_and(|t| Instant::now() >= t)
@@ -133,7 +133,7 @@ impl Node {
 
     /// An eviction the manager made: metrics and the status events. The eviction pipeline has
     /// recorded it in the state file already (`eviction/pipeline.rs`).
-    pub fn on_eviction(&mut self, d: &Decision) {
+    pub(crate) fn on_eviction(&self, d: &Decision) {
         for pod in &d.pods {
             let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
             self.report
@@ -175,7 +175,7 @@ impl Node {
 
     /// The eviction signals as the manager last observed them: metrics, and the node line of
     /// the status.
-    pub fn on_observations(&self, obs: &Observations) {
+    pub(crate) fn on_observations(&self, obs: &Observations) {
         let metrics = &self.report.state.metrics;
         for (signal, o) in obs {
             metrics
@@ -205,7 +205,7 @@ impl Node {
 
     /// The node conditions changed: metrics, status, the published conditions (cluster mode
     /// reports them to the API) and (for admission) a pass.
-    pub fn on_conditions(&self, conditions: &[NodeCondition]) {
+    pub(crate) fn on_conditions(&self, conditions: &[NodeCondition]) {
         for c in [NodeCondition::MemoryPressure, NodeCondition::PidPressure] {
             self.report
                 .state

@@ -16,16 +16,16 @@ mod cpu_pressure;
 mod housekeeping;
 mod leftovers;
 mod pass;
-pub mod pod_status;
+pub(crate) mod pod_status;
 mod report;
 mod run;
 mod seams;
 mod sensing;
-pub mod startup;
+pub(crate) mod startup;
 mod status;
-pub mod summary;
+pub(crate) mod summary;
 mod summary_targets;
-pub mod trees;
+pub(crate) mod trees;
 
 #[cfg(test)]
 mod tests;
@@ -38,13 +38,17 @@ use std::{
 
 use tokio::sync::watch;
 
-pub use crate::cgroup::Runner;
-pub use app::{NodeError, RunConfig};
-pub use pod_status::{ContainerState, ContainerStatus, PodPhase, PodStatus, Termination};
-pub use run::{Signals, run};
-pub use seams::{PlannedPod, PodExecutor, PodSource};
-pub use sensing::SensorControl;
-pub use startup::{ModeStart, StartError};
+#[cfg(test)]
+use crate::cgroup::Runner;
+pub(crate) use app::{NodeError, RunConfig};
+pub use pod_status::ContainerState;
+pub use pod_status::PodPhase;
+pub use pod_status::PodStatus;
+pub(crate) use pod_status::{ContainerStatus, Termination};
+pub(crate) use run::{Signals, run};
+pub(crate) use seams::{PlannedPod, PodExecutor, PodSource};
+pub(crate) use sensing::SensorControl;
+pub(crate) use startup::{ModeStart, StartError};
 
 use crate::{
     cgroup::{CgroupFs, Mode, Naming},
@@ -84,22 +88,22 @@ struct EbpfSeen {
 }
 
 /// What a node is built from.
-pub struct NodeParts {
-    pub settings: NodeSettings,
-    pub naming: Naming,
-    pub fs: Arc<CgroupFs>,
-    pub mode: Mode,
-    pub validation: ValidationOptions,
-    pub state: Arc<AgentState>,
-    pub summary: CgroupSummary,
-    pub persisted: StateFile,
+pub(crate) struct NodeParts {
+    pub(crate) settings: NodeSettings,
+    pub(crate) naming: Naming,
+    pub(crate) fs: Arc<CgroupFs>,
+    pub(crate) mode: Mode,
+    pub(crate) validation: ValidationOptions,
+    pub(crate) state: Arc<AgentState>,
+    pub(crate) summary: CgroupSummary,
+    pub(crate) persisted: StateFile,
     /// Per-pod statistics and the oom_score_adj safety scan run this often.
-    pub stats_interval: Duration,
+    pub(crate) stats_interval: Duration,
     /// The CPU-pressure controller's configuration; `None` leaves the BestEffort tier alone.
-    pub cpu_pressure: Option<CpuPressureConfig>,
+    pub(crate) cpu_pressure: Option<CpuPressureConfig>,
 }
 
-pub struct Node {
+pub(crate) struct Node {
     settings: NodeSettings,
     validation: ValidationOptions,
     cgroups: NodeCgroups,
@@ -125,7 +129,7 @@ pub struct Node {
 
 impl Node {
     /// The node, and the eviction inventory it keeps current.
-    pub fn new(parts: NodeParts) -> (Self, watch::Receiver<Arc<Inventory>>) {
+    pub(crate) fn new(parts: NodeParts) -> (Self, watch::Receiver<Arc<Inventory>>) {
         let (inventory_tx, inventory_rx) = watch::channel(Arc::new(Inventory::default()));
         let thresholds = parts
             .settings
@@ -165,24 +169,25 @@ impl Node {
     }
 
     /// Problem lines the source found (already logged by it): status events, once each.
-    pub fn note_problems<'a>(&mut self, lines: impl IntoIterator<Item = &'a String>) {
+    pub(crate) fn note_problems<'a>(&mut self, lines: impl IntoIterator<Item = &'a String>) {
         let lines: Vec<String> = lines.into_iter().cloned().collect();
         self.report.noted(&lines);
     }
 
     /// Hands every pod's `inactive_file` the statistics sampling reads to `usage` (the eviction
     /// manager's).
-    pub fn share_usage(&mut self, usage: UsageCache) {
+    pub(crate) fn share_usage(&mut self, usage: UsageCache) {
         self.usage = Some(usage);
     }
 
     /// The state file, for the eviction pipeline (`crate::eviction::Pipeline`).
-    pub fn state_file(&self) -> Arc<Mutex<StateFile>> {
+    pub(crate) fn state_file(&self) -> Arc<Mutex<StateFile>> {
         self.persisted.clone()
     }
 
     /// The last plan, for tests and the status.
-    pub fn plan(&self) -> Option<&Plan> {
+    #[cfg(test)]
+    pub(crate) fn plan(&self) -> Option<&Plan> {
         self.plan.as_ref()
     }
 }

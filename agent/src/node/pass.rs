@@ -79,7 +79,7 @@ struct Tracked {
 
 impl Node {
     /// The whole pass.
-    pub fn pass(
+    pub(crate) fn pass(
         &mut self,
         pods: &PodSet,
         executor: &impl PodExecutor,

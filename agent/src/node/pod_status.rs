@@ -26,13 +26,13 @@ pub struct Termination {
     pub signal: Option<i32>,
     /// `Completed` (exit 0), `Error`, or `StartError` when the command could not be started.
     pub reason: String,
-    pub message: Option<String>,
-    pub started_at: Option<SystemTime>,
+    pub(crate) message: Option<String>,
+    pub(crate) started_at: Option<SystemTime>,
     pub finished_at: SystemTime,
 }
 
 impl Termination {
-    pub fn succeeded(&self) -> bool {
+    pub(crate) fn succeeded(&self) -> bool {
         self.exit_code == 0 && self.signal.is_none()
     }
 }
@@ -58,17 +58,17 @@ pub enum ContainerState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerStatus {
     pub name: String,
-    pub kind: ContainerKind,
+    pub(crate) kind: ContainerKind,
     pub state: ContainerState,
     /// The previous termination, kept while the container waits to restart or runs again.
-    pub last_termination: Option<Termination>,
+    pub(crate) last_termination: Option<Termination>,
     pub restart_count: u32,
     /// Processes in the container's cgroup when the snapshot was taken.
     pub pids: Vec<u32>,
 }
 
 impl ContainerStatus {
-    pub fn new(name: &str, kind: ContainerKind, waiting_reason: &str) -> Self {
+    pub(crate) fn new(name: &str, kind: ContainerKind, waiting_reason: &str) -> Self {
         Self {
             name: name.to_owned(),
             kind,
@@ -99,21 +99,21 @@ pub struct PodStatus {
     /// `Evicted`, `SpecError`, `SchedulingGated`, ...; `None` in the ordinary course.
     pub reason: Option<String>,
     pub message: Option<String>,
-    pub restart_policy: RestartPolicy,
+    pub(crate) restart_policy: RestartPolicy,
     /// Init containers (regular and sidecars) in order, then app containers.
     pub containers: Vec<ContainerStatus>,
     /// Stopping or stopped on request (removed from the desired state, evicted, shut down).
-    pub terminating: bool,
+    pub(crate) terminating: bool,
 }
 
 impl PodStatus {
     /// The pod is being evicted: reason `Evicted` and the eviction's message.
-    pub fn set_evicted(&mut self, message: &str) {
+    pub(crate) fn set_evicted(&mut self, message: &str) {
         self.reason = Some(crate::eviction::action::EVICTED.into());
         self.message = Some(message.into());
     }
 
-    pub fn is_evicted(&self) -> bool {
+    pub(crate) fn is_evicted(&self) -> bool {
         self.reason.as_deref() == Some(crate::eviction::action::EVICTED)
     }
 }
@@ -121,7 +121,7 @@ impl PodStatus {
 /// The reason a container waits before its first start: `PodInitializing` in a pod with init
 /// containers (regular or sidecars), else `ContainerCreating` (pkg/kubelet/kubelet_pods.go
 /// `convertToAPIContainerStatuses`, `defaultWaitingState`).
-pub fn default_waiting(mut kinds: impl Iterator<Item = ContainerKind>) -> &'static str {
+pub(crate) fn default_waiting(mut kinds: impl Iterator<Item = ContainerKind>) -> &'static str {
     if kinds.any(|k| k != ContainerKind::App) {
         "PodInitializing"
     } else {
@@ -141,7 +141,7 @@ const PROBLEMS: [&str; 3] = [
 /// reports `Init:CrashLoopBackOff`); `None` when no container is held by one. The kubelet's
 /// phase stays `Running` for a pod whose containers restart under `Always` (its `getPhase`: "All
 /// containers are in the process of restarting"); this reason is what tells such a pod apart.
-pub fn waiting_problem(containers: &[ContainerStatus]) -> Option<String> {
+pub(crate) fn waiting_problem(containers: &[ContainerStatus]) -> Option<String> {
     containers.iter().find_map(|c| match &c.state {
         ContainerState::Waiting { reason, .. } if PROBLEMS.contains(&reason.as_str()) => {
             Some(if c.kind == ContainerKind::App {
@@ -156,15 +156,15 @@ pub fn waiting_problem(containers: &[ContainerStatus]) -> Option<String> {
 
 /// What the phase depends on.
 #[derive(Debug, Clone, Copy)]
-pub struct PhaseInput<'a> {
-    pub policy: RestartPolicy,
-    pub containers: &'a [ContainerStatus],
+pub(crate) struct PhaseInput<'a> {
+    pub(crate) policy: RestartPolicy,
+    pub(crate) containers: &'a [ContainerStatus],
     /// The pod's supervisor has finished: nothing will be restarted any more.
-    pub finished: bool,
+    pub(crate) finished: bool,
 }
 
 /// The pod phase from its containers, as the kubelet's `getPhase` computes it.
-pub fn phase(input: PhaseInput<'_>) -> PodPhase {
+pub(crate) fn phase(input: PhaseInput<'_>) -> PodPhase {
     // Once nothing restarts, a pod ends like a `Never` pod whatever its policy says.
     let policy = if input.finished {
         RestartPolicy::Never

@@ -30,7 +30,7 @@ use crate::{
 
 /// Runs the node until SIGINT, SIGTERM or SIGHUP (`signals`, which the mode made at its start
 /// and watched until now); then drains and stops.
-pub async fn run<S, E, A>(
+pub(crate) async fn run<S, E, A>(
     cfg: RunConfig,
     source: S,
     executor: Arc<E>,
@@ -94,7 +94,7 @@ where
 /// comes while none exists is not delivered to one made later (without any, the kernel's
 /// default ends the process at once, with no log line). One that comes before [`run`] asks
 /// is kept until then.
-pub struct Signals {
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
@@ -102,7 +102,7 @@ pub struct Signals {
 
 impl Signals {
     /// Must run inside a tokio runtime.
-    pub fn new() -> Result<Self, NodeError> {
+    pub(crate) fn new() -> Result<Self, NodeError> {
         let watch = |kind, name| {
             signal(kind).map_err(|source| NodeError::Signal {
                 signal: name,
@@ -117,7 +117,7 @@ impl Signals {
     }
 
     /// The next of the three to come: its name.
-    pub async fn next(&mut self) -> &'static str {
+    pub(crate) async fn next(&mut self) -> &'static str {
         tokio::select! {
             _ = self.int.recv() => "SIGINT",
             _ = self.term.recv() => "SIGTERM",

@@ -16,7 +16,7 @@ use crate::{
 
 /// Where pods and Workload / PodGroup / CompositePodGroup objects come from: a manifest
 /// directory (standalone) or the Kubernetes API (cluster).
-pub trait PodSource: Send {
+pub(crate) trait PodSource: Send {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The valid pods and workload objects now. Everything in it passed validation at the door.
@@ -29,26 +29,26 @@ pub trait PodSource: Send {
 
 /// A pod as the node hands it to the executor after a pass: planned, and placed in cgroups.
 #[derive(Debug, Clone)]
-pub struct PlannedPod<'a> {
-    pub key: PodKey,
+pub(crate) struct PlannedPod<'a> {
+    pub(crate) key: PodKey,
     /// The pod, with its views computed at admission.
-    pub pod: &'a ManifestPod,
-    pub qos_class: QosClass,
+    pub(crate) pod: &'a ManifestPod,
+    pub(crate) qos_class: QosClass,
     /// Static, mirror or priority >= system-cluster-critical: admitted under pressure.
-    pub critical: bool,
+    pub(crate) critical: bool,
     /// Why workload gating holds it (its PodGroup or an ancestor not created yet, a group short
     /// of its minimum, ...); `None`: it may start now.
-    pub held: Option<String>,
+    pub(crate) held: Option<String>,
     /// Each container's cgroup directories, one per hierarchy, by container name, named
     /// beneath the node root (the path comes from the pod's UID and the container's id). A
     /// container missing here has no cgroup and must not be started.
-    pub container_cgroups: BTreeMap<String, Vec<CgroupBeneath>>,
+    pub(crate) container_cgroups: BTreeMap<String, Vec<CgroupBeneath>>,
 }
 
 /// Who runs the containers and where their cgroups are: qoslet's process runtime (standalone),
 /// or the kubelet and its container runtime, whose cgroups qoslet only finds (cluster).
 /// Admission and workload gating are the executor's.
-pub trait PodExecutor: Send + Sync + 'static {
+pub(crate) trait PodExecutor: Send + Sync + 'static {
     /// Who runs the pods. The one place this is said: the cgroup naming (created or found,
     /// written or compared), the check at the source's door, crash recovery, the BestEffort
     /// tier's owner and an eviction's first signal all derive from it.

@@ -9,12 +9,10 @@ use super::Node;
 use crate::{
     cgroup::{self, CgroupRef},
     hub::metrics::{ContainerLabels, MemcgEventLabels},
-    sensors::{
-        CgroupOwner, CpuUsage, SensorEvent, SensorMode, Sensors, WatchedCgroup, kmaps::ProgramCost,
-    },
+    sensors::{CgroupOwner, CpuUsage, SensorEvent, Sensors, WatchedCgroup, kmaps::ProgramCost},
 };
 
-pub trait SensorControl {
+pub(crate) trait SensorControl {
     fn watch(&self, cgroup: WatchedCgroup);
     fn unwatch(&self, id: u64);
     fn set_owner(&self, id: u64, owner: CgroupOwner);
@@ -22,9 +20,6 @@ pub trait SensorControl {
     fn cpu_stats(&self, id: u64) -> Option<CpuUsage>;
     fn program_costs(&self) -> Vec<ProgramCost>;
     fn events_lost(&self) -> u64;
-    /// Whether new processes are reported as events (their oom_score_adj is set then), so the
-    /// periodic scan of every container's processes is only a safety net.
-    fn reports_new_processes(&self) -> bool;
 }
 
 impl SensorControl for Sensors {
@@ -51,16 +46,10 @@ impl SensorControl for Sensors {
     fn events_lost(&self) -> u64 {
         Sensors::events_lost(self)
     }
-
-    fn reports_new_processes(&self) -> bool {
-        self.statuses()
-            .iter()
-            .any(|s| s.name == "process_lifecycle" && s.mode == SensorMode::Active)
-    }
 }
 
 impl Node {
-    pub fn on_sensor_event(&mut self, e: &SensorEvent) {
+    pub(crate) fn on_sensor_event(&self, e: &SensorEvent) {
         match e {
             SensorEvent::Process { pid, cgroup_id, .. } => {
                 if let Some(t) = &self.cgroups.targets {

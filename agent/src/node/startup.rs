@@ -41,7 +41,7 @@ pub enum StartError {
 
 impl StartError {
     /// The process's exit status: 64 for configuration errors.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) | Self::Setting { .. } => exit::CONFIG,
             Self::Layout(_) => exit::OSFILE,
@@ -50,14 +50,14 @@ impl StartError {
 }
 
 /// What both modes read and decide the same way.
-pub struct ModeStart {
-    pub qc: QosletConfiguration,
+pub(crate) struct ModeStart {
+    pub(crate) qc: QosletConfiguration,
     /// `qc.mode`, or observe when `--observe` was given.
-    pub mode: Mode,
-    pub addr: SocketAddr,
+    pub(crate) mode: Mode,
+    pub(crate) addr: SocketAddr,
     /// Whether `/metrics` and `/stats/summary` ask the API server (`endpointAuth`).
-    pub endpoint_auth: EndpointAuth,
-    pub node_root: CgroupPath,
+    pub(crate) endpoint_auth: EndpointAuth,
+    pub(crate) node_root: CgroupPath,
     /// The QosletConfiguration's file, for errors (`(defaults)` without one).
     config_file: String,
 }
@@ -65,7 +65,11 @@ pub struct ModeStart {
 impl ModeStart {
     /// Reads `config` (the defaults without one) and checks the values every mode reads;
     /// `cluster`: the node has an API server (`endpointAuth`'s default and what it allows).
-    pub fn load(config: Option<&Path>, observe: bool, cluster: bool) -> Result<Self, StartError> {
+    pub(crate) fn load(
+        config: Option<&Path>,
+        observe: bool,
+        cluster: bool,
+    ) -> Result<Self, StartError> {
         let qc = match config {
             Some(f) => QosletConfiguration::load(f)?,
             None => QosletConfiguration::default(),
@@ -92,29 +96,29 @@ impl ModeStart {
     }
 
     /// A QosletConfiguration value the node cannot use.
-    pub fn setting(&self, field: &'static str, message: impl Display) -> StartError {
+    pub(crate) fn setting(&self, field: &'static str, message: impl Display) -> StartError {
         setting(&self.config_file, field, &message)
     }
 
-    pub fn enforce(&self) -> bool {
+    pub(crate) fn enforce(&self) -> bool {
         self.mode == Mode::Enforce
     }
 
     /// The cgroup hierarchies mounted on this machine.
-    pub fn mounts() -> Result<Mounts, StartError> {
+    pub(crate) fn mounts() -> Result<Mounts, StartError> {
         Mounts::detect().map_err(StartError::Layout)
     }
 
     /// The node root opened in every hierarchy of `mounts`, once: the capacity, the mode's own
     /// start-up (cluster: the eviction marks) and the node all read through it.
-    pub fn open_root(&self, mounts: Mounts) -> Result<Arc<CgroupFs>, OpenRootError> {
+    pub(crate) fn open_root(&self, mounts: Mounts) -> Result<Arc<CgroupFs>, OpenRootError> {
         CgroupFs::open(mounts, self.node_root.clone()).map(Arc::new)
     }
 
     /// The node's settings from the kubelet's configuration (`kubelet_file` names it in errors),
     /// the QosletConfiguration and the capacity (`capacity` gets the node root's memory limit,
     /// if it has one).
-    pub fn settings(
+    pub(crate) fn settings(
         &self,
         kubelet_file: &Path,
         kc: &KubeletConfig,
@@ -128,7 +132,7 @@ impl ModeStart {
     }
 
     /// What [`super::run`] needs; the mode sets `listener` and `on_start` when it has them.
-    pub fn run_config(
+    pub(crate) fn run_config(
         self,
         settings: NodeSettings,
         kc: &KubeletConfig,
@@ -162,7 +166,7 @@ fn setting(file: &str, field: &'static str, message: &dyn Display) -> StartError
 }
 
 /// Workload validation as the kubelet's feature gates ask.
-pub fn validation(kc: &KubeletConfig) -> ValidationOptions {
+pub(crate) fn validation(kc: &KubeletConfig) -> ValidationOptions {
     ValidationOptions {
         pod_group_preemption_policy: kc.gate("PodGroupPreemptionPolicy") == Some(true),
     }

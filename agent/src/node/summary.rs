@@ -35,26 +35,26 @@ use crate::{
 
 /// Where one cgroup's numbers are read.
 #[derive(Debug, Clone, Default)]
-pub struct StatsCgroup {
-    pub memory: Option<MemoryCgroup>,
+pub(crate) struct StatsCgroup {
+    pub(crate) memory: Option<MemoryCgroup>,
     /// A cgroup v2 directory (for its `cpu.stat`).
-    pub cpu: Option<CgroupBeneath>,
+    pub(crate) cpu: Option<CgroupBeneath>,
 }
 
 #[derive(Debug, Clone)]
-pub struct PodTarget {
-    pub pod_ref: PodReference,
-    pub key: PodKey,
-    pub cgroup: StatsCgroup,
-    pub containers: Vec<(String, StatsCgroup)>,
+pub(crate) struct PodTarget {
+    pub(crate) pod_ref: PodReference,
+    pub(crate) key: PodKey,
+    pub(crate) cgroup: StatsCgroup,
+    pub(crate) containers: Vec<(String, StatsCgroup)>,
 }
 
 /// What the last sync pass put on the node: system containers by the kubelet's names (`pods`,
 /// `kubelet`, `misc`) and pods.
 #[derive(Debug, Clone, Default)]
-pub struct SummaryTargets {
-    pub system: Vec<(String, StatsCgroup)>,
-    pub pods: Vec<PodTarget>,
+pub(crate) struct SummaryTargets {
+    pub(crate) system: Vec<(String, StatsCgroup)>,
+    pub(crate) pods: Vec<PodTarget>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -65,7 +65,7 @@ struct CpuSample {
 
 /// Shared by the node (targets, container statuses, CPU samples) and the HTTP server (requests).
 #[derive(Clone)]
-pub struct CgroupSummary {
+pub(crate) struct CgroupSummary {
     inner: Arc<Inner>,
 }
 
@@ -84,7 +84,7 @@ struct Inner {
 
 impl CgroupSummary {
     /// `node_name`: the Node object's name; `None` takes the hostname.
-    pub fn new(node: StatsCgroup, node_name: Option<String>) -> Self {
+    pub(crate) fn new(node: StatsCgroup, node_name: Option<String>) -> Self {
         let node_name = node_name.unwrap_or_else(|| {
             fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
@@ -105,7 +105,7 @@ impl CgroupSummary {
 
     /// The cgroups the pass placed; their `cpu.stat` files are held open from now on, and those
     /// of cgroups the pass dropped are closed.
-    pub fn set_targets(&self, targets: SummaryTargets) {
+    pub(crate) fn set_targets(&self, targets: SummaryTargets) {
         let failed = self
             .inner
             .cpu_files
@@ -116,7 +116,7 @@ impl CgroupSummary {
         *lock(&self.inner.targets) = targets;
     }
 
-    pub fn set_statuses(&self, statuses: &[PodStatus]) {
+    pub(crate) fn set_statuses(&self, statuses: &[PodStatus]) {
         *lock(&self.inner.statuses) = statuses
             .iter()
             .map(|s| (s.key.clone(), s.containers.clone()))
@@ -125,7 +125,7 @@ impl CgroupSummary {
 
     /// A CPU sample of every cgroup, the base of the next requests' usageNanoCores (taken at
     /// housekeeping; cgroups gone since are forgotten).
-    pub fn sample_cpu(&self) {
+    pub(crate) fn sample_cpu(&self) {
         let targets = lock(&self.inner.targets);
         let samples: HashMap<PathBuf, CpuSample> = cpu_dirs(&self.inner.node, &targets)
             .filter_map(|d| {

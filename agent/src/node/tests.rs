@@ -215,9 +215,6 @@ impl SensorControl for FakeSensors {
     fn events_lost(&self) -> u64 {
         0
     }
-    fn reports_new_processes(&self) -> bool {
-        true
-    }
 }
 
 /// A temporary directory standing for a cgroup v2 mount, removed on drop.
@@ -684,7 +681,7 @@ fn build_node_keeping(tree: &Tree0) -> (Node, watch::Receiver<Arc<Inventory>>, A
 async fn a_hundred_evictions_are_all_counted() {
     const PODS: usize = 100;
     let tree = Tree0::new("hundred");
-    let (mut node, _, state) = build_node(&tree);
+    let (node, _, state) = build_node(&tree);
     // The node root's memory: 100 pods of 1 MiB on a 1000 MiB node, with a threshold that
     // only freeing all of them relieves.
     let memory = tree.0.join("memory");

@@ -7,14 +7,14 @@ use crate::{
 };
 
 /// The hierarchy that holds memory accounting: the v2 tree, or v1's memory controller.
-pub fn memory_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
+pub(crate) fn memory_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
     trees
         .into_iter()
         .find(|t| matches!(t, Tree::V2 | Tree::V1(Controller::Memory)))
 }
 
 /// The cgroup v2 hierarchy: the only one on v2 hosts, the controller-less one on hybrid hosts.
-pub fn unified_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
+pub(crate) fn unified_tree(trees: impl IntoIterator<Item = Tree>) -> Option<Tree> {
     trees
         .into_iter()
         .find(|t| matches!(t, Tree::V2 | Tree::Unified))
@@ -27,6 +27,6 @@ pub(super) fn cgroup_id(dir: &CgroupBeneath) -> Option<u64> {
 }
 
 /// The node root's memcg id (the inode of its memory cgroup directory).
-pub fn memory_ids(root: &MemoryCgroup) -> Vec<u64> {
+pub(crate) fn memory_ids(root: &MemoryCgroup) -> Vec<u64> {
     cgroup_id(root.dir()).into_iter().collect()
 }

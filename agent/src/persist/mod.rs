@@ -24,7 +24,8 @@
 
 mod state;
 
-pub use state::{
-    EvictionMark, NodeLock, StateError, StateFile, Unsynced, latest_running_start,
-    node_root_marker, ran_again_since, started_after, unix_now,
+pub use state::EvictionMark;
+pub(crate) use state::{
+    NodeLock, StateError, StateFile, Unsynced, latest_running_start, node_root_marker,
+    ran_again_since, started_after, unix_now,
 };

@@ -38,14 +38,14 @@ pub enum StateError {
 
 /// The lock on the node root; released when dropped or when the process ends.
 #[derive(Debug)]
-pub struct NodeLock {
+pub(crate) struct NodeLock {
     _lock: Flock<OwnedFd>,
 }
 
 impl NodeLock {
     /// Locks the node root's directory in one hierarchy (every instance on this node root picks
     /// the same one), opened beneath the node root's descriptor like every other cgroup file.
-    pub fn acquire(dir: &CgroupBeneath) -> Result<Self, StateError> {
+    pub(crate) fn acquire(dir: &CgroupBeneath) -> Result<Self, StateError> {
         let path = dir.display();
         let fd = dir.open().map_err(|source| StateError::Lock {
             path: path.clone(),
@@ -75,7 +75,7 @@ fn node_root_name(root: &CgroupPath) -> String {
 }
 
 /// The marker that says qoslet created the node root `root` (standalone), under `dir`.
-pub fn node_root_marker(dir: &Path, root: &CgroupPath) -> PathBuf {
+pub(crate) fn node_root_marker(dir: &Path, root: &CgroupPath) -> PathBuf {
     dir.join(format!("node-{}.created", node_root_name(root)))
 }
 
@@ -95,7 +95,7 @@ struct EvictedRecord {
 
 /// Now in seconds since the Unix epoch: an eviction's time, compared with the kubelet's
 /// container start times (wall clock on both sides, and the API's resolution).
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -105,18 +105,18 @@ pub fn unix_now() -> u64 {
 /// the latest container the API shows running that started after `at`. Never for `at == 0` (no
 /// time kept) or a pod without status (standalone manifests: qoslet's runtime does not start
 /// an evicted pod again).
-pub fn ran_again_since(pod: &k8s_openapi::api::core::v1::Pod, at: u64) -> Option<u64> {
+pub(crate) fn ran_again_since(pod: &k8s_openapi::api::core::v1::Pod, at: u64) -> Option<u64> {
     started_after(latest_running_start(pod), at)
 }
 
 /// `running_since` ([`latest_running_start`]) when it is after an eviction at `at` (0: no time
 /// kept, never).
-pub fn started_after(running_since: Option<u64>, at: u64) -> Option<u64> {
+pub(crate) fn started_after(running_since: Option<u64>, at: u64) -> Option<u64> {
     running_since.filter(|started| at > 0 && *started > at)
 }
 
 /// The start (seconds since the Unix epoch) of the latest container the API shows running.
-pub fn latest_running_start(pod: &k8s_openapi::api::core::v1::Pod) -> Option<u64> {
+pub(crate) fn latest_running_start(pod: &k8s_openapi::api::core::v1::Pod) -> Option<u64> {
     let status = pod.status.as_ref()?;
     status
         .init_container_statuses
@@ -141,7 +141,7 @@ struct Persisted {
 
 /// The node's state file and what it holds now.
 #[derive(Debug)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     path: Option<PathBuf>,
     saved: Persisted,
     now: Persisted,
@@ -156,14 +156,14 @@ pub struct StateFile {
 /// disk without the state's lock, so a slow disk (seconds, beside a build) holds up neither the
 /// eviction that wrote it nor the readers of the state; [`StateFile::synced`] then says so.
 #[derive(Debug)]
-pub struct Unsynced {
+pub(crate) struct Unsynced {
     path: PathBuf,
     write: u64,
 }
 
 impl Unsynced {
     /// fsync of the file as it is at its path now (the write before it, or a later one).
-    pub fn sync(&self) -> Result<(), StateError> {
+    pub(crate) fn sync(&self) -> Result<(), StateError> {
         File::open(&self.path)
             .and_then(|f| f.sync_all())
             .map_err(|source| StateError::Write {
@@ -176,7 +176,7 @@ impl Unsynced {
 impl StateFile {
     /// The state of the node root `root` under `dir`; a missing or unreadable file is an empty
     /// state (said once). `None` keeps the state in memory only (observe mode, tests).
-    pub fn load(dir: Option<&Path>, root: &CgroupPath) -> Self {
+    pub(crate) fn load(dir: Option<&Path>, root: &CgroupPath) -> Self {
         let Some(dir) = dir else {
             return Self::in_memory();
         };
@@ -205,7 +205,7 @@ impl StateFile {
         }
     }
 
-    pub fn in_memory() -> Self {
+    pub(crate) fn in_memory() -> Self {
         Self {
             path: None,
             saved: Persisted::default(),
@@ -217,7 +217,7 @@ impl StateFile {
 
     /// Whether the pod, with the spec whose hash is `spec` ([`crate::source::spec_hash`]), was
     /// evicted.
-    pub fn is_evicted(&self, key: &PodKey, spec: u64) -> bool {
+    pub(crate) fn is_evicted(&self, key: &PodKey, spec: u64) -> bool {
         self.now
             .evicted
             .get(&key.uid)
@@ -225,7 +225,7 @@ impl StateFile {
     }
 
     /// The evicted pods.
-    pub fn evicted(&self) -> impl Iterator<Item = PodKey> + '_ {
+    pub(crate) fn evicted(&self) -> impl Iterator<Item = PodKey> + '_ {
         self.now.evicted.iter().map(|(uid, r)| PodKey {
             namespace: r.namespace.clone(),
             name: r.name.clone(),
@@ -236,7 +236,7 @@ impl StateFile {
     /// Records an eviction of the pod whose spec has the hash `spec` ([`crate::source::spec_hash`])
     /// at `at` (seconds since the Unix epoch).
     /// A second record of the same eviction keeps the first one's time.
-    pub fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str, at: u64) {
+    pub(crate) fn record_evicted(&mut self, key: &PodKey, spec: u64, message: &str, at: u64) {
         let at = match self.now.evicted.get(&key.uid) {
             Some(r) if r.spec == spec && r.at > 0 => r.at.min(at),
             _ => at,
@@ -255,7 +255,7 @@ impl StateFile {
 
     /// Forgets evictions of pods that left the source or changed (those are new pods), and of
     /// pods that ran again since ([`ran_again_since`]): candidates again.
-    pub fn retain_present(&mut self, pods: &PodSet) {
+    pub(crate) fn retain_present(&mut self, pods: &PodSet) {
         let present: BTreeMap<&str, &crate::source::ManifestPod> =
             pods.pods.iter().map(|(k, p)| (k.uid.as_str(), p)).collect();
         self.now.evicted.retain(|uid, r| {
@@ -271,7 +271,7 @@ impl StateFile {
     }
 
     /// The cgroups the earlier run created.
-    pub fn created_cgroups(&self) -> Vec<CgroupPath> {
+    pub(crate) fn created_cgroups(&self) -> Vec<CgroupPath> {
         self.now
             .cgroups
             .iter()
@@ -279,14 +279,14 @@ impl StateFile {
             .collect()
     }
 
-    pub fn set_created_cgroups(&mut self, cgroups: &BTreeSet<CgroupPath>) {
+    pub(crate) fn set_created_cgroups(&mut self, cgroups: &BTreeSet<CgroupPath>) {
         self.now.cgroups = cgroups.iter().map(CgroupPath::relative).collect();
     }
 
     /// Writes the state when it changed since the last save. `durable` waits for the disk
     /// (fsync); without it the file survives a crash of qoslet, not of the machine, and the write
     /// costs no disk wait (the eviction path records this way, before the kill).
-    pub fn save(&mut self, durable: bool) -> Result<(), StateError> {
+    pub(crate) fn save(&mut self, durable: bool) -> Result<(), StateError> {
         let Some(path) = &self.path else {
             return Ok(());
         };
@@ -316,7 +316,7 @@ impl StateFile {
 
     /// Writes the state when it changed (page cache only, see [`Self::save`]); what remains to
     /// sync, unless the disk holds it already or the state lives in memory.
-    pub fn write(&mut self) -> Result<Option<Unsynced>, StateError> {
+    pub(crate) fn write(&mut self) -> Result<Option<Unsynced>, StateError> {
         self.save(false)?;
         Ok(match &self.path {
             Some(path) if !self.synced => Some(Unsynced {
@@ -328,7 +328,7 @@ impl StateFile {
     }
 
     /// `done` was synced: the disk holds the state if nothing was written since.
-    pub fn synced(&mut self, done: &Unsynced) {
+    pub(crate) fn synced(&mut self, done: &Unsynced) {
         if done.write == self.writes {
             self.synced = true;
         }
@@ -338,12 +338,12 @@ impl StateFile {
 /// An eviction as marked on the pod's cgroup v2 directory (see the module's comment).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EvictionMark {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
     /// [`crate::source::spec_hash`] of the pod when it was evicted.
-    pub spec: u64,
-    pub message: String,
+    pub(crate) spec: u64,
+    pub(crate) message: String,
     /// When the eviction was decided, in seconds since the Unix epoch; 0 in the marks of a
     /// qoslet that did not keep it.
     #[serde(default)]
@@ -351,7 +351,7 @@ pub struct EvictionMark {
     /// The Event's annotations (`offending_containers`, ...), so that an eviction finished after
     /// a restart posts the kubelet's Event whole; left out when the mark would not fit.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
 }
 
 /// The extended attribute that holds an [`EvictionMark`] (cgroup v2 takes `user.` attributes
@@ -375,7 +375,7 @@ impl EvictionMark {
     }
 
     /// With the Event's annotations, when the mark still fits in [`MARK_MAX`] with them.
-    pub fn with_annotations(mut self, annotations: &BTreeMap<String, String>) -> Self {
+    pub(crate) fn with_annotations(mut self, annotations: &BTreeMap<String, String>) -> Self {
         let size = |m: &Self| serde_json::to_vec(m).map_or(usize::MAX, |b| b.len());
         let without = size(&self);
         self.annotations = annotations.clone();
@@ -385,7 +385,7 @@ impl EvictionMark {
         self
     }
 
-    pub fn key(&self) -> PodKey {
+    pub(crate) fn key(&self) -> PodKey {
         PodKey {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
@@ -414,7 +414,7 @@ impl EvictionMark {
 
     /// Removes the mark from `dir` (a pod that ran again since: the eviction no longer holds).
     /// A directory without one is fine.
-    pub fn clear(dir: BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn clear(dir: BorrowedFd<'_>) -> io::Result<()> {
         // SAFETY: a descriptor we borrow and a NUL-terminated name.
         let r = unsafe { libc::fremovexattr(dir.as_raw_fd(), MARK_ATTR.as_ptr()) };
         if r < 0 {

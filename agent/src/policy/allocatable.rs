@@ -25,34 +25,34 @@ pub enum AllocatableError {
 
 /// cpu, memory and pids of the node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ResourceTotals {
-    pub cpu_millis: i64,
-    pub memory_bytes: i64,
-    pub pids: i64,
+pub(crate) struct ResourceTotals {
+    pub(crate) cpu_millis: i64,
+    pub(crate) memory_bytes: i64,
+    pub(crate) pids: i64,
 }
 
 /// Node Allocatable and what follows from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeAllocatable {
-    pub capacity: ResourceTotals,
+pub(crate) struct NodeAllocatable {
+    pub(crate) capacity: ResourceTotals,
     /// What the scheduler sees: capacity - reserved - hard eviction, at least 0.
-    pub allocatable: ResourceTotals,
+    pub(crate) allocatable: ResourceTotals,
     /// capacity - reserved (no eviction threshold), at least 0: kubepods' limits when `pods` is
     /// enforced, and the base of QOSReserved.
-    pub absolute: ResourceTotals,
+    pub(crate) absolute: ResourceTotals,
     /// Reservations after `reservedSystemCPUs` rewrote the cpu entries.
-    pub system_reserved: Reservation,
-    pub kube_reserved: Reservation,
+    pub(crate) system_reserved: Reservation,
+    pub(crate) kube_reserved: Reservation,
     /// Enforcement after the reserved-CPU conflict was resolved.
-    pub enforcement: Enforcement,
+    pub(crate) enforcement: Enforcement,
     /// CPUs for pods and for the system daemons, when `reservedSystemCPUs` is set.
-    pub pods_cpuset: Option<CpuSet>,
-    pub reserved_cpuset: Option<CpuSet>,
-    pub warnings: Vec<String>,
+    pub(crate) pods_cpuset: Option<CpuSet>,
+    pub(crate) reserved_cpuset: Option<CpuSet>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Computes allocatable, validating reservations against capacity.
-pub fn node_allocatable(s: &NodeSettings) -> Result<NodeAllocatable, AllocatableError> {
+pub(crate) fn node_allocatable(s: &NodeSettings) -> Result<NodeAllocatable, AllocatableError> {
     let mut system = s.system_reserved;
     let mut kube = s.kube_reserved;
     let mut enforcement = s.enforcement;

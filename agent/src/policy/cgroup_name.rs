@@ -3,7 +3,7 @@
 use super::settings::CgroupDriver;
 
 /// A cgroup as components below the root, e.g. `["kubepods", "burstable", "pod<uid>"]`.
-pub fn render(driver: CgroupDriver, root: &str, components: &[&str]) -> String {
+pub(crate) fn render(driver: CgroupDriver, root: &str, components: &[&str]) -> String {
     match driver {
         CgroupDriver::Cgroupfs => {
             let mut path = root.trim_end_matches('/').to_string();

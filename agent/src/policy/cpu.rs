@@ -3,13 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const MIN_SHARES: u64 = 2;
-pub const MAX_SHARES: u64 = 262_144;
-pub const SHARES_PER_CPU: i64 = 1024;
-pub const MILLI_CPU_TO_CPU: i64 = 1000;
+pub(crate) const MIN_SHARES: u64 = 2;
+pub(crate) const MAX_SHARES: u64 = 262_144;
+pub(crate) const SHARES_PER_CPU: i64 = 1024;
+pub(crate) const MILLI_CPU_TO_CPU: i64 = 1000;
 /// Default CFS period, microseconds.
 pub const QUOTA_PERIOD_US: u64 = 100_000;
-pub const MIN_QUOTA_PERIOD_US: i64 = 1000;
+pub(crate) const MIN_QUOTA_PERIOD_US: i64 = 1000;
 
 /// How cgroup v1 shares map to cgroup v2 `cpu.weight`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -45,31 +45,31 @@ use qoslet_common::sched::RUNQ_HIST_BUCKETS;
 use super::{cpu::MIN_QUOTA_PERIOD_US, cpuset::CpuSet};
 
 /// A log2 run-queue latency histogram (bucket `i`: `[2^i, 2^(i+1))` µs).
-pub type Histogram = [u64; RUNQ_HIST_BUCKETS];
+pub(crate) type Histogram = [u64; RUNQ_HIST_BUCKETS];
 
 /// The controller's configuration (QosletConfiguration `cpuPressure`), validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuPressureConfig {
     /// Run-queue latency p99 of the protected pods above which the window is under pressure.
-    pub latency_target: Duration,
+    pub(crate) latency_target: Duration,
     /// Burstable pods are protected too (Guaranteed always are).
-    pub protect_burstable: bool,
+    pub(crate) protect_burstable: bool,
     /// The node's CPU PSI `some` share of the window (0..1) above which the window is under
     /// pressure; `None` ignores PSI. Off by default: the node's PSI counts the BestEffort
     /// tier's own waiting, which no lever removes, so it would hold the tier constrained for as
     /// long as BestEffort is busy even when the protected pods no longer wait.
-    pub psi_some_target: Option<f64>,
+    pub(crate) psi_some_target: Option<f64>,
     /// Calm windows in a row before one level is released.
-    pub calm_windows: u32,
+    pub(crate) calm_windows: u32,
     /// The most calm windows a release can require after back-off.
-    pub max_calm_windows: u32,
+    pub(crate) max_calm_windows: u32,
     /// Level 2's share of the pods' CPUs and level 3's cap, percent of the node's CPU.
     pub cap_percent: u32,
     /// Level 4's cap (the floor), percent of the node's CPU.
-    pub floor_percent: u32,
+    pub(crate) floor_percent: u32,
     /// Fewer protected wake-ups than this in a window: its p99 says nothing, the window is calm
     /// as far as latency goes.
-    pub min_wakeups: u64,
+    pub(crate) min_wakeups: u64,
 }
 
 impl Default for CpuPressureConfig {
@@ -89,7 +89,7 @@ impl Default for CpuPressureConfig {
 
 /// How constrained the BestEffort tier is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Level {
+pub(crate) enum Level {
     #[default]
     None = 0,
     Idle = 1,
@@ -100,19 +100,19 @@ pub enum Level {
 
 /// The levers this node's kernel and cgroups offer; a level without its lever is skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Available {
+pub(crate) struct Available {
     /// The tier has `cpu.idle`.
-    pub idle: bool,
+    pub(crate) idle: bool,
     /// The tier has `cpuset.cpus` and the pods have at least two CPUs.
-    pub cpuset: bool,
+    pub(crate) cpuset: bool,
 }
 
 impl Level {
-    pub fn as_u8(self) -> u8 {
+    pub(crate) fn as_u8(self) -> u8 {
         self as u8
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Level::None => "none",
             Level::Idle => "idle",
@@ -163,43 +163,43 @@ impl Level {
 /// The BestEffort tier is idle in a window where it used less than the floor's grant divided by
 /// this (a quarter: 2.5% of the node's CPU with the default 10% floor). A tier held at the floor
 /// by hogs uses all of it, so the hogs never read as idle.
-pub const IDLE_SHARE_OF_FLOOR: f64 = 4.0;
+pub(crate) const IDLE_SHARE_OF_FLOOR: f64 = 4.0;
 
 /// What one window measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Window {
+pub(crate) struct Window {
     /// The protected pods' run-queue latency p99 over the window; `None`: too few wake-ups.
-    pub latency_p99: Option<Duration>,
+    pub(crate) latency_p99: Option<Duration>,
     /// The node's CPU PSI `some` share of the window (0..1); `None`: not read.
-    pub psi_some: Option<f64>,
+    pub(crate) psi_some: Option<f64>,
     /// The CPU the BestEffort tier used over the window, a share of the node's (0..1); `None`:
     /// not read (then the tier counts as busy).
-    pub besteffort_share: Option<f64>,
+    pub(crate) besteffort_share: Option<f64>,
 }
 
 /// A level change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     Engage { from: Level, to: Level },
     Release { from: Level, to: Level },
 }
 
 /// What the tier's settings are at a level.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lever {
+pub(crate) struct Lever {
     /// `cpu.idle`; `None`: the kernel has none, leave it alone.
-    pub idle: Option<bool>,
+    pub(crate) idle: Option<bool>,
     /// The CFS quota in µs per `period_us`; `None`: unlimited (`max` / `-1`).
-    pub quota_us: Option<i64>,
-    pub period_us: u64,
+    pub(crate) quota_us: Option<i64>,
+    pub(crate) period_us: u64,
     /// The tier's CPUs; `None`: no cpuset lever here, leave them alone.
-    pub cpus: Option<CpuSet>,
+    pub(crate) cpus: Option<CpuSet>,
 }
 
 /// The state machine that steps the BestEffort tier's level: up on a pressured window, down
 /// after a run of calm ones (longer after a release that did not hold).
 #[derive(Debug, Clone)]
-pub struct LevelStepper {
+pub(crate) struct LevelStepper {
     cfg: CpuPressureConfig,
     level: Level,
     /// Calm windows in a row so far.
@@ -211,7 +211,7 @@ pub struct LevelStepper {
 }
 
 impl LevelStepper {
-    pub fn new(cfg: CpuPressureConfig) -> Self {
+    pub(crate) fn new(cfg: CpuPressureConfig) -> Self {
         let required = cfg.calm_windows.max(1);
         Self {
             cfg,
@@ -222,21 +222,22 @@ impl LevelStepper {
         }
     }
 
-    pub fn config(&self) -> &CpuPressureConfig {
+    pub(crate) fn config(&self) -> &CpuPressureConfig {
         &self.cfg
     }
 
-    pub fn level(&self) -> Level {
+    pub(crate) fn level(&self) -> Level {
         self.level
     }
 
     /// Calm windows needed for the next release (after back-off).
-    pub fn required_calm(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn required_calm(&self) -> u32 {
         self.required
     }
 
     /// Whether `w` is under pressure that a lever on BestEffort can relieve.
-    pub fn pressured(&self, w: &Window) -> bool {
+    pub(crate) fn pressured(&self, w: &Window) -> bool {
         let latency = w.latency_p99.is_some_and(|p| p > self.cfg.latency_target);
         let psi = matches!((w.psi_some, self.cfg.psi_some_target), (Some(s), Some(t)) if s > t);
         (latency || psi) && !self.besteffort_idle(w)
@@ -244,13 +245,13 @@ impl LevelStepper {
 
     /// Whether the BestEffort tier used too little CPU in `w` to be what the protected pods
     /// waited behind.
-    pub fn besteffort_idle(&self, w: &Window) -> bool {
+    pub(crate) fn besteffort_idle(&self, w: &Window) -> bool {
         let idle_below = f64::from(self.cfg.floor_percent) / 100.0 / IDLE_SHARE_OF_FLOOR;
         w.besteffort_share.is_some_and(|s| s < idle_below)
     }
 
     /// One window; the level change it caused, if any.
-    pub fn observe(&mut self, w: &Window, available: Available) -> Option<Step> {
+    pub(crate) fn observe(&mut self, w: &Window, available: Available) -> Option<Step> {
         let base = self.cfg.calm_windows.max(1);
         let max = self.cfg.max_calm_windows.max(base);
         if self.pressured(w) {
@@ -296,7 +297,7 @@ impl LevelStepper {
 
     /// The tier's settings at the current level on a node with `cpu_millis` of CPU and the CPUs
     /// `pod_cpus` for pods.
-    pub fn lever(
+    pub(crate) fn lever(
         &self,
         cpu_millis: i64,
         pod_cpus: &CpuSet,
@@ -310,7 +311,7 @@ impl LevelStepper {
 }
 
 /// The tier's settings at `level`.
-pub fn lever(
+pub(crate) fn lever(
     cfg: &CpuPressureConfig,
     level: Level,
     cpu_millis: i64,
@@ -356,7 +357,7 @@ pub fn besteffort_cpus(pod_cpus: &CpuSet, percent: u32) -> CpuSet {
 
 /// The CPU the tier may use under `lever`, in millicores (`cpu_millis` when unconstrained): the
 /// least of its quota and its CPUs.
-pub fn granted_millis(lever: &Lever, cpu_millis: i64) -> i64 {
+pub(crate) fn granted_millis(lever: &Lever, cpu_millis: i64) -> i64 {
     let by_quota = match lever.quota_us {
         None => cpu_millis,
         Some(q) if lever.period_us > 0 => {
@@ -373,7 +374,7 @@ pub fn granted_millis(lever: &Lever, cpu_millis: i64) -> i64 {
 
 /// The bucket-by-bucket growth of a cumulative histogram since `before` (a counter that went
 /// back, a cgroup made again, counts as its new value).
-pub fn histogram_delta(before: &Histogram, now: &Histogram) -> Histogram {
+pub(crate) fn histogram_delta(before: &Histogram, now: &Histogram) -> Histogram {
     let mut out = [0; RUNQ_HIST_BUCKETS];
     for (o, (b, n)) in out.iter_mut().zip(before.iter().zip(now)) {
         *o = if n >= b { n - b } else { *n };
@@ -384,7 +385,7 @@ pub fn histogram_delta(before: &Histogram, now: &Histogram) -> Histogram {
 /// The `q` quantile of a window's histogram, interpolated linearly inside its log2 bucket;
 /// `None` with fewer than `min_count` samples. The bucket's upper bound alone would be off by
 /// up to 2x (a 5 ms target would read 8.2 ms for any p99 from 4.1 ms on).
-pub fn quantile(hist: &Histogram, q: f64, min_count: u64) -> Option<Duration> {
+pub(crate) fn quantile(hist: &Histogram, q: f64, min_count: u64) -> Option<Duration> {
     let total: u64 = hist.iter().sum();
     if total == 0 || total < min_count {
         return None;
@@ -408,7 +409,7 @@ pub fn quantile(hist: &Histogram, q: f64, min_count: u64) -> Option<Duration> {
 }
 
 /// The PSI `some` share of a window from two readings of `total` (µs) `elapsed` apart.
-pub fn psi_share(before_us: u64, now_us: u64, elapsed: Duration) -> Option<f64> {
+pub(crate) fn psi_share(before_us: u64, now_us: u64, elapsed: Duration) -> Option<f64> {
     let elapsed_us = elapsed.as_micros();
     if elapsed_us == 0 || now_us < before_us {
         return None;
@@ -417,7 +418,7 @@ pub fn psi_share(before_us: u64, now_us: u64, elapsed: Duration) -> Option<f64> 
 }
 
 /// The `some` line's `total=` of a `cpu.pressure` / `/proc/pressure/cpu` text.
-pub fn parse_psi_some_total(text: &str) -> Option<u64> {
+pub(crate) fn parse_psi_some_total(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("some "))?;
     line.split_whitespace()
         .find_map(|f| f.strip_prefix("total="))?

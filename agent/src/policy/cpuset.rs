@@ -7,8 +7,8 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("cpuset {text:?}: {reason}")]
 pub struct CpuSetError {
-    pub text: String,
-    pub reason: &'static str,
+    pub(crate) text: String,
+    pub(crate) reason: &'static str,
 }
 
 /// A set of CPU ids.
@@ -21,28 +21,24 @@ impl CpuSet {
         Self((0..n).collect())
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
-    pub fn contains(&self, cpu: u32) -> bool {
-        self.0.contains(&cpu)
-    }
-
-    pub fn is_subset(&self, other: &CpuSet) -> bool {
+    pub(crate) fn is_subset(&self, other: &CpuSet) -> bool {
         self.0.is_subset(&other.0)
     }
 
-    pub fn difference(&self, other: &CpuSet) -> CpuSet {
+    pub(crate) fn difference(&self, other: &CpuSet) -> CpuSet {
         Self(self.0.difference(&other.0).copied().collect())
     }
 
     /// The CPU ids, lowest first.
-    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().copied()
     }
 }

@@ -4,17 +4,17 @@ use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("invalid duration {text:?}")]
-pub struct DurationError {
-    pub text: String,
+pub(crate) struct DurationError {
+    pub(crate) text: String,
 }
 
 /// Parses `300ms`, `1m30s`, `1h`, `0` into seconds, rounding sub-second parts down.
-pub fn parse_duration(text: &str) -> Result<u64, DurationError> {
+pub(crate) fn parse_duration(text: &str) -> Result<u64, DurationError> {
     parse_duration_nanos(text).map(|ns| (ns / 1_000_000_000) as u64)
 }
 
 /// Parses a Go duration into nanoseconds (negative durations are errors here).
-pub fn parse_duration_nanos(text: &str) -> Result<u128, DurationError> {
+pub(crate) fn parse_duration_nanos(text: &str) -> Result<u128, DurationError> {
     let err = || DurationError { text: text.into() };
     let s = text.strip_prefix('+').unwrap_or(text);
     if s == "0" {

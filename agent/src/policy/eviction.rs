@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use super::{duration::parse_duration, pod::PodSpecView, quantity::Quantity};
 
-pub const SIGNALS: &[&str] = &[
+pub(crate) const SIGNALS: &[&str] = &[
     "memory.available",
     "allocatableMemory.available",
     "pid.available",
@@ -20,7 +20,7 @@ pub const SIGNALS: &[&str] = &[
 ];
 
 /// The kubelet's `evictionHard` default (pkg/kubelet/apis/config/v1beta1/defaults_linux.go).
-pub const DEFAULT_HARD: &[(&str, &str)] = &[
+pub(crate) const DEFAULT_HARD: &[(&str, &str)] = &[
     ("memory.available", "100Mi"),
     ("nodefs.available", "10%"),
     ("nodefs.inodesFree", "5%"),
@@ -37,7 +37,7 @@ pub enum EvictionField {
 }
 
 impl EvictionField {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Hard => "evictionHard",
             Self::Soft => "evictionSoft",
@@ -74,7 +74,7 @@ pub enum ThresholdError {
 
 impl ThresholdError {
     /// The camelCase path of the field at fault, e.g. `evictionMinimumReclaim.memory.available`.
-    pub fn field(&self) -> String {
+    pub(crate) fn field(&self) -> String {
         match self {
             Self::UnknownSignal { field, .. } => field.name().into(),
             Self::Value { field, signal, .. } => format!("{}.{signal}", field.name()),
@@ -89,7 +89,7 @@ impl ThresholdError {
 /// A threshold value: a quantity, or a fraction of capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ThresholdValue {
+pub(crate) enum ThresholdValue {
     Quantity(#[serde(serialize_with = "ser_quantity")] Quantity),
     /// Kept as upstream's `float32` fraction (0.1 for `10%`), so amounts of capacity come out
     /// byte-identical to the kubelet's `GetThresholdQuantity`.
@@ -102,7 +102,7 @@ fn ser_quantity<S: serde::Serializer>(q: &Quantity, s: S) -> Result<S::Ok, S::Er
 
 impl ThresholdValue {
     /// The amount for a resource of `capacity` units (`GetThresholdQuantity`).
-    pub fn amount(&self, capacity: i64) -> i64 {
+    pub(crate) fn amount(&self, capacity: i64) -> i64 {
         match self {
             Self::Quantity(q) => q.value(),
             Self::Percentage(p) => (capacity as f64 * f64::from(*p)) as i64,
@@ -113,11 +113,11 @@ impl ThresholdValue {
 /// One `signal < value` threshold (the only operator the kubelet has).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Threshold {
-    pub signal: String,
-    pub value: ThresholdValue,
+    pub(crate) signal: String,
+    pub(crate) value: ThresholdValue,
     /// Zero for hard thresholds.
-    pub grace_period_secs: u64,
-    pub min_reclaim: Option<ThresholdValue>,
+    pub(crate) grace_period_secs: u64,
+    pub(crate) min_reclaim: Option<ThresholdValue>,
 }
 
 /// Eviction settings from the KubeletConfiguration, as strings.
@@ -338,14 +338,14 @@ fn minimum_reclaims(
 
 /// The container runtime manager's floor under every grace period the kubelet gives
 /// (pkg/kubelet/kuberuntime `minimumGracePeriodInSeconds`).
-pub const MIN_GRACE_SECS: i64 = 2;
+pub(crate) const MIN_GRACE_SECS: i64 = 2;
 
 /// The grace period a pod gets when evicted, as the kubelet's eviction manager gives it
 /// (pkg/kubelet/eviction/eviction_manager.go `synchronize`): none at a hard threshold (the
 /// node cannot wait); at a soft one `min(evictionMaxPodGracePeriod, the pod's grace)`, so the
 /// kubelet's default maximum of 0 means no grace of the pod's own, raised to the runtime's
 /// floor of [`MIN_GRACE_SECS`], under which the kubelet never kills a container.
-pub fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: i64) -> i64 {
+pub(crate) fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: i64) -> i64 {
     if hard {
         0
     } else {
@@ -355,20 +355,20 @@ pub fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: 
 
 /// What the ranking needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
-    pub usage_bytes: i64,
-    pub request_bytes: i64,
-    pub priority: i32,
+pub(crate) struct Candidate {
+    pub(crate) usage_bytes: i64,
+    pub(crate) request_bytes: i64,
+    pub(crate) priority: i32,
     /// Static, mirror or priority >= 2e9: never evicted.
-    pub critical: bool,
+    pub(crate) critical: bool,
     /// Seconds since the epoch; kept for gang-aware ordering, not used by the kubelet's rank.
-    pub start_time: i64,
-    pub processes: u64,
+    pub(crate) start_time: i64,
+    pub(crate) processes: u64,
 }
 
 /// `rankMemoryPressure`: indices of evictable candidates, first to evict first. Usage above
 /// request first, then lower priority, then larger `usage - request`. Stable for ties.
-pub fn rank_memory(candidates: &[Candidate]) -> Vec<usize> {
+pub(crate) fn rank_memory(candidates: &[Candidate]) -> Vec<usize> {
     rank(candidates, |a, b| {
         let exceeds = |c: &Candidate| c.usage_bytes > c.request_bytes;
         exceeds(b)
@@ -379,7 +379,7 @@ pub fn rank_memory(candidates: &[Candidate]) -> Vec<usize> {
 }
 
 /// `rankPIDPressure`: lower priority first (then, as upstream, more processes first).
-pub fn rank_pids(candidates: &[Candidate]) -> Vec<usize> {
+pub(crate) fn rank_pids(candidates: &[Candidate]) -> Vec<usize> {
     rank(candidates, |a, b| {
         a.priority
             .cmp(&b.priority)
@@ -389,22 +389,22 @@ pub fn rank_pids(candidates: &[Candidate]) -> Vec<usize> {
 
 /// One pod's place in the memory-pressure eviction order and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EvictionRank {
+pub(crate) struct EvictionRank {
     /// 1 is evicted first; `None` for pods the kubelet never evicts (critical).
-    pub rank: Option<usize>,
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub priority: i32,
-    pub memory_request_bytes: i64,
+    pub(crate) rank: Option<usize>,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    pub(crate) priority: i32,
+    pub(crate) memory_request_bytes: i64,
     /// Working set; `None` when the node reported no stats for the pod.
-    pub memory_usage_bytes: Option<i64>,
-    pub reason: String,
+    pub(crate) memory_usage_bytes: Option<i64>,
+    pub(crate) reason: String,
 }
 
 /// The memory request the eviction ranking compares usage with: pkg/api/v1/resource
 /// `GetResourceRequestQuantity`, which adds `spec.overhead` only to a non-zero request.
-pub fn eviction_request_bytes(pod: &PodSpecView) -> i64 {
+pub(crate) fn eviction_request_bytes(pod: &PodSpecView) -> i64 {
     let request = pod.requests_without_overhead().memory_bytes();
     if request > 0 {
         request.saturating_add(pod.overhead.memory_bytes())
@@ -420,7 +420,7 @@ fn mib(bytes: i64) -> String {
 /// The order `rankMemoryPressure` (pkg/kubelet/eviction/helpers.go) puts `pods` in given their
 /// working sets: pods without stats first, then usage above request, lower priority, larger
 /// usage - request. Critical pods come last, unranked.
-pub fn memory_eviction_order(
+pub(crate) fn memory_eviction_order(
     pods: &[PodSpecView],
     usage: impl Fn(&PodSpecView) -> Option<i64>,
 ) -> Vec<EvictionRank> {

@@ -1,7 +1,7 @@
 //! Memory QoS on cgroup v2 (KEP-2570; pkg/kubelet/kuberuntime/kuberuntime_container_linux.go).
 
 /// The kernel page size the kubelet rounds memory.high to.
-pub const PAGE_SIZE: i64 = 4096;
+pub(crate) const PAGE_SIZE: i64 = 4096;
 
 /// `memory.high = floor((req + factor*(limit or allocatable - req)) / page) * page`, or `None`
 /// when it would not be written: no factor, not above the request, or request == limit. From
@@ -12,7 +12,7 @@ pub const PAGE_SIZE: i64 = 4096;
 /// and BestEffort containers").
 /// Upstream computes in float64; this is exact (factor in millionths), which can only differ
 /// when float64 rounding would cross a page boundary.
-pub fn memory_high(
+pub(crate) fn memory_high(
     request: i64,
     limit: i64,
     allocatable: i64,

@@ -4,20 +4,20 @@
 //! Entry point: [`plan::plan_node`] over [`settings::NodeSettings`] and [`pod::PodSpecView`]s.
 #![forbid(unsafe_code)]
 
-pub mod allocatable;
-pub mod cgroup_name;
+pub(crate) mod allocatable;
+pub(crate) mod cgroup_name;
 pub mod cpu;
 pub mod cpu_pressure;
 pub mod cpuset;
-pub mod duration;
+pub(crate) mod duration;
 pub mod eviction;
-pub mod memory_qos;
-pub mod oom;
+pub(crate) mod memory_qos;
+pub(crate) mod oom;
 pub mod plan;
 pub mod pod;
 pub mod qos;
-pub mod qos_class;
+pub(crate) mod qos_class;
 pub mod quantity;
-pub mod reserved;
+pub(crate) mod reserved;
 pub mod settings;
-pub mod version;
+pub(crate) mod version;

@@ -5,11 +5,9 @@ use super::{
     qos::{QosClass, pod_qos},
 };
 
-/// The kubelet and the container runtime.
-pub const KUBELET_OOM_SCORE_ADJ: i32 = -999;
 /// Guaranteed and node-critical pods.
-pub const GUARANTEED_OOM_SCORE_ADJ: i32 = -997;
-pub const BESTEFFORT_OOM_SCORE_ADJ: i32 = 1000;
+pub(crate) const GUARANTEED_OOM_SCORE_ADJ: i32 = -997;
+pub(crate) const BESTEFFORT_OOM_SCORE_ADJ: i32 = 1000;
 
 /// The smallest memory request the `KubeletOOMScoreAdjTieBreak` nudge distinguishes
 /// (policy.go `oomScoreAdjTieBreakFloor`, 64Mi).
@@ -18,7 +16,8 @@ const TIE_BREAK_FLOOR: i128 = 64 << 20;
 /// The score for `container` of `pod` on a node with `memory_capacity` bytes, feature gate
 /// `KubeletOOMScoreAdjTieBreak` off. For every container of a pod, use [`PodOomScores`]: this
 /// computes the pod's part again on each call.
-pub fn container_oom_score_adj(
+#[cfg(test)]
+pub(crate) fn container_oom_score_adj(
     pod: &PodSpecView,
     container: &ContainerView,
     memory_capacity: i64,
@@ -31,7 +30,8 @@ pub fn container_oom_score_adj(
 /// 64Mi (at most log2(capacity/1000/64Mi) points), and further down when the container's
 /// enforced limit is within its request; a sidecar is then capped at the highest regular
 /// container's score instead of the smallest request's.
-pub fn container_oom_score_adj_with(
+#[cfg(test)]
+pub(crate) fn container_oom_score_adj_with(
     pod: &PodSpecView,
     container: &ContainerView,
     memory_capacity: i64,
@@ -43,7 +43,7 @@ pub fn container_oom_score_adj_with(
 /// The pod-wide part of the score (class, criticality, pod-level share and limit, the sidecar
 /// cap), computed once per pod so scoring all of a pod's containers is linear in them.
 #[derive(Debug, Clone, Copy)]
-pub struct PodOomScores {
+pub(crate) struct PodOomScores {
     fixed: Option<i32>,
     capacity: i128,
     share: i128,
@@ -55,7 +55,7 @@ pub struct PodOomScores {
 }
 
 impl PodOomScores {
-    pub fn new(pod: &PodSpecView, memory_capacity: i64, tie_break: bool) -> Self {
+    pub(crate) fn new(pod: &PodSpecView, memory_capacity: i64, tie_break: bool) -> Self {
         let fixed = if pod.is_node_critical() {
             Some(GUARANTEED_OOM_SCORE_ADJ)
         } else {
@@ -107,7 +107,7 @@ impl PodOomScores {
     }
 
     /// The score of one container of the pod.
-    pub fn container(&self, container: &ContainerView) -> i32 {
+    pub(crate) fn container(&self, container: &ContainerView) -> i32 {
         if let Some(fixed) = self.fixed {
             return fixed;
         }

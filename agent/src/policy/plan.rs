@@ -19,97 +19,97 @@ use super::{
     version::KubeVersion,
 };
 
-pub type PlanError = AllocatableError;
+pub(crate) type PlanError = AllocatableError;
 
 /// Settings of one cgroup; `None` fields are not written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct CgroupPlan {
-    pub cgroup: Option<String>,
-    pub cpu_shares: Option<u64>,
-    pub cpu_weight: Option<u64>,
-    pub memory_limit_bytes: Option<i64>,
-    pub memory_min_bytes: Option<i64>,
-    pub memory_low_bytes: Option<i64>,
-    pub pids_max: Option<i64>,
-    pub cpuset: Option<String>,
+pub(crate) struct CgroupPlan {
+    pub(crate) cgroup: Option<String>,
+    pub(crate) cpu_shares: Option<u64>,
+    pub(crate) cpu_weight: Option<u64>,
+    pub(crate) memory_limit_bytes: Option<i64>,
+    pub(crate) memory_min_bytes: Option<i64>,
+    pub(crate) memory_low_bytes: Option<i64>,
+    pub(crate) pids_max: Option<i64>,
+    pub(crate) cpuset: Option<String>,
     /// hugetlb limit by page size (`2MB`, `1GB`: the cgroup file names' spelling); empty when
     /// none is written.
-    pub hugetlb_limits: BTreeMap<String, i64>,
+    pub(crate) hugetlb_limits: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct EvictionPlan {
-    pub hard: Vec<Threshold>,
-    pub soft: Vec<Threshold>,
+pub(crate) struct EvictionPlan {
+    pub(crate) hard: Vec<Threshold>,
+    pub(crate) soft: Vec<Threshold>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct NodePlan {
+pub(crate) struct NodePlan {
     /// The Kubernetes version whose kubelet rules this plan follows.
-    pub kubernetes_version: KubeVersion,
-    pub capacity: ResourceTotals,
-    pub allocatable: ResourceTotals,
-    pub kubepods: CgroupPlan,
-    pub burstable: CgroupPlan,
-    pub besteffort: CgroupPlan,
-    pub system_reserved: CgroupPlan,
-    pub kube_reserved: CgroupPlan,
-    pub eviction: EvictionPlan,
-    pub warnings: Vec<String>,
+    pub(crate) kubernetes_version: KubeVersion,
+    pub(crate) capacity: ResourceTotals,
+    pub(crate) allocatable: ResourceTotals,
+    pub(crate) kubepods: CgroupPlan,
+    pub(crate) burstable: CgroupPlan,
+    pub(crate) besteffort: CgroupPlan,
+    pub(crate) system_reserved: CgroupPlan,
+    pub(crate) kube_reserved: CgroupPlan,
+    pub(crate) eviction: EvictionPlan,
+    pub(crate) warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerPlan {
-    pub name: String,
-    pub kind: ContainerKind,
+    pub(crate) name: String,
+    pub(crate) kind: ContainerKind,
     pub oom_score_adj: i32,
-    pub cpu_shares: u64,
-    pub cpu_weight: u64,
-    pub cpu_quota_us: Option<i64>,
-    pub cpu_period_us: Option<u64>,
-    pub memory_limit_bytes: Option<i64>,
-    pub memory_min_bytes: Option<i64>,
-    pub memory_low_bytes: Option<i64>,
-    pub memory_high_bytes: Option<i64>,
+    pub(crate) cpu_shares: u64,
+    pub(crate) cpu_weight: u64,
+    pub(crate) cpu_quota_us: Option<i64>,
+    pub(crate) cpu_period_us: Option<u64>,
+    pub(crate) memory_limit_bytes: Option<i64>,
+    pub(crate) memory_min_bytes: Option<i64>,
+    pub(crate) memory_low_bytes: Option<i64>,
+    pub(crate) memory_high_bytes: Option<i64>,
     /// memory.oom.group=1 (cgroup v2): the runtime's OOM kill takes every process of the
     /// container. Set unless `singleProcessOOMKill` is true (kubelet.go defaults it to false on
     /// cgroup v2; kuberuntime_container_linux.go writes the file); `None` is not written.
-    pub memory_oom_group: Option<bool>,
+    pub(crate) memory_oom_group: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PodPlan {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub qos_class: QosClass,
-    pub cgroup: Option<String>,
-    pub cpu_shares: Option<u64>,
-    pub cpu_weight: Option<u64>,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
+    pub(crate) qos_class: QosClass,
+    pub(crate) cgroup: Option<String>,
+    pub(crate) cpu_shares: Option<u64>,
+    pub(crate) cpu_weight: Option<u64>,
     /// -1 (unlimited) when `cpuCFSQuota` is false, as the kubelet writes it.
-    pub cpu_quota_us: Option<i64>,
-    pub cpu_period_us: Option<u64>,
-    pub memory_limit_bytes: Option<i64>,
-    pub memory_min_bytes: Option<i64>,
-    pub memory_low_bytes: Option<i64>,
+    pub(crate) cpu_quota_us: Option<i64>,
+    pub(crate) cpu_period_us: Option<u64>,
+    pub(crate) memory_limit_bytes: Option<i64>,
+    pub(crate) memory_min_bytes: Option<i64>,
+    pub(crate) memory_low_bytes: Option<i64>,
     /// From 1.37, for pods with pod-level memory resources (`applyPodLevelMemoryHigh`).
-    pub memory_high_bytes: Option<i64>,
+    pub(crate) memory_high_bytes: Option<i64>,
     /// hugetlb limit by page size: the pod's hugepage requests (`HugePageLimits`), 0 for every
     /// other page size of the host (cgroup_manager_linux.go "for each page size omitted, limit
     /// to 0").
-    pub hugetlb_limits: BTreeMap<String, i64>,
+    pub(crate) hugetlb_limits: BTreeMap<String, i64>,
     /// `podPidsLimit` of the KubeletConfiguration, when it limits (> 0).
-    pub pids_max: Option<i64>,
+    pub(crate) pids_max: Option<i64>,
     pub containers: Vec<ContainerPlan>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
-    pub node: NodePlan,
+    pub(crate) node: NodePlan,
     pub pods: Vec<PodPlan>,
     /// The memory-pressure eviction order of the pods given their current usage
     /// ([`super::eviction::memory_eviction_order`]); empty when no usage was given.
-    pub eviction_order: Vec<EvictionRank>,
+    pub(crate) eviction_order: Vec<EvictionRank>,
 }
 
 /// Computes the whole plan for `pods` on the node.
@@ -456,7 +456,7 @@ fn pod_hugetlb(s: &NodeSettings, pod: &PodSpecView) -> BTreeMap<String, i64> {
 
 /// pkg/apis/core/v1/helper `HugePageUnitSizeFromByteSize`: 2097152 -> `2MB`, as libcontainer
 /// names the hugetlb files.
-pub fn hugepage_unit(mut size: i64) -> String {
+pub(crate) fn hugepage_unit(mut size: i64) -> String {
     const UNITS: [&str; 6] = ["B", "KB", "MB", "GB", "TB", "PB"];
     let mut i = 0;
     while size >= 1024 && size % 1024 == 0 && i + 1 < UNITS.len() {

@@ -48,11 +48,11 @@ pub enum RestartPolicy {
 /// A field of a pod could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{field}: {source}")]
-pub struct PodError {
+pub(crate) struct PodError {
     /// JSON path inside the object, e.g. `spec.containers[0].resources.limits.memory`.
-    pub field: String,
+    pub(crate) field: String,
     #[source]
-    pub source: QuantityError,
+    pub(crate) source: QuantityError,
 }
 
 /// Where a container runs in the pod's life.
@@ -116,7 +116,7 @@ pub struct PodSpecView {
 
 impl PodSpecView {
     /// Reads a pod; quantities that do not parse are errors naming their field.
-    pub fn from_pod(pod: &core::Pod) -> Result<Self, PodError> {
+    pub(crate) fn from_pod(pod: &core::Pod) -> Result<Self, PodError> {
         let meta = &pod.metadata;
         let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
         let name = meta.name.clone().unwrap_or_default();
@@ -168,7 +168,7 @@ impl PodSpecView {
     }
 
     /// The pod's priority: `spec.priority`, else the value of the two built-in classes.
-    pub fn effective_priority(&self) -> i32 {
+    pub(crate) fn effective_priority(&self) -> i32 {
         self.priority
             .unwrap_or(match self.priority_class_name.as_deref() {
                 Some("system-node-critical") => SYSTEM_NODE_CRITICAL_PRIORITY,
@@ -178,38 +178,31 @@ impl PodSpecView {
     }
 
     /// pkg/kubelet/types/pod_update.go `IsCriticalPod`: static, mirror, or priority >= 2e9.
-    pub fn is_critical(&self) -> bool {
+    pub(crate) fn is_critical(&self) -> bool {
         self.static_or_mirror || self.effective_priority() >= SYSTEM_CRITICAL_PRIORITY
     }
 
     /// `IsNodeCriticalPod`: critical and of class `system-node-critical`.
-    pub fn is_node_critical(&self) -> bool {
+    pub(crate) fn is_node_critical(&self) -> bool {
         self.is_critical() && self.priority_class_name.as_deref() == Some("system-node-critical")
-    }
-
-    /// Containers that run beside each other (sidecars and app containers).
-    pub fn long_running(&self) -> impl Iterator<Item = &ContainerView> {
-        self.containers
-            .iter()
-            .filter(|c| c.kind != ContainerKind::Init)
     }
 
     /// `AggregateContainerRequests` (requests) without pod-level resources: the sum of app
     /// containers and sidecars, against the peak of each init container plus the sidecars
     /// started before it.
-    pub fn container_requests(&self) -> Totals {
+    pub(crate) fn container_requests(&self) -> Totals {
         aggregate(&self.containers, |r| r.requests)
     }
 
     /// `AggregateContainerLimits`, the same aggregation over limits.
-    pub fn container_limits(&self) -> Totals {
+    pub(crate) fn container_limits(&self) -> Totals {
         aggregate(&self.containers, |r| r.limits)
     }
 
     /// `PodRequests` (component-helpers/resource/helpers.go): pod-level requests where set,
     /// else the container aggregate, plus `spec.overhead` for every resource it names
     /// (`addResourceList`; the kubelet never passes `ExcludeOverhead`).
-    pub fn requests(&self) -> Totals {
+    pub(crate) fn requests(&self) -> Totals {
         let mut t = self.requests_without_overhead();
         t.cpu = add(t.cpu, self.overhead.cpu);
         t.memory = add(t.memory, self.overhead.memory);
@@ -217,7 +210,7 @@ impl PodSpecView {
     }
 
     /// `PodRequests` with `ExcludeOverhead`.
-    pub fn requests_without_overhead(&self) -> Totals {
+    pub(crate) fn requests_without_overhead(&self) -> Totals {
         let mut t = self.container_requests();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.requests.cpu.or(t.cpu);
@@ -228,7 +221,7 @@ impl PodSpecView {
 
     /// `PodLimits`: pod-level limits where set, else the container aggregate; `spec.overhead`
     /// is added only to a resource that has a limit ("Add overhead to non-zero limits").
-    pub fn limits(&self) -> Totals {
+    pub(crate) fn limits(&self) -> Totals {
         let mut t = self.container_limits();
         if let Some(p) = &self.pod_resources {
             t.cpu = p.limits.cpu.or(t.cpu);
@@ -245,14 +238,14 @@ impl PodSpecView {
 }
 
 /// Summed cpu and memory of a pod; `None` when nothing declared the resource.
-pub type Totals = Amounts;
+pub(crate) type Totals = Amounts;
 
 impl Amounts {
-    pub fn cpu_millis(&self) -> i64 {
+    pub(crate) fn cpu_millis(&self) -> i64 {
         self.cpu.map_or(0, |q| q.milli_value())
     }
 
-    pub fn memory_bytes(&self) -> i64 {
+    pub(crate) fn memory_bytes(&self) -> i64 {
         self.memory.map_or(0, |q| q.value())
     }
 }
@@ -393,7 +386,7 @@ fn amounts(list: Option<&BTreeMap<String, K8sQuantity>>, field: &str) -> Result<
 /// A stable UID for pods without `metadata.uid` (manifests on disk): an RFC 9562 version 8
 /// UUID whose bits are the FNV-1a 128-bit hash of `qoslet:<namespace>/<name>`. The same
 /// manifest always gets the same cgroup, across runs and machines.
-pub fn derived_uid(namespace: &str, name: &str) -> String {
+pub(crate) fn derived_uid(namespace: &str, name: &str) -> String {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
     const PRIME: u128 = 0x0000000001000000000000000000013b;
     let mut h = OFFSET;

@@ -7,13 +7,13 @@ use super::{
 };
 
 /// The class the kubelet uses: `status.qosClass` when present, else computed.
-pub fn pod_qos(pod: &PodSpecView) -> QosClass {
+pub(crate) fn pod_qos(pod: &PodSpecView) -> QosClass {
     pod.status_qos_class.unwrap_or_else(|| compute_pod_qos(pod))
 }
 
 /// Computes the class from the spec. Only cpu and memory count, and only amounts > 0.
 /// With pod-level resources only those decide; otherwise every init, sidecar and app container.
-pub fn compute_pod_qos(pod: &PodSpecView) -> QosClass {
+pub(crate) fn compute_pod_qos(pod: &PodSpecView) -> QosClass {
     let mut requests = Amounts::default();
     let mut limits = Amounts::default();
     let mut guaranteed = true;

@@ -13,7 +13,7 @@ pub enum QosClass {
 
 impl QosClass {
     /// The API spelling (`status.qosClass`).
-    pub fn from_api(s: &str) -> Option<Self> {
+    pub(crate) fn from_api(s: &str) -> Option<Self> {
         match s {
             "Guaranteed" => Some(Self::Guaranteed),
             "Burstable" => Some(Self::Burstable),
@@ -22,7 +22,7 @@ impl QosClass {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Guaranteed => "Guaranteed",
             Self::Burstable => "Burstable",

@@ -14,7 +14,7 @@ const MAX_SCALE: i32 = 30;
 
 /// How a quantity prints, as upstream `resource.Format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Format {
+pub(crate) enum Format {
     /// `Ki`, `Mi`, ... (powers of 1024).
     BinarySI,
     /// `n`, `u`, `m`, `""`, `k`, `M`, ... (powers of 1000).
@@ -46,12 +46,12 @@ pub struct Quantity {
 
 impl Quantity {
     /// `n` units (bytes, CPUs, pids) in the given format.
-    pub fn from_int(n: i64, format: Format) -> Self {
+    pub(crate) fn from_int(n: i64, format: Format) -> Self {
         Self::new(n.into(), 0, format)
     }
 
     /// `m` thousandths (millicpu), DecimalSI.
-    pub fn from_milli(m: i64) -> Self {
+    pub(crate) fn from_milli(m: i64) -> Self {
         Self::new(m.into(), -3, Format::DecimalSI)
     }
 
@@ -77,22 +77,22 @@ impl Quantity {
         }
     }
 
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         self.format
     }
 
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.mantissa == 0
     }
 
     /// -1, 0 or 1.
-    pub fn signum(&self) -> i32 {
+    pub(crate) fn signum(&self) -> i32 {
         self.mantissa.signum() as i32
     }
 
     /// The value scaled to `10^-scale` units, rounded up (away from zero) as upstream
     /// `ScaledValue`, saturating at the `i64` range.
-    pub fn scaled_value(&self, scale: i32) -> i64 {
+    pub(crate) fn scaled_value(&self, scale: i32) -> i64 {
         let shift = self.scale - scale;
         let v = if shift >= 0 {
             pow10(shift).and_then(|p| self.mantissa.checked_mul(p))
@@ -120,7 +120,7 @@ impl Quantity {
     }
 
     /// Exact sum. As upstream `Add`, a zero receiver takes the format of `other`.
-    pub fn checked_add(&self, other: &Quantity) -> Option<Quantity> {
+    pub(crate) fn checked_add(&self, other: &Quantity) -> Option<Quantity> {
         let format = if self.is_zero() {
             other.format
         } else {
@@ -133,7 +133,7 @@ impl Quantity {
     }
 
     /// Exact difference, with the receiver's format.
-    pub fn checked_sub(&self, other: &Quantity) -> Option<Quantity> {
+    pub(crate) fn checked_sub(&self, other: &Quantity) -> Option<Quantity> {
         let neg = Quantity {
             mantissa: other.mantissa.checked_neg()?,
             ..*other
@@ -144,7 +144,7 @@ impl Quantity {
     }
 
     /// The canonical string, as upstream `String()`.
-    pub fn canonical(&self) -> String {
+    pub(crate) fn canonical(&self) -> String {
         if self.mantissa == 0 {
             return "0".into();
         }

@@ -11,17 +11,17 @@ use serde::Serialize;
 
 /// What a set of samples of one quantity says, and the reservation it suggests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Sized {
-    pub samples: usize,
-    pub p50: u64,
-    pub p99: u64,
-    pub max: u64,
+pub(crate) struct Sized {
+    pub(crate) samples: usize,
+    pub(crate) p50: u64,
+    pub(crate) p99: u64,
+    pub(crate) max: u64,
     /// p99 plus the headroom, rounded up to `round_to`.
-    pub recommended: u64,
+    pub(crate) recommended: u64,
 }
 
 /// Nearest-rank percentile `p` (0 < p <= 100) of `sorted` (ascending, not empty).
-pub fn percentile(sorted: &[u64], p: u32) -> u64 {
+pub(crate) fn percentile(sorted: &[u64], p: u32) -> u64 {
     let n = sorted.len();
     let rank = (u64::from(p) * n as u64).div_ceil(100).max(1) as usize;
     sorted[rank.min(n) - 1]
@@ -29,7 +29,7 @@ pub fn percentile(sorted: &[u64], p: u32) -> u64 {
 
 /// p50, p99 and max of `values`, and p99 * (100 + headroom_pct) / 100 rounded up to a multiple
 /// of `round_to`; `None` without samples.
-pub fn size(values: &[u64], headroom_pct: u32, round_to: u64) -> Option<Sized> {
+pub(crate) fn size(values: &[u64], headroom_pct: u32, round_to: u64) -> Option<Sized> {
     if values.is_empty() {
         return None;
     }
@@ -52,23 +52,23 @@ pub fn size(values: &[u64], headroom_pct: u32, round_to: u64) -> Option<Sized> {
 /// kubelet-auto-sizing.yaml, `dynamic_memory_sizing` / `dynamic_cpu_sizing`): one
 /// `systemReserved` for everything that is not a pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AutoSizing {
+pub(crate) struct AutoSizing {
     /// The inputs as the script reads them: `getconf _NPROCESSORS_ONLN` and `free -g` (whole
     /// GiB, truncated).
-    pub cpus: u64,
-    pub memory_gib: u64,
+    pub(crate) cpus: u64,
+    pub(crate) memory_gib: u64,
     /// The values it writes, e.g. `0.08` and `3.56Gi`.
-    pub cpu: String,
-    pub memory: String,
-    pub cpu_millis: u64,
-    pub memory_bytes: u64,
+    pub(crate) cpu: String,
+    pub(crate) memory: String,
+    pub(crate) cpu_millis: u64,
+    pub(crate) memory_bytes: u64,
 }
 
 /// `dynamic_cpu_sizing`: 6% of the first core, 1% of the next, 0.5% of the next 2, 0.25% of
 /// the rest; `dynamic_memory_sizing`: 25% of the first 4 GiB, 20% of the next 4, 10% of the
 /// next 8, 6% of the next 112, 2% of the rest. Computed in exact decimals (awk uses doubles,
 /// which print the same for these few digits).
-pub fn openshift_auto_sizing(cpus: u64, memory_gib: u64) -> AutoSizing {
+pub(crate) fn openshift_auto_sizing(cpus: u64, memory_gib: u64) -> AutoSizing {
     // CPU in 1/10000 of a core, memory in 1/1000 GiB.
     let cpu = tiered(cpus, &[(1, 600), (1, 100), (2, 50)], 25);
     let mem = tiered(memory_gib, &[(4, 250), (4, 200), (8, 100), (112, 60)], 20);

@@ -23,20 +23,20 @@ pub struct Capacity {
 
 /// A `systemReserved` / `kubeReserved` map, restricted to the resources we enforce.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reservation {
-    pub cpu: Option<Quantity>,
-    pub memory: Option<Quantity>,
-    pub pids: Option<Quantity>,
+pub(crate) struct Reservation {
+    pub(crate) cpu: Option<Quantity>,
+    pub(crate) memory: Option<Quantity>,
+    pub(crate) pids: Option<Quantity>,
 }
 
 /// `enforceNodeAllocatable`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Enforcement {
-    pub pods: bool,
-    pub system_reserved: bool,
-    pub kube_reserved: bool,
-    pub system_reserved_compressible: bool,
-    pub kube_reserved_compressible: bool,
+pub(crate) struct Enforcement {
+    pub(crate) pods: bool,
+    pub(crate) system_reserved: bool,
+    pub(crate) kube_reserved: bool,
+    pub(crate) system_reserved_compressible: bool,
+    pub(crate) kube_reserved_compressible: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -62,7 +62,7 @@ pub enum ReservedCpusConflict {
 /// `memoryReservationPolicy` (1.36+). Before 1.36 the field does not exist and every memory
 /// request is protected with memory.min; [`super::plan`] keys that on the version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum MemoryReservationPolicy {
+pub(crate) enum MemoryReservationPolicy {
     /// No QoS-level protection (the 1.36+ default): memory.min / memory.low written as 0.
     #[default]
     None,
@@ -72,63 +72,63 @@ pub enum MemoryReservationPolicy {
 
 /// Memory QoS (feature gate `MemoryQoS`, cgroup v2 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryQos {
+pub(crate) struct MemoryQos {
     /// `memoryThrottlingFactor` in millionths (0.9 -> 900000), the version's default applied.
     /// Unset (1.37 default): memory.high is not written.
-    pub throttling_factor_ppm: Option<u32>,
-    pub policy: MemoryReservationPolicy,
+    pub(crate) throttling_factor_ppm: Option<u32>,
+    pub(crate) policy: MemoryReservationPolicy,
 }
 
 /// Everything [`super::plan::plan_node`] needs to know about the node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeSettings {
     /// Whose kubelet the plan follows (`kubernetesVersion`, default 1.37).
-    pub kubernetes_version: KubeVersion,
-    pub capacity: Capacity,
-    pub system_reserved: Reservation,
-    pub kube_reserved: Reservation,
-    pub hard_eviction: Vec<Threshold>,
-    pub soft_eviction: Vec<Threshold>,
-    pub enforcement: Enforcement,
+    pub(crate) kubernetes_version: KubeVersion,
+    pub(crate) capacity: Capacity,
+    pub(crate) system_reserved: Reservation,
+    pub(crate) kube_reserved: Reservation,
+    pub(crate) hard_eviction: Vec<Threshold>,
+    pub(crate) soft_eviction: Vec<Threshold>,
+    pub(crate) enforcement: Enforcement,
     /// `systemReservedCgroup` / `kubeReservedCgroup` (empty: unset).
-    pub system_reserved_cgroup: String,
-    pub kube_reserved_cgroup: String,
-    pub reserved_system_cpus: Option<CpuSet>,
-    pub reserved_cpus_conflict: ReservedCpusConflict,
+    pub(crate) system_reserved_cgroup: String,
+    pub(crate) kube_reserved_cgroup: String,
+    pub(crate) reserved_system_cpus: Option<CpuSet>,
+    pub(crate) reserved_cpus_conflict: ReservedCpusConflict,
     pub cgroup_driver: CgroupDriver,
-    pub cgroup_root: String,
-    pub cgroups_per_qos: bool,
-    pub cpu_cfs_quota: bool,
-    pub cpu_cfs_quota_period_us: u64,
+    pub(crate) cgroup_root: String,
+    pub(crate) cgroups_per_qos: bool,
+    pub(crate) cpu_cfs_quota: bool,
+    pub(crate) cpu_cfs_quota_period_us: u64,
     /// `qosReserved.memory` in percent, when the `QOSReserved` gate is on.
-    pub qos_reserved_memory_pct: Option<i64>,
-    pub memory_qos: Option<MemoryQos>,
+    pub(crate) qos_reserved_memory_pct: Option<i64>,
+    pub(crate) memory_qos: Option<MemoryQos>,
     /// For kubepods, QoS and pod cgroups.
-    pub weight_formula: WeightFormula,
+    pub(crate) weight_formula: WeightFormula,
     /// For container cgroups (written by the runtime).
-    pub container_weight_formula: WeightFormula,
+    pub(crate) container_weight_formula: WeightFormula,
     /// Feature gate `PodLevelResources` (beta, on by default): when off, `spec.resources` of
     /// pods is ignored.
-    pub pod_level_resources: bool,
+    pub(crate) pod_level_resources: bool,
     /// `evictionPressureTransitionPeriod`, seconds (default 5m).
-    pub eviction_pressure_transition_secs: u64,
+    pub(crate) eviction_pressure_transition_secs: u64,
     /// `evictionMaxPodGracePeriod`, seconds; 0 or less means the pod's own grace period.
-    pub eviction_max_pod_grace_secs: i64,
+    pub(crate) eviction_max_pod_grace_secs: i64,
     /// Feature gate `KubeletOOMScoreAdjTieBreak` (alpha, off by default).
-    pub oom_score_adj_tie_break: bool,
+    pub(crate) oom_score_adj_tie_break: bool,
     /// The host's hugepage sizes in bytes (`/sys/kernel/mm/hugepages`), for hugetlb limits.
-    pub hugepage_sizes: Vec<i64>,
+    pub(crate) hugepage_sizes: Vec<i64>,
     /// `singleProcessOOMKill` (default false on cgroup v2): when false the runtime sets
     /// memory.oom.group=1 on container cgroups, so an OOM kill takes the whole container.
-    pub single_process_oom_kill: bool,
+    pub(crate) single_process_oom_kill: bool,
     /// `podPidsLimit`: `pids.max` of every pod cgroup; `None` (the kubelet's -1, or 0) is no
     /// limit, as pkg/kubelet/cm/pod_container_manager_linux.go writes it only when > 0.
-    pub pod_pids_limit: Option<i64>,
+    pub(crate) pod_pids_limit: Option<i64>,
 }
 
 impl NodeSettings {
     /// Kubelet defaults on a node of `capacity`.
-    pub fn defaults(capacity: Capacity) -> Self {
+    pub(crate) fn defaults(capacity: Capacity) -> Self {
         Self {
             kubernetes_version: KubeVersion::DEFAULT,
             capacity,

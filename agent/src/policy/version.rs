@@ -19,44 +19,41 @@ use thiserror::Error;
 
 /// A Kubernetes minor version of the 1.x line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct KubeVersion {
+pub(crate) struct KubeVersion {
     minor: u32,
 }
 
 impl KubeVersion {
     /// The oldest and newest minor versions whose rules qoslet knows.
-    pub const OLDEST: Self = Self { minor: 34 };
-    pub const NEWEST: Self = Self { minor: 37 };
+    pub(crate) const OLDEST: Self = Self { minor: 34 };
+    pub(crate) const NEWEST: Self = Self { minor: 37 };
     /// The API version qoslet speaks, used when nothing says otherwise.
-    pub const DEFAULT: Self = Self::NEWEST;
+    pub(crate) const DEFAULT: Self = Self::NEWEST;
 
-    pub const fn v1(minor: u32) -> Self {
+    #[cfg(test)]
+    pub(crate) const fn v1(minor: u32) -> Self {
         Self { minor }
     }
 
-    pub fn minor(self) -> u32 {
-        self.minor
-    }
-
     /// `memoryReservationPolicy` exists (1.36+).
-    pub fn has_memory_reservation_policy(self) -> bool {
+    pub(crate) fn has_memory_reservation_policy(self) -> bool {
         self.minor >= 36
     }
 
     /// `memoryThrottlingFactor` when the KubeletConfiguration does not set it, in millionths:
     /// 0.9 up to 1.36, none from 1.37.
-    pub fn default_throttling_factor_ppm(self) -> Option<u32> {
+    pub(crate) fn default_throttling_factor_ppm(self) -> Option<u32> {
         (self.minor < 37).then_some(900_000)
     }
 
     /// The `MemoryQoS` feature gate's default: alpha (off) up to 1.36, beta (on) from 1.37.
-    pub fn memory_qos_default(self) -> bool {
+    pub(crate) fn memory_qos_default(self) -> bool {
         self.minor >= 37
     }
 
     /// Pod-level `memory.high` (`applyPodLevelMemoryHigh`) and BestEffort container
     /// `memory.high` are written (1.37+).
-    pub fn pod_level_memory_high(self) -> bool {
+    pub(crate) fn pod_level_memory_high(self) -> bool {
         self.minor >= 37
     }
 }
@@ -80,7 +77,7 @@ impl Serialize for KubeVersion {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum VersionError {
+pub(crate) enum VersionError {
     #[error("not a Kubernetes version (expected 1.MINOR, e.g. 1.37)")]
     Malformed,
     #[error("Kubernetes {0} is not followed: qoslet knows 1.34 to 1.37")]
@@ -92,7 +89,7 @@ impl KubeVersion {
     /// knows: a kubelet older than 1.34 gets 1.34's rules, a newer one than 1.37 gets 1.37's (the
     /// nearest qoslet has; the caller warns). `Ok((version, clamped))`; `Err` when it is no 1.x
     /// version at all.
-    pub fn of_kubelet(s: &str) -> Result<(Self, bool), VersionError> {
+    pub(crate) fn of_kubelet(s: &str) -> Result<(Self, bool), VersionError> {
         let v = Self {
             minor: minor_of(s)?,
         };

@@ -24,14 +24,14 @@ impl Default for BackoffConfig {
 
 /// The back-off of one container.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     config: BackoffConfig,
     /// The delay before the next restart; `None` until the first restart.
     current: Option<Duration>,
 }
 
 impl Backoff {
-    pub fn new(config: BackoffConfig) -> Self {
+    pub(crate) fn new(config: BackoffConfig) -> Self {
         Self {
             config,
             current: None,
@@ -39,7 +39,7 @@ impl Backoff {
     }
 
     /// The delay before restarting a container that exited after running for `ran_for`.
-    pub fn next_delay(&mut self, ran_for: Duration) -> Duration {
+    pub(crate) fn next_delay(&mut self, ran_for: Duration) -> Duration {
         let delay = match self.current {
             Some(d) if ran_for < self.config.reset_after => {
                 d.saturating_mul(2).min(self.config.max)

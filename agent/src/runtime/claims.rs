@@ -31,7 +31,7 @@ pub(crate) struct Held {
 
 impl Claims {
     /// Takes all of `wanted` or none: on a conflict, the claim another container holds.
-    pub fn take(&self, wanted: Vec<Claim>) -> Result<Held, Claim> {
+    pub(crate) fn take(&self, wanted: Vec<Claim>) -> Result<Held, Claim> {
         let mut set = crate::support::lock(&self.0);
         let mut seen = BTreeSet::new();
         for c in &wanted {

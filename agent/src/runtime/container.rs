@@ -61,14 +61,14 @@ pub(crate) type StopRx = watch::Receiver<Option<Instant>>;
 /// What a supervisor needs besides its stop channel.
 #[derive(Clone)]
 pub(crate) struct ContainerCtx {
-    pub pod: PodKey,
-    pub spec: ContainerSpec,
+    pub(crate) pod: PodKey,
+    pub(crate) spec: ContainerSpec,
     /// The container's position in `PodStatus::containers`.
-    pub index: usize,
-    pub logs: Arc<LogDir>,
-    pub claims: Claims,
-    pub backoff: BackoffConfig,
-    pub status: SharedStatus,
+    pub(crate) index: usize,
+    pub(crate) logs: Arc<LogDir>,
+    pub(crate) claims: Claims,
+    pub(crate) backoff: BackoffConfig,
+    pub(crate) status: SharedStatus,
 }
 
 impl ContainerCtx {

@@ -25,7 +25,7 @@ use crate::{
 
 /// A log file could not be made.
 #[derive(Debug, Error)]
-pub enum LogError {
+pub(crate) enum LogError {
     #[error(
         "{what} {value:?} is not a plain file name (no '/', '.', '..', control characters, at most 255 bytes); refusing to build a log path from it"
     )]
@@ -46,21 +46,21 @@ pub enum LogError {
 
 /// The log directory, opened at its first use and then held open.
 #[derive(Debug)]
-pub struct LogDir {
+pub(crate) struct LogDir {
     path: PathBuf,
     fd: Mutex<Option<Arc<OwnedFd>>>,
 }
 
 impl LogDir {
     /// The log directory `path` (the operator's `--log-dir`, trusted); nothing is opened yet.
-    pub fn new(path: &Path) -> Self {
+    pub(crate) fn new(path: &Path) -> Self {
         Self {
             path: path.to_path_buf(),
             fd: Mutex::new(None),
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -97,7 +97,7 @@ impl LogDir {
     /// Creates (or truncates) the log file of one run of a container, making its directories;
     /// every name is checked first and every step stays beneath the log directory. Returns the
     /// file and its path (for messages).
-    pub fn create(
+    pub(crate) fn create(
         &self,
         key: &PodKey,
         container: &str,
@@ -152,7 +152,7 @@ fn check(what: &'static str, value: &str) -> Result<(), LogError> {
 }
 
 /// `<namespace>_<name>_<uid>`, each part and the whole a plain component.
-pub fn pod_dir_name(key: &PodKey) -> Result<String, LogError> {
+pub(crate) fn pod_dir_name(key: &PodKey) -> Result<String, LogError> {
     check("namespace", &key.namespace)?;
     check("pod name", &key.name)?;
     check("pod uid", &key.uid)?;

@@ -6,15 +6,15 @@
 //! I/O, `container` supervises one container and `pod` one pod, both writing the pod's status
 //! through `shared`, which announces each change; [`Runtime`] ties them together.
 
-pub mod backoff;
+pub(crate) mod backoff;
 mod claims;
 mod container;
 mod executor;
 pub mod logs;
 mod pod;
-pub mod process;
+pub(crate) mod process;
 mod shared;
-pub mod spec;
+pub(crate) mod spec;
 
 use std::{
     collections::BTreeMap,
@@ -29,7 +29,9 @@ use tokio::{
 };
 
 pub use backoff::BackoffConfig;
-pub use spec::{ContainerCgroups, ContainerSpec, PodRuntimeSpec, SpecError};
+pub use spec::ContainerCgroups;
+pub use spec::ContainerSpec;
+pub use spec::PodRuntimeSpec;
 
 use crate::{
     node::pod_status::{

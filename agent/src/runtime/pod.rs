@@ -25,26 +25,26 @@ use crate::policy::pod::{ContainerKind, RestartPolicy};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Control {
     /// Why the pod waits (workload gating, admission); `None`: it may start.
-    pub held: Option<String>,
+    pub(crate) held: Option<String>,
     /// Stop by this deadline (SIGKILL after it).
-    pub stop: Option<Instant>,
+    pub(crate) stop: Option<Instant>,
 }
 
 /// Everything a pod task needs.
 pub(crate) struct PodTask {
-    pub spec: PodRuntimeSpec,
-    pub status: SharedStatus,
-    pub logs: Arc<LogDir>,
-    pub claims: Claims,
-    pub backoff: BackoffConfig,
-    pub control: watch::Receiver<Control>,
+    pub(crate) spec: PodRuntimeSpec,
+    pub(crate) status: SharedStatus,
+    pub(crate) logs: Arc<LogDir>,
+    pub(crate) claims: Claims,
+    pub(crate) backoff: BackoffConfig,
+    pub(crate) control: watch::Receiver<Control>,
     /// The pod this one replaces: it must be gone before this one starts.
-    pub previous: Option<watch::Receiver<bool>>,
-    pub done: watch::Sender<bool>,
+    pub(crate) previous: Option<watch::Receiver<bool>>,
+    pub(crate) done: watch::Sender<bool>,
 }
 
 impl PodTask {
-    pub async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         if let Some(mut prev) = self.previous.take() {
             let _ = prev.wait_for(|d| *d).await;
         }

@@ -24,7 +24,7 @@ use crate::{
 
 /// A container process could not be started.
 #[derive(Debug, Error)]
-pub enum ProcessError {
+pub(crate) enum ProcessError {
     #[error("the container has no cgroup of its own; it is not started outside the node's cgroups")]
     NoCgroup,
     #[error("cgroup {path} is shared with another container of the node; it is not started in it")]
@@ -52,7 +52,7 @@ pub enum ProcessError {
 impl ProcessError {
     /// The container could not be created (placement, log): the kubelet's
     /// `CreateContainerError`. Otherwise its command failed to start (`StartError`).
-    pub fn is_create_error(&self) -> bool {
+    pub(crate) fn is_create_error(&self) -> bool {
         !matches!(self, Self::Spawn { .. })
     }
 }
@@ -62,7 +62,11 @@ impl ProcessError {
 /// child writes its own pid into each `cgroup.procs` between fork and exec (`pre_exec`), so
 /// nothing it runs or forks ever exists outside them. A container without cgroups, or whose
 /// cgroups cannot be opened, is not started.
-pub fn spawn(spec: &ContainerSpec, log: File, log_path: &Path) -> Result<Child, ProcessError> {
+pub(crate) fn spawn(
+    spec: &ContainerSpec,
+    log: File,
+    log_path: &Path,
+) -> Result<Child, ProcessError> {
     let procs = open_procs(&spec.cgroups)?;
     let log_err = |source: io::Error| {
         ProcessError::Log(LogError::Create {
@@ -151,7 +155,7 @@ fn fstatfs(fd: &OwnedFd) -> io::Result<i64> {
 }
 
 /// The processes in the container's cgroups (the union over its hierarchies).
-pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
+pub(crate) fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
     let mut pids: Vec<u32> = cgroups
         .dirs
         .iter()
@@ -166,7 +170,7 @@ pub fn cgroup_pids(cgroups: &ContainerCgroups) -> Vec<u32> {
 /// Kills every process in the container's cgroups: `cgroup.kill` where the kernel has it (cgroup
 /// v2, 5.14+; it also reaches processes forking at that moment), then SIGKILL to each pid read
 /// from `cgroup.procs`. Returns how many processes were still listed; call again until none.
-pub fn kill_cgroups(cgroups: &ContainerCgroups) -> usize {
+pub(crate) fn kill_cgroups(cgroups: &ContainerCgroups) -> usize {
     for d in &cgroups.dirs {
         // Fails on a v1 hierarchy, an older kernel, or when the cgroup is gone; the sweep
         // follows either way.
@@ -179,7 +183,7 @@ pub fn kill_cgroups(cgroups: &ContainerCgroups) -> usize {
 
 /// Sends `signal` to every process in the container's cgroups; returns how many there were.
 /// Only pids read from those cgroups are signalled.
-pub fn signal_cgroup(cgroups: &ContainerCgroups, signal: Signal) -> usize {
+pub(crate) fn signal_cgroup(cgroups: &ContainerCgroups, signal: Signal) -> usize {
     let pids = cgroup_pids(cgroups);
     for &pid in &pids {
         if let Ok(pid) = i32::try_from(pid) {

@@ -15,7 +15,7 @@ pub(crate) struct SharedStatus {
 }
 
 impl SharedStatus {
-    pub fn new(status: PodStatus, changed: Arc<Notify>) -> Self {
+    pub(crate) fn new(status: PodStatus, changed: Arc<Notify>) -> Self {
         Self {
             status: Arc::new(Mutex::new(status)),
             changed,
@@ -23,19 +23,19 @@ impl SharedStatus {
     }
 
     /// Changes the status and says so.
-    pub fn update<R>(&self, f: impl FnOnce(&mut PodStatus) -> R) -> R {
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut PodStatus) -> R) -> R {
         let r = f(&mut crate::support::lock(&self.status));
         self.notify();
         r
     }
 
     /// Says the pod changed in a way the status is computed from (its task ended).
-    pub fn notify(&self) {
+    pub(crate) fn notify(&self) {
         // One stored permit: changes that come faster than the reader coalesce.
         self.changed.notify_one();
     }
 
-    pub fn read(&self) -> MutexGuard<'_, PodStatus> {
+    pub(crate) fn read(&self) -> MutexGuard<'_, PodStatus> {
         crate::support::lock(&self.status)
     }
 }

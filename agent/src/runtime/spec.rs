@@ -14,10 +14,11 @@ use crate::{
 };
 
 /// `terminationGracePeriodSeconds` when unset (PodSpec defaulting).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
 /// PATH for containers whose `env` does not set one (the value container runtimes default to).
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The cgroup directories a container's processes join: one per hierarchy (on a hybrid host
 /// the v1 controller directories plus the unified-tree directory; on pure v2 one directory).
@@ -57,16 +58,16 @@ pub struct PodRuntimeSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("Pod/{namespace}/{name}: {field}: {message}")]
 pub struct SpecError {
-    pub namespace: String,
-    pub name: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// JSON path inside the object, e.g. `spec.containers[0].env[1].valueFrom`.
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 /// The runtime's check at the source's door (`source::build::RunCheck`): a pod it cannot read
 /// into a [`PodRuntimeSpec`] is a problem line there, not a failure when it is to start.
-pub fn run_check(pod: &core::Pod) -> Result<(), Unrunnable> {
+pub(crate) fn run_check(pod: &core::Pod) -> Result<(), Unrunnable> {
     PodRuntimeSpec::from_pod(pod)
         .map(drop)
         .map_err(|e| Unrunnable {

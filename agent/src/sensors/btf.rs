@@ -9,10 +9,10 @@ use fallible_iterator::FallibleIterator as _;
 use qoslet_common::{MemcgEventLayout, OomBtfLayout, SchedBtfLayout};
 use thiserror::Error;
 
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, Error)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     #[error("kernel BTF could not be read from {path}")]
     Read {
         path: String,
@@ -24,7 +24,7 @@ pub enum BtfError {
 }
 
 /// The running kernel's type information, read in place: dropped once the layouts are resolved.
-pub struct KernelBtf {
+pub(crate) struct KernelBtf {
     btf: Btf,
 }
 
@@ -32,7 +32,7 @@ impl KernelBtf {
     /// Maps the file and indexes only type offsets (about 1 MiB for vmlinux): btf-rs's default
     /// cache of every parsed type and name held tens of MiB, the agent's peak memory. Falls back
     /// to that cache where the file cannot be mapped (sysfs BTF is mappable since Linux 6.16).
-    pub fn from_file(path: &str) -> Result<Self, BtfError> {
+    pub(crate) fn from_file(path: &str) -> Result<Self, BtfError> {
         let btf = Btf::from_file_with_backend(path, Backend::Mmap)
             .or_else(|_| Btf::from_file(path))
             .map_err(|source| BtfError::Read {
@@ -42,7 +42,7 @@ impl KernelBtf {
         Ok(Self { btf })
     }
 
-    pub fn vmlinux() -> Result<Self, BtfError> {
+    pub(crate) fn vmlinux() -> Result<Self, BtfError> {
         Self::from_file(VMLINUX_BTF)
     }
 
@@ -116,7 +116,7 @@ impl KernelBtf {
     }
 
     /// Byte offset of `struct_name.member` (anonymous members are looked through).
-    pub fn offset_of(&self, struct_name: &str, member: &str) -> Result<u32, BtfError> {
+    pub(crate) fn offset_of(&self, struct_name: &str, member: &str) -> Result<u32, BtfError> {
         self.member(struct_name, member).map(|(o, _)| o)
     }
 
@@ -128,7 +128,7 @@ impl KernelBtf {
 
     /// Value of enumerator `name`, in the enum called `enum_name`, or in any enum when `None`
     /// (for anonymous enums such as the one holding `MM_FILEPAGES`).
-    pub fn enum_value(&self, enum_name: Option<&str>, name: &str) -> Result<i64, BtfError> {
+    pub(crate) fn enum_value(&self, enum_name: Option<&str>, name: &str) -> Result<i64, BtfError> {
         let missing = || BtfError::Missing(format!("enumerator {name}"));
         match enum_name {
             Some(e) => self
@@ -211,7 +211,7 @@ impl KernelBtf {
     }
 
     /// Everything the `tp_btf/mark_victim` program reads from a victim task.
-    pub fn oom_layout(&self) -> Result<OomBtfLayout, BtfError> {
+    pub(crate) fn oom_layout(&self) -> Result<OomBtfLayout, BtfError> {
         let u32_of = |v: i64| -> Result<u32, BtfError> {
             u32::try_from(v).map_err(|_| BtfError::Missing("a non-negative enumerator".into()))
         };
@@ -249,7 +249,7 @@ impl KernelBtf {
     /// kernel's `sched_info` timestamps and the run-queue clock they come from. A kernel without
     /// `CONFIG_SCHED_INFO` (no `task_struct.sched_info`) or `CONFIG_FAIR_GROUP_SCHED` (no
     /// `cfs_rq.rq`) has no such layout, and the CPU sensor falls back to the cgroup files.
-    pub fn sched_layout(&self) -> Result<SchedBtfLayout, BtfError> {
+    pub(crate) fn sched_layout(&self) -> Result<SchedBtfLayout, BtfError> {
         let sched_info = self.offset_of("task_struct", "sched_info")?;
         let se = self.offset_of("task_struct", "se")?;
         Ok(SchedBtfLayout {
@@ -270,7 +270,7 @@ impl KernelBtf {
     }
 
     /// Everything the `fentry/__memcg_memory_event` program needs.
-    pub fn memcg_event_layout(&self) -> Result<MemcgEventLayout, BtfError> {
+    pub(crate) fn memcg_event_layout(&self) -> Result<MemcgEventLayout, BtfError> {
         let event = |name: &str| -> Result<i32, BtfError> {
             let v = self.enum_value(Some("memcg_memory_event"), name)?;
             i32::try_from(v).map_err(|_| BtfError::Missing(format!("a small {name}")))

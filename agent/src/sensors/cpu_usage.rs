@@ -73,7 +73,7 @@ impl From<CpuStats> for CpuUsage {
 /// `cpu.stat` when there is one (it is kept on the default hierarchy with or without the cpu
 /// controller), else from `cpuacct.usage`. `NotFound` means the cgroup is gone. The files are
 /// opened beneath the node root.
-pub fn read_cgroup_cpu(
+pub(crate) fn read_cgroup_cpu(
     v2_dir: Option<&CgroupBeneath>,
     v1_cpu_dir: Option<&CgroupBeneath>,
 ) -> io::Result<CpuUsage> {

@@ -63,7 +63,7 @@ pub struct EbpfSensors {
 
 impl EbpfSensors {
     /// Whether this binary carries the kernel programs.
-    pub fn object_built() -> bool {
+    pub(crate) fn object_built() -> bool {
         !OBJECT.is_empty()
     }
 
@@ -74,7 +74,7 @@ impl EbpfSensors {
 
     /// Loads the object and attaches the sensors `switches` leaves on, each to the first of
     /// its choices in [`SENSORS`](super::table::SENSORS) that the kernel accepts.
-    pub fn load_switched(
+    pub(crate) fn load_switched(
         options: EbpfOptions,
         switches: &SensorSwitches,
     ) -> Result<Self, SensorError> {
@@ -191,7 +191,7 @@ impl EbpfSensors {
     }
 
     /// Each sensor of [`SENSORS`](super::table::SENSORS) and how it came out, in table order.
-    pub fn outcomes(&self) -> &[(&'static Sensor, Attachment)] {
+    pub(crate) fn outcomes(&self) -> &[(&'static Sensor, Attachment)] {
         &self.outcomes
     }
 
@@ -407,7 +407,7 @@ fn raise_memlock_limit() {
 }
 
 /// An error and its sources in one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {

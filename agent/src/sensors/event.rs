@@ -16,7 +16,7 @@ use qoslet_common::{
 use thiserror::Error;
 
 /// Where the kernel's page size is not 4 KiB the agent passes the real one; x86-64 is 4 KiB.
-pub const PAGE_SIZE: u64 = 4096;
+pub(crate) const PAGE_SIZE: u64 = 4096;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -58,17 +58,17 @@ pub struct OomVictim {
     pub rss_bytes: Option<u64>,
     pub oom_score_adj: Option<i32>,
     pub source: OomSource,
-    pub boot_ns: u64,
+    pub(crate) boot_ns: u64,
     /// The pod and container of `cgroup_id` (or `memcg_id`), filled by the [`super::Sensors`]
     /// facade from its owner table; `None` from the decoder or for unknown cgroups.
-    pub owner: Option<CgroupOwner>,
+    pub(crate) owner: Option<CgroupOwner>,
 }
 
 /// The pod and container a cgroup belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CgroupOwner {
-    pub pod_uid: String,
-    pub container: String,
+pub(crate) struct CgroupOwner {
+    pub(crate) pod_uid: String,
+    pub(crate) container: String,
 }
 
 /// Which kind of process lifecycle step.
@@ -117,7 +117,7 @@ pub enum MemcgEventKind {
 
 impl MemcgEventKind {
     /// Every kind, in `memory.events` order.
-    pub const ALL: [Self; 5] = [
+    pub(crate) const ALL: [Self; 5] = [
         Self::High,
         Self::Max,
         Self::Oom,
@@ -137,7 +137,7 @@ impl MemcgEventKind {
     }
 
     /// The key of `memory.events` this counts.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::High => "high",
             Self::Max => "max",
@@ -201,7 +201,7 @@ pub enum SensorEvent {
 }
 
 /// CLOCK_BOOTTIME in nanoseconds, the clock of the kernel records (`EventHeader::boot_ns`).
-pub fn boot_now_ns() -> u64 {
+pub(crate) fn boot_now_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -233,7 +233,7 @@ fn checked<T: Copy>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
     Ok(read(bytes))
 }
 
-pub fn decode(bytes: &[u8]) -> Result<SensorEvent, DecodeError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<SensorEvent, DecodeError> {
     if bytes.len() < size_of::<EventHeader>() {
         return Err(DecodeError::Short { len: bytes.len() });
     }

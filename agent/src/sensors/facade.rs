@@ -119,11 +119,11 @@ impl WatchedCgroup {
 /// Counters for the metrics; each error log is paired with one of these.
 #[derive(Debug, Default)]
 pub struct SensorCounters {
-    pub undecodable_records: AtomicU64,
+    pub(crate) undecodable_records: AtomicU64,
     pub score_tampering: AtomicU64,
-    pub score_reset_failures: AtomicU64,
-    pub memory_events_read_errors: AtomicU64,
-    pub psi_errors: AtomicU64,
+    pub(crate) score_reset_failures: AtomicU64,
+    pub(crate) memory_events_read_errors: AtomicU64,
+    pub(crate) psi_errors: AtomicU64,
     pub map_update_errors: AtomicU64,
 }
 
@@ -310,7 +310,7 @@ impl Sensors {
         self.shared.watch_cgroup(cgroup);
     }
 
-    pub fn unwatch(&self, id: u64) {
+    pub(crate) fn unwatch(&self, id: u64) {
         self.shared.unwatch_cgroup(id);
     }
 
@@ -320,21 +320,13 @@ impl Sensors {
     }
 
     /// Records which pod and container a cgroup (v2 id or v1 memcg id) belongs to.
-    pub fn set_owner(&self, cgroup_id: u64, owner: CgroupOwner) {
+    pub(crate) fn set_owner(&self, cgroup_id: u64, owner: CgroupOwner) {
         lock(&self.shared.owners).insert(cgroup_id, owner);
-    }
-
-    pub fn remove_owner(&self, cgroup_id: u64) {
-        lock(&self.shared.owners).remove(cgroup_id);
     }
 
     /// Records the score qoslet set, so a change away from it is reported and reset.
     pub fn expect_score(&self, key: ScoreKey, score: i32) {
         lock(&self.shared.scores).set(key, score);
-    }
-
-    pub fn forget_score(&self, key: ScoreKey) {
-        lock(&self.shared.scores).remove(key);
     }
 
     /// Runs `f` on the eBPF sensors, when they are loaded.

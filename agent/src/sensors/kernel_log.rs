@@ -18,14 +18,14 @@ pub const RING: &str = "AYA_LOGS";
 pub const TARGET: &str = "qoslet::kernel";
 
 /// aya-log's level global when diagnostics are on: every level the programs use (warn, debug).
-pub const LEVEL_ON: u8 = aya_log::Level::Debug as u8;
+pub(crate) const LEVEL_ON: u8 = aya_log::Level::Debug as u8;
 /// Off: no level is enabled, and the verifier prunes every logging branch.
-pub const LEVEL_OFF: u8 = 0;
+pub(crate) const LEVEL_OFF: u8 = 0;
 
 /// Forwards aya-log records to `tracing`. The message is the program's own sentence; `source` is
 /// where in `agent-ebpf/src` it was logged.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TracingLog;
+pub(crate) struct TracingLog;
 
 impl log::Log for TracingLog {
     fn enabled(&self, _: &log::Metadata<'_>) -> bool {
@@ -58,7 +58,7 @@ pub struct KernelLogReader {
 
 impl KernelLogReader {
     /// Takes `AYA_LOGS` from the loaded object. Call inside a tokio runtime.
-    pub fn new(ebpf: &mut aya::Ebpf) -> Result<Self, SensorError> {
+    pub(crate) fn new(ebpf: &mut aya::Ebpf) -> Result<Self, SensorError> {
         let logger =
             EbpfLogger::init_with_logger(ebpf, TracingLog).map_err(SensorError::KernelLog)?;
         // SAFETY: the logger owns the ring buffer's map fd, which stays open and unchanged until

@@ -101,7 +101,7 @@ impl EbpfSensors {
     /// Adds a cgroup v2 id to the programs' watch list and gives it a home for its CPU
     /// statistics (zeroed), then sets its `WATCH_FILTER` bit: the scheduler program tests the
     /// bit first. Watching a cgroup again keeps its statistics.
-    pub fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+    pub(crate) fn watch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         let mut watched: HashMap<&mut MapData, u64, u32> = self.typed_mut("WATCHED_CGROUPS")?;
         watched
             .insert(cgroup_id, WATCH_FLAG_WATCHED, 0)
@@ -159,7 +159,7 @@ impl EbpfSensors {
 
     /// Removes a cgroup from the watch list and frees its statistics home. Also called once the
     /// cgroup is gone, after the `cgroup_rmdir` program has deleted its hash entries.
-    pub fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
+    pub(crate) fn unwatch_cgroup(&mut self, cgroup_id: u64) -> Result<(), SensorError> {
         remove(
             self.typed_mut::<HashMap<_, u64, u32>>("WATCHED_CGROUPS")?,
             cgroup_id,
@@ -187,7 +187,7 @@ impl EbpfSensors {
 
     /// Run-queue latency and on-CPU time of a watched cgroup (summed over the CPUs), `None`
     /// when it is not watched or its hash entry went with the cgroup.
-    pub fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
+    pub(crate) fn cpu_stats(&self, cgroup_id: u64) -> Result<Option<CpuStats>, SensorError> {
         let sum = |per_cpu: PerCpuValues<CpuStats>| {
             per_cpu.iter().fold(CpuStats::ZERO, |mut sum, s| {
                 sum.merge(s);
@@ -217,7 +217,10 @@ impl EbpfSensors {
     }
 
     /// Reclaim stalls of a watched cgroup, `None` before its first stall.
-    pub fn reclaim_stats(&self, cgroup_id: u64) -> Result<Option<ReclaimStats>, SensorError> {
+    pub(crate) fn reclaim_stats(
+        &self,
+        cgroup_id: u64,
+    ) -> Result<Option<ReclaimStats>, SensorError> {
         lookup(self.typed("RECLAIM_STATS")?, cgroup_id, "RECLAIM_STATS")
     }
 
@@ -244,7 +247,7 @@ impl EbpfSensors {
     }
 
     /// Each attached program's run time and run count (zero while statistics are off).
-    pub fn program_costs(&self) -> Vec<ProgramCost> {
+    pub(crate) fn program_costs(&self) -> Vec<ProgramCost> {
         let mut costs = Vec::new();
         for (name, program) in self.ebpf.programs() {
             if !self.is_attached(name) {

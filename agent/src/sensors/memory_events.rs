@@ -34,12 +34,12 @@ use crate::{
 
 /// The counters of one memory cgroup, as last read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MemoryCounts {
-    pub high: u64,
-    pub max: u64,
-    pub oom: u64,
-    pub oom_kill: u64,
-    pub oom_group_kill: u64,
+pub(crate) struct MemoryCounts {
+    pub(crate) high: u64,
+    pub(crate) max: u64,
+    pub(crate) oom: u64,
+    pub(crate) oom_kill: u64,
+    pub(crate) oom_group_kill: u64,
 }
 
 /// A cgroup's counter files, held open.
@@ -94,7 +94,7 @@ fn read_whole<'b>(file: &File, buf: &'b mut [u8]) -> io::Result<&'b str> {
 }
 
 /// `memory.events`: `high N`, `max N`, `oom N`, `oom_kill N`, `oom_group_kill N`, ...
-pub fn parse_memory_events(text: &str) -> MemoryCounts {
+pub(crate) fn parse_memory_events(text: &str) -> MemoryCounts {
     let mut c = MemoryCounts::default();
     for (key, v) in flat_keyed(text) {
         match key {
@@ -111,7 +111,7 @@ pub fn parse_memory_events(text: &str) -> MemoryCounts {
 
 /// v1: `memory.failcnt` counts charges that hit the limit (`max`); `memory.oom_control` has
 /// `under_oom 0|1` and, since Linux 4.13, `oom_kill N`. `oom` counts being under OOM now.
-pub fn parse_v1(failcnt: &str, oom_control: &str) -> MemoryCounts {
+pub(crate) fn parse_v1(failcnt: &str, oom_control: &str) -> MemoryCounts {
     let mut c = MemoryCounts {
         max: failcnt.trim().parse().unwrap_or(0),
         ..MemoryCounts::default()
@@ -128,18 +128,18 @@ pub fn parse_v1(failcnt: &str, oom_control: &str) -> MemoryCounts {
 
 /// One watched memory cgroup.
 #[derive(Debug)]
-pub struct MemoryEventsWatch {
-    pub memcg_id: u64,
-    pub dir: CgroupBeneath,
+pub(crate) struct MemoryEventsWatch {
+    pub(crate) memcg_id: u64,
+    pub(crate) dir: CgroupBeneath,
     files: CounterFiles,
     last: MemoryCounts,
     /// Its inotify watch (v2) once registered with a [`MemoryNotifier`].
-    pub notify_wd: Option<WatchDescriptor>,
+    pub(crate) notify_wd: Option<WatchDescriptor>,
 }
 
 impl MemoryEventsWatch {
     /// Starts from the current counts, so only later events are reported.
-    pub fn new(dir: CgroupBeneath) -> io::Result<Self> {
+    pub(crate) fn new(dir: CgroupBeneath) -> io::Result<Self> {
         let memcg_id = dir.inode()?;
         let files = CounterFiles::open(&dir)?;
         let last = files.read()?;
@@ -153,12 +153,12 @@ impl MemoryEventsWatch {
     }
 
     /// A cgroup v1 memory cgroup (its OOM notification names no cgroup).
-    pub fn is_v1(&self) -> bool {
+    pub(crate) fn is_v1(&self) -> bool {
         matches!(self.files, CounterFiles::V1 { .. })
     }
 
     /// Appends one event per counter that grew since the last read.
-    pub fn poll(&mut self, boot_ns: u64, out: &mut Vec<SensorEvent>) -> io::Result<()> {
+    pub(crate) fn poll(&mut self, boot_ns: u64, out: &mut Vec<SensorEvent>) -> io::Result<()> {
         let now = self.files.read()?;
         let deltas = [
             (MemcgEventKind::High, now.high, self.last.high),
@@ -190,7 +190,7 @@ impl MemoryEventsWatch {
 
 /// What the kernel said changed.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Notified {
+pub(crate) enum Notified {
     /// These v2 `memory.events` files were modified.
     Files(Vec<WatchDescriptor>),
     /// Some v1 memory cgroup went under OOM (the kernel signals before its OOM killer acts).
@@ -202,14 +202,14 @@ pub enum Notified {
 /// `memory.oom_control` notifies, through an eventfd registered in the cgroup's
 /// `cgroup.event_control`; one eventfd serves every v1 cgroup, so a signal means "some v1
 /// cgroup", and `memory.failcnt` (the `max` count) notifies nothing: it waits for the resync.
-pub struct MemoryNotifier {
+pub(crate) struct MemoryNotifier {
     inotify: AsyncFd<InotifyFd>,
     v1_oom: AsyncFd<EventFd>,
 }
 
 impl MemoryNotifier {
     /// Call inside a tokio runtime.
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         let v1_oom = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         Ok(Self {
@@ -224,7 +224,7 @@ impl MemoryNotifier {
     /// Asks the kernel to notify changes of `watch`'s counters. inotify takes only a path: the
     /// watch is added through the held `memory.events` descriptor's `/proc/self/fd` link, so it
     /// lands on the file opened beneath the node root.
-    pub fn register(&self, watch: &mut MemoryEventsWatch) -> io::Result<()> {
+    pub(crate) fn register(&self, watch: &mut MemoryEventsWatch) -> io::Result<()> {
         match &watch.files {
             CounterFiles::V2 { events } => {
                 let link = format!("/proc/self/fd/{}", events.as_raw_fd());
@@ -249,7 +249,7 @@ impl MemoryNotifier {
     }
 
     /// Drops `watch`'s inotify watch (a v1 registration ends with its cgroup).
-    pub fn unregister(&self, watch: &MemoryEventsWatch) {
+    pub(crate) fn unregister(&self, watch: &MemoryEventsWatch) {
         if let Some(wd) = watch.notify_wd {
             // EINVAL when the cgroup is already gone: the kernel dropped the watch itself.
             let _ = self.inotify.get_ref().0.rm_watch(wd);
@@ -257,7 +257,7 @@ impl MemoryNotifier {
     }
 
     /// Waits for the next notification and consumes it.
-    pub async fn next(&self) -> io::Result<Notified> {
+    pub(crate) async fn next(&self) -> io::Result<Notified> {
         loop {
             tokio::select! {
                 guard = self.inotify.readable() => {

@@ -1,27 +1,34 @@
 //! Kernel sensors: eBPF programs (loading, kernel layouts, ring-buffer intake) and, when eBPF is
 //! not available, the reason why, stated once.
 
-pub mod btf;
+pub(crate) mod btf;
 pub mod cpu_usage;
 pub mod ebpf;
 pub mod event;
-pub mod facade;
+pub(crate) mod facade;
 pub mod kernel_log;
 pub mod kmaps;
-pub mod memory_events;
-pub mod owners;
+pub(crate) mod memory_events;
+pub(crate) mod owners;
 pub mod psi;
-pub mod scores;
-pub mod slots;
+pub(crate) mod scores;
+pub(crate) mod slots;
 pub mod table;
-pub mod tracefs;
+pub(crate) mod tracefs;
 
-pub use cpu_usage::{CpuSource, CpuUsage};
-pub use ebpf::{EbpfSensors, EventReader};
-pub use event::{CgroupOwner, OomVictim, SensorEvent};
-pub use facade::{SensorMode, SensorStatus, Sensors, SensorsConfig, WatchedCgroup};
+pub use cpu_usage::CpuSource;
+pub(crate) use cpu_usage::CpuUsage;
+pub use ebpf::EbpfSensors;
+pub(crate) use ebpf::EventReader;
+pub(crate) use event::CgroupOwner;
+pub use event::SensorEvent;
+pub use facade::SensorMode;
+pub use facade::SensorStatus;
+pub use facade::Sensors;
+pub use facade::SensorsConfig;
+pub use facade::WatchedCgroup;
 pub use scores::ScoreKey;
-pub use table::{AttachedProgram, SensorSwitches};
+pub use table::SensorSwitches;
 
 use thiserror::Error;
 

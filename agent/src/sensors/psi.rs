@@ -33,7 +33,7 @@ pub enum PressureFile {
 
 impl PressureFile {
     /// The full path, for logs.
-    pub fn display(&self) -> PathBuf {
+    pub(crate) fn display(&self) -> PathBuf {
         match self {
             Self::System => PathBuf::from(SYSTEM_MEMORY_PRESSURE),
             Self::Cgroup(dir) => dir.file_display("memory.pressure"),
@@ -115,7 +115,7 @@ impl PsiTrigger {
 /// The trigger's cgroup was removed.
 #[derive(Debug, thiserror::Error)]
 #[error("the pressure file's cgroup was removed")]
-pub struct TriggerGone;
+pub(crate) struct TriggerGone;
 
 /// Whether an error from [`PsiTrigger::fired`] means the cgroup is gone.
 pub fn is_gone(e: &io::Error) -> bool {

@@ -13,27 +13,27 @@ pub enum ScoreKey {
 
 /// The scores qoslet set; a pid entry wins over its cgroup's.
 #[derive(Debug, Default, Clone)]
-pub struct ExpectedScores {
+pub(crate) struct ExpectedScores {
     pids: HashMap<u32, i32>,
     cgroups: HashMap<u64, i32>,
 }
 
 impl ExpectedScores {
-    pub fn set(&mut self, key: ScoreKey, score: i32) {
+    pub(crate) fn set(&mut self, key: ScoreKey, score: i32) {
         match key {
             ScoreKey::Pid(p) => self.pids.insert(p, score),
             ScoreKey::Cgroup(c) => self.cgroups.insert(c, score),
         };
     }
 
-    pub fn remove(&mut self, key: ScoreKey) {
+    pub(crate) fn remove(&mut self, key: ScoreKey) {
         match key {
             ScoreKey::Pid(p) => self.pids.remove(&p),
             ScoreKey::Cgroup(c) => self.cgroups.remove(&c),
         };
     }
 
-    pub fn expected(&self, pid: u32, cgroup_id: u64) -> Option<i32> {
+    pub(crate) fn expected(&self, pid: u32, cgroup_id: u64) -> Option<i32> {
         self.pids
             .get(&pid)
             .or_else(|| self.cgroups.get(&cgroup_id))
@@ -41,13 +41,13 @@ impl ExpectedScores {
     }
 
     /// Pids with an expected score (checked by polling when no kernel hook reports writes).
-    pub fn pids(&self) -> impl Iterator<Item = (u32, i32)> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = (u32, i32)> + '_ {
         self.pids.iter().map(|(p, s)| (*p, *s))
     }
 }
 
 /// The score of `pid` now.
-pub fn read_score(pid: u32) -> io::Result<i32> {
+pub(crate) fn read_score(pid: u32) -> io::Result<i32> {
     let text = fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))?;
     text.trim()
         .parse()
@@ -55,7 +55,7 @@ pub fn read_score(pid: u32) -> io::Result<i32> {
 }
 
 /// Writes `score` back (the process may lower it again; each write is reported).
-pub fn reset_score(pid: u32, score: i32) -> io::Result<()> {
+pub(crate) fn reset_score(pid: u32, score: i32) -> io::Result<()> {
     fs::write(format!("/proc/{pid}/oom_score_adj"), score.to_string())
 }
 

@@ -9,7 +9,7 @@ use qoslet_common::sched::{CPU_SLOTS, slot_index_places};
 
 /// The kernel home of one watched cgroup's statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatsHome {
+pub(crate) enum StatsHome {
     /// `CPU_SLOT_STATS[slot]`, published at `SLOT_INDEX[place]`.
     Slot { slot: u32, place: u32 },
     /// A `CPU_STATS` entry keyed by the cgroup id.
@@ -17,7 +17,7 @@ pub enum StatsHome {
 }
 
 #[derive(Debug)]
-pub struct SlotTable {
+pub(crate) struct SlotTable {
     homes: HashMap<u64, StatsHome>,
     /// Free slots, the lowest last (taken first).
     free: Vec<u32>,
@@ -37,7 +37,7 @@ impl Default for SlotTable {
 impl SlotTable {
     /// Gives a newly watched cgroup its home; `None` when it already has one (watching again
     /// keeps its statistics).
-    pub fn place(&mut self, cgroup_id: u64) -> Option<StatsHome> {
+    pub(crate) fn place(&mut self, cgroup_id: u64) -> Option<StatsHome> {
         if self.homes.contains_key(&cgroup_id) {
             return None;
         }
@@ -60,7 +60,7 @@ impl SlotTable {
     }
 
     /// Forgets a cgroup, freeing its slot and place; returns where it lived.
-    pub fn remove(&mut self, cgroup_id: u64) -> Option<StatsHome> {
+    pub(crate) fn remove(&mut self, cgroup_id: u64) -> Option<StatsHome> {
         let home = self.homes.remove(&cgroup_id)?;
         if let StatsHome::Slot { slot, place } = home {
             self.taken_places.remove(&place);
@@ -69,12 +69,12 @@ impl SlotTable {
         Some(home)
     }
 
-    pub fn home(&self, cgroup_id: u64) -> Option<StatsHome> {
+    pub(crate) fn home(&self, cgroup_id: u64) -> Option<StatsHome> {
         self.homes.get(&cgroup_id).copied()
     }
 
     /// The watched cgroup ids.
-    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.homes.keys().copied()
     }
 }

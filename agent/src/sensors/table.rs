@@ -42,7 +42,7 @@ impl fmt::Display for Hook {
 
 /// What a program needs before it is tried, besides its hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Requirement {
+pub(crate) enum Requirement {
     /// Nothing: a classic tracepoint's record layout comes from tracefs, and a field it lacks
     /// makes the program return early rather than fail to load.
     None,
@@ -58,9 +58,9 @@ pub enum Requirement {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Program {
     /// Its name in the object (the function name in agent-ebpf).
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     pub hook: Hook,
-    pub requires: Requirement,
+    pub(crate) requires: Requirement,
 }
 
 /// What runs when a sensor has no kernel hook.
@@ -83,7 +83,7 @@ pub struct Sensor {
     /// When switched on and none of its choices attaches, eBPF is unusable on this kernel and
     /// every sensor runs on its fallback (only the OOM victim: its classic tracepoint exists on
     /// every kernel qoslet supports).
-    pub essential: bool,
+    pub(crate) essential: bool,
 }
 
 const fn tracepoint(name: &'static str, category: &'static str, event: &'static str) -> Program {
@@ -219,7 +219,7 @@ pub const SWITCHED_OFF: &str = "switched off by ebpf.sensors";
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("unknown sensor {name:?} (the eBPF sensors are {})", known_names())]
 pub struct UnknownSensor {
-    pub name: String,
+    pub(crate) name: String,
 }
 
 fn known_names() -> String {
@@ -248,7 +248,7 @@ impl SensorSwitches {
 
     /// From an `ebpf.sensors` map already checked by [`Self::new`] (as
     /// `QosletConfiguration::parse` does); a name that is not a sensor switches nothing.
-    pub fn from_checked(settings: &BTreeMap<String, bool>) -> Self {
+    pub(crate) fn from_checked(settings: &BTreeMap<String, bool>) -> Self {
         let off = SENSORS
             .iter()
             .filter(|s| settings.get(s.name) == Some(&false))
@@ -257,12 +257,12 @@ impl SensorSwitches {
         Self { off }
     }
 
-    pub fn is_on(&self, sensor: &str) -> bool {
+    pub(crate) fn is_on(&self, sensor: &str) -> bool {
         !self.off.contains(sensor)
     }
 
     /// Whether any eBPF sensor is on (otherwise nothing is loaded).
-    pub fn any_on(&self) -> bool {
+    pub(crate) fn any_on(&self) -> bool {
         SENSORS.iter().any(|s| self.is_on(s.name))
     }
 }
@@ -276,7 +276,7 @@ pub struct AttachedProgram {
 }
 
 /// The kernel work [`attach_sensors`] asks for, one program at a time.
-pub trait Attach {
+pub(crate) trait Attach {
     /// Loads `program` and attaches it to its hook; the error is one line saying why not (an
     /// unmet requirement or the kernel's refusal).
     fn attach(&mut self, program: &Program) -> Result<(), String>;
@@ -286,7 +286,7 @@ pub trait Attach {
 
 /// How one sensor came out of attaching.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attachment {
+pub(crate) enum Attachment {
     /// On the programs of its first choice that attached completely.
     Hooked(Vec<AttachedProgram>),
     /// No choice attached: why, for each choice in order.
@@ -298,24 +298,24 @@ pub enum Attachment {
 
 /// Every sensor's outcome, in [`SENSORS`] order, and the programs attached.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Attached {
-    pub outcomes: Vec<(&'static Sensor, Attachment)>,
-    pub programs: Vec<AttachedProgram>,
+pub(crate) struct Attached {
+    pub(crate) outcomes: Vec<(&'static Sensor, Attachment)>,
+    pub(crate) programs: Vec<AttachedProgram>,
     /// Programs tried and not attached, with the reason.
-    pub skipped: Vec<String>,
+    pub(crate) skipped: Vec<String>,
 }
 
 /// An essential sensor that is switched on could not attach any of its choices.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("no {sensor} program could be attached: {reason}")]
 pub struct EssentialMissing {
-    pub sensor: &'static str,
-    pub reason: String,
+    pub(crate) sensor: &'static str,
+    pub(crate) reason: String,
 }
 
 /// Attaches each switched-on sensor to its first choice whose programs all attach. A set that
 /// attaches only in part is detached again, so a sensor on its fallback runs no program.
-pub fn attach_sensors(
+pub(crate) fn attach_sensors(
     switches: &SensorSwitches,
     kernel: &mut impl Attach,
 ) -> Result<Attached, EssentialMissing> {

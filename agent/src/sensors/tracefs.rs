@@ -12,7 +12,7 @@ const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
 /// Returns the tracefs root, mounting tracefs at `/sys/kernel/tracing` when neither usual place
 /// has it.
-pub fn ensure_mounted() -> Result<&'static str, SensorError> {
+pub(crate) fn ensure_mounted() -> Result<&'static str, SensorError> {
     for root in [TRACEFS, DEBUGFS_TRACING] {
         if Path::new(root).join("events").is_dir() {
             return Ok(root);
@@ -35,13 +35,17 @@ pub fn ensure_mounted() -> Result<&'static str, SensorError> {
 
 /// A field of a tracepoint record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Field {
-    pub offset: u32,
-    pub size: u32,
+pub(crate) struct Field {
+    pub(crate) offset: u32,
+    pub(crate) size: u32,
 }
 
 /// Reads `events/<category>/<name>/format` under `root`.
-pub fn read_format(root: &str, category: &str, name: &str) -> io::Result<HashMap<String, Field>> {
+pub(crate) fn read_format(
+    root: &str,
+    category: &str,
+    name: &str,
+) -> io::Result<HashMap<String, Field>> {
     let text = fs::read_to_string(
         Path::new(root)
             .join("events")
@@ -53,7 +57,7 @@ pub fn read_format(root: &str, category: &str, name: &str) -> io::Result<HashMap
 }
 
 /// Parses the `field:<decl>; offset:N; size:N; signed:N;` lines of a format file.
-pub fn parse_format(text: &str) -> HashMap<String, Field> {
+pub(crate) fn parse_format(text: &str) -> HashMap<String, Field> {
     let mut fields = HashMap::new();
     for line in text.lines() {
         let Some(rest) = line.trim().strip_prefix("field:") else {
@@ -84,7 +88,7 @@ pub fn parse_format(text: &str) -> HashMap<String, Field> {
 
 /// Offsets of the score, process and cgroup lifecycle tracepoints; a tracepoint whose format
 /// cannot be read leaves its fields `ABSENT` (its program then does nothing).
-pub fn lifecycle_layout(root: &str) -> LifecycleTracepointLayout {
+pub(crate) fn lifecycle_layout(root: &str) -> LifecycleTracepointLayout {
     let mut l = LifecycleTracepointLayout::UNSET;
     let at = |fields: &HashMap<String, Field>, name: &str| {
         fields

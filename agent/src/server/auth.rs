@@ -34,7 +34,7 @@ use tokio::{sync::Semaphore, time::Instant};
 
 /// What a request asks to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum Access {
+pub(crate) enum Access {
     /// `/metrics`: the non-resource URL `/metrics`, verb `get` (kube-rbac-proxy's attributes for
     /// node-exporter's `/metrics`).
     Metrics,
@@ -48,7 +48,7 @@ pub enum Access {
 
 impl Access {
     /// The non-resource URL a SubjectAccessReview names for this access, if it is one.
-    pub fn non_resource_path(self) -> Option<&'static str> {
+    pub(crate) fn non_resource_path(self) -> Option<&'static str> {
         match self {
             Self::Metrics => Some("/metrics"),
             Self::Status => Some("/status"),
@@ -59,20 +59,20 @@ impl Access {
 
 /// The user a TokenReview found (authentication.k8s.io/v1 `UserInfo`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct User {
-    pub username: String,
-    pub uid: String,
-    pub groups: Vec<String>,
-    pub extra: BTreeMap<String, Vec<String>>,
+pub(crate) struct User {
+    pub(crate) username: String,
+    pub(crate) uid: String,
+    pub(crate) groups: Vec<String>,
+    pub(crate) extra: BTreeMap<String, Vec<String>>,
 }
 
 /// The API server did not answer a review (unreachable, timed out, refused it).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ReviewError(pub String);
+pub(crate) struct ReviewError(pub String);
 
 /// Asks the API server (cluster mode's [`crate::cluster::review::ApiReviewer`]; tests' fakes).
-pub trait Reviewer: Send + Sync + 'static {
+pub(crate) trait Reviewer: Send + Sync + 'static {
     /// A TokenReview of `token`: its user, or `None` when it is not authenticated.
     fn authenticate<'a>(
         &'a self,
@@ -89,23 +89,23 @@ pub trait Reviewer: Send + Sync + 'static {
 
 /// The longest token read from the `Authorization` header; a longer one is not authenticated.
 /// A service account token is about a kilobyte, an OIDC ID token a few.
-pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+pub(crate) const MAX_TOKEN_BYTES: usize = 16 << 10;
 
 /// How long a TokenReview's answer, authenticated or not, is kept.
-pub const TOKEN_TTL: Duration = Duration::from_secs(120);
+pub(crate) const TOKEN_TTL: Duration = Duration::from_secs(120);
 /// How long an allowing SubjectAccessReview is kept.
-pub const ALLOWED_TTL: Duration = Duration::from_secs(300);
+pub(crate) const ALLOWED_TTL: Duration = Duration::from_secs(300);
 /// How long a denying SubjectAccessReview is kept.
-pub const DENIED_TTL: Duration = Duration::from_secs(30);
+pub(crate) const DENIED_TTL: Duration = Duration::from_secs(30);
 /// Entries each cache keeps; past that the one closest to expiry goes. A node's scrapers are a
 /// handful of service accounts.
-pub const CACHE_ENTRIES: usize = 1024;
+pub(crate) const CACHE_ENTRIES: usize = 1024;
 /// Reviews under way at once.
-pub const REVIEWS_IN_FLIGHT: usize = 4;
+pub(crate) const REVIEWS_IN_FLIGHT: usize = 4;
 
 /// Why a request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Denial {
+pub(crate) enum Denial {
     /// 401: no bearer token, or one the API server does not authenticate.
     Unauthenticated,
     /// 403: the user may not read this.
@@ -196,7 +196,7 @@ impl<V: Clone> TtlCache<V> {
 }
 
 /// The bearer token of `headers`' `Authorization`, when there is one of a sane size.
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
@@ -205,7 +205,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Authenticates and authorizes requests through a [`Reviewer`], with caches.
-pub struct Guard {
+pub(crate) struct Guard {
     reviewer: Box<dyn Reviewer>,
     tokens: Mutex<TtlCache<Option<User>>>,
     decisions: Mutex<TtlCache<bool>>,
@@ -214,7 +214,7 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn new(reviewer: impl Reviewer) -> Self {
+    pub(crate) fn new(reviewer: impl Reviewer) -> Self {
         Self {
             reviewer: Box::new(reviewer),
             tokens: Mutex::new(TtlCache::new(CACHE_ENTRIES)),
@@ -225,7 +225,7 @@ impl Guard {
     }
 
     /// Whether the request with `headers` may have `access`.
-    pub async fn check(&self, headers: &HeaderMap, access: Access) -> Result<(), Denial> {
+    pub(crate) async fn check(&self, headers: &HeaderMap, access: Access) -> Result<(), Denial> {
         let token = bearer_token(headers).ok_or(Denial::Unauthenticated)?;
         let user = self
             .user(token)

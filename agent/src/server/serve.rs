@@ -67,7 +67,7 @@ const BACKLOG: i32 = 4096;
 
 /// The address a request came from (a request extension every request of [`serve`] carries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer(pub IpAddr);
+pub(crate) struct Peer(pub IpAddr);
 
 /// Binds `addr` as a listener for [`serve`]: address reuse as `TcpListener::bind` sets it, and a
 /// backlog of [`BACKLOG`] (tokio's `bind` asks for 1,024).

@@ -40,25 +40,25 @@ use crate::{
 
 /// An object that passed admission.
 #[derive(Debug, Clone)]
-pub struct Admitted {
-    pub object: Object,
+pub(crate) struct Admitted {
+    pub(crate) object: Object,
     /// For Pods: the API object and the views derived from it.
-    pub pod: Option<AdmittedPod>,
+    pub(crate) pod: Option<AdmittedPod>,
 }
 
 /// A Pod that passed admission, with what is derived from it, computed once here and carried
 /// (`source::ManifestPod`) to the plan and the executor.
 #[derive(Debug, Clone)]
-pub struct AdmittedPod {
-    pub pod: core::Pod,
+pub(crate) struct AdmittedPod {
+    pub(crate) pod: core::Pod,
     /// The policy's view.
-    pub view: PodSpecView,
+    pub(crate) view: PodSpecView,
 }
 
 /// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
 /// reported, not only the first. A Pod is decoded once, to the typed Pod, and admitted as the
 /// API's pods are ([`admit_pod`]).
-pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
+pub(crate) fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
     let raw_problem = |rule, message: String| {
         vec![Problem::new(
             &raw.origin(),
@@ -86,7 +86,7 @@ pub fn admit(raw: &RawObject) -> Result<Admitted, Vec<Problem>> {
 }
 
 /// Admission of an object typed already (a decoded document, or the API's).
-pub fn admit_typed(typed: Typed, origin: Origin) -> Result<Admitted, Vec<Problem>> {
+pub(crate) fn admit_typed(typed: Typed, origin: Origin) -> Result<Admitted, Vec<Problem>> {
     let object = match typed {
         Typed::Pod(pod) => return admit_pod(*pod, origin),
         typed => workload::object(typed, origin),
@@ -103,14 +103,14 @@ pub fn admit_typed(typed: Typed, origin: Origin) -> Result<Admitted, Vec<Problem
 }
 
 /// The most unknown fields noted per document (the rest are counted).
-pub const MAX_UNKNOWN_FIELDS: usize = 20;
+pub(crate) const MAX_UNKNOWN_FIELDS: usize = 20;
 
 /// The keys of a Pod, Workload, PodGroup or CompositePodGroup document that its type does not
 /// read, each an `unknown-field` problem at its path (with "did you mean" where a field is
 /// close), and how many more there are past [`MAX_UNKNOWN_FIELDS`]. They are warnings, not
 /// refusals: the API server drops unknown fields with a warning (`fieldValidation=Warn`, its
 /// default), and so does the decoding here. Other kinds have none here.
-pub fn unknown_fields(raw: &RawObject) -> (Vec<Problem>, usize) {
+pub(crate) fn unknown_fields(raw: &RawObject) -> (Vec<Problem>, usize) {
     use super::fields::unknown_fields as of;
     use k8s_openapi::api::scheduling::{v1alpha3, v1beta1};
     let (fields, more) = match raw.hierarchy_kind() {
@@ -141,15 +141,15 @@ pub fn unknown_fields(raw: &RawObject) -> (Vec<Problem>, usize) {
 /// The unknown fields of a set of documents ([`unknown_fields`]), as `validate`, `plan` and the
 /// standalone watch report them.
 #[derive(Debug, Default)]
-pub struct UnknownFields {
+pub(crate) struct UnknownFields {
     /// One `unknown-field` problem each (a warning), at most [`MAX_UNKNOWN_FIELDS`] a document.
-    pub found: Vec<Problem>,
+    pub(crate) found: Vec<Problem>,
     /// Per file, how many more there are past that bound.
-    pub more: BTreeMap<std::path::PathBuf, usize>,
+    pub(crate) more: BTreeMap<std::path::PathBuf, usize>,
 }
 
 impl UnknownFields {
-    pub fn of<'a>(objects: impl IntoIterator<Item = &'a RawObject>) -> Self {
+    pub(crate) fn of<'a>(objects: impl IntoIterator<Item = &'a RawObject>) -> Self {
         let mut u = Self::default();
         for raw in objects {
             let (found, more) = unknown_fields(raw);
@@ -163,14 +163,14 @@ impl UnknownFields {
     }
 
     /// `file: and N more unknown fields`, for a file with more than were noted.
-    pub fn more_line(file: &std::path::Path, n: usize) -> String {
+    pub(crate) fn more_line(file: &std::path::Path, n: usize) -> String {
         format!("{}: and {n} more unknown fields", file.display())
     }
 }
 
 /// Admission of a typed Pod (the API's, or a manifest's once decoded): every rule of the module
 /// doc, and the policy's view computed once.
-pub fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem>> {
+pub(crate) fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<Problem>> {
     let object = workload::pod_object(&pod, origin);
     let mut problems = Vec::new();
     let mut push = |rule, field: String, message: String| {
@@ -361,7 +361,7 @@ fn out_of_range(resource: &str, q: &Quantity) -> Option<String> {
 /// running with it, by namespace and name), else the first in `admitted`'s order (file name
 /// order, then document order). Pods with the same namespace and name are left alone: the
 /// `name-unique` rule reports those.
-pub fn unique_uids(
+pub(crate) fn unique_uids(
     admitted: &mut Vec<Admitted>,
     holders: &BTreeMap<String, (String, String)>,
 ) -> Vec<Problem> {

@@ -5,12 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1 as core;
+
 use super::{
     admit::{Admitted, AdmittedPod, admit, admit_typed, unique_uids},
     manifest::Loaded,
 };
-use k8s_openapi::api::core::v1 as core;
-
 use crate::workload::{
     self, Forest, Object, ValidationOptions, apply_updates,
     problem::{Problem, Rule},
@@ -22,18 +22,18 @@ use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_
 /// runtime needs what it runs (every container's `command`, among others:
 /// `runtime::spec::run_check`); under the kubelet there is none (the image's entrypoint is the
 /// kubelet's business). The mode gives it, so that the door knows no runtime.
-pub type RunCheck = fn(&core::Pod) -> Result<(), Unrunnable>;
+pub(crate) type RunCheck = fn(&core::Pod) -> Result<(), Unrunnable>;
 
 /// Why the runtime cannot run a pod: the field and the message of the pod's problem line.
 #[derive(Debug)]
-pub struct Unrunnable {
-    pub field: String,
-    pub message: String,
+pub(crate) struct Unrunnable {
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 /// Decoding, admission, immutability, validation and the diff; `run_check` is the runtime's
 /// check of each pod, if it has one.
-pub fn build(
+pub(crate) fn build(
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,

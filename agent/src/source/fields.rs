@@ -23,26 +23,26 @@ use serde::de::{self, DeserializeOwned, DeserializeSeed, Deserializer as _, Visi
 use serde_yaml_ng::Value;
 
 /// Keys longer than this get no suggestion (the distance is quadratic in the length).
-pub const MAX_SUGGEST_LEN: usize = 64;
+pub(crate) const MAX_SUGGEST_LEN: usize = 64;
 
 /// The longest path built (see [`Walk::extended`]).
 const MAX_PATH_BYTES: usize = 1024;
 
 /// The most characters of a path or key printed (see [`shown`]).
-pub const MAX_SHOWN: usize = 120;
+pub(crate) const MAX_SHOWN: usize = 120;
 
 /// A key that the document's type does not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownField {
+pub(crate) struct UnknownField {
     /// The path of the key, as problems name fields: `spec.containers[0].resoures`.
-    pub path: String,
+    pub(crate) path: String,
     /// A field of the same struct whose name is close.
-    pub suggestion: Option<&'static str>,
+    pub(crate) suggestion: Option<&'static str>,
 }
 
 impl UnknownField {
     /// `unknown field (did you mean `resources`?)`: the message of a problem at [`Self::path`].
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         match self.suggestion {
             Some(s) => format!("unknown field (did you mean `{s}`?)"),
             None => "unknown field".into(),
@@ -53,7 +53,7 @@ impl UnknownField {
 /// The unknown fields of `value` decoded as `T`, the first `limit` of them, and how many more.
 /// A value that does not decode yields those found before the error (the decoding itself
 /// reports the error).
-pub fn unknown_fields<T: DeserializeOwned>(
+pub(crate) fn unknown_fields<T: DeserializeOwned>(
     value: &Value,
     limit: usize,
 ) -> (Vec<UnknownField>, usize) {
@@ -75,7 +75,7 @@ pub fn unknown_fields<T: DeserializeOwned>(
 
 /// The closest of `known` to `key` when it is close: an edit (Damerau-Levenshtein, case counted)
 /// distance of at most a third of the longer name, 1 for names under 6 characters.
-pub fn did_you_mean(key: &str, known: &[&'static str]) -> Option<&'static str> {
+pub(crate) fn did_you_mean(key: &str, known: &[&'static str]) -> Option<&'static str> {
     if key.len() > MAX_SUGGEST_LEN {
         return None;
     }
@@ -91,7 +91,7 @@ pub fn did_you_mean(key: &str, known: &[&'static str]) -> Option<&'static str> {
 }
 
 /// `text` as printed: control characters escaped, at most [`MAX_SHOWN`] characters, then `…`.
-pub fn shown(text: &str) -> String {
+pub(crate) fn shown(text: &str) -> String {
     let escaped: String = text.chars().flat_map(char::escape_debug).collect();
     if escaped.chars().count() <= MAX_SHOWN {
         escaped

@@ -15,10 +15,10 @@ use std::{
 
 /// The default cap per file: 4 MiB, far above any manifest or configuration (the API server
 /// refuses objects above 1.5 MiB), far below anything that could hurt the node.
-pub const DEFAULT_MAX_BYTES: u64 = 4 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 4 << 20;
 
 /// Reads `path` as UTF-8 text: a regular file of at most `max_bytes` bytes.
-pub fn read_bounded(path: &Path, max_bytes: u64) -> io::Result<String> {
+pub(crate) fn read_bounded(path: &Path, max_bytes: u64) -> io::Result<String> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)

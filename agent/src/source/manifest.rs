@@ -23,7 +23,7 @@ use super::{fields::shown, file::read_bounded, nesting::check_nesting, yaml::key
 use crate::workload::{self, DecodeError, Kind, Object, Origin, Problem, Typed};
 
 /// A path as problems name fields (`spec.containers[0].resources`; empty for the document).
-pub fn field_path(path: &serde_path_to_error::Path) -> String {
+pub(crate) fn field_path(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut s = String::new();
     for seg in path {
@@ -49,22 +49,22 @@ pub fn field_path(path: &serde_path_to_error::Path) -> String {
 /// A manifest could not be read at all (exit status 2 in the CLI).
 #[derive(Debug, Error)]
 #[error("{path}: cannot read")]
-pub struct UnreadableError {
-    pub path: PathBuf,
+pub(crate) struct UnreadableError {
+    pub(crate) path: PathBuf,
     #[source]
-    pub source: std::io::Error,
+    pub(crate) source: std::io::Error,
 }
 
 /// A manifest was read but a document in it is not a Kubernetes object (exit status 1).
 #[derive(Debug, Error)]
 #[error("{file}: document {index}: {message}")]
 pub struct MalformedError {
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// 0-based position of the document in its file.
-    pub index: usize,
+    pub(crate) index: usize,
     /// The field that does not decode (`spec.containers[0].resources`), empty for the document.
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 /// The outcome of loading a set of paths: objects and the documents that were malformed.
@@ -73,17 +73,17 @@ pub struct Loaded {
     pub objects: Vec<RawObject>,
     /// Objects that are typed already (the API's pods and workload objects): admitted as they
     /// are, without a detour through a document (`source::admit::admit_typed`).
-    pub typed: Vec<(Origin, Typed)>,
+    pub(crate) typed: Vec<(Origin, Typed)>,
     pub malformed: Vec<MalformedError>,
     /// The text of each file read by [`load_paths`], so that a problem can be given its line
     /// ([`Loaded::locate`]).
-    pub texts: BTreeMap<PathBuf, String>,
+    pub(crate) texts: BTreeMap<PathBuf, String>,
 }
 
 impl Loaded {
     /// Gives each problem in a file of [`Self::texts`] its line: that of its field, else of
     /// the field's nearest ancestor in the document, else of the document. One pass per file.
-    pub fn locate(texts: &BTreeMap<PathBuf, String>, problems: &mut [&mut Problem]) {
+    pub(crate) fn locate(texts: &BTreeMap<PathBuf, String>, problems: &mut [&mut Problem]) {
         let mut by_file: BTreeMap<&Path, Vec<usize>> = BTreeMap::new();
         for (i, p) in problems.iter().enumerate() {
             by_file.entry(p.origin.file.as_path()).or_default().push(i);
@@ -112,19 +112,19 @@ impl Loaded {
 /// One document of a manifest file.
 #[derive(Debug, Clone)]
 pub struct RawObject {
-    pub file: PathBuf,
-    pub index: usize,
-    pub api_version: String,
-    pub kind: String,
+    pub(crate) file: PathBuf,
+    pub(crate) index: usize,
+    pub(crate) api_version: String,
+    pub(crate) kind: String,
     /// Empty for cluster-scoped kinds and kinds without metadata (KubeletConfiguration).
-    pub namespace: String,
-    pub name: String,
-    pub value: serde_yaml_ng::Value,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) value: serde_yaml_ng::Value,
 }
 
 impl RawObject {
     /// `Kind/namespace/name` as error lines print it (`Kind/name` without a namespace).
-    pub fn display_id(&self) -> ObjectId<'_> {
+    pub(crate) fn display_id(&self) -> ObjectId<'_> {
         ObjectId(self)
     }
 
@@ -148,7 +148,7 @@ impl RawObject {
     }
 
     /// Where the document was read from.
-    pub fn origin(&self) -> Origin {
+    pub(crate) fn origin(&self) -> Origin {
         Origin {
             file: self.file.clone(),
             index: self.index,
@@ -156,12 +156,12 @@ impl RawObject {
     }
 
     /// The document's kind, when it is one of the hierarchy's in the API version qoslet reads.
-    pub fn hierarchy_kind(&self) -> Result<Kind, DecodeError> {
+    pub(crate) fn hierarchy_kind(&self) -> Result<Kind, DecodeError> {
         workload::kind_of(&self.api_version, &self.kind)
     }
 
     /// The document decoded as the typed object of its kind (k8s-openapi's), for the hierarchy.
-    pub fn typed(&self) -> Result<Typed, DecodeError> {
+    pub(crate) fn typed(&self) -> Result<Typed, DecodeError> {
         let kind = self.hierarchy_kind()?;
         let schema = |e| self.schema_error(kind, e);
         Ok(match kind {
@@ -179,7 +179,7 @@ impl RawObject {
 
     /// A document of `kind` that does not decode, its message without the object's name (the
     /// problem line names it).
-    pub fn schema_error(&self, kind: Kind, e: MalformedError) -> DecodeError {
+    pub(crate) fn schema_error(&self, kind: Kind, e: MalformedError) -> DecodeError {
         let id = format!("{}: ", self.display_id());
         DecodeError::Schema {
             kind,
@@ -189,7 +189,7 @@ impl RawObject {
     }
 }
 
-pub struct ObjectId<'a>(&'a RawObject);
+pub(crate) struct ObjectId<'a>(&'a RawObject);
 
 impl fmt::Display for ObjectId<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -205,7 +205,7 @@ impl fmt::Display for ObjectId<'_> {
 /// Loads every YAML/JSON document under `paths`. Directories are read non-recursively, in file
 /// name order, taking `*.yaml`, `*.yml` and `*.json`; hidden files are skipped. Each file must be
 /// a regular file of at most `max_bytes` (see [`super::file`]).
-pub fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, UnreadableError> {
+pub(crate) fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, UnreadableError> {
     let mut loaded = Loaded::default();
     for path in paths {
         for file in expand(path)? {
@@ -221,7 +221,7 @@ pub fn load_paths(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, Unreadabl
 }
 
 /// The manifest files a path stands for.
-pub fn expand(path: &Path) -> Result<Vec<PathBuf>, UnreadableError> {
+pub(crate) fn expand(path: &Path) -> Result<Vec<PathBuf>, UnreadableError> {
     let unreadable = |source| UnreadableError {
         path: path.to_path_buf(),
         source,
@@ -243,7 +243,7 @@ pub fn expand(path: &Path) -> Result<Vec<PathBuf>, UnreadableError> {
 }
 
 /// Whether a directory entry is a manifest qoslet reads.
-pub fn is_manifest_file(path: &Path) -> bool {
+pub(crate) fn is_manifest_file(path: &Path) -> bool {
     let hidden = path
         .file_name()
         .and_then(|n| n.to_str())

@@ -1,17 +1,20 @@
 //! Where pods and workload objects come from: a manifest directory (standalone) or the
 //! Kubernetes API (cluster mode, `cluster/source.rs`). Every object passes [`admit`] before anything else sees it.
 
-pub mod admit;
-pub mod build;
-pub mod fields;
-pub mod file;
+pub(crate) mod admit;
+pub(crate) mod build;
+pub(crate) mod fields;
+pub(crate) mod file;
 pub mod manifest;
-pub mod nesting;
-pub mod podset;
-pub mod yaml;
+pub(crate) mod nesting;
+pub(crate) mod podset;
+pub(crate) mod yaml;
 
-pub use build::build;
-pub use podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, spec_hash};
+#[cfg(test)]
+pub(crate) use build::build;
+pub(crate) use podset::{Diff, ManifestPod, PodSet};
+#[cfg(test)]
+pub(crate) use podset::{diff, spec_hash};
 
 /// A PodSet from YAML documents, through the manifest source's own decoding and validation.
 #[cfg(test)]

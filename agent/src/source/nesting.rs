@@ -13,18 +13,18 @@ use thiserror::Error;
 use super::yaml::{Event, Events};
 
 /// Deeper than serde_yaml_ng accepts (128), so this pass refuses nothing it would load.
-pub const MAX_DEPTH: usize = 256;
+pub(crate) const MAX_DEPTH: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("nested deeper than {MAX_DEPTH} levels (line {line})")]
-pub struct TooDeep {
+pub(crate) struct TooDeep {
     /// 1-based line of the first collection past the limit.
-    pub line: u64,
+    pub(crate) line: u64,
 }
 
 /// Checks that no collection in `text` (every document of it) is nested deeper than
 /// [`MAX_DEPTH`].
-pub fn check_nesting(text: &str) -> Result<(), TooDeep> {
+pub(crate) fn check_nesting(text: &str) -> Result<(), TooDeep> {
     let Some(events) = Events::new(text) else {
         return Ok(());
     };

@@ -14,23 +14,23 @@ use crate::{
 };
 
 /// A workload object's identity: namespace, kind and name.
-pub type ObjectKey = (String, Kind, String);
+pub(crate) type ObjectKey = (String, Kind, String);
 
 /// A pod a source yields: the API object and what is derived from it, each computed once, at
 /// admission (`source/admit.rs`), and carried to the plan and the executor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ManifestPod {
-    pub pod: core::Pod,
+    pub(crate) pod: core::Pod,
     /// Its workload-hierarchy view.
-    pub object: Object,
+    pub(crate) object: Object,
     /// The policy's view.
-    pub view: PodSpecView,
+    pub(crate) view: PodSpecView,
     /// [`spec_hash`] of the pod: recorded with an eviction, a changed spec makes a new pod.
-    pub spec_hash: u64,
+    pub(crate) spec_hash: u64,
 }
 
 /// A hash of the pod's spec, stable across runs of the same build.
-pub fn spec_hash(pod: &core::Pod) -> u64 {
+pub(crate) fn spec_hash(pod: &core::Pod) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     serde_json::to_vec(&pod.spec)
@@ -44,15 +44,15 @@ pub fn spec_hash(pod: &core::Pod) -> u64 {
 pub struct PodSet {
     pub pods: BTreeMap<PodKey, ManifestPod>,
     /// Workloads, PodGroups and CompositePodGroups.
-    pub objects: BTreeMap<ObjectKey, Object>,
+    pub(crate) objects: BTreeMap<ObjectKey, Object>,
     /// Every current problem line, sorted.
     pub problems: BTreeSet<String>,
     /// Every current warning line (a manifest's unknown field, dropped), sorted.
-    pub warnings: BTreeSet<String>,
+    pub(crate) warnings: BTreeSet<String>,
     /// Files that could not be read or hold a document that does not parse or decode.
-    pub broken_files: BTreeSet<PathBuf>,
+    pub(crate) broken_files: BTreeSet<PathBuf>,
     /// Broken files whose last good objects are kept in this state for the parse grace period.
-    pub held_files: BTreeSet<PathBuf>,
+    pub(crate) held_files: BTreeSet<PathBuf>,
 }
 
 /// What changed between two loads.
@@ -61,9 +61,9 @@ pub struct Diff {
     pub pods_added: Vec<PodKey>,
     pub pods_changed: Vec<PodKey>,
     pub pods_removed: Vec<PodKey>,
-    pub objects_added: Vec<ObjectKey>,
-    pub objects_changed: Vec<ObjectKey>,
-    pub objects_removed: Vec<ObjectKey>,
+    pub(crate) objects_added: Vec<ObjectKey>,
+    pub(crate) objects_changed: Vec<ObjectKey>,
+    pub(crate) objects_removed: Vec<ObjectKey>,
     /// Problem lines that were not reported by the previous load.
     pub new_problems: Vec<String>,
     /// Warning lines that were not reported by the previous load.
@@ -71,21 +71,22 @@ pub struct Diff {
 }
 
 impl Diff {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Diff::default()
     }
 }
 
 impl PodSet {
     /// Every workload object and pod, as the workload module reads them.
-    pub fn workload_objects(&self) -> impl Iterator<Item = &Object> {
+    pub(crate) fn workload_objects(&self) -> impl Iterator<Item = &Object> {
         self.objects
             .values()
             .chain(self.pods.values().map(|p| &p.object))
     }
 
     /// The pods workload gating lets start now (`workload::startable`, per namespace).
-    pub fn startable_pods(&self, opts: &ValidationOptions) -> BTreeSet<PodKey> {
+    #[cfg(test)]
+    pub(crate) fn startable_pods(&self, opts: &ValidationOptions) -> BTreeSet<PodKey> {
         let held = self.held_pods(opts);
         self.pods
             .keys()
@@ -95,7 +96,7 @@ impl PodSet {
     }
 
     /// The pods workload gating holds, each with why (`workload::held`, per namespace).
-    pub fn held_pods(&self, opts: &ValidationOptions) -> BTreeMap<PodKey, String> {
+    pub(crate) fn held_pods(&self, opts: &ValidationOptions) -> BTreeMap<PodKey, String> {
         let mut why: BTreeMap<(String, String), String> = BTreeMap::new();
         for (ns, forest) in Forest::by_namespace(self.workload_objects().cloned()) {
             for (name, reason) in workload::held(&forest, opts) {
@@ -114,7 +115,7 @@ impl PodSet {
 }
 
 /// What changed from `old` to `new`.
-pub fn diff(old: &PodSet, new: &PodSet) -> Diff {
+pub(crate) fn diff(old: &PodSet, new: &PodSet) -> Diff {
     fn split<K: Ord + Clone, V: PartialEq>(
         old: &BTreeMap<K, V>,
         new: &BTreeMap<K, V>,

@@ -156,7 +156,7 @@ enum Frame {
 /// (`spec.containers[0].resources`; a sequence item's own line), else of its nearest ancestor
 /// in the document, else of the document's root. Absent when the document is not in `text`
 /// (past a syntax error). One pass over `text`.
-pub fn key_lines(text: &str, wanted: &[(usize, &str)]) -> BTreeMap<(usize, String), u64> {
+pub(crate) fn key_lines(text: &str, wanted: &[(usize, &str)]) -> BTreeMap<(usize, String), u64> {
     let mut found = BTreeMap::new();
     if wanted.is_empty() {
         return found;

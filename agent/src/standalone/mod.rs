@@ -11,7 +11,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use thiserror::Error;
 
-pub use node_root::{NodeRoot, NodeRootError};
+pub(crate) use node_root::{NodeRoot, NodeRootError};
 
 use watch::{ManifestDirError, ManifestWatch};
 
@@ -53,7 +53,7 @@ pub enum StandaloneError {
 
 impl StandaloneError {
     /// The process's exit status: 64 for configuration errors only.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Start(e) => e.exit_code(),
             Self::NodeRoot(_) | Self::Manifests(_) => exit::OSERR,

@@ -15,10 +15,10 @@ use crate::cgroup::{CgroupPath, Mounts, Tree, layout::Controller};
 #[derive(Debug, Error)]
 #[error("node root cgroup {path}: {what}")]
 pub struct NodeRootError {
-    pub path: PathBuf,
-    pub what: String,
+    pub(crate) path: PathBuf,
+    pub(crate) what: String,
     #[source]
-    pub source: io::Error,
+    pub(crate) source: io::Error,
 }
 
 /// The directories qoslet created for the node root, removed by [`NodeRoot::remove`].
@@ -26,7 +26,7 @@ pub struct NodeRootError {
 /// A marker file beside the state file records that qoslet created the node root, so a run after
 /// a crash (which never got to remove it) knows the node root is its own to remove.
 #[derive(Debug, Default)]
-pub struct NodeRoot {
+pub(crate) struct NodeRoot {
     created: Vec<PathBuf>,
     marker: Option<PathBuf>,
 }
@@ -34,7 +34,7 @@ pub struct NodeRoot {
 impl NodeRoot {
     /// Makes sure `path` exists in every hierarchy of `mounts`. Writes only to directories it
     /// creates itself.
-    pub fn ensure(
+    pub(crate) fn ensure(
         mounts: &Mounts,
         path: &CgroupPath,
         memory_limit: Option<i64>,
@@ -80,13 +80,9 @@ impl NodeRoot {
         Ok(root)
     }
 
-    pub fn created_any(&self) -> bool {
-        !self.created.is_empty()
-    }
-
     /// Removes what `ensure` created, with every cgroup below it, deepest first. Everything
     /// under a node root qoslet created is qoslet's. The caller has stopped every process.
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         let mut all_gone = true;
         for dir in self.created.iter().rev() {
             remove_below(dir);

@@ -64,7 +64,7 @@ fn warnings(loaded: &mut Loaded) -> BTreeSet<String> {
 
 /// Loads `dir` over `previous`: the new state and what changed. Files above `max_bytes`, FIFOs
 /// and devices are problems (`source/file.rs`).
-pub fn load_dir(
+pub(crate) fn load_dir(
     dir: &Path,
     previous: &PodSet,
     opts: &ValidationOptions,
@@ -106,7 +106,7 @@ pub fn load_dir(
 /// copy) keeps the objects it last held: they run on unchanged until the file parses again, or
 /// are removed once this much time has passed. A file that is deleted, or that parses and no
 /// longer holds an object, removes it at once.
-pub const PARSE_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const PARSE_GRACE: Duration = Duration::from_secs(30);
 
 /// A burst of events is read as one change at most this long after its first event, however
 /// long the burst lasts.
@@ -204,13 +204,14 @@ impl ManifestWatch {
     }
 
     /// The largest manifest file read (QosletConfiguration `maxManifestBytes`; default 4 MiB).
-    pub fn with_max_manifest_bytes(mut self, max_bytes: u64) -> Self {
+    pub(crate) fn with_max_manifest_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
     }
 
     /// Overrides [`PARSE_GRACE`] (tests).
-    pub fn with_parse_grace(mut self, grace: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_parse_grace(mut self, grace: Duration) -> Self {
         self.parse_grace = grace;
         self
     }

@@ -7,7 +7,7 @@ use super::{forest::Forest, gate::admissible_count, types::ObjRef};
 
 /// What a disruption unit is rooted at.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum UnitRoot {
+pub(crate) enum UnitRoot {
     /// The pod alone.
     Pod(String),
     /// A group with `disruptionMode: all`: the highest such ancestor.
@@ -16,27 +16,27 @@ pub enum UnitRoot {
 
 /// The indivisible set of pods evicted together.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unit {
-    pub root: UnitRoot,
+pub(crate) struct Unit {
+    pub(crate) root: UnitRoot,
     /// Live (not Succeeded or Failed) pods of the unit, in name order.
-    pub pods: Vec<String>,
+    pub(crate) pods: Vec<String>,
 }
 
 /// A gang that an eviction would drop below its minimum.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct GangBreak {
-    pub group: ObjRef,
+pub(crate) struct GangBreak {
+    pub(crate) group: ObjRef,
     /// minCount (PodGroup) or minGroupCount (CompositePodGroup).
-    pub min: i32,
+    pub(crate) min: i32,
     /// Live pods (leaf) or admissible children (composite), before and after the eviction.
-    pub before: usize,
-    pub after: usize,
+    pub(crate) before: usize,
+    pub(crate) after: usize,
 }
 
 /// The disruption unit of `pod`: itself; its PodGroup when that is `disruptionMode: all`; the
 /// highest `all` ancestor of an unbroken chain of `all` groups (KEP-5710). `None` for an
 /// unknown pod.
-pub fn disruption_unit(f: &Forest, pod: &str) -> Option<Unit> {
+pub(crate) fn disruption_unit(f: &Forest, pod: &str) -> Option<Unit> {
     let p = f.pods.get(pod)?;
     let alone = || Unit {
         root: UnitRoot::Pod(pod.to_owned()),
@@ -78,7 +78,7 @@ pub fn disruption_unit(f: &Forest, pod: &str) -> Option<Unit> {
 
 /// The gangs that evicting `evicted` drops below minCount / minGroupCount, leaves and the
 /// composites above them alike (a leaf falling below minCount stops counting for its parent).
-pub fn breaks_gang(f: &Forest, evicted: &[String]) -> Vec<GangBreak> {
+pub(crate) fn breaks_gang(f: &Forest, evicted: &[String]) -> Vec<GangBreak> {
     let without: BTreeSet<String> = evicted.iter().cloned().collect();
     let mut out = Vec::new();
     for (r, g) in &f.groups {

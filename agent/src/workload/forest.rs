@@ -9,18 +9,17 @@ use super::types::{Group, Kind, ObjRef, Object, Pod, Workload};
 /// Everything of one namespace, indexed.
 #[derive(Debug, Clone, Default)]
 pub struct Forest {
-    pub namespace: String,
-    pub workloads: BTreeMap<String, Workload>,
+    pub(crate) workloads: BTreeMap<String, Workload>,
     /// PodGroups and CompositePodGroups, keyed by kind and name.
-    pub groups: BTreeMap<ObjRef, Group>,
-    pub pods: BTreeMap<String, Pod>,
+    pub(crate) groups: BTreeMap<ObjRef, Group>,
+    pub(crate) pods: BTreeMap<String, Pod>,
     /// Objects dropped because an earlier one had the same kind and name (`name-unique`).
-    pub duplicates: Vec<Object>,
+    pub(crate) duplicates: Vec<Object>,
 }
 
 /// Where walking up from a group ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Top {
+pub(crate) enum Top {
     /// The topmost existing group. `complete` when it has no parent (a real root); otherwise its
     /// parent is missing and the hierarchy is not whole yet.
     Group { group: ObjRef, complete: bool },
@@ -30,11 +29,8 @@ pub enum Top {
 
 impl Forest {
     /// Indexes `objects`, all of the same namespace; the first of two same-named objects wins.
-    pub fn new(namespace: impl Into<String>, objects: impl IntoIterator<Item = Object>) -> Self {
-        let mut f = Forest {
-            namespace: namespace.into(),
-            ..Forest::default()
-        };
+    pub(crate) fn new(objects: impl IntoIterator<Item = Object>) -> Self {
+        let mut f = Forest::default();
         for o in objects {
             f.insert(o);
         }
@@ -47,14 +43,14 @@ impl Forest {
         for o in objects {
             let ns = o.meta().namespace.clone();
             out.entry(ns.clone())
-                .or_insert_with(|| Forest::new(ns, []))
+                .or_insert_with(|| Forest::new([]))
                 .insert(o);
         }
         out
     }
 
     /// Adds an object; returns false (and keeps it in `duplicates`) if the name is taken.
-    pub fn insert(&mut self, o: Object) -> bool {
+    pub(crate) fn insert(&mut self, o: Object) -> bool {
         if self.contains(&o.obj_ref()) {
             self.duplicates.push(o);
             return false;
@@ -74,7 +70,8 @@ impl Forest {
     }
 
     /// Removes an object, returning it.
-    pub fn remove(&mut self, r: &ObjRef) -> Option<Object> {
+    #[cfg(test)]
+    pub(crate) fn remove(&mut self, r: &ObjRef) -> Option<Object> {
         match r.kind {
             Kind::Workload => self.workloads.remove(&r.name).map(Object::Workload),
             Kind::Pod => self.pods.remove(&r.name).map(Object::Pod),
@@ -82,7 +79,7 @@ impl Forest {
         }
     }
 
-    pub fn contains(&self, r: &ObjRef) -> bool {
+    pub(crate) fn contains(&self, r: &ObjRef) -> bool {
         match r.kind {
             Kind::Workload => self.workloads.contains_key(&r.name),
             Kind::Pod => self.pods.contains_key(&r.name),
@@ -90,7 +87,7 @@ impl Forest {
         }
     }
 
-    pub fn get(&self, r: &ObjRef) -> Option<Object> {
+    pub(crate) fn get(&self, r: &ObjRef) -> Option<Object> {
         match r.kind {
             Kind::Workload => self.workloads.get(&r.name).cloned().map(Object::Workload),
             Kind::Pod => self.pods.get(&r.name).cloned().map(Object::Pod),
@@ -99,7 +96,7 @@ impl Forest {
     }
 
     /// Every object, in kind then name order.
-    pub fn refs(&self) -> Vec<ObjRef> {
+    pub(crate) fn refs(&self) -> Vec<ObjRef> {
         let mut v: Vec<ObjRef> = self
             .workloads
             .keys()
@@ -111,23 +108,19 @@ impl Forest {
         v
     }
 
-    pub fn group(&self, r: &ObjRef) -> Option<&Group> {
-        self.groups.get(r)
-    }
-
     /// The reference a group's parent name stands for (the parent is always composite).
-    pub fn parent_ref(&self, g: &ObjRef) -> Option<ObjRef> {
+    pub(crate) fn parent_ref(&self, g: &ObjRef) -> Option<ObjRef> {
         let parent = self.groups.get(g)?.parent.as_ref()?;
         Some(ObjRef::new(Kind::CompositePodGroup, parent))
     }
 
     /// The existing parent group.
-    pub fn parent(&self, g: &ObjRef) -> Option<&Group> {
+    pub(crate) fn parent(&self, g: &ObjRef) -> Option<&Group> {
         self.groups.get(&self.parent_ref(g)?)
     }
 
     /// The groups whose parent is `g`, in name order.
-    pub fn children(&self, g: &ObjRef) -> Vec<ObjRef> {
+    pub(crate) fn children(&self, g: &ObjRef) -> Vec<ObjRef> {
         if g.kind != Kind::CompositePodGroup {
             return Vec::new();
         }
@@ -139,7 +132,7 @@ impl Forest {
     }
 
     /// The pods whose `schedulingGroup` names the PodGroup `g`.
-    pub fn pods_of(&self, g: &ObjRef) -> Vec<&Pod> {
+    pub(crate) fn pods_of(&self, g: &ObjRef) -> Vec<&Pod> {
         if g.kind != Kind::PodGroup {
             return Vec::new();
         }
@@ -150,7 +143,7 @@ impl Forest {
     }
 
     /// The existing ancestors of `g`, nearest first; `None` if the chain loops.
-    pub fn ancestors(&self, g: &ObjRef) -> Option<Vec<ObjRef>> {
+    pub(crate) fn ancestors(&self, g: &ObjRef) -> Option<Vec<ObjRef>> {
         let mut seen = BTreeSet::from([g.clone()]);
         let mut out = Vec::new();
         let mut cur = g.clone();
@@ -168,7 +161,7 @@ impl Forest {
     }
 
     /// Where walking up from `g` ends.
-    pub fn top(&self, g: &ObjRef) -> Top {
+    pub(crate) fn top(&self, g: &ObjRef) -> Top {
         match self.ancestors(g) {
             None => Top::Cycle,
             Some(a) => {
@@ -183,7 +176,8 @@ impl Forest {
     }
 
     /// The root of `g`'s hierarchy: the topmost group, when it has no parent.
-    pub fn root(&self, g: &ObjRef) -> Option<ObjRef> {
+    #[cfg(test)]
+    pub(crate) fn root(&self, g: &ObjRef) -> Option<ObjRef> {
         match self.top(g) {
             Top::Group {
                 group,
@@ -196,7 +190,7 @@ impl Forest {
     /// 1 for a root, 2 for its children, ...; `None` on a cycle. A parent that is named but absent
     /// counts as one level: the group is at least this deep once it exists (a parent's name is
     /// immutable), so a chain is judged too deep without reading the level past the limit.
-    pub fn depth(&self, g: &ObjRef) -> Option<usize> {
+    pub(crate) fn depth(&self, g: &ObjRef) -> Option<usize> {
         let ancestors = self.ancestors(g)?;
         let top = ancestors.last().unwrap_or(g);
         // `ancestors` stops below a parent that is absent, so a top that names one lacks it.
@@ -206,7 +200,7 @@ impl Forest {
     }
 
     /// `g` and every group below it, parents before children.
-    pub fn subtree(&self, g: &ObjRef) -> Vec<ObjRef> {
+    pub(crate) fn subtree(&self, g: &ObjRef) -> Vec<ObjRef> {
         let mut out = vec![g.clone()];
         let mut i = 0;
         while i < out.len() {
@@ -221,7 +215,7 @@ impl Forest {
     }
 
     /// Every pod below `g`, in name order.
-    pub fn pods_below(&self, g: &ObjRef) -> Vec<&Pod> {
+    pub(crate) fn pods_below(&self, g: &ObjRef) -> Vec<&Pod> {
         let mut pods: Vec<&Pod> = self
             .subtree(g)
             .iter()
@@ -233,7 +227,7 @@ impl Forest {
 
     /// The hierarchies: each topmost group (or a group on a cycle, by its smallest member) with
     /// its groups and pods. Every group and every pod of an existing PodGroup is in exactly one.
-    pub fn hierarchies(&self) -> BTreeMap<ObjRef, Vec<ObjRef>> {
+    pub(crate) fn hierarchies(&self) -> BTreeMap<ObjRef, Vec<ObjRef>> {
         let mut out: BTreeMap<ObjRef, Vec<ObjRef>> = BTreeMap::new();
         for g in self.groups.keys() {
             let key = self.hierarchy_key(g);
@@ -252,7 +246,7 @@ impl Forest {
     }
 
     /// The key of the hierarchy `g` belongs to (see [`Forest::hierarchies`]).
-    pub fn hierarchy_key(&self, g: &ObjRef) -> ObjRef {
+    pub(crate) fn hierarchy_key(&self, g: &ObjRef) -> ObjRef {
         match self.top(g) {
             Top::Group { group, .. } => group,
             Top::Cycle => self.cycle_key(g),
@@ -277,7 +271,7 @@ impl Forest {
     }
 
     /// The group a pod belongs to, if it names one.
-    pub fn group_of_pod(&self, pod: &str) -> Option<ObjRef> {
+    pub(crate) fn group_of_pod(&self, pod: &str) -> Option<ObjRef> {
         let p = self.pods.get(pod)?;
         p.pod_group.as_ref().map(|n| ObjRef::new(Kind::PodGroup, n))
     }

@@ -20,14 +20,14 @@ use super::{
 
 /// Whether the scheduler would consider an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     Released,
     Held(HoldReason),
 }
 
 /// Why an object is held.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HoldReason {
+pub(crate) enum HoldReason {
     /// An ancestor (parent group, PodGroup or Workload) does not exist yet.
     Missing { ancestor: ObjRef },
     /// Its hierarchy fails validation: unschedulable as a whole.
@@ -46,7 +46,7 @@ impl fmt::Display for HoldReason {
 }
 
 /// The nearest missing ancestor of a group: its Workload, its parent, theirs, ...
-pub fn missing_ancestor(f: &Forest, g: &ObjRef) -> Option<ObjRef> {
+pub(crate) fn missing_ancestor(f: &Forest, g: &ObjRef) -> Option<ObjRef> {
     let mut cur = g.clone();
     let mut seen = BTreeSet::new();
     while seen.insert(cur.clone()) {
@@ -66,7 +66,7 @@ pub fn missing_ancestor(f: &Forest, g: &ObjRef) -> Option<ObjRef> {
 }
 
 /// The gate of every group and pod of the forest (Workloads are never held).
-pub fn gate(f: &Forest, opts: &ValidationOptions) -> BTreeMap<ObjRef, Gate> {
+pub(crate) fn gate(f: &Forest, opts: &ValidationOptions) -> BTreeMap<ObjRef, Gate> {
     // Hierarchies touched by a problem, with the first problem's rule and object.
     let mut invalid: BTreeMap<ObjRef, HoldReason> = BTreeMap::new();
     for p in validate(f, opts) {
@@ -129,7 +129,7 @@ pub fn gate(f: &Forest, opts: &ValidationOptions) -> BTreeMap<ObjRef, Gate> {
 
 /// A leaf is admissible with at least minCount live pods (basic: at least one); a composite with
 /// at least minGroupCount admissible children (basic: at least one) (KEP-4671, KEP-6012).
-pub fn admissible(f: &Forest, g: &ObjRef) -> bool {
+pub(crate) fn admissible(f: &Forest, g: &ObjRef) -> bool {
     admissible_except(f, g, &BTreeSet::new(), &mut BTreeSet::new())
 }
 
@@ -178,7 +178,7 @@ pub(crate) fn admissible_count(
 
 /// The pods the scheduler may start now: released, and every group from the pod's PodGroup to
 /// the root admissible. Pods outside any hierarchy are always startable.
-pub fn startable(f: &Forest, opts: &ValidationOptions) -> BTreeSet<String> {
+pub(crate) fn startable(f: &Forest, opts: &ValidationOptions) -> BTreeSet<String> {
     let held = held(f, opts);
     f.pods
         .values()
@@ -190,7 +190,7 @@ pub fn startable(f: &Forest, opts: &ValidationOptions) -> BTreeSet<String> {
 /// The pods the scheduler would not start now, by name, each with why, as a pod's status
 /// message says it: a forward reference (its PodGroup or an ancestor not created yet) is held,
 /// not an error, and so is a hierarchy that fails validation or a group short of its minimum.
-pub fn held(f: &Forest, opts: &ValidationOptions) -> BTreeMap<String, String> {
+pub(crate) fn held(f: &Forest, opts: &ValidationOptions) -> BTreeMap<String, String> {
     let gates = gate(f, opts);
     let mut out = BTreeMap::new();
     for p in f.pods.values() {

@@ -12,7 +12,7 @@ use super::{
 /// by uid when both sides have one), groups created from a deleted Workload (workloadRef), child
 /// groups of a deleted CompositePodGroup and pods of a deleted PodGroup, transitively. `deleted`
 /// comes first, then dependents top-down.
-pub fn cascade_delete(f: &Forest, deleted: &ObjRef) -> Vec<ObjRef> {
+pub(crate) fn cascade_delete(f: &Forest, deleted: &ObjRef) -> Vec<ObjRef> {
     if !f.contains(deleted) {
         return Vec::new();
     }
@@ -72,17 +72,17 @@ fn dependents(f: &Forest, x: &ObjRef) -> Vec<ObjRef> {
 
 /// What can be removed now of the objects being deleted, and what still waits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Finalisation {
+pub(crate) struct Finalisation {
     /// In removal order: pods, then leaves, then their parents, the Workload last.
-    pub removable: Vec<ObjRef>,
+    pub(crate) removable: Vec<ObjRef>,
     /// Objects that stay, with what they wait for.
-    pub waiting: Vec<(ObjRef, String)>,
+    pub(crate) waiting: Vec<(ObjRef, String)>,
 }
 
 /// Bottom-up finalisation: a pod goes once Succeeded or Failed; a PodGroup once every pod
 /// referencing it is Succeeded or Failed (or gone); a CompositePodGroup once its children are
 /// gone; a Workload once no group refers to it.
-pub fn finalise(f: &Forest, deleting: &BTreeSet<ObjRef>) -> Finalisation {
+pub(crate) fn finalise(f: &Forest, deleting: &BTreeSet<ObjRef>) -> Finalisation {
     let mut live = f.clone();
     let mut removable = Vec::new();
     loop {

@@ -2,29 +2,35 @@
 //!
 //! [`types`] decodes manifests, [`forest::Forest`] indexes one namespace, [`validate`] checks the
 //! rules (their names are listed there) and reports [`problem::Problem`]s, [`update`] the immutable fields, [`gate`] holding and
-//! admissibility, [`lifecycle`] cascading deletion and finalisation, [`disruption`] eviction units.
+//! admissibility, `lifecycle` (a model the unit tests check) cascading deletion and finalisation, [`disruption`] eviction units.
 #![forbid(unsafe_code)]
 
-pub mod disruption;
-pub mod forest;
-pub mod gate;
-pub mod lifecycle;
-pub mod problem;
-pub mod types;
-pub mod update;
+pub(crate) mod disruption;
+pub(crate) mod forest;
+pub(crate) mod gate;
+#[cfg(test)]
+mod lifecycle;
+pub(crate) mod problem;
+pub(crate) mod types;
+pub(crate) mod update;
 pub mod validate;
 
-pub use disruption::{GangBreak, Unit, UnitRoot, breaks_gang, disruption_unit};
-pub use forest::{Forest, Top};
-pub use gate::{Gate, HoldReason, admissible, gate, held, startable};
-pub use lifecycle::{Finalisation, cascade_delete, finalise};
-pub use problem::{Problem, Rule};
-pub use types::{
-    DecodeError, Group, Kind, ObjRef, Object, Origin, Pod, Typed, Workload, kind_of, object,
-    pod_object,
-};
-pub use update::{Applied, RejectedUpdate, apply_updates, check_update};
-pub use validate::{ValidationOptions, dangling, validate};
+pub(crate) use disruption::{GangBreak, UnitRoot, breaks_gang, disruption_unit};
+pub use forest::Forest;
+#[cfg(test)]
+pub(crate) use gate::{Gate, HoldReason, admissible, gate};
+pub(crate) use gate::{held, startable};
+#[cfg(test)]
+pub(crate) use lifecycle::{cascade_delete, finalise};
+pub(crate) use problem::Problem;
+#[cfg(test)]
+pub(crate) use problem::Rule;
+pub(crate) use types::{DecodeError, Kind, Object, Origin, Typed, kind_of, object, pod_object};
+#[cfg(test)]
+pub(crate) use types::{Group, ObjRef, Pod, Workload};
+pub(crate) use update::apply_updates;
+pub use validate::ValidationOptions;
+pub(crate) use validate::{dangling, validate};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use super::types::{ObjRef, Object, Origin};
 
 /// A stable rule name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Rule {
+pub(crate) enum Rule {
     NameDnsSubdomain,
     NameDnsLabel,
     NameUnique,
@@ -60,7 +60,8 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in declaration order.
-    pub const ALL: [Rule; 47] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [Rule; 47] = [
         Rule::NameDnsSubdomain,
         Rule::NameDnsLabel,
         Rule::NameUnique,
@@ -112,7 +113,8 @@ impl Rule {
 
     /// The rules source/admit.rs checks on each object before the forest sees it (with
     /// `name-dns-subdomain`, which the forest checks too).
-    pub const ADMISSION: [Rule; 9] = [
+    #[cfg(test)]
+    pub(crate) const ADMISSION: [Rule; 9] = [
         Rule::NamespaceDnsLabel,
         Rule::ContainerNameDnsLabel,
         Rule::ContainerNameUnique,
@@ -124,7 +126,7 @@ impl Rule {
         Rule::ContainersRequired,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Rule::NameDnsSubdomain => "name-dns-subdomain",
             Rule::NameDnsLabel => "name-dns-label",
@@ -185,24 +187,24 @@ impl fmt::Display for Rule {
 
 /// One broken rule on one object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Problem {
-    pub origin: Origin,
+pub(crate) struct Problem {
+    pub(crate) origin: Origin,
     /// The object in its forest, when it is one of the hierarchy's kinds.
-    pub object: Option<ObjRef>,
+    pub(crate) object: Option<ObjRef>,
     /// `Kind/namespace/name` (`Kind/name` without a namespace).
-    pub id: String,
-    pub rule: Rule,
-    pub message: String,
+    pub(crate) id: String,
+    pub(crate) rule: Rule,
+    pub(crate) message: String,
     /// The field the problem is in (`spec.containers[0].resources`), when it is one field's;
     /// the message names it too. It says where in the document the problem is.
-    pub field: String,
+    pub(crate) field: String,
     /// The 1-based line of [`Self::field`] (else of the object) in its file, once looked up
     /// (`source::manifest::Loaded::locate`).
-    pub line: Option<u64>,
+    pub(crate) line: Option<u64>,
 }
 
 impl Problem {
-    pub fn new(origin: &Origin, id: String, rule: Rule, message: impl Into<String>) -> Self {
+    pub(crate) fn new(origin: &Origin, id: String, rule: Rule, message: impl Into<String>) -> Self {
         Self {
             origin: origin.clone(),
             object: None,
@@ -215,7 +217,7 @@ impl Problem {
     }
 
     /// The problem of one field: the message is `field: message`.
-    pub fn at(mut self, field: impl Into<String>) -> Self {
+    pub(crate) fn at(mut self, field: impl Into<String>) -> Self {
         self.field = field.into();
         self.message = format!("{}: {}", self.field, self.message);
         self
@@ -223,13 +225,13 @@ impl Problem {
 
     /// The problem is about `field`, which the message names in its own words: the field is
     /// where its line is looked up.
-    pub fn about(mut self, field: impl Into<String>) -> Self {
+    pub(crate) fn about(mut self, field: impl Into<String>) -> Self {
         self.field = field.into();
         self
     }
 
     /// A problem on an object of the forest.
-    pub fn on(o: &Object, rule: Rule, message: impl Into<String>) -> Self {
+    pub(crate) fn on(o: &Object, rule: Rule, message: impl Into<String>) -> Self {
         Self {
             object: Some(o.obj_ref()),
             ..Self::new(&o.meta().origin, display_id(o), rule, message)
@@ -250,7 +252,7 @@ impl fmt::Display for Problem {
 }
 
 /// `Kind/namespace/name`, or `Kind/name` without a namespace.
-pub fn display_id(o: &Object) -> String {
+pub(crate) fn display_id(o: &Object) -> String {
     let m = o.meta();
     if m.namespace.is_empty() {
         format!("{}/{}", o.kind(), m.name)

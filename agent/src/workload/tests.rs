@@ -298,7 +298,7 @@ fn two_leaves() -> Vec<Object> {
 
 #[test]
 fn forest_lookups() {
-    let f = Forest::new("ns", two_leaves());
+    let f = Forest::new(two_leaves());
     let a = r(Kind::PodGroup, "a");
     let root = r(Kind::CompositePodGroup, "root");
     assert_eq!(f.parent(&a).map(|g| g.meta.name.as_str()), Some("root"));
@@ -340,10 +340,10 @@ fn depth_lines(f: &Forest) -> Vec<String> {
 fn a_chain_at_the_limit_is_not_too_deep_whether_its_top_is_there_or_not() {
     let p = r(Kind::PodGroup, "p");
     // p, c1, c2, c3 and the root c3 names: four levels, the last one not there yet.
-    let f = Forest::new("ns", depth_chain(3, None));
+    let f = Forest::new(depth_chain(3, None));
     assert_eq!(f.depth(&p), Some(validate::MAX_DEPTH));
     assert_eq!(depth_lines(&f), Vec::<String>::new());
-    let f = Forest::new("ns", depth_chain(2, Some("c3")));
+    let f = Forest::new(depth_chain(2, Some("c3")));
     assert_eq!(f.depth(&p), Some(validate::MAX_DEPTH));
     assert_eq!(depth_lines(&f), Vec::<String>::new());
 }
@@ -352,7 +352,7 @@ fn a_chain_at_the_limit_is_not_too_deep_whether_its_top_is_there_or_not() {
 fn a_parent_named_past_the_limit_is_a_level_though_absent() {
     let p = r(Kind::PodGroup, "p");
     // p, c1, c2, c3, and c4 named by c3 but absent: five levels at least.
-    let f = Forest::new("ns", depth_chain(3, Some("c4")));
+    let f = Forest::new(depth_chain(3, Some("c4")));
     assert_eq!(f.depth(&p), Some(5));
     assert_eq!(f.depth(&r(Kind::CompositePodGroup, "c3")), Some(2));
     assert_eq!(
@@ -362,7 +362,7 @@ fn a_parent_named_past_the_limit_is_a_level_though_absent() {
     // Once there, the parent says how deep: a root at depth 1, p at 5, said alike.
     let mut objs = depth_chain(3, Some("c4"));
     objs.push(cpg("c4", None, gang(1), false));
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     assert_eq!(f.depth(&p), Some(5));
     assert_eq!(
         depth_lines(&f),
@@ -373,7 +373,7 @@ fn a_parent_named_past_the_limit_is_a_level_though_absent() {
 #[test]
 fn a_loop_has_no_depth_and_is_one_rule_not_the_depth_limit() {
     // p under c1 under c2 under c3, whose parent is c1.
-    let f = Forest::new("ns", depth_chain(3, Some("c1")));
+    let f = Forest::new(depth_chain(3, Some("c1")));
     for g in f.groups.keys() {
         assert_eq!(f.depth(g), None, "{g}");
     }
@@ -390,7 +390,7 @@ fn gate_holds_until_ancestors_exist_and_names_them() {
         .into_iter()
         .filter(|o| o.obj_ref() != r(Kind::CompositePodGroup, "root"))
         .collect();
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     let g = gate(&f, &ValidationOptions::default());
     let missing = Gate::Held(HoldReason::Missing {
         ancestor: r(Kind::CompositePodGroup, "root"),
@@ -399,7 +399,7 @@ fn gate_holds_until_ancestors_exist_and_names_them() {
     assert_eq!(g[&r(Kind::Pod, "b0")], missing);
     assert!(startable(&f, &ValidationOptions::default()).is_empty());
 
-    let f = Forest::new("ns", vec![pod("x", "nope", None)]);
+    let f = Forest::new(vec![pod("x", "nope", None)]);
     let g = gate(&f, &ValidationOptions::default());
     assert_eq!(
         g[&r(Kind::Pod, "x")],
@@ -419,7 +419,7 @@ fn invalid_hierarchy_is_held_as_a_whole() {
             p.scheduler_name = Some("other".into());
         }
     }
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     let g = gate(&f, &ValidationOptions::default());
     for (k, v) in &g {
         assert!(
@@ -444,7 +444,7 @@ fn gang_root_admits_nothing_until_admissible() {
         .into_iter()
         .filter(|o| o.obj_ref() != r(Kind::Pod, "a1"))
         .collect();
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     assert!(!admissible(&f, &r(Kind::PodGroup, "a")));
     assert!(admissible(&f, &r(Kind::PodGroup, "b")));
     assert!(!admissible(&f, &r(Kind::CompositePodGroup, "root")));
@@ -453,7 +453,7 @@ fn gang_root_admits_nothing_until_admissible() {
         "b0 waits for the gang root"
     );
 
-    let f = Forest::new("ns", two_leaves());
+    let f = Forest::new(two_leaves());
     assert!(admissible(&f, &r(Kind::CompositePodGroup, "root")));
     let all: BTreeSet<String> = ["a0", "a1", "b0"].map(String::from).into();
     assert_eq!(startable(&f, &opts), all);
@@ -461,7 +461,7 @@ fn gang_root_admits_nothing_until_admissible() {
 
 #[test]
 fn cascade_from_workload_and_bottom_up_finalisation() {
-    let f = Forest::new("ns", two_leaves());
+    let f = Forest::new(two_leaves());
     let gone = cascade_delete(&f, &r(Kind::Workload, "w"));
     assert_eq!(gone.len(), 7, "{gone:?}");
     assert_eq!(gone[0], r(Kind::Workload, "w"));
@@ -479,7 +479,7 @@ fn cascade_from_workload_and_bottom_up_finalisation() {
             p.phase = Some("Succeeded".into());
         }
     }
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     let fin = finalise(&f, &deleting);
     let removed: BTreeSet<ObjRef> = fin.removable.iter().cloned().collect();
     assert!(removed.contains(&r(Kind::PodGroup, "b")));
@@ -500,7 +500,7 @@ fn cascade_follows_owner_references() {
             uid: String::new(),
         });
     }
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     let gone = cascade_delete(&f, &r(Kind::PodGroup, "a"));
     assert!(gone.contains(&r(Kind::Pod, "b0")));
     assert!(gone.contains(&r(Kind::Pod, "a0")));
@@ -509,7 +509,7 @@ fn cascade_follows_owner_references() {
 
 #[test]
 fn disruption_units() {
-    let f = Forest::new("ns", two_leaves());
+    let f = Forest::new(two_leaves());
     let u = disruption_unit(&f, "b0").expect("pod exists");
     assert_eq!(u.root, UnitRoot::Pod("b0".into()));
     let u = disruption_unit(&f, "a0").expect("pod exists");
@@ -526,7 +526,7 @@ fn disruption_units() {
         pod("q", "other", None),
         pod("done", "other", Some("Failed")),
     ];
-    let f = Forest::new("ns", objs);
+    let f = Forest::new(objs);
     let u = disruption_unit(&f, "p").expect("pod exists");
     assert_eq!(u.root, UnitRoot::Group(r(Kind::CompositePodGroup, "top")));
     assert_eq!(u.pods, vec!["p".to_string(), "q".to_string()]);
@@ -535,7 +535,7 @@ fn disruption_units() {
 
 #[test]
 fn breaking_gangs_recursively() {
-    let f = Forest::new("ns", two_leaves());
+    let f = Forest::new(two_leaves());
     assert!(
         breaks_gang(&f, &["b0".to_string()])
             .iter()
@@ -794,7 +794,7 @@ proptest! {
     #[test]
     fn validation_accepts_exactly_the_valid_trees(t in tree(false), gate_on in any::<bool>()) {
         let (objs, _) = objects(&t);
-        let f = Forest::new("ns", objs);
+        let f = Forest::new(objs);
         let opts = ValidationOptions { pod_group_preemption_policy: gate_on };
         let p = validate(&f, &opts);
         prop_assert!(dangling(&f).is_empty());
@@ -814,7 +814,7 @@ proptest! {
         let mut present: Vec<Object> = Vec::new();
         for i in order {
             present.push(objs[i].clone());
-            let f = Forest::new("ns", present.clone());
+            let f = Forest::new(present.clone());
             let have: BTreeSet<ObjRef> = present.iter().map(Object::obj_ref).collect();
             for (obj, g) in gate(&f, &opts) {
                 let all_there = anc[&obj].iter().all(|a| have.contains(a));
@@ -828,7 +828,7 @@ proptest! {
                 }
             }
         }
-        let f = Forest::new("ns", objs);
+        let f = Forest::new(objs);
         prop_assert!(gate(&f, &opts).values().all(|g| *g == Gate::Released));
     }
 }
@@ -847,7 +847,7 @@ fn random_trees_are_often_valid_and_often_invalid() {
             .current();
         valid += usize::from(satisfies_rules(&t, false));
         let (objs, _) = objects(&t);
-        let f = Forest::new("ns", objs);
+        let f = Forest::new(objs);
         deep += usize::from(f.groups.keys().any(|g| f.depth(g).is_some_and(|d| d > 4)));
     }
     assert!((40..=360).contains(&valid), "{valid} valid of 400");

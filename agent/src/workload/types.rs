@@ -14,14 +14,14 @@ use k8s_openapi::api::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// API versions of the kinds this module owns.
-pub const WORKLOAD_API: &str = "scheduling.k8s.io/v1beta1";
-pub const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";
-pub const COMPOSITE_API: &str = "scheduling.k8s.io/v1alpha3";
+pub(crate) const WORKLOAD_API: &str = "scheduling.k8s.io/v1beta1";
+pub(crate) const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";
+pub(crate) const COMPOSITE_API: &str = "scheduling.k8s.io/v1alpha3";
 
 /// `spec.preemptionPolicy` when unset (KEP-5710; PodSpec defaulting).
-pub const DEFAULT_PREEMPTION: &str = "PreemptLowerPriority";
+pub(crate) const DEFAULT_PREEMPTION: &str = "PreemptLowerPriority";
 /// `spec.schedulerName` when unset.
-pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+pub(crate) const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// The kinds of the hierarchy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -33,7 +33,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::Workload => "Workload",
             Kind::CompositePodGroup => "CompositePodGroup",
@@ -43,7 +43,7 @@ impl Kind {
     }
 
     /// The kind of a manifest document, if this module owns it.
-    pub fn from_kind_str(kind: &str) -> Option<Kind> {
+    pub(crate) fn from_kind_str(kind: &str) -> Option<Kind> {
         match kind {
             "Workload" => Some(Kind::Workload),
             "CompositePodGroup" => Some(Kind::CompositePodGroup),
@@ -54,7 +54,7 @@ impl Kind {
     }
 
     /// The apiVersion qoslet reads this kind in.
-    pub fn api_version(self) -> &'static str {
+    pub(crate) fn api_version(self) -> &'static str {
         match self {
             Kind::Workload => WORKLOAD_API,
             Kind::CompositePodGroup => COMPOSITE_API,
@@ -72,13 +72,13 @@ impl fmt::Display for Kind {
 
 /// An object within one namespace: names are unique per namespace and kind (seed 002).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjRef {
-    pub kind: Kind,
-    pub name: String,
+pub(crate) struct ObjRef {
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
 }
 
 impl ObjRef {
-    pub fn new(kind: Kind, name: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: Kind, name: impl Into<String>) -> Self {
         Self {
             kind,
             name: name.into(),
@@ -94,32 +94,32 @@ impl fmt::Display for ObjRef {
 
 /// Where an object was read from, so every problem can name the file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Origin {
-    pub file: PathBuf,
-    pub index: usize,
+pub(crate) struct Origin {
+    pub(crate) file: PathBuf,
+    pub(crate) index: usize,
 }
 
 /// An entry of `metadata.ownerReferences`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnerRef {
-    pub kind: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct OwnerRef {
+    pub(crate) kind: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 /// What every object carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Meta {
-    pub name: String,
-    pub namespace: String,
-    pub uid: Option<String>,
-    pub owners: Vec<OwnerRef>,
-    pub origin: Origin,
+pub(crate) struct Meta {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) uid: Option<String>,
+    pub(crate) owners: Vec<OwnerRef>,
+    pub(crate) origin: Origin,
 }
 
 /// `schedulingPolicy`: exactly one of `basic` and `gang` (KEP-4671).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     Basic,
     /// `minCount` for a PodGroup, `minGroupCount` for a CompositePodGroup.
     Gang {
@@ -130,7 +130,7 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub fn gang_min(self) -> Option<i32> {
+    pub(crate) fn gang_min(self) -> Option<i32> {
         match self {
             Policy::Gang { min } => Some(min),
             _ => None,
@@ -140,7 +140,7 @@ impl Policy {
 
 /// `disruptionMode`: `single` (the default) or `all` (KEP-5710).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disruption {
+pub(crate) enum Disruption {
     Single,
     All,
     /// Both set, or the field set with neither: reported by `disruption-mode-exclusive`, treated
@@ -149,62 +149,62 @@ pub enum Disruption {
 }
 
 impl Disruption {
-    pub fn is_all(self) -> bool {
+    pub(crate) fn is_all(self) -> bool {
         self == Disruption::All
     }
 }
 
 /// The scheduling fields shared by groups and templates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scheduling {
-    pub policy: Policy,
-    pub disruption: Disruption,
-    pub priority: Option<i32>,
-    pub priority_class_name: Option<String>,
-    pub preemption_policy: Option<String>,
+pub(crate) struct Scheduling {
+    pub(crate) policy: Policy,
+    pub(crate) disruption: Disruption,
+    pub(crate) priority: Option<i32>,
+    pub(crate) priority_class_name: Option<String>,
+    pub(crate) preemption_policy: Option<String>,
 }
 
 /// `spec.workloadRef`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkloadRef {
-    pub workload_name: String,
-    pub template_name: String,
+pub(crate) struct WorkloadRef {
+    pub(crate) workload_name: String,
+    pub(crate) template_name: String,
 }
 
 /// A PodGroupTemplate or CompositePodGroupTemplate of a Workload, with its nested templates.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
-    pub name: String,
+pub(crate) struct Template {
+    pub(crate) name: String,
     /// PodGroup for a PodGroupTemplate, CompositePodGroup for a CompositePodGroupTemplate.
-    pub kind: Kind,
-    pub scheduling: Scheduling,
-    pub children: Vec<Template>,
+    pub(crate) kind: Kind,
+    pub(crate) scheduling: Scheduling,
+    pub(crate) children: Vec<Template>,
 }
 
 /// A Workload: the static template tree (KEP-4671).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
-    pub meta: Meta,
+    pub(crate) meta: Meta,
     /// `spec.controllerRef` as `Kind/name`.
-    pub controller_ref: Option<String>,
+    pub(crate) controller_ref: Option<String>,
     /// `compositePodGroupTemplates` then `podGroupTemplates`; exactly one list may be non-empty.
-    pub templates: Vec<Template>,
+    pub(crate) templates: Vec<Template>,
 }
 
 /// A PodGroup (leaf, holds pods) or a CompositePodGroup (inner node, holds groups; KEP-6012).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Group {
-    pub meta: Meta,
+    pub(crate) meta: Meta,
     /// `Kind::PodGroup` or `Kind::CompositePodGroup`.
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// `spec.parentCompositePodGroupName`; `None` for a root.
-    pub parent: Option<String>,
-    pub workload_ref: Option<WorkloadRef>,
-    pub scheduling: Scheduling,
+    pub(crate) parent: Option<String>,
+    pub(crate) workload_ref: Option<WorkloadRef>,
+    pub(crate) scheduling: Scheduling,
 }
 
 impl Group {
-    pub fn obj_ref(&self) -> ObjRef {
+    pub(crate) fn obj_ref(&self) -> ObjRef {
         ObjRef::new(self.kind, &self.meta.name)
     }
 }
@@ -212,19 +212,19 @@ impl Group {
 /// The parts of a Pod the hierarchy rules read; resources belong to the policy module.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pod {
-    pub meta: Meta,
+    pub(crate) meta: Meta,
     /// `spec.schedulingGroup.podGroupName`.
-    pub pod_group: Option<String>,
-    pub scheduler_name: Option<String>,
-    pub priority: Option<i32>,
-    pub priority_class_name: Option<String>,
-    pub preemption_policy: Option<String>,
-    pub phase: Option<String>,
+    pub(crate) pod_group: Option<String>,
+    pub(crate) scheduler_name: Option<String>,
+    pub(crate) priority: Option<i32>,
+    pub(crate) priority_class_name: Option<String>,
+    pub(crate) preemption_policy: Option<String>,
+    pub(crate) phase: Option<String>,
 }
 
 impl Pod {
     /// Succeeded and Failed pods are done: they count for nothing and hold nothing up.
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
     }
 }
@@ -238,7 +238,7 @@ pub enum Object {
 }
 
 impl Object {
-    pub fn meta(&self) -> &Meta {
+    pub(crate) fn meta(&self) -> &Meta {
         match self {
             Object::Workload(w) => &w.meta,
             Object::Group(g) => &g.meta,
@@ -246,7 +246,7 @@ impl Object {
         }
     }
 
-    pub fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
             Object::Workload(_) => Kind::Workload,
             Object::Group(g) => g.kind,
@@ -254,7 +254,7 @@ impl Object {
         }
     }
 
-    pub fn obj_ref(&self) -> ObjRef {
+    pub(crate) fn obj_ref(&self) -> ObjRef {
         ObjRef::new(self.kind(), &self.meta().name)
     }
 }
@@ -282,7 +282,7 @@ pub enum DecodeError {
 /// An object of the hierarchy as k8s-openapi decodes it: what the door hands this module,
 /// whichever mode read it (a manifest document, an API object).
 #[derive(Debug, Clone)]
-pub enum Typed {
+pub(crate) enum Typed {
     Workload(v1beta1::Workload),
     PodGroup(v1beta1::PodGroup),
     CompositePodGroup(v1alpha3::CompositePodGroup),
@@ -290,7 +290,7 @@ pub enum Typed {
 }
 
 /// The hierarchy's view of a typed object read at `origin`.
-pub fn object(typed: Typed, origin: Origin) -> Object {
+pub(crate) fn object(typed: Typed, origin: Origin) -> Object {
     match typed {
         Typed::Workload(w) => Object::Workload(workload(w, origin)),
         Typed::PodGroup(g) => Object::Group(pod_group(g, origin)),
@@ -301,7 +301,7 @@ pub fn object(typed: Typed, origin: Origin) -> Object {
 
 /// The kind of an object of `api_version` and `kind`, when it is one qoslet reads in the API
 /// version it reads.
-pub fn kind_of(api_version: &str, kind: &str) -> Result<Kind, DecodeError> {
+pub(crate) fn kind_of(api_version: &str, kind: &str) -> Result<Kind, DecodeError> {
     let of = Kind::from_kind_str(kind).ok_or(DecodeError::NotOurs)?;
     if api_version != of.api_version() {
         return Err(DecodeError::ApiVersion {
@@ -314,7 +314,7 @@ pub fn kind_of(api_version: &str, kind: &str) -> Result<Kind, DecodeError> {
 }
 
 /// A typed Pod's workload-hierarchy view.
-pub fn pod_object(p: &K8sPod, origin: Origin) -> Object {
+pub(crate) fn pod_object(p: &K8sPod, origin: Origin) -> Object {
     Object::Pod(pod(p, origin))
 }
 

@@ -11,17 +11,17 @@ use super::{
 
 /// An update the API server would refuse.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RejectedUpdate {
+pub(crate) struct RejectedUpdate {
     /// Where the new object was read, what it is and which rule it breaks.
-    pub problem: Problem,
+    pub(crate) problem: Problem,
 }
 
 /// The outcome of applying a change set to the objects it replaces.
 #[derive(Debug, Clone, Default)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// The resulting objects: old ones, replaced by accepted updates, plus new ones.
-    pub objects: Vec<Object>,
-    pub rejected: Vec<RejectedUpdate>,
+    pub(crate) objects: Vec<Object>,
+    pub(crate) rejected: Vec<RejectedUpdate>,
 }
 
 type Key = (String, Kind, String);
@@ -31,7 +31,7 @@ fn key(o: &Object) -> Key {
 }
 
 /// The immutable fields `new` changes relative to `old` (same kind, namespace and name).
-pub fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
+pub(crate) fn check_update(old: &Object, new: &Object) -> Vec<RejectedUpdate> {
     let mut out = Vec::new();
     let mut reject = |rule: Rule, message: String| {
         out.push(RejectedUpdate {
@@ -161,7 +161,7 @@ fn workload_changes(a: &Workload, b: &Workload) -> Vec<String> {
 
 /// Applies `new` over `old`, matching objects by kind, namespace and name. Rejected updates keep
 /// the old object. Objects of `new` with no counterpart are additions.
-pub fn apply_updates(old: Vec<Object>, new: Vec<Object>) -> Applied {
+pub(crate) fn apply_updates(old: Vec<Object>, new: Vec<Object>) -> Applied {
     let mut by_key: BTreeMap<Key, Object> = BTreeMap::new();
     let mut order: Vec<Key> = Vec::new();
     for o in old {

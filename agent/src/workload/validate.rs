@@ -64,12 +64,12 @@ use super::{
 /// Maximum depth of the template and group trees (seed 002).
 pub const MAX_DEPTH: usize = 4;
 /// Maximum number of child templates at any level of a Workload (seed 002).
-pub const MAX_TEMPLATES: usize = 8;
+pub(crate) const MAX_TEMPLATES: usize = 8;
 /// The highest priority a group or template may hold (HighestUserDefinablePriority).
-pub const MAX_USER_PRIORITY: i32 = 1_000_000_000;
+pub(crate) const MAX_USER_PRIORITY: i32 = 1_000_000_000;
 /// The PriorityClasses every cluster has (`scheduling/v1.SystemPriorityClasses`), with their
 /// values; their preemptionPolicy is PreemptLowerPriority.
-pub const SYSTEM_PRIORITY_CLASSES: [(&str, i32); 2] = [
+pub(crate) const SYSTEM_PRIORITY_CLASSES: [(&str, i32); 2] = [
     ("system-cluster-critical", 2_000_000_000),
     ("system-node-critical", 2_000_001_000),
 ];
@@ -79,7 +79,7 @@ pub const SYSTEM_PRIORITY_CLASSES: [(&str, i32); 2] = [
 /// [`Forest::depth`] counts a named parent that is absent as a level, so the walk reads at most
 /// [`MAX_DEPTH`] levels and the `depth-limit` rule still sees a longer chain, or a loop that
 /// closes above the limit.
-pub fn reads_parent(level: usize) -> bool {
+pub(crate) fn reads_parent(level: usize) -> bool {
     level < MAX_DEPTH
 }
 
@@ -87,16 +87,16 @@ pub fn reads_parent(level: usize) -> bool {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ValidationOptions {
     /// The PodGroupPreemptionPolicy feature gate: the root's preemptionPolicy must equal the pods'.
-    pub pod_group_preemption_policy: bool,
+    pub(crate) pod_group_preemption_policy: bool,
 }
 
 /// Whether `s` is a DNS-1123 subdomain (lowercase alphanumerics, `-`, `.`, <= 253).
-pub fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(|l| is_label_chars(l, 253))
 }
 
 /// Whether `s` is a DNS-1123 label (lowercase alphanumerics and `-`, <= 63).
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     is_label_chars(s, 63)
 }
 
@@ -111,7 +111,7 @@ fn is_label_chars(s: &str, max: usize) -> bool {
 }
 
 /// Checks every rule of the module doc on one namespace; sorted, deterministic.
-pub fn validate(f: &Forest, opts: &ValidationOptions) -> Vec<Problem> {
+pub(crate) fn validate(f: &Forest, opts: &ValidationOptions) -> Vec<Problem> {
     let mut out = Vec::new();
     for d in &f.duplicates {
         out.push(Problem::on(
@@ -167,7 +167,7 @@ pub fn validate(f: &Forest, opts: &ValidationOptions) -> Vec<Problem> {
 }
 
 /// Objects that name a parent, PodGroup or Workload absent from the set (`reference-exists`).
-pub fn dangling(f: &Forest) -> Vec<Problem> {
+pub(crate) fn dangling(f: &Forest) -> Vec<Problem> {
     let mut out = Vec::new();
     for g in f.groups.values() {
         let o = Object::Group(g.clone());
@@ -495,7 +495,10 @@ fn check_workload(w: &Workload, out: &mut Vec<Problem>) {
 }
 
 /// Finds a template by name in a Workload, with its parent template's name.
-pub fn find_template<'a>(w: &'a Workload, name: &str) -> Option<(&'a Template, Option<&'a str>)> {
+pub(crate) fn find_template<'a>(
+    w: &'a Workload,
+    name: &str,
+) -> Option<(&'a Template, Option<&'a str>)> {
     let mut stack: Vec<(&Template, Option<&str>)> = w.templates.iter().map(|t| (t, None)).collect();
     while let Some((t, parent)) = stack.pop() {
         if t.name == name {

@@ -36,7 +36,7 @@ macro_rules! trim_container {
 }
 
 /// Drops what qoslet never reads from an object as it arrives from a watch.
-pub trait Trim {
+pub(crate) trait Trim {
     fn trim(&mut self);
 }
 

@@ -824,15 +824,12 @@ fn gang_of_a_and_b(all: bool) -> Forest {
             preemption_policy: None,
         },
     });
-    Forest::new(
-        "ns",
-        vec![
-            group,
-            member("a", Some("gang")),
-            member("b", Some("gang")),
-            member("c", None),
-        ],
-    )
+    Forest::new(vec![
+        group,
+        member("a", Some("gang")),
+        member("b", Some("gang")),
+        member("c", None),
+    ])
 }
 
 /// Each pod evicted with a `disruptionMode: all` unit names the unit in its Event's

@@ -55,7 +55,7 @@ fn member(name: &str, group: &str, phase: &str) -> Object {
 }
 
 fn forests(objects: Vec<Object>) -> BTreeMap<String, Forest> {
-    [(NS.to_owned(), Forest::new(NS, objects))].into()
+    [(NS.to_owned(), Forest::new(objects))].into()
 }
 
 fn key(name: &str) -> PodKey {

@@ -10,7 +10,7 @@ use prometheus_client::{
 /// A histogram as the kernel keeps it: log2 microsecond buckets (bucket `i` counts values in
 /// `[2^i, 2^(i+1))` µs), exported as is instead of being replayed into a client-side histogram.
 #[derive(Debug, Clone, Default)]
-pub struct KernelHistogram {
+pub(crate) struct KernelHistogram {
     inner: Arc<RwLock<KernelHistogramData>>,
 }
 
@@ -23,7 +23,7 @@ struct KernelHistogramData {
 
 impl KernelHistogram {
     /// Replaces the snapshot (the kernel's counters are cumulative already).
-    pub fn set(&self, count: u64, sum_ns: u64, buckets: &[u64]) {
+    pub(crate) fn set(&self, count: u64, sum_ns: u64, buckets: &[u64]) {
         let mut d = self
             .inner
             .write()
@@ -34,7 +34,7 @@ impl KernelHistogram {
     }
 
     /// The upper bound (seconds) of the bucket holding the `q` quantile, `None` when empty.
-    pub fn quantile_upper_bound(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile_upper_bound(&self, q: f64) -> Option<f64> {
         let d = self
             .inner
             .read()

@@ -3,90 +3,90 @@
 use prometheus_client::encoding::EncodeLabelSet;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    pub resource: String,
+pub(crate) struct ResourceLabels {
+    pub(crate) resource: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodInfoLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub uid: String,
-    pub qos_class: String,
+pub(crate) struct PodInfoLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) uid: String,
+    pub(crate) qos_class: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodResourceLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub resource: String,
+pub(crate) struct PodResourceLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) resource: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CgroupLabels {
-    pub cgroup: String,
+pub(crate) struct CgroupLabels {
+    pub(crate) cgroup: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ContainerLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
+pub(crate) struct ContainerLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) container: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MemcgEventLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub uid: String,
+pub(crate) struct MemcgEventLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) uid: String,
     /// Empty for the pod's own cgroup.
-    pub container: String,
-    pub event: String,
+    pub(crate) container: String,
+    pub(crate) event: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PodLabels {
-    pub namespace: String,
-    pub pod: String,
+pub(crate) struct PodLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EvictionLabels {
-    pub signal: String,
-    pub qos_class: String,
+pub(crate) struct EvictionLabels {
+    pub(crate) signal: String,
+    pub(crate) qos_class: String,
 }
 
 /// A part of the eviction decision latency: `wake`, `decide`, `kill`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
-    pub stage: String,
+pub(crate) struct StageLabels {
+    pub(crate) stage: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProgramLabels {
-    pub program: String,
+pub(crate) struct ProgramLabels {
+    pub(crate) program: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RingLabels {
-    pub ring: String,
+pub(crate) struct RingLabels {
+    pub(crate) ring: String,
 }
 
 /// An eviction signal (`memory.available`, `pid.available`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SignalLabels {
-    pub signal: String,
+pub(crate) struct SignalLabels {
+    pub(crate) signal: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ThresholdLabels {
-    pub signal: String,
+pub(crate) struct ThresholdLabels {
+    pub(crate) signal: String,
     /// `hard` or `soft`.
-    pub kind: String,
+    pub(crate) kind: String,
 }
 
 /// Labels that name an eviction signal.
-pub trait SignalLabel {
+pub(crate) trait SignalLabel {
     fn signal(&self) -> &str;
 }
 
@@ -103,42 +103,42 @@ impl SignalLabel for ThresholdLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QosLabels {
-    pub qos_class: String,
+pub(crate) struct QosLabels {
+    pub(crate) qos_class: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StepLabels {
+pub(crate) struct StepLabels {
     /// `engage` or `release`.
-    pub direction: String,
+    pub(crate) direction: String,
     /// The level stepped to.
-    pub level: String,
+    pub(crate) level: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiWriteLabels {
+pub(crate) struct ApiWriteLabels {
     /// The write's kind (`podEvicted`, `evict`, `event`, `nodeCondition`, `nodeTaint`); empty
     /// for drops that are not about one write's answer.
-    pub write: String,
+    pub(crate) write: String,
     /// `rejected-<HTTP status>`, `expired`, `overflow`.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// What was built: the agent's version (the crate's). The build records no source revision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
-    pub version: String,
+pub(crate) struct BuildLabels {
+    pub(crate) version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConditionLabels {
+pub(crate) struct ConditionLabels {
     /// `MemoryPressure`, `PIDPressure`.
-    pub condition: String,
+    pub(crate) condition: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SensorLabels {
-    pub sensor: String,
+pub(crate) struct SensorLabels {
+    pub(crate) sensor: String,
     /// `ebpf`, or the fallback in use (`psi`, `memory.events`, `polling`).
-    pub source: String,
+    pub(crate) source: String,
 }

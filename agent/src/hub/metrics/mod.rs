@@ -7,7 +7,7 @@
 
 mod histogram;
 mod labels;
-pub mod process;
+pub(crate) mod process;
 
 use std::sync::atomic::AtomicU64;
 
@@ -35,21 +35,21 @@ use crate::{
 };
 use process::ProcessCollector;
 
-pub use histogram::KernelHistogram;
-pub use labels::*;
+pub(crate) use histogram::KernelHistogram;
+pub(crate) use labels::*;
 
 /// One gauge per eviction signal, in a family named after the signal's unit: the memory signals
 /// in `<name>_bytes`, `pid.available` in `<name>_pids`. A pid count under a bytes name would
 /// be scaled as bytes by every unit-aware tool (Grafana shows 4194304 pids as 4 MiB).
 #[derive(Clone, Debug)]
-pub struct SignalGauges<L: SignalLabel> {
+pub(crate) struct SignalGauges<L: SignalLabel> {
     bytes: Family<L, Gauge>,
     pids: Family<L, Gauge>,
 }
 
 impl<L: SignalLabel + Clone + std::hash::Hash + Eq> SignalGauges<L> {
     /// The gauge of `labels`' signal, in the family of its unit.
-    pub fn get_or_create(&self, labels: &L) -> Gauge {
+    pub(crate) fn get_or_create(&self, labels: &L) -> Gauge {
         match resource_of(labels.signal()) {
             Some(Resource::Pids) => self.pids.get_or_create_owned(labels),
             Some(Resource::Memory) | None => self.bytes.get_or_create_owned(labels),
@@ -101,45 +101,43 @@ impl Registrar {
 pub struct Metrics {
     registry: Registry,
     series: Vec<String>,
-    pub node_capacity: Family<ResourceLabels, Gauge>,
-    pub node_allocatable: Family<ResourceLabels, Gauge>,
-    pub pod_info: Family<PodInfoLabels, Gauge>,
-    pub pod_requests: Family<PodResourceLabels, Gauge>,
-    pub cgroup_cpu_weight: Family<CgroupLabels, Gauge>,
-    pub container_oom_score_adj: Family<ContainerLabels, Gauge>,
-    pub memcg_events: Family<MemcgEventLabels, Counter>,
-    pub oom_kills: Family<ContainerLabels, Counter>,
-    pub evictions: Family<EvictionLabels, Counter>,
-    pub eviction_decision_latency: Histogram,
-    pub eviction_stage_latency: Family<StageLabels, Histogram, fn() -> Histogram>,
-    pub runqueue_latency: Family<PodLabels, KernelHistogram>,
-    pub reconcile_duration: Histogram,
-    pub ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
-    pub ebpf_events_lost: Family<RingLabels, Counter>,
-    pub sensor_active: Family<SensorLabels, Gauge>,
-    pub node_signal_available: SignalGauges<SignalLabels>,
-    pub node_eviction_threshold: SignalGauges<ThresholdLabels>,
-    pub node_condition: Family<ConditionLabels, Gauge>,
+    pub(crate) node_capacity: Family<ResourceLabels, Gauge>,
+    pub(crate) node_allocatable: Family<ResourceLabels, Gauge>,
+    pub(crate) pod_info: Family<PodInfoLabels, Gauge>,
+    pub(crate) pod_requests: Family<PodResourceLabels, Gauge>,
+    pub(crate) cgroup_cpu_weight: Family<CgroupLabels, Gauge>,
+    pub(crate) container_oom_score_adj: Family<ContainerLabels, Gauge>,
+    pub(crate) memcg_events: Family<MemcgEventLabels, Counter>,
+    pub(crate) oom_kills: Family<ContainerLabels, Counter>,
+    pub(crate) evictions: Family<EvictionLabels, Counter>,
+    pub(crate) eviction_decision_latency: Histogram,
+    pub(crate) eviction_stage_latency: Family<StageLabels, Histogram, fn() -> Histogram>,
+    pub(crate) runqueue_latency: Family<PodLabels, KernelHistogram>,
+    pub(crate) reconcile_duration: Histogram,
+    pub(crate) ebpf_program_run: Family<ProgramLabels, Counter<f64, AtomicU64>>,
+    pub(crate) ebpf_events_lost: Family<RingLabels, Counter>,
+    pub(crate) sensor_active: Family<SensorLabels, Gauge>,
+    pub(crate) node_signal_available: SignalGauges<SignalLabels>,
+    pub(crate) node_eviction_threshold: SignalGauges<ThresholdLabels>,
+    pub(crate) node_condition: Family<ConditionLabels, Gauge>,
     /// Errors of cgroup reconcile passes (see [`Metrics::record_reconcile`]). A plain counter,
     /// exported from the start at 0, so an alert on its increase has a baseline.
-    pub reconcile_errors: Counter,
+    pub(crate) reconcile_errors: Counter,
     /// Differences from the plan found in cgroup files and left alone (observe mode, or the
     /// kubelet's files in cluster mode), each counted once when first seen (the node's
     /// `NodeCgroups::reconcile`, which logs each once too).
-    pub cgroup_drift: Counter,
-    pub qos_runqueue_latency_p99: Family<QosLabels, Gauge<f64, AtomicU64>>,
-    pub cpu_pressure_level: Gauge,
-    pub cpu_pressure_steps: Family<StepLabels, Counter>,
-    pub besteffort_cpu_granted: Gauge,
+    pub(crate) cgroup_drift: Counter,
+    pub(crate) qos_runqueue_latency_p99: Family<QosLabels, Gauge<f64, AtomicU64>>,
+    pub(crate) cpu_pressure_level: Gauge,
+    pub(crate) cpu_pressure_steps: Family<StepLabels, Counter>,
+    pub(crate) besteffort_cpu_granted: Gauge,
     /// The CPU the BestEffort tier used over the last window (the controller's idle test).
-    pub besteffort_cpu_used: Gauge,
+    pub(crate) besteffort_cpu_used: Gauge,
     /// Cluster mode: API writes given up on.
-    pub api_writes_dropped: Family<ApiWriteLabels, Counter>,
+    pub(crate) api_writes_dropped: Family<ApiWriteLabels, Counter>,
     /// Cluster mode: 1 while eviction is gang-aware, 0 when the cluster does not serve the
     /// Workload API.
-    pub gang_awareness: Gauge,
-    /// 1, with the agent's version as a label.
-    pub build_info: Family<BuildLabels, Gauge>,
+    pub(crate) gang_awareness: Gauge,
 }
 
 impl Default for Metrics {
@@ -376,7 +374,7 @@ impl Metrics {
         reg.add(
             "qoslet_build_info",
             "1, with the agent's version (the crate's; the build records no source revision)",
-            build_info.clone(),
+            build_info,
         );
         reg.add_collector(&process::SERIES, ProcessCollector);
         Self {
@@ -410,12 +408,11 @@ impl Metrics {
             besteffort_cpu_used,
             api_writes_dropped,
             gang_awareness,
-            build_info,
         }
     }
 
     /// Replaces the plan-derived gauges (node totals, pods, weights, scores) with `plan`'s.
-    pub fn set_plan(&self, plan: &Plan) {
+    pub(crate) fn set_plan(&self, plan: &Plan) {
         let n = &plan.node;
         for (family, totals) in [
             (&self.node_capacity, &n.capacity),
@@ -476,7 +473,7 @@ impl Metrics {
     /// Records a reconcile pass: its duration, and one error per failed write and per entry of
     /// its `errors` (the lines the node logs as "Cgroup write failed." and "Cgroup reconcile
     /// error.").
-    pub fn record_reconcile(&self, report: &ReconcileReport, took: std::time::Duration) {
+    pub(crate) fn record_reconcile(&self, report: &ReconcileReport, took: std::time::Duration) {
         self.reconcile_duration.observe(took.as_secs_f64());
         let failed_writes = report
             .writes
@@ -488,7 +485,7 @@ impl Metrics {
     }
 
     /// Replaces the pods' requests: `(namespace, pod, cpu millicores, memory bytes)`.
-    pub fn set_pod_requests<'a>(
+    pub(crate) fn set_pod_requests<'a>(
         &self,
         pods: impl IntoIterator<Item = (&'a str, &'a str, i64, i64)>,
     ) {
@@ -508,7 +505,7 @@ impl Metrics {
 
     /// Drops the per-pod series of a pod that left the node, so series do not pile up as pods
     /// come and go (the plan-derived ones are replaced by `set_plan`).
-    pub fn drop_pod(&self, namespace: &str, pod: &str, uid: &str, containers: &[&str]) {
+    pub(crate) fn drop_pod(&self, namespace: &str, pod: &str, uid: &str, containers: &[&str]) {
         for container in std::iter::once("").chain(containers.iter().copied()) {
             for event in MemcgEventKind::ALL {
                 self.memcg_events.remove(&MemcgEventLabels {
@@ -547,7 +544,7 @@ impl Metrics {
         &self.series
     }
 
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         encode(&mut out, &self.registry)?;
         Ok(out)

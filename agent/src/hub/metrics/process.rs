@@ -15,7 +15,7 @@ use prometheus_client::{
 };
 
 /// The series this collector writes, as `Metrics::series_names` lists them.
-pub const SERIES: [&str; 6] = [
+pub(crate) const SERIES: [&str; 6] = [
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
     "process_virtual_memory_bytes",
@@ -117,7 +117,7 @@ impl Reading {
 
 /// Reads procfs at each scrape; a number procfs does not give is left out of that scrape.
 #[derive(Debug, Default)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

@@ -211,7 +211,7 @@ fn node_pressure_and_reconcile_error_series_carry_their_documented_names() {
 
 #[test]
 fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
-    use crate::cgroup::{Mode, ReconcileReport, Tree, WriteReport, WriteResult, name::CgroupPath};
+    use crate::cgroup::{ReconcileReport, Tree, WriteReport, WriteResult, name::CgroupPath};
     let m = Metrics::new();
     let write = |result| WriteReport {
         cgroup: CgroupPath::root(),
@@ -223,7 +223,6 @@ fn a_reconcile_pass_counts_its_failed_writes_as_errors() {
         result,
     };
     let report = ReconcileReport {
-        mode: Mode::Enforce,
         created: Vec::new(),
         writes: vec![
             write(WriteResult::Written),
