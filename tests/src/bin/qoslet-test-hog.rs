@@ -3,7 +3,9 @@
 //! argument paces the allocation at that many MiB per second (default: as fast as it can); more
 //! arguments are ignored (a test names the process with them). With `QOSLET_HOG_LISTEN=PORT` it
 //! waits for a TCP connection on that port instead of the line (a pod of a workload controller
-//! has no stdin a test can write).
+//! has no stdin a test can write); a number on the connection's first line, when the connection
+//! sends one, is the cap instead of the argument (the test sizes a growth to what the node has
+//! left at that moment).
 
 use std::{
     io::BufRead as _,
@@ -13,7 +15,7 @@ use std::{
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let cap_mib: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
+    let mut cap_mib: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let rate_mib_s: Option<f64> = args
         .next()
         .and_then(|a| a.parse().ok())
@@ -22,7 +24,15 @@ fn main() {
         Ok(port) => {
             let listener = std::net::TcpListener::bind(("0.0.0.0", port.parse().unwrap_or(7000)))
                 .expect("listen");
-            let _ = listener.accept();
+            if let Ok((stream, _)) = listener.accept() {
+                // A trigger that sends nothing closes at once: its end is the end of the line.
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut line = String::new();
+                let _ = std::io::BufReader::new(stream).read_line(&mut line);
+                if let Ok(cap) = line.trim().parse() {
+                    cap_mib = cap;
+                }
+            }
         }
         Err(_) => {
             let mut line = String::new();

@@ -252,7 +252,7 @@ async fn api_eviction_waits_for_the_disruption_budget_and_evicts_one() {
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"qoslet-churn": "api"}},
-            "template": hog_template("api", "Always", cap),
+            "template": hog_template("api", "Always", cap, 100),
         },
     }))
     .unwrap();
