@@ -20,12 +20,13 @@ use thiserror::Error;
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    action::{ActionError, EvictionAction, EvictionRequest, PodCgroups, SeenPod},
+    action::{ActionError, EvictionAction, EvictionRequest},
     conditions::{ConditionState, NodeCondition},
     held,
+    inventory::{Inventory, ManagedPod},
     node::NodeSignals,
     select::{Choice, Order, Sample, choose},
-    signals::{MemoryCgroup, SignalError},
+    signals::SignalError,
     stats::{Decision, EvictionStats, Stages},
     thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
     usage::{CgroupFiles, PodReader, UsageCache},
@@ -37,7 +38,6 @@ use crate::{
     policy::{
         eviction::{Candidate, Threshold, ThresholdValue, eviction_grace_secs, rank_memory},
         pod::PodKey,
-        qos::QosClass,
         quantity::{Format, Quantity},
         settings::NodeSettings,
     },
@@ -56,54 +56,6 @@ const RELEASE_POLL: Duration = Duration::from_millis(10);
 /// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
 /// its message).
 pub(crate) const FRESH_READS: usize = 4;
-
-/// A pod the manager may evict.
-#[derive(Debug, Clone)]
-pub struct ManagedPod {
-    pub key: PodKey,
-    pub qos: QosClass,
-    pub request_bytes: i64,
-    pub priority: i32,
-    /// Static, mirror or priority >= 2e9.
-    pub critical: bool,
-    pub start_time: i64,
-    /// `terminationGracePeriodSeconds`.
-    pub grace_secs: i64,
-    /// Identifies the pod's spec (a hash): an eviction is recorded against this revision, so a
-    /// changed pod is a new pod.
-    pub revision: u64,
-    /// Where the pod's memory usage is read.
-    pub memory: MemoryCgroup,
-    pub cgroups: PodCgroups,
-    /// The pod's containers with a memory cgroup (init, sidecar and app), in the order of the
-    /// pod's stats (the Summary API's): the eviction message names those using more memory than
-    /// they request. Their working sets are read only for the pods evicted.
-    pub containers: Vec<ManagedContainer>,
-    /// Pod-level `spec.resources.requests.memory` as the pod object sets it, while the
-    /// `PodLevelResources` gate is on: the eviction message then gives the pod's usage.
-    pub pod_memory_request: Option<Quantity>,
-    /// What the status an eviction leaves depends on.
-    pub seen: SeenPod,
-}
-
-/// A container of a [`ManagedPod`], as the eviction message reads it.
-#[derive(Debug, Clone)]
-pub struct ManagedContainer {
-    pub(crate) name: String,
-    /// `resources.requests.memory` after API defaulting (a limit alone sets it); `None` when
-    /// unset, Go's zero Quantity.
-    pub(crate) memory_request: Option<Quantity>,
-    /// Where its working set is read.
-    pub(crate) memory: MemoryCgroup,
-}
-
-/// The pods and workload hierarchies, as the source last saw them.
-#[derive(Debug, Clone, Default)]
-pub struct Inventory {
-    pub pods: Vec<ManagedPod>,
-    /// Namespace -> hierarchy, for disruption units and gangs.
-    pub forests: BTreeMap<String, Forest>,
-}
 
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {

@@ -22,7 +22,7 @@ use std::{
 };
 
 use super::{
-    manager::ManagedPod,
+    inventory::ManagedPod,
     signals::{MemoryReading, SignalError},
 };
 use crate::{policy::pod::PodKey, support::lock};

@@ -11,9 +11,10 @@ use super::*;
 use crate::{
     cgroup::Tree,
     eviction::{
-        action::{EvictedStatus, Outcome},
-        signals::MemoryReading,
+        action::{EvictedStatus, Outcome, PodCgroups, SeenPod},
+        signals::{MemoryCgroup, MemoryReading},
     },
+    policy::qos::QosClass,
 };
 
 const MI: i64 = 1 << 20;

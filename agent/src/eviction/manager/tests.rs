@@ -6,8 +6,13 @@ use std::{fs, path::Path, path::PathBuf, sync::Mutex};
 use super::*;
 use crate::{
     cgroup::CgroupBeneath,
-    eviction::action::{EvictedStatus, Outcome},
+    eviction::{
+        action::{EvictedStatus, Outcome, PodCgroups, SeenPod},
+        inventory::ManagedContainer,
+        signals::MemoryCgroup,
+    },
     policy::eviction::{EvictionInput, ThresholdValue, parse_thresholds},
+    policy::qos::QosClass,
 };
 
 const MI: i64 = 1 << 20;
