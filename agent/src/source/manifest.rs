@@ -20,7 +20,7 @@ use serde::Deserialize as _;
 use thiserror::Error;
 
 use super::{fields::shown, file::read_bounded, nesting::check_nesting, yaml::key_lines};
-use crate::workload::{self, DecodeError, Kind, Object, Origin, Problem, Typed};
+use crate::workload::{self, DecodeError, Decoder, Kind, Object, Origin, Problem, Typed};
 
 /// A path as problems name fields (`spec.containers[0].resources`; empty for the document).
 pub(crate) fn field_path(path: &serde_path_to_error::Path) -> String {
@@ -163,13 +163,7 @@ impl RawObject {
     /// The document decoded as the typed object of its kind (k8s-openapi's), for the hierarchy.
     pub(crate) fn typed(&self) -> Result<Typed, DecodeError> {
         let kind = self.hierarchy_kind()?;
-        let schema = |e| self.schema_error(kind, e);
-        Ok(match kind {
-            Kind::Workload => Typed::Workload(self.decode().map_err(schema)?),
-            Kind::PodGroup => Typed::PodGroup(self.decode().map_err(schema)?),
-            Kind::CompositePodGroup => Typed::CompositePodGroup(self.decode().map_err(schema)?),
-            Kind::Pod => Typed::Pod(Box::new(self.decode().map_err(schema)?)),
-        })
+        Typed::decode(kind, self).map_err(|e| self.schema_error(kind, e))
     }
 
     /// The document as the hierarchy's [`Object`].
@@ -186,6 +180,14 @@ impl RawObject {
             message: e.message.strip_prefix(&id).unwrap_or(&e.message).to_owned(),
             field: e.field,
         }
+    }
+}
+
+impl Decoder for RawObject {
+    type Error = MalformedError;
+
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, MalformedError> {
+        RawObject::decode(self)
     }
 }
 

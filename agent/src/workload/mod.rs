@@ -25,7 +25,9 @@ pub(crate) use lifecycle::{cascade_delete, finalise};
 pub(crate) use problem::Problem;
 #[cfg(test)]
 pub(crate) use problem::Rule;
-pub(crate) use types::{DecodeError, Kind, Object, Origin, Typed, kind_of, object, pod_object};
+pub(crate) use types::{
+    DecodeError, Decoder, Kind, Object, Origin, Typed, kind_of, object, pod_object,
+};
 #[cfg(test)]
 pub(crate) use types::{Group, ObjRef, Pod, Workload};
 pub(crate) use update::apply_updates;

@@ -289,6 +289,26 @@ pub(crate) enum Typed {
     Pod(Box<K8sPod>),
 }
 
+/// Decodes one value into any type of the hierarchy: each mode's decoder, a manifest document's
+/// (which names the field that does not decode) or the watch's JSON. A trait, because the kind
+/// picks the type at run time and a closure cannot be generic over it.
+pub(crate) trait Decoder {
+    type Error;
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, Self::Error>;
+}
+
+impl Typed {
+    /// `decoder`'s value as the typed object of `kind`.
+    pub(crate) fn decode<D: Decoder>(kind: Kind, decoder: &D) -> Result<Typed, D::Error> {
+        Ok(match kind {
+            Kind::Workload => Typed::Workload(decoder.decode()?),
+            Kind::PodGroup => Typed::PodGroup(decoder.decode()?),
+            Kind::CompositePodGroup => Typed::CompositePodGroup(decoder.decode()?),
+            Kind::Pod => Typed::Pod(Box::new(decoder.decode()?)),
+        })
+    }
+}
+
 /// The hierarchy's view of a typed object read at `origin`.
 pub(crate) fn object(typed: Typed, origin: Origin) -> Object {
     match typed {
