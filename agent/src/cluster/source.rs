@@ -10,11 +10,13 @@
 //! they are dynamic objects, decoded by the same workload decoder as manifests. A cluster that does
 //! not serve the Workload API (API discovery says so) turns gang-awareness off
 //! ([`GangAwareness::Off`]): pods go alone. Each change rebuilds the [`PodSet`] through the
-//! manifest source's own door ([`build`]): every value from the API is validated exactly as a
-//! file's, and the [`Diff`] is computed the same way.
+//! manifest source's own door ([`build_set`]): every value from the API is validated exactly
+//! as a file's, and the [`Diff`] is computed the same way. A pod is admitted once per
+//! resourceVersion: one the last build admitted with the same uid and resourceVersion is kept as
+//! it was ([`FromApi::unchanged`]), so a pod event costs the admission of that pod.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     fmt::Debug,
     hash::Hash,
     path::PathBuf,
@@ -41,12 +43,13 @@ use super::client::Answered;
 use crate::{
     source::{
         PodSet,
-        build::build,
+        admit::{Admitted, AdmittedPod},
+        build::build_set,
         manifest::{Loaded, RawObject},
-        podset::Diff,
+        podset::{Diff, ManifestPod, diff},
     },
     support::lock,
-    workload::{self, Kind, Typed, ValidationOptions, validate::reads_parent},
+    workload::{self, Typed, ValidationOptions, validate::reads_parent},
 };
 
 /// Where problem lines say an object came from.
@@ -482,11 +485,21 @@ impl ApiSource {
         } else {
             Vec::new()
         };
-        let (loaded, wanted) = loaded(&pods, &workloads);
+        let FromApi {
+            loaded,
+            unchanged,
+            wanted,
+        } = loaded(&pods, &workloads, &self.state);
         if gang == GangAwareness::On {
             self.watch_objects(&wanted);
         }
-        let (next, diff) = build(
+        tracing::debug!(
+            admitted = loaded.typed.len() + loaded.objects.len(),
+            unchanged = unchanged.len(),
+            "Rebuilding the pod set."
+        );
+        let next = build_set(
+            unchanged,
             loaded,
             &self.state,
             &self.opts,
@@ -494,6 +507,7 @@ impl ApiSource {
             // The kubelet runs these pods: no runtime of qoslet's checks them.
             None,
         );
+        let diff = diff(&self.state, &next);
         for line in &diff.new_problems {
             tracing::warn!(problem = %line, "API object skipped.");
         }
@@ -675,16 +689,38 @@ where
     (reader, task)
 }
 
-/// The objects of the stores as the manifest door reads them: the node's pods that still run
-/// (Succeeded and Failed pods hold no cgroups), and the workload objects they reference with
-/// their ancestors; with the (namespace, kind, name) of every object so referenced, found or not
-/// (the objects to watch).
+/// What one rebuild takes to the door ([`loaded`]).
+pub(crate) struct FromApi {
+    /// The objects to admit.
+    pub(crate) loaded: Loaded,
+    /// The node's pods that the last build admitted with the same uid and resourceVersion: the
+    /// API server gives an object a new resourceVersion on every change, so these are as they
+    /// were, and their admission stands.
+    pub(crate) unchanged: Vec<Admitted>,
+    /// The (namespace, kind, name) of every workload object the pods reference, with their
+    /// ancestors, found or not: the objects to watch.
+    pub(crate) wanted: BTreeSet<(String, String, String)>,
+}
+
+/// The objects of the stores as the door reads them: the node's pods that still run (Succeeded
+/// and Failed pods hold no cgroups), and the workload objects they reference with their
+/// ancestors. A pod `before` holds unchanged is not admitted again.
 pub(crate) fn loaded(
     pods: &[Arc<Pod>],
     workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
-) -> (Loaded, BTreeSet<(String, String, String)>) {
+    before: &PodSet,
+) -> FromApi {
     let mut out = Loaded::default();
+    let mut unchanged = Vec::new();
     let mut wanted: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let kept: HashMap<(&str, &str), &ManifestPod> = before
+        .pods
+        .values()
+        .filter_map(|k| {
+            let m = &k.pod.metadata;
+            Some(((m.uid.as_deref()?, m.resource_version.as_deref()?), k))
+        })
+        .collect();
     for p in pods {
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
@@ -699,7 +735,16 @@ pub(crate) fn loaded(
         {
             wanted.insert((ns.clone(), "PodGroup".into(), g.clone()));
         }
-        push_pod(&mut out, p);
+        let m = &p.metadata;
+        match m
+            .uid
+            .as_deref()
+            .zip(m.resource_version.as_deref())
+            .and_then(|key| kept.get(&key))
+        {
+            Some(k) => unchanged.push(AdmittedPod::kept(k)),
+            None => push_pod(&mut out, p),
+        }
     }
     // Objects by (namespace, kind, name), then the closure of the references from the pods up.
     let mut all: BTreeMap<(String, String, String), (String, serde_json::Value)> = BTreeMap::new();
@@ -747,7 +792,11 @@ pub(crate) fn loaded(
         }
         push(&mut out, api_version, &key.1, v.clone());
     }
-    (out, wanted)
+    FromApi {
+        loaded: out,
+        unchanged,
+        wanted,
+    }
 }
 
 /// `pods` and every workload object given, unfiltered (a unit's whole hierarchy).
@@ -771,14 +820,14 @@ pub(crate) fn loaded_all(
 
 /// The API's pods go to admission typed, as they are.
 fn push_pod(out: &mut Loaded, p: &Pod) {
-    let origin = next_origin(out);
+    let origin = api_origin();
     out.typed.push((origin, Typed::Pod(Box::new(p.clone()))));
 }
 
 /// A workload object of the API goes to admission typed, decoded from the watch's JSON. One that
 /// does not decode goes as a document, so that the door says why, as it would of a manifest's.
 fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::Value) {
-    let origin = next_origin(out);
+    let origin = api_origin();
     // List items carry no apiVersion and kind: the watch knows them.
     if let Some(m) = value.as_object_mut() {
         m.insert("apiVersion".into(), api_version.into());
@@ -813,20 +862,27 @@ fn push(out: &mut Loaded, api_version: &str, kind: &str, mut value: serde_json::
 
 /// `value` as the typed object of the hierarchy's `kind`, if it decodes as one.
 fn typed(api_version: &str, kind: &str, value: &serde_json::Value) -> Option<Typed> {
-    use serde::Deserialize;
-    Some(match workload::kind_of(api_version, kind).ok()? {
-        Kind::Workload => Typed::Workload(Deserialize::deserialize(value).ok()?),
-        Kind::PodGroup => Typed::PodGroup(Deserialize::deserialize(value).ok()?),
-        Kind::CompositePodGroup => Typed::CompositePodGroup(Deserialize::deserialize(value).ok()?),
-        Kind::Pod => Typed::Pod(Box::new(Deserialize::deserialize(value).ok()?)),
-    })
+    Typed::decode(workload::kind_of(api_version, kind).ok()?, &Json(value)).ok()
 }
 
-/// The next object's place among what the API gave.
-fn next_origin(out: &Loaded) -> workload::Origin {
+/// The watch's JSON, decoded as it is.
+struct Json<'a>(&'a serde_json::Value);
+
+impl workload::Decoder for Json<'_> {
+    type Error = serde_json::Error;
+
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(self.0)
+    }
+}
+
+/// Where an object of the API comes from: the API, at no position. A document's index would be
+/// the object's place in the store's listing, which moves as other objects come and go, and an
+/// object's view would then differ from the one kept for it without a change of its own.
+fn api_origin() -> workload::Origin {
     workload::Origin {
         file: PathBuf::from(ORIGIN),
-        index: out.objects.len() + out.typed.len(),
+        index: 0,
     }
 }
 

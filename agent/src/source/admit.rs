@@ -27,7 +27,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1 as core;
 
-use super::manifest::RawObject;
+use super::{
+    manifest::RawObject,
+    podset::{ManifestPod, spec_hash},
+};
 use crate::{
     cgroup::name::validate_uid,
     policy::{pod::PodSpecView, quantity::Quantity},
@@ -53,6 +56,22 @@ pub(crate) struct AdmittedPod {
     pub(crate) pod: core::Pod,
     /// The policy's view.
     pub(crate) view: PodSpecView,
+    /// [`spec_hash`] of the pod.
+    pub(crate) spec_hash: u64,
+}
+
+impl AdmittedPod {
+    /// A pod admitted before, as the last build kept it (`source::ManifestPod`).
+    pub(crate) fn kept(kept: &ManifestPod) -> Admitted {
+        Admitted {
+            object: kept.object.clone(),
+            pod: Some(AdmittedPod {
+                pod: kept.pod.clone(),
+                view: kept.view.clone(),
+                spec_hash: kept.spec_hash,
+            }),
+        }
+    }
 }
 
 /// Decodes `raw` and checks every per-object rule of the module doc. All broken rules are
@@ -181,7 +200,11 @@ pub(crate) fn admit_pod(pod: core::Pod, origin: Origin) -> Result<Admitted, Vec<
     match PodSpecView::from_pod(&pod) {
         Ok(view) if problems.is_empty() => Ok(Admitted {
             object,
-            pod: Some(AdmittedPod { pod, view }),
+            pod: Some(AdmittedPod {
+                spec_hash: spec_hash(&pod),
+                pod,
+                view,
+            }),
         }),
         Ok(_) => Err(problems),
         Err(e) => {

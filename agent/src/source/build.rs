@@ -16,7 +16,9 @@ use crate::workload::{
     problem::{Problem, Rule},
 };
 
-use super::podset::{Diff, ManifestPod, ObjectKey, PodSet, diff, object_key, pod_key, spec_hash};
+#[cfg(test)]
+use super::podset::Diff;
+use super::podset::{ManifestPod, ObjectKey, PodSet, object_key, pod_key};
 
 /// The check of each admitted pod that the runtime running it makes at the door: qoslet's own
 /// runtime needs what it runs (every container's `command`, among others:
@@ -31,22 +33,42 @@ pub(crate) struct Unrunnable {
     pub(crate) message: String,
 }
 
-/// Decoding, admission, immutability, validation and the diff; `run_check` is the runtime's
-/// check of each pod, if it has one.
+/// [`build_set`] from `loaded` alone, and the diff from `previous`.
+#[cfg(test)]
 pub(crate) fn build(
+    loaded: Loaded,
+    previous: &PodSet,
+    opts: &ValidationOptions,
+    problems: BTreeSet<String>,
+    run_check: Option<RunCheck>,
+) -> (PodSet, Diff) {
+    let next = build_set(Vec::new(), loaded, previous, opts, problems, run_check);
+    let diff = super::podset::diff(previous, &next);
+    (next, diff)
+}
+
+/// Decoding, admission, immutability and validation of `loaded` over `previous`; `run_check` is
+/// the runtime's check of each pod, if it has one. `unchanged` are objects admitted before that
+/// have not changed since (the API's, by uid and resourceVersion): kept as admitted, not decoded
+/// or admitted again. Admission reads nothing but the object, so its answer stands until the
+/// object changes; what relates objects (one pod per UID, immutability, the hierarchy's rules)
+/// runs over all. The caller takes the diff once it has the whole next state.
+pub(crate) fn build_set(
+    unchanged: Vec<Admitted>,
     loaded: Loaded,
     previous: &PodSet,
     opts: &ValidationOptions,
     mut problems: BTreeSet<String>,
     run_check: Option<RunCheck>,
-) -> (PodSet, Diff) {
+) -> PodSet {
     let mut broken_files = BTreeSet::new();
     for m in loaded.malformed {
         problems.insert(m.to_string());
         broken_files.insert(m.file);
     }
     // Admission (source/admit.rs), then a Pod has to be runnable by the runtime; one pod per UID.
-    let mut admitted = Vec::new();
+    // What is unchanged passed both before.
+    let mut admitted = unchanged;
     for raw in &loaded.objects {
         match admit(raw)
             .map_err(lines)
@@ -126,7 +148,7 @@ pub(crate) fn build(
                         pod: a.pod.clone(),
                         object: o,
                         view: a.view.clone(),
-                        spec_hash: spec_hash(&a.pod),
+                        spec_hash: a.spec_hash,
                     },
                     _ => match old_pods.get(&key) {
                         Some(old) => (*old).clone(),
@@ -147,8 +169,7 @@ pub(crate) fn build(
     }
     next.problems = problems;
     next.broken_files = broken_files;
-    let diff = diff(previous, &next);
-    (next, diff)
+    next
 }
 
 fn lines(ps: Vec<Problem>) -> Vec<String> {
@@ -176,7 +197,7 @@ mod tests {
     use super::*;
     use crate::{
         policy::pod::{PodKey, PodSpecView},
-        source::manifest::parse_documents,
+        source::{manifest::parse_documents, podset::spec_hash},
         workload::Origin,
     };
 

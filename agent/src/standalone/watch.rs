@@ -21,7 +21,7 @@ use crate::{
     runtime::spec::run_check,
     source::{
         admit::UnknownFields,
-        build::{RunCheck, build},
+        build::{RunCheck, build_set},
         file::{DEFAULT_MAX_BYTES, read_bounded},
         manifest::{Loaded, expand, is_manifest_file, parse_documents},
         podset::{Diff, ManifestPod, ObjectKey, PodSet, diff},
@@ -62,15 +62,15 @@ fn warnings(loaded: &mut Loaded) -> BTreeSet<String> {
         .collect()
 }
 
-/// Loads `dir` over `previous`: the new state and what changed. Files above `max_bytes`, FIFOs
-/// and devices are problems (`source/file.rs`).
+/// Loads `dir` over `previous`: the new state. Files above `max_bytes`, FIFOs and devices are
+/// problems (`source/file.rs`).
 pub(crate) fn load_dir(
     dir: &Path,
     previous: &PodSet,
     opts: &ValidationOptions,
     runner: Runner,
     max_bytes: u64,
-) -> Result<(PodSet, Diff), ManifestDirError> {
+) -> Result<PodSet, ManifestDirError> {
     let files = expand(dir).map_err(|e| ManifestDirError::Read {
         dir: dir.to_path_buf(),
         source: e.source,
@@ -95,11 +95,10 @@ pub(crate) fn load_dir(
     let warnings = warnings(&mut loaded);
     // qoslet's own runtime checks at the door that it can run each pod; the kubelet's, nothing.
     let run_check = (runner == Runner::Qoslet).then_some(run_check as RunCheck);
-    let (mut next, _) = build(loaded, previous, opts, problems, run_check);
+    let mut next = build_set(Vec::new(), loaded, previous, opts, problems, run_check);
     next.warnings = warnings;
     next.broken_files.extend(unreadable);
-    let diff = diff(previous, &next);
-    Ok((next, diff))
+    Ok(next)
 }
 
 /// How long a manifest file that stops parsing (an editor writing it half-way, a truncated
@@ -224,7 +223,7 @@ impl ManifestWatch {
     /// Reloads the directory now; the diff is against the last load. Objects of a file that no
     /// longer parses are kept for the parse grace period.
     pub fn reload(&mut self) -> Result<Diff, ManifestDirError> {
-        let (mut next, _) = load_dir(
+        let mut next = load_dir(
             &self.dir,
             &self.state,
             &self.opts,

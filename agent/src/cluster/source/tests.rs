@@ -4,6 +4,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::cluster::mock::{self, Routes, events, list, status};
+use crate::source::build::build;
 
 fn pod(name: &str, uid: &str, phase: &str, group: Option<&str>) -> Value {
     let mut spec = json!({"nodeName": "node-a", "containers": [{"name": "c", "image": "busybox"}]});
@@ -33,6 +34,15 @@ fn discovery(resources: &[&str]) -> Value {
         .map(|r| json!({"name": r, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get", "list", "watch"]}))
         .collect();
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "scheduling.k8s.io/v1beta1", "resources": resources})
+}
+
+/// [`loaded`] with nothing admitted before: the objects to admit and those to watch.
+fn loaded_fresh(
+    pods: &[Arc<Pod>],
+    workloads: &[(ApiResource, Vec<Arc<DynamicObject>>)],
+) -> (Loaded, BTreeSet<(String, String, String)>) {
+    let f = loaded(pods, workloads, &PodSet::default());
+    (f.loaded, f.wanted)
 }
 
 const UID_A: &str = "00000000-0000-0000-0000-00000000000a";
@@ -481,7 +491,7 @@ fn a_group_chain_is_walked_no_deeper_than_its_limit() {
             .filter(|(_, t)| !matches!(t, Typed::Pod(_)))
             .count()
     };
-    let (objects, wanted) = loaded(&pods, &chain(300, Some("g300")));
+    let (objects, wanted) = loaded_fresh(&pods, &chain(300, Some("g300")));
     assert_eq!(wanted, levels(MAX_DEPTH));
     assert_eq!(groups(&objects), MAX_DEPTH);
     assert_eq!(
@@ -489,15 +499,15 @@ fn a_group_chain_is_walked_no_deeper_than_its_limit() {
         ["api: PodGroup/ns/g0: depth-limit: at depth 5 or more, at most 4"]
     );
     // A loop back to the bottom of the chain: no more, and the same one problem.
-    let (objects, wanted) = loaded(&pods, &chain(300, Some("g1")));
+    let (objects, wanted) = loaded_fresh(&pods, &chain(300, Some("g1")));
     assert_eq!(wanted, levels(MAX_DEPTH));
     assert_eq!(depth_problems(objects).len(), 1);
     // A chain at the limit, its top a root: every level read, nothing too deep.
-    let (objects, wanted) = loaded(&pods, &chain(MAX_DEPTH, None));
+    let (objects, wanted) = loaded_fresh(&pods, &chain(MAX_DEPTH, None));
     assert_eq!(wanted, levels(MAX_DEPTH));
     assert_eq!(depth_problems(objects), Vec::<String>::new());
     // A loop within the limit (g0 under g1 under g2 under g1): each group read once.
-    let (objects, wanted) = loaded(&pods, &chain(3, Some("g1")));
+    let (objects, wanted) = loaded_fresh(&pods, &chain(3, Some("g1")));
     assert_eq!(wanted, levels(3));
     assert_eq!(groups(&objects), 3);
 }
@@ -752,4 +762,50 @@ async fn a_synced_watch_that_is_cut_is_failing_on_readyz_until_a_watch_lasts() {
     );
     tokio::time::advance(SHORT_WATCH / 2).await;
     assert_eq!(states.summary(), "node synced, pods synced");
+}
+
+/// A pod event costs the admission of that pod: the pods the last build admitted with the same
+/// uid and resourceVersion are kept as they were, wherever the store lists them, and the set is
+/// the one admitting every pod afresh gives.
+#[test]
+fn a_pod_is_admitted_once_per_resource_version() {
+    let typed = |v: Value| Arc::new(serde_json::from_value::<Pod>(v).unwrap());
+    let pods: Vec<Arc<Pod>> = [
+        ("a", UID_A),
+        ("b", UID_B),
+        ("c", "00000000-0000-0000-0000-00000000000c"),
+    ]
+    .into_iter()
+    .map(|(name, uid)| typed(pod(name, uid, "Running", None)))
+    .collect();
+    let opts = ValidationOptions::default();
+    let door = |f: FromApi, before: &PodSet| {
+        let next = build_set(f.unchanged, f.loaded, before, &opts, BTreeSet::new(), None);
+        let diff = diff(before, &next);
+        (next, diff)
+    };
+    let counts = |f: &FromApi| (f.loaded.typed.len(), f.unchanged.len());
+    let first = loaded(&pods, &[], &PodSet::default());
+    assert_eq!(counts(&first), (3, 0));
+    let (before, _) = door(first, &PodSet::default());
+    assert_eq!(before.pods.len(), 3, "{:?}", before.problems);
+    // The same pods again: none admitted again, nothing changed.
+    let again = loaded(&pods, &[], &before);
+    assert_eq!(counts(&again), (0, 3));
+    let (same, diff) = door(again, &before);
+    assert!(diff.is_empty(), "{diff:?}");
+    assert_eq!(same.pods, before.pods);
+    // b changes (a new resourceVersion and a memory request) and is listed first now.
+    let mut b = pod("b", UID_B, "Running", None);
+    b["metadata"]["resourceVersion"] = json!("2");
+    b["spec"]["containers"][0]["resources"] = json!({"requests": {"memory": "64Mi"}});
+    let listed = vec![typed(b), pods[0].clone(), pods[2].clone()];
+    let next = loaded(&listed, &[], &before);
+    assert_eq!(counts(&next), (1, 2), "only b is admitted again");
+    let (incremental, diff) = door(next, &before);
+    let changed: Vec<&str> = diff.pods_changed.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(changed, ["b"]);
+    assert!(diff.pods_added.is_empty() && diff.pods_removed.is_empty());
+    let (afresh, _) = door(loaded(&listed, &[], &PodSet::default()), &before);
+    assert_eq!(incremental.pods, afresh.pods);
 }
