@@ -1,11 +1,13 @@
 //! The standalone source: a manifest directory watched with inotify, like the kubelet's static
 //! pod directory. Each change (debounced) reloads the directory and yields a [`Diff`] of the
-//! desired state: pods and workload objects added, changed and removed (`source/build.rs`).
+//! desired state: pods and workload objects added, changed and removed (`source/build.rs`). A
+//! reload that reads the texts the last one read stops there ([`Contents`]).
 //! Standalone mode's `node::PodSource`, so it lives with its mode; the door it passes every
 //! object through is `source/`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    hash::{BuildHasher as _, RandomState},
     io,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -64,6 +66,7 @@ fn warnings(loaded: &mut Loaded) -> BTreeSet<String> {
 
 /// Loads `dir` over `previous`: the new state. Files above `max_bytes`, FIFOs and devices are
 /// problems (`source/file.rs`).
+#[cfg(test)]
 pub(crate) fn load_dir(
     dir: &Path,
     previous: &PodSet,
@@ -71,17 +74,41 @@ pub(crate) fn load_dir(
     runner: Runner,
     max_bytes: u64,
 ) -> Result<PodSet, ManifestDirError> {
+    Ok(load_read(read_dir(dir, max_bytes)?, previous, opts, runner))
+}
+
+/// Each manifest file of `dir` with its text, or why it could not be read: a file may vanish or
+/// be half-written between the listing and the read.
+fn read_dir(
+    dir: &Path,
+    max_bytes: u64,
+) -> Result<Vec<(PathBuf, io::Result<String>)>, ManifestDirError> {
     let files = expand(dir).map_err(|e| ManifestDirError::Read {
         dir: dir.to_path_buf(),
         source: e.source,
     })?;
+    Ok(files
+        .into_iter()
+        .map(|file| {
+            let text = read_bounded(&file, max_bytes);
+            (file, text)
+        })
+        .collect())
+}
+
+/// The texts read by [`read_dir`] over `previous`: the new state. An unreadable file is a
+/// problem; the next event reloads it.
+fn load_read(
+    read: Vec<(PathBuf, io::Result<String>)>,
+    previous: &PodSet,
+    opts: &ValidationOptions,
+    runner: Runner,
+) -> PodSet {
     let mut loaded = Loaded::default();
     let mut problems = BTreeSet::new();
     let mut unreadable = Vec::new();
-    for file in files {
-        // A file may vanish or be half-written between the listing and the read: report it,
-        // the next event reloads it.
-        match read_bounded(&file, max_bytes) {
+    for (file, text) in read {
+        match text {
             Ok(text) => {
                 parse_documents(&file, &text, &mut loaded);
                 loaded.texts.insert(file, text);
@@ -98,7 +125,17 @@ pub(crate) fn load_dir(
     let mut next = build_set(Vec::new(), loaded, previous, opts, problems, run_check);
     next.warnings = warnings;
     next.broken_files.extend(unreadable);
-    Ok(next)
+    next
+}
+
+/// What a load read: each file with a hash of its text (none if unreadable). The same contents
+/// load to the same state, so a reload that reads them again stops there.
+type Contents = BTreeMap<PathBuf, Option<u64>>;
+
+fn contents(read: &[(PathBuf, io::Result<String>)], keys: &RandomState) -> Contents {
+    read.iter()
+        .map(|(file, text)| (file.clone(), text.as_ref().ok().map(|t| keys.hash_one(t))))
+        .collect()
 }
 
 /// How long a manifest file that stops parsing (an editor writing it half-way, a truncated
@@ -155,6 +192,14 @@ pub struct ManifestWatch {
     /// Files that stopped parsing, since when.
     broken_since: BTreeMap<PathBuf, Instant>,
     max_bytes: u64,
+    /// What the last load read; none before the first.
+    contents: Option<Contents>,
+    /// The keys of [`Contents`]' hashes, random per watch so that no file can be written to
+    /// collide with another's.
+    hash_keys: RandomState,
+    /// How many reloads built a state (tests: a reload of unchanged files builds none).
+    #[cfg(test)]
+    loads: u64,
 }
 
 impl ManifestWatch {
@@ -199,6 +244,10 @@ impl ManifestWatch {
             parse_grace: PARSE_GRACE,
             broken_since: BTreeMap::new(),
             max_bytes: DEFAULT_MAX_BYTES,
+            contents: None,
+            hash_keys: RandomState::new(),
+            #[cfg(test)]
+            loads: 0,
         })
     }
 
@@ -223,13 +272,20 @@ impl ManifestWatch {
     /// Reloads the directory now; the diff is against the last load. Objects of a file that no
     /// longer parses are kept for the parse grace period.
     pub fn reload(&mut self) -> Result<Diff, ManifestDirError> {
-        let mut next = load_dir(
-            &self.dir,
-            &self.state,
-            &self.opts,
-            self.runner,
-            self.max_bytes,
-        )?;
+        let read = read_dir(&self.dir, self.max_bytes)?;
+        let contents = contents(&read, &self.hash_keys);
+        // The same texts and nothing held for a grace period (whose end changes the state with
+        // no change of a file): the same state. An editor saving a file unchanged, or a tool
+        // rewriting the directory as it was, costs the reads and nothing more.
+        if self.state.broken_files.is_empty() && self.contents.as_ref() == Some(&contents) {
+            return Ok(Diff::default());
+        }
+        #[cfg(test)]
+        {
+            self.loads += 1;
+        }
+        let mut next = load_read(read, &self.state, &self.opts, self.runner);
+        self.contents = Some(contents);
         self.keep_broken(&mut next, Instant::now());
         let diff = diff(&self.state, &next);
         for line in &diff.new_problems {

@@ -219,3 +219,30 @@ fn a_pod_the_runtime_cannot_run_is_refused_at_the_door() {
         )]
     );
 }
+
+/// A file written again as it was (an editor saving unchanged, a tool rewriting the directory)
+/// costs its read and no load; a change of a text loads the directory.
+#[tokio::test]
+async fn files_rewritten_unchanged_load_nothing() {
+    let s = Scratch::new("unchanged");
+    fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
+    fs::write(s.dir().join("b.yaml"), pod("b")).unwrap();
+    let mut w = ManifestWatch::new(
+        &s.dir(),
+        Duration::from_millis(20),
+        Default::default(),
+        Runner::Qoslet,
+    )
+    .unwrap();
+    w.reload().unwrap();
+    assert_eq!((names(&w), w.loads), (vec!["a".into(), "b".into()], 1));
+    fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
+    let diff = next(&mut w).await.unwrap();
+    assert!(diff.is_empty(), "{diff:?}");
+    assert_eq!(w.loads, 1, "the same texts loaded again");
+    fs::write(s.dir().join("a.yaml"), pod("c")).unwrap();
+    let diff = next(&mut w).await.unwrap();
+    let added: Vec<&str> = diff.pods_added.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!((added, w.loads), (vec!["c"], 2));
+    assert_eq!(names(&w), ["b", "c"]);
+}
