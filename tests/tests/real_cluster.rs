@@ -44,6 +44,8 @@ use serde_json::{Value, json};
 
 #[path = "real_cluster/api_eviction.rs"]
 mod api_eviction;
+#[path = "real_cluster/api_outage.rs"]
+mod api_outage;
 #[path = "real_cluster/gang_eviction.rs"]
 mod gang_eviction;
 #[path = "real_cluster/gangs.rs"]
@@ -58,6 +60,9 @@ const WAIT: Duration = Duration::from_secs(180);
 /// xtask's `cluster.json`.
 #[derive(Deserialize)]
 struct Info {
+    /// The cluster's name (its cgroup `/<name>`) and state directory (its daemons' pid files).
+    name: String,
+    dir: PathBuf,
     kubeconfig: PathBuf,
     node: String,
     kubelet_config: PathBuf,
@@ -69,6 +74,9 @@ struct Info {
     /// run too.
     #[serde(default)]
     vm_node: Option<nodes::VmNodeInfo>,
+    /// The API server's audit log: qoslet's requests (real_cluster/api_outage.rs).
+    #[serde(default)]
+    audit_log: Option<PathBuf>,
 }
 
 struct Cluster {
