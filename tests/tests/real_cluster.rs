@@ -11,7 +11,9 @@
 //! the node's cgroup) and ends as the kubelet's evictions do (phase Failed, the DisruptionTarget
 //! condition, not restarted; reason Evicted unless the kubelet drops it), with qoslet's Events
 //! and node conditions on the API server; the API server enforces the RBAC through
-//! the DaemonSet's service account, and qoslet's log has no 403.
+//! the DaemonSet's service account, and qoslet's log has no 403. With the API server stopped
+//! for a minute (real_cluster/api_outage.rs), qoslet's requests as the server's audit log has
+//! them stay within the fault suite's bounds, and qoslet is in sync after.
 //!
 //! With `cargo xtask cluster up --vm-node` the cluster has a second node, a VM with systemd,
 //! pure cgroup v2 and the kubelet's systemd driver (xtask/src/cluster/vm_node.rs): the cgroups,
