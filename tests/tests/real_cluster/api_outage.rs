@@ -39,6 +39,7 @@ use std::{
 };
 
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::MicroTime};
+use kube::Api;
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
@@ -47,7 +48,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Cluster, TestNamespace, cluster, create_running, pod, qoslet_get, qoslet_get_as};
-use kube::Api;
 
 /// How long the API server is stopped.
 const STOPPED_FOR: Duration = Duration::from_secs(60);
