@@ -11,7 +11,9 @@
 //! the node's cgroup) and ends as the kubelet's evictions do (phase Failed, the DisruptionTarget
 //! condition, not restarted; reason Evicted unless the kubelet drops it), with qoslet's Events
 //! and node conditions on the API server; the API server enforces the RBAC through
-//! the DaemonSet's service account, and qoslet's log has no 403.
+//! the DaemonSet's service account, and qoslet's log has no 403. With the API server stopped
+//! for a minute (real_cluster/api_outage.rs), qoslet's requests as the server's audit log has
+//! them stay within the fault suite's bounds, and qoslet is in sync after.
 //!
 //! With `cargo xtask cluster up --vm-node` the cluster has a second node, a VM with systemd,
 //! pure cgroup v2 and the kubelet's systemd driver (xtask/src/cluster/vm_node.rs): the cgroups,
@@ -44,6 +46,8 @@ use serde_json::{Value, json};
 
 #[path = "real_cluster/api_eviction.rs"]
 mod api_eviction;
+#[path = "real_cluster/api_outage.rs"]
+mod api_outage;
 #[path = "real_cluster/gang_eviction.rs"]
 mod gang_eviction;
 #[path = "real_cluster/gangs.rs"]
@@ -58,6 +62,9 @@ const WAIT: Duration = Duration::from_secs(180);
 /// xtask's `cluster.json`.
 #[derive(Deserialize)]
 struct Info {
+    /// The cluster's name (its cgroup `/<name>`) and state directory (its daemons' pid files).
+    name: String,
+    dir: PathBuf,
     kubeconfig: PathBuf,
     node: String,
     kubelet_config: PathBuf,
@@ -69,6 +76,9 @@ struct Info {
     /// run too.
     #[serde(default)]
     vm_node: Option<nodes::VmNodeInfo>,
+    /// The API server's audit log: qoslet's requests (real_cluster/api_outage.rs).
+    #[serde(default)]
+    audit_log: Option<PathBuf>,
 }
 
 struct Cluster {

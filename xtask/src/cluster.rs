@@ -104,6 +104,10 @@ struct Info {
     /// The VM node of `up --vm-node`; the tests run on it too.
     #[serde(default)]
     vm_node: Option<vm_node::Info>,
+    /// The API server's audit log (JSON lines, [`AUDIT_POLICY`]'s level): the requests of
+    /// qoslet's service account as the server received them.
+    #[serde(default)]
+    audit_log: Option<PathBuf>,
 }
 
 pub fn run(cmd: &ClusterCmd) -> Result<()> {
@@ -314,6 +318,7 @@ fn up(with_vm_node: bool) -> Result<Info> {
             .join(crate::vm::MUSL_TARGET)
             .join("release/qoslet"),
         vm_node: with_vm_node.then(|| vm_node::info(&c)),
+        audit_log: Some(c.path(AUDIT_LOG)),
     };
     fs::write(c.path("cluster.json"), serde_json::to_string_pretty(&info)?)?;
     for d in [
@@ -589,6 +594,7 @@ state = "{state}"
         }))?,
     )?;
     fs::write(c.path("run/resolv.conf"), "nameserver 127.0.0.1\n")?;
+    fs::write(c.path("audit-policy.yaml"), AUDIT_POLICY)?;
     write_kubelet_config(c, KUBELET_MEMORY_AVAILABLE)
 }
 
@@ -647,6 +653,23 @@ authorization: {{mode: Webhook}}
 /// go once no running pod references it).
 const WORKLOAD_API_GATES: &str = "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true,CompositePodGroup=true";
 
+/// The API server's audit log, in the cluster's `logs/` (so `down` keeps it with the daemons'
+/// logs).
+const AUDIT_LOG: &str = "logs/audit.log";
+
+/// What the API server audits: the requests of qoslet's service account
+/// (deploy/kubernetes/rbac.yaml; the Helm release `qoslet` names it the same) at `Metadata`
+/// (who, what, when, the answer's code; no bodies), nothing else, so the log stays small beside
+/// the controllers' and the kubelet's traffic. The real-cluster API outage test
+/// (tests/tests/real_cluster/api_outage.rs) counts qoslet's requests from it.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+rules:
+  - level: Metadata
+    users: ["system:serviceaccount:qoslet-system:qoslet"]
+  - level: None
+"#;
+
 fn start_control_plane(c: &Cluster) -> Result<()> {
     let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
     c.start(
@@ -698,6 +721,15 @@ fn start_control_plane(c: &Cluster) -> Result<()> {
                 .into(),
             format!("--cert-dir={}", pki("apiserver-certs")),
             "--profiling=false".into(),
+            format!("--audit-policy-file={}", c.p("audit-policy.yaml")),
+            format!("--audit-log-path={}", c.p(AUDIT_LOG)),
+            "--audit-log-format=json".into(),
+            // Written as each request goes (the default for the log backend): a test reads it
+            // right after.
+            "--audit-log-mode=blocking".into(),
+            // MiB: one rotated file beside the log bounds it at 200 MiB.
+            "--audit-log-maxsize=100".into(),
+            "--audit-log-maxbackup=1".into(),
         ],
     )?;
     wait("the API server's /readyz", Duration::from_secs(180), || {
