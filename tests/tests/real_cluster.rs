@@ -1,6 +1,7 @@
 //! qoslet on a real one-node Kubernetes cluster: `cargo xtask cluster test` brings up etcd,
 //! kube-apiserver (Node,RBAC), the controller manager, the scheduler, containerd and the
-//! kubelet on this machine, installs qoslet with `kubectl apply -k` from its image, and runs
+//! kubelet on this machine, pushes qoslet's image to a distribution registry it starts beside
+//! them, installs qoslet with `kubectl apply -k` naming that image by digest, and runs
 //! these tests in the cluster's network namespace with `QOSLET_CLUSTER` naming the cluster's
 //! `cluster.json` (see xtask/src/cluster.rs). Without it they are ignored.
 //!
@@ -79,6 +80,17 @@ struct Info {
     /// The API server's audit log: qoslet's requests (real_cluster/api_outage.rs).
     #[serde(default)]
     audit_log: Option<PathBuf>,
+    /// qoslet's image in the cluster's registry, which both install paths name.
+    image: RegistryImage,
+}
+
+/// xtask's push of qoslet's image to the cluster's registry.
+#[derive(Deserialize)]
+struct RegistryImage {
+    /// `192.0.2.1:5000/qoslet`.
+    repository: String,
+    /// The manifest's digest as the registry stored it.
+    digest: String,
 }
 
 struct Cluster {
@@ -455,6 +467,34 @@ async fn cgroups_of_every_pod_are_found_on(c: &Cluster, t: &Target) {
         "  qoslet's /status has the {} pods with their working sets",
         want.len()
     );
+}
+
+/// The kubelet pulled qoslet's image from the cluster's registry (xtask pushed it there and
+/// imported no copy): the DaemonSet's container names `repository@digest`, and the running
+/// container's `imageID`, the repository digest containerd knows the image by, is that very
+/// reference, not `localhost/qoslet@...`, the name an imported archive's image would carry.
+#[tokio::test]
+#[ignore = "needs a real cluster: cargo xtask cluster test"]
+async fn qoslet_runs_the_image_pulled_from_the_clusters_registry() {
+    let c = cluster().await;
+    let want = format!("{}@{}", c.info.image.repository, c.info.image.digest);
+    for t in c.targets() {
+        let q = qoslet_pod_on(&c, &t.node, None).await;
+        let container = &q.spec.as_ref().expect("a pod spec").containers[0];
+        assert_eq!(container.image.as_deref(), Some(want.as_str()));
+        let status = q
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|s| s.name == container.name))
+            .unwrap_or_else(|| panic!("no status of qoslet's container on {}", t.node));
+        assert_eq!(
+            status.image_id, want,
+            "qoslet's container on {} runs another image than the registry's",
+            t.node
+        );
+        println!("on node {}: qoslet runs {}", t.node, status.image_id);
+    }
 }
 
 /// qoslet's endpoints as the shipped configuration has them (`endpointAuth: tokenReview`): the

@@ -2,8 +2,10 @@
 //! qoslet installed on it as the README says.
 //!
 //! Every part is real and built here (see `parts`): etcd, kube-apiserver (authorization
-//! Node,RBAC), kube-controller-manager, kube-scheduler, containerd with runc, the CNI bridge, and
-//! the kubelet. What keeps it off the shared machine's own state:
+//! Node,RBAC), kube-controller-manager, kube-scheduler, containerd with runc, the CNI bridge, the
+//! kubelet, and the CNCF distribution registry, to which qoslet's image is pushed and from which
+//! the kubelet pulls it (the pause and test images are imported). What keeps it off the shared
+//! machine's own state:
 //! - a network namespace of its own (`qoslet-cluster-<id>`): the node IP (192.0.2.1) and the
 //!   `kubernetes` Service's ClusterIP (198.51.100.1, where the API server listens on 443, so pods
 //!   reach it without kube-proxy) are addresses of its loopback; the pods' bridge and routes are
@@ -53,6 +55,11 @@ const SERVICE_RANGE: &str = "198.51.100.0/24";
 /// The `kubernetes` Service's ClusterIP: the first address of the service range.
 const API_IP: &str = "198.51.100.1";
 const POD_SUBNET: &str = "203.0.113.0/24";
+/// The cluster's registry: the node IP, port 5000, plain HTTP (containerd is told so in
+/// `containerd/certs.d`, skopeo with `--dest-tls-verify=false`).
+const REGISTRY: &str = "192.0.2.1:5000";
+/// qoslet's repository in it.
+const REGISTRY_REPOSITORY: &str = "192.0.2.1:5000/qoslet";
 /// The node's memory as qoslet sees it (the limit of the node's cgroup).
 const NODE_MEMORY: u64 = 2 << 30;
 const CA_FILE: &str = "pki/ca.crt";
@@ -108,6 +115,26 @@ struct Info {
     /// qoslet's service account as the server received them.
     #[serde(default)]
     audit_log: Option<PathBuf>,
+    /// qoslet's image as pushed to the cluster's registry, once it is.
+    #[serde(default)]
+    image: Option<RegistryImage>,
+}
+
+/// qoslet's image in the cluster's registry: what both install paths name, and what the tests
+/// expect as the running container's `imageID` (a pulled image's repository digest).
+#[derive(Clone, Serialize, Deserialize)]
+struct RegistryImage {
+    /// `192.0.2.1:5000/qoslet`.
+    repository: String,
+    /// `sha256:...`, the manifest's digest as the registry stored it.
+    digest: String,
+}
+
+impl RegistryImage {
+    /// `repository@digest`, as the DaemonSet names it.
+    fn reference(&self) -> String {
+        format!("{}@{}", self.repository, self.digest)
+    }
 }
 
 pub fn run(cmd: &ClusterCmd) -> Result<()> {
@@ -205,6 +232,17 @@ impl Cluster {
 
     /// Starts a daemon in the namespaces, in `/<name>/system`, logging to `logs/<name>.log`.
     fn start(&self, name: &str, program: &Path, args: &[String]) -> Result<()> {
+        self.start_with(name, program, args, &[])
+    }
+
+    /// [`Self::start`] with environment variables.
+    fn start_with(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &str)],
+    ) -> Result<()> {
         // Appended: a restarted daemon (the kubelet, for one test) keeps its earlier lines.
         let log = fs::OpenOptions::new()
             .create(true)
@@ -220,6 +258,7 @@ impl Cluster {
                     self.bins.kubernetes.display()
                 ),
             )
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -289,8 +328,8 @@ fn up(with_vm_node: bool) -> Result<Info> {
     let tc = toolchain::ensure()?;
     let qoslet_image = image::build(&tc)?;
     let images_dir = state_dir().join("images");
-    let mut archives = images::build(&tc, &images_dir)?;
-    archives.push(qoslet_image.archive.clone());
+    // Imported into containerd; qoslet's own goes through the registry.
+    let archives = images::build(&tc, &images_dir)?;
     println!("cluster: parts and images ready in {:.0?}", t0.elapsed());
 
     let t = Instant::now();
@@ -305,7 +344,7 @@ fn up(with_vm_node: bool) -> Result<Info> {
         dir: dir.clone(),
         bins,
     };
-    let info = Info {
+    let mut info = Info {
         name: name.clone(),
         dir: dir.clone(),
         netns: c.netns(),
@@ -319,6 +358,7 @@ fn up(with_vm_node: bool) -> Result<Info> {
             .join("release/qoslet"),
         vm_node: with_vm_node.then(|| vm_node::info(&c)),
         audit_log: Some(c.path(AUDIT_LOG)),
+        image: None,
     };
     fs::write(c.path("cluster.json"), serde_json::to_string_pretty(&info)?)?;
     for d in [
@@ -334,6 +374,7 @@ fn up(with_vm_node: bool) -> Result<Info> {
         "containerd/root",
         "containerd/state",
         "cni/net.d",
+        "registry",
     ] {
         fs::create_dir_all(c.path(d))?;
     }
@@ -346,9 +387,13 @@ fn up(with_vm_node: bool) -> Result<Info> {
         .then(|| vm_node::start(&c, &archives))
         .transpose()?;
     start_control_plane(&c)?;
+    start_registry(&c)?;
+    let image = push_qoslet(&c, &qoslet_image.archive)?;
+    info.image = Some(image.clone());
+    fs::write(c.path("cluster.json"), serde_json::to_string_pretty(&info)?)?;
     start_node(&c, &archives)?;
     println!("cluster: {name} up in {:.0?}", t.elapsed());
-    install_qoslet(&c)?;
+    install_qoslet(&c, &image)?;
     if let Some(vm) = &vm {
         vm_node::wait_ready(&c, vm)?;
     }
@@ -541,6 +586,9 @@ state = "{state}"
   snapshotter = "native"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause}"
+  # certs.d/{registry}/hosts.toml: the cluster's registry speaks plain HTTP.
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{certs_d}"
 
 [plugins."io.containerd.cri.v1.runtime"]
   # Root here may lack CAP_SYS_RESOURCE: no oom_score_adj below containerd's own (the
@@ -564,6 +612,8 @@ state = "{state}"
             state = c.p("containerd/state"),
             opt = c.p("containerd/opt"),
             pause = images::PAUSE,
+            registry = REGISTRY,
+            certs_d = c.p("containerd/certs.d"),
             restrict_oom = !container::has_bounding_cap(container::CAP_SYS_RESOURCE),
             arch = match std::env::consts::ARCH {
                 "aarch64" => "arm64",
@@ -571,6 +621,25 @@ state = "{state}"
             },
             cni = c.bins.cni.display(),
             net_d = c.p("cni/net.d"),
+        ),
+    )?;
+    let hosts = c.path(&format!("containerd/certs.d/{REGISTRY}"));
+    fs::create_dir_all(&hosts)?;
+    fs::write(hosts.join("hosts.toml"), registry_hosts_toml())?;
+    fs::write(
+        c.path("registry/config.yml"),
+        format!(
+            r#"version: 0.1
+log:
+  level: info
+  formatter: text
+storage:
+  filesystem:
+    rootdirectory: {root}
+http:
+  addr: {REGISTRY}
+"#,
+            root = c.p("registry/storage"),
         ),
     )?;
     fs::write(
@@ -625,7 +694,7 @@ systemReserved: {{cpu: 100m, memory: 128Mi}}
 kubeReserved: {{cpu: 100m, memory: 128Mi}}
 podPidsLimit: 1024
 evictionHard: {{memory.available: "{memory_available}", nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
-# The images were imported (there is no registry): never collect them.
+# The pause and test images were imported and cannot be pulled again: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 containerRuntimeEndpoint: unix://{sock}
@@ -768,6 +837,74 @@ fn start_control_plane(c: &Cluster) -> Result<()> {
     c.start("kube-scheduler", &c.bins.kube("kube-scheduler"), &sched)
 }
 
+/// containerd's `hosts.toml` for the cluster's registry (both nodes'): plain HTTP, pull and
+/// resolve (a tag to a digest), nothing else.
+fn registry_hosts_toml() -> String {
+    format!(
+        "server = \"http://{REGISTRY}\"\n\n[host.\"http://{REGISTRY}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+    )
+}
+
+/// The distribution registry on the node IP, its storage in `registry/storage`, and waits until
+/// it answers `GET /v2/`.
+fn start_registry(c: &Cluster) -> Result<()> {
+    c.start_with(
+        "registry",
+        &c.bins.registry(),
+        &["serve".into(), c.p("registry/config.yml")],
+        // Its OpenTelemetry exporter would otherwise send traces to localhost:4318 and log each
+        // failure.
+        &[("OTEL_TRACES_EXPORTER", "none")],
+    )?;
+    wait("the registry", Duration::from_secs(60), || {
+        succeeds(c.inside(false, Path::new("/bin/busybox")).args([
+            "wget",
+            "-q",
+            "-O",
+            "/dev/null",
+            &format!("http://{REGISTRY}/v2/"),
+        ]))
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", c.log_tail("registry")))?;
+    println!("cluster: registry serving on http://{REGISTRY}");
+    Ok(())
+}
+
+/// Pushes qoslet's `archive` to the cluster's registry with skopeo (in the network namespace,
+/// where the registry is) and returns the digest it stored the manifest under.
+fn push_qoslet(c: &Cluster, archive: &Path) -> Result<RegistryImage> {
+    let t = Instant::now();
+    let digest_file = c.path("registry/qoslet.digest");
+    let tag = image::IMAGE
+        .rsplit_once(':')
+        .map_or("latest", |(_, tag)| tag);
+    apt::run(
+        c.inside(false, Path::new("skopeo"))
+            .args(["copy", "--quiet", "--dest-tls-verify=false", "--digestfile"])
+            .arg(&digest_file)
+            .arg(format!("oci-archive:{}", archive.display()))
+            .arg(format!("docker://{REGISTRY_REPOSITORY}:{tag}")),
+    )?;
+    let digest = fs::read_to_string(&digest_file)
+        .with_context(|| format!("reading skopeo's {}", digest_file.display()))?
+        .trim()
+        .to_owned();
+    if !digest.starts_with("sha256:") {
+        bail!("skopeo wrote {digest:?} as the pushed manifest's digest");
+    }
+    let image = RegistryImage {
+        repository: REGISTRY_REPOSITORY.into(),
+        digest,
+    };
+    println!(
+        "cluster: pushed {} to the registry as {} in {:.1?}",
+        archive.display(),
+        image.reference(),
+        t.elapsed()
+    );
+    Ok(image)
+}
+
 fn start_node(c: &Cluster, archives: &[PathBuf]) -> Result<()> {
     let sock = c.p("containerd/containerd.sock");
     c.start(
@@ -813,9 +950,10 @@ fn start_kubelet(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// The README's install: the image is in containerd already; `kubectl apply -k
-/// deploy/kubernetes` with the prometheus-operator CRDs its monitoring objects need.
-fn install_qoslet(c: &Cluster) -> Result<()> {
+/// The README's install: `kubectl apply -k deploy/kubernetes` with qoslet's `image` in the
+/// cluster's registry (kustomize's `images:`), and the prometheus-operator CRDs its monitoring
+/// objects need. The kubelet pulls the image.
+fn install_qoslet(c: &Cluster, image: &RegistryImage) -> Result<()> {
     let t = Instant::now();
     let crds = prometheus_operator_crds()?;
     for crd in &crds {
@@ -829,7 +967,7 @@ fn install_qoslet(c: &Cluster) -> Result<()> {
             &format!("crd/{crd}.monitoring.coreos.com"),
         ]))?;
     }
-    let overlay = install_overlay(c)?;
+    let overlay = install_overlay(c, image)?;
     apt::run(c.kubectl().arg("apply").arg("-k").arg(&overlay))?;
     apt::run(c.kubectl().args([
         "-n",
@@ -856,13 +994,30 @@ fn install_qoslet(c: &Cluster) -> Result<()> {
             .status();
     })?;
     println!("cluster: qoslet's DaemonSet Ready in {:.0?}", t.elapsed());
+    // The kubelet's own measure of the pull (its `Pulled` Event on qoslet's pod).
+    let pulled = c
+        .kubectl()
+        .args([
+            "-n",
+            "qoslet-system",
+            "get",
+            "events",
+            "--field-selector=reason=Pulled",
+            "-o",
+            "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+        ])
+        .output()?;
+    for line in String::from_utf8_lossy(&pulled.stdout).lines() {
+        println!("cluster: kubelet: {line}");
+    }
     Ok(())
 }
 
-/// A kustomization whose base is deploy/kubernetes, unchanged but for what this machine cannot
-/// grant. The node needs no setting: in the cluster's mount namespace its cgroup is the root
-/// of every hierarchy, qoslet's default `nodeRootCgroup`.
-fn install_overlay(c: &Cluster) -> Result<PathBuf> {
+/// A kustomization whose base is deploy/kubernetes, unchanged but for the image (`image` in the
+/// cluster's registry, by digest: the README's `images:`) and what this machine cannot grant.
+/// The node needs no setting: in the cluster's mount namespace its cgroup is the root of every
+/// hierarchy, qoslet's default `nodeRootCgroup`.
+fn install_overlay(c: &Cluster, image: &RegistryImage) -> Result<PathBuf> {
     let base = cargo::workspace_root().join("deploy/kubernetes");
     let mut patches = Vec::new();
     if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
@@ -890,6 +1045,11 @@ fn install_overlay(c: &Cluster) -> Result<PathBuf> {
         "kind": "Kustomization",
         // kustomize takes a base by relative path only.
         "resources": [relative(&c.path("deploy"), &base)],
+        "images": [{
+            "name": image::IMAGE.rsplit_once(':').map_or(image::IMAGE, |(name, _)| name),
+            "newName": image.repository,
+            "digest": image.digest,
+        }],
         "patches": patches,
     });
     let dir = c.path("deploy");
@@ -1241,10 +1401,15 @@ fn side_by_side_threshold(c: &Cluster) -> Result<String> {
 }
 
 /// The README's other install path on the same cluster: the kustomize install removed, `helm
-/// upgrade --install` of deploy/helm/qoslet (the pinned helm, `--wait`) must bring qoslet's
-/// DaemonSet pod to Ready again.
+/// upgrade --install` of deploy/helm/qoslet (the pinned helm, `--wait`, the image in the
+/// cluster's registry by `image.repository` and `image.digest`) must bring qoslet's DaemonSet pod
+/// to Ready again.
 fn helm_install(info: &Info) -> Result<()> {
     let t = Instant::now();
+    let image = info
+        .image
+        .as_ref()
+        .context("cluster.json names no image in the cluster's registry: bring the cluster up again with this xtask")?;
     let bins = parts::ensure()?;
     let kubectl = || {
         let mut cmd = Command::new("nsenter");
@@ -1267,7 +1432,10 @@ fn helm_install(info: &Info) -> Result<()> {
             .args(["apply", "-f"])
             .arg(cargo::workspace_root().join("deploy/kubernetes/namespace.yaml")),
     )?;
-    let mut set = Vec::new();
+    let mut set = vec![
+        ("image.repository", image.repository.as_str()),
+        ("image.digest", image.digest.as_str()),
+    ];
     // As the kustomization's overlay does (`install_overlay`): a capability outside this
     // machine's bounding set cannot be granted.
     let capabilities = "{BPF,PERFMON,SYS_ADMIN,KILL,DAC_OVERRIDE}";
@@ -1291,6 +1459,21 @@ fn helm_install(info: &Info) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_is_on_the_node_ip_over_http() {
+        assert!(REGISTRY.starts_with(&format!("{NODE_IP}:")));
+        assert_eq!(REGISTRY_REPOSITORY, format!("{REGISTRY}/qoslet"));
+        let hosts = registry_hosts_toml();
+        assert!(
+            hosts.contains(&format!("[host.\"http://{REGISTRY}\"]")),
+            "{hosts}"
+        );
+        assert!(
+            hosts.contains("capabilities = [\"pull\", \"resolve\"]"),
+            "{hosts}"
+        );
+    }
 
     #[test]
     fn relative_paths_climb_to_the_common_ancestor() {

@@ -1,4 +1,4 @@
-//! The images the cluster runs besides qoslet's, built locally (there is no registry): the pod
+//! The images the cluster runs besides qoslet's (which its registry serves), built locally: the pod
 //! sandbox's pause program (pause.c, static) and the test pods' image (Debian's static busybox
 //! and the tests' memory hog built for musl). Each is built with buildah from a scratch
 //! Containerfile into an `oci-archive` that `ctr image import` loads.

@@ -1,5 +1,6 @@
-//! The cluster's programs: Kubernetes, etcd, containerd and the CNI plugins built from the Go
-//! module proxy at pinned versions (`gotools`), runc and the rest from Debian.
+//! The cluster's programs: Kubernetes, etcd, containerd, the CNI plugins and the CNCF
+//! distribution registry built from the Go module proxy at pinned versions (`gotools`), runc,
+//! skopeo and the rest from Debian.
 
 use std::path::PathBuf;
 
@@ -55,9 +56,14 @@ const STAGING: &[&str] = &[
 const ETCD_PACKAGE: &str = "go.etcd.io/etcd/server/v3";
 pub const CONTAINERD: &str = "v2.4.2";
 pub const CNI_PLUGINS: &str = "v1.10.0";
+/// The CNCF distribution registry (the `registry:3` image's program), from which the node pulls
+/// qoslet's image. Its go.mod asks for Go 1.26.
+pub const DISTRIBUTION: &str = "v3.1.2";
+const DISTRIBUTION_MODULE: &str = "github.com/distribution/distribution/v3";
 /// Debian's: runc runs the containers, openssl makes the certificates, iproute2 and
 /// util-linux (nsenter, unshare) make and enter the namespaces, busybox-static is the test
-/// pods' userland, gcc and libc6-dev build the static pause program.
+/// pods' userland, gcc and libc6-dev build the static pause program, skopeo pushes qoslet's
+/// image to the cluster's registry.
 pub const PACKAGES: &[&str] = &[
     "runc",
     "openssl",
@@ -66,12 +72,15 @@ pub const PACKAGES: &[&str] = &[
     "busybox-static",
     "gcc",
     "libc6-dev",
+    "skopeo",
 ];
 
 pub struct Bins {
     pub kubernetes: PathBuf,
     pub containerd: PathBuf,
     pub cni: PathBuf,
+    /// The directory of the distribution registry's `registry`.
+    pub distribution: PathBuf,
 }
 
 impl Bins {
@@ -85,6 +94,10 @@ impl Bins {
 
     pub fn kubectl(&self) -> PathBuf {
         self.kube("kubectl")
+    }
+
+    pub fn registry(&self) -> PathBuf {
+        self.distribution.join("registry")
     }
 }
 
@@ -181,14 +194,30 @@ pub fn ensure() -> Result<Bins> {
         cgo: false,
         link_vars: &[],
     })?;
+    let distribution = gotools::ensure(&GoBuild {
+        name: "distribution",
+        module: DISTRIBUTION_MODULE,
+        version: DISTRIBUTION,
+        packages: &["github.com/distribution/distribution/v3/cmd/registry"],
+        replaces: &[],
+        tags: &[],
+        cgo: false,
+        // What its Makefile stamps in (`registry --version`); a plain build says v3.1.2+unknown.
+        link_vars: &[(
+            "github.com/distribution/distribution/v3/version.version",
+            DISTRIBUTION,
+        )],
+    })?;
     let bins = Bins {
         kubernetes,
         containerd,
         cni,
+        distribution,
     };
     for (program, args) in [
         (bins.kubectl(), &["version", "--client"][..]),
         (bins.containerd.join("containerd"), &["--version"][..]),
+        (bins.registry(), &["--version"][..]),
     ] {
         if !gotools::runs(&program, args) {
             anyhow::bail!("{} does not run", program.display());

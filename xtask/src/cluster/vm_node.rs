@@ -6,14 +6,17 @@
 //! The root filesystem (the same containerd, kubelet and CNI plugins as the host node's, Debian's
 //! runc, the systemd units of `vm_node/`) is built once per key into
 //! `~/.cache/qoslet/vm-node/<key>/` and never written: each cluster boots a qcow2 overlay of it.
-//! What is the cluster's (certificates, kubeconfig, kubelet configuration, CNI subnet, images) is
-//! a second, read-only disk made per `up`, mounted at `/mnt/cluster` in the VM.
+//! What is the cluster's (certificates, kubeconfig, kubelet configuration, CNI subnet, the pause
+//! and test images, containerd's `hosts.toml` for the cluster's registry) is a second, read-only
+//! disk made per `up`, mounted at `/mnt/cluster` in the VM.
 //!
 //! QEMU (TCG, user networking) runs in the cluster's network namespace, so the guest reaches the
 //! namespace's loopback, where the API server listens, at 10.0.2.2. The guest sends the
 //! `kubernetes` Service's ClusterIP there (iptables DNAT, as kube-proxy would), so its pods reach
 //! the API server as the host node's do. The API server reaches the kubelet (logs, exec) at the
-//! VM's node IP, an address of the namespace's loopback that QEMU forwards to the guest.
+//! VM's node IP, an address of the namespace's loopback that QEMU forwards to the guest. The
+//! guest pulls qoslet's image from the registry on the host node's IP as any outside address:
+//! QEMU connects to it from the namespace.
 
 use std::{
     fs,
@@ -352,6 +355,9 @@ pub fn start(c: &Cluster, archives: &[PathBuf]) -> Result<Started> {
         let name = a.file_name().context("an archive without a name")?;
         fs::copy(a, disk.join("images").join(name))?;
     }
+    let hosts = disk.join(format!("certs.d/{}", super::REGISTRY));
+    fs::create_dir_all(&hosts)?;
+    fs::write(hosts.join("hosts.toml"), super::registry_hosts_toml())?;
     fs::write(disk.join("kubelet.kubeconfig"), kubeconfig())?;
     write_kubelet_layout(&disk.join("kubelet"))?;
     fs::write(disk.join("node-net.sh"), node_net_script())?;
@@ -605,7 +611,8 @@ fn write_kubelet_layout(dir: &Path) -> Result<()> {
             "imagefs.available": "1%",
             "nodefs.inodesFree": "1%",
         },
-        // The images were imported (there is no registry): never collect them.
+        // The pause and test images were imported and cannot be pulled again: never collect
+        // them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "address": "0.0.0.0",
