@@ -85,7 +85,8 @@ fn pack(stage: &Path, cpio: &Path) -> Result<PathBuf> {
 /// Writes `<out_dir>/<name>.cpio` holding the test VM's `/init`, which runs the script `main`
 /// (as `/main.sh`) instead of the tests once the system is mounted, busybox, and each
 /// `(from, to)` of `files` at the absolute path `to` inside (for the peers bench: the agent, the
-/// bench driver, and Debian's earlyoom with the shared libraries it links).
+/// bench driver, Debian's earlyoom, oomd and nohang with their configs, python3 and the shared
+/// libraries they link).
 pub fn build_scripted(
     main: &str,
     files: &[(PathBuf, PathBuf)],
