@@ -289,6 +289,9 @@ struct Sample {
     available: i64,
     /// MemAvailable of /proc/meminfo, earlyoom's signal.
     mem_available: i64,
+    /// oomd's signal as a headroom: its pod tier limit plus the threshold, less the pod tier's
+    /// anonymous memory (below the threshold exactly when the tier is over the limit).
+    oomd_headroom: i64,
     /// Per pod: memory.current, or None once its cgroup is empty or gone.
     pods: Vec<Option<i64>>,
     oom_kills: u64,
@@ -296,11 +299,12 @@ struct Sample {
 
 impl Sample {
     /// The signal `system` compares with the threshold: MemAvailable for earlyoom and nohang,
-    /// which read it, the kubelet's memory.available for the others (oomd's pod tier limit is
-    /// derived from it; the kernel has no threshold: the node's).
+    /// which read it, the pod tier's anonymous memory against its limit for oomd, the kubelet's
+    /// memory.available for the others (the kernel has no threshold: the node's).
     fn signal(&self, system: System) -> i64 {
         match system {
             System::Earlyoom | System::Nohang => self.mem_available,
+            System::Oomd => self.oomd_headroom,
             _ => self.available,
         }
     }
@@ -459,6 +463,8 @@ struct Node {
     qoslet: Child,
     /// earlyoom, oomd or nohang.
     peer: Option<Child>,
+    /// oomd's pod tier limit of the current run, bytes of anonymous memory.
+    oomd_limit: Option<i64>,
     /// The Guaranteed pod and the Burstable pod under its request.
     protected: Vec<Pod>,
 }
@@ -547,6 +553,7 @@ impl Node {
             system,
             qoslet,
             peer,
+            oomd_limit: None,
             protected: Vec::new(),
         })
     }
@@ -559,15 +566,10 @@ impl Node {
     fn restart_oomd(&mut self) -> anyhow::Result<()> {
         self.stop_peer();
         let dir = PathBuf::from(format!("{RUN}/{:?}", self.system));
-        let anon = fs::read_to_string(Path::new(CGROUP).join("kubepods/memory.stat"))
-            .ok()
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("anon ")?.trim().parse::<i64>().ok())
-            })
-            .unwrap_or(0);
+        let anon = pod_tier_anon().unwrap_or(0);
         let available = available().unwrap_or(0);
         let limit_mib = (anon + available - (THRESHOLD_MIB * MI) as i64) / MI as i64;
+        self.oomd_limit = Some(limit_mib * MI as i64);
         let template = fs::read_to_string("/etc/oomd/oomd.json.in")?;
         let conf = dir.join("oomd.json");
         fs::write(
@@ -760,7 +762,7 @@ impl Node {
         let (file, marks): (&str, &[&str]) = match self.system {
             System::Oomd => (
                 "oomd.log",
-                &["Picked", "Killed", "pressure", "hit threshold"],
+                &["Picked", "Killed", "10s pressure", "hit threshold"],
             ),
             System::Nohang => (
                 "nohang.log",
@@ -1017,7 +1019,7 @@ fn run_once(
         .arg("-c")
         .stdout(Stdio::null())
         .status();
-    let samples = observe(&pods, sc, node.system, go_at);
+    let samples = observe(&pods, sc, node.system, node.oomd_limit, go_at);
     let mut outcome = judge(&pods, sc, node.system, &samples, oom_before);
     // The kernel's kills: one per process its reports name ("Killed process PID"); vmstat's
     // oom_kill counts a memory.oom.group kill's victim twice.
@@ -1063,7 +1065,13 @@ fn run_once(
     Ok(outcome)
 }
 
-fn observe(pods: &[Pod], sc: &Scenario, system: System, go_at: Instant) -> Vec<Sample> {
+fn observe(
+    pods: &[Pod],
+    sc: &Scenario,
+    system: System,
+    oomd_limit: Option<i64>,
+    go_at: Instant,
+) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::with_capacity(8192);
     let mut crossing: Option<Instant> = None;
     let mut settled: Option<Instant> = None;
@@ -1078,6 +1086,9 @@ fn observe(pods: &[Pod], sc: &Scenario, system: System, go_at: Instant) -> Vec<S
             at: now,
             available: available().unwrap_or(i64::MAX),
             mem_available: meminfo("MemAvailable").unwrap_or(i64::MAX),
+            oomd_headroom: oomd_limit.map_or(i64::MAX, |l| {
+                l + (THRESHOLD_MIB * MI) as i64 - pod_tier_anon().unwrap_or(0)
+            }),
             pods: pods
                 .iter()
                 .map(|p| {
@@ -1253,7 +1264,7 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "The whole VM is the node ({} MiB MemTotal, pure cgroup v2, no swap, TCG); hard threshold memory.available<{THRESHOLD_MIB}Mi for qoslet, `-M {}` (KiB, MemAvailable) for earlyoom, SIGTERM below {THRESHOLD_MIB} MiB and SIGKILL below half of it (MemAvailable) for nohang, oomd's pod tier anonymous memory limit at memory.available {THRESHOLD_MIB} MiB (besides its PSI detector). Every scenario also runs a Guaranteed pod (160 MiB of 256Mi) and a Burstable pod under its request (96 MiB of 256Mi), which must survive. {reps} runs per row; {:.0} s for all runs.\n",
+        "The whole VM is the node ({} MiB MemTotal, pure cgroup v2, no swap, TCG); hard threshold memory.available<{THRESHOLD_MIB}Mi for qoslet, `-M {}` (KiB, MemAvailable) for earlyoom, SIGTERM below {THRESHOLD_MIB} MiB and SIGKILL below half of it (MemAvailable) for nohang, for oomd a limit on the pod tier's anonymous memory set before each run where memory.available would be {THRESHOLD_MIB} MiB (besides Debian's PSI detector, 60 for 30 s). Every scenario also runs a Guaranteed pod (160 MiB of 256Mi) and a Burstable pod under its request (96 MiB of 256Mi), which must survive. {reps} runs per row; {:.0} s for all runs.\n",
         mem_total / MI as i64,
         THRESHOLD_MIB * 1024,
         elapsed.as_secs_f64()
@@ -1358,7 +1369,7 @@ fn render(
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop, oomd and the kernel, MemAvailable for earlyoom and nohang (lower by about the kernel's watermarks, so they act somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release, the kernel freeing the victim's memory, the same work whoever killed it; qoslet adds process_mrelease to its cgroup.kill, and the kernel's OOM killer has its reaper). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom and nohang (lower by about the kernel's watermarks, so they act somewhat earlier at the same figure), the pod tier's anonymous memory (its memory.stat) going over oomd's limit for oomd (the limit set before each run where memory.available would be {THRESHOLD_MIB} MiB). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release, the kernel freeing the victim's memory, the same work whoever killed it; qoslet adds process_mrelease to its cgroup.kill, and the kernel's OOM killer has its reaper). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
     out
@@ -1414,6 +1425,14 @@ fn available() -> Option<i64> {
         .find_map(|l| l.strip_prefix("inactive_file "))
         .and_then(|v| v.trim().parse::<i64>().ok())?;
     Some(free + inactive)
+}
+
+/// The pod tier's anonymous memory, oomd's `memory_above` `threshold_anon` reading.
+fn pod_tier_anon() -> Option<i64> {
+    fs::read_to_string(Path::new(CGROUP).join("kubepods/memory.stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("anon ")?.trim().parse().ok())
 }
 
 fn vmstat_oom_kills() -> u64 {

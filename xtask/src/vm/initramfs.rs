@@ -118,6 +118,8 @@ fn install(from: &Path, to: &Path, strip: &str) -> Result<()> {
         .arg("-o")
         .arg(to)
         .arg(from)
+        // A script or a config is no object file: strip refuses it, and it is copied as it is.
+        .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !stripped {
