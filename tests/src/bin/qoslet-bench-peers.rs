@@ -1,12 +1,12 @@
 //! Peers bench driver: runs inside the 6.12 VM that `cargo xtask bench peers` boots (the whole VM
 //! is the node, pure cgroup v2, no swap), never on a host. In each repetition, for each system in
 //! turn (qoslet as shipped, qoslet with the kubelet's 10 s housekeeping and no event wake-ups,
-//! earlyoom, the kernel alone) it runs the same workloads as pods of the standalone node, and
-//! prints one
-//! markdown table per scenario on lines starting with `QOSLET-VM-PEERS| `.
+//! Debian's earlyoom, oomd and nohang, the kernel alone) it runs the same workloads as pods of
+//! the standalone node, and prints one markdown table per scenario on lines starting with
+//! `QOSLET-VM-PEERS| `.
 //!
 //! The pods always run under qoslet's standalone node, so every system sees the same processes
-//! in the same cgroups with the same oom_score_adj; for earlyoom and the kernel qoslet's hard
+//! in the same cgroups with the same oom_score_adj; for the peers and the kernel qoslet's hard
 //! threshold is `0%`, which the kubelet's rules read as no threshold (qoslet then only runs the
 //! pods). The bench samples the node itself every few milliseconds: `memory.available` as the
 //! kubelet defines it (MemTotal - working set, the working set of the root being MemTotal -
@@ -45,14 +45,18 @@ enum System {
     Qoslet,
     KubeletLike,
     Earlyoom,
+    Oomd,
+    Nohang,
     Kernel,
 }
 
 impl System {
-    const ALL: [System; 4] = [
+    const ALL: [System; 6] = [
         System::Qoslet,
         System::KubeletLike,
         System::Earlyoom,
+        System::Oomd,
+        System::Nohang,
         System::Kernel,
     ];
     fn name(self) -> &'static str {
@@ -60,7 +64,20 @@ impl System {
             Self::Qoslet => "qoslet (event-driven)",
             Self::KubeletLike => "qoslet, kubelet-like (10 s housekeeping, no events)",
             Self::Earlyoom => "earlyoom",
+            Self::Oomd => "oomd",
+            Self::Nohang => "nohang",
             Self::Kernel => "kernel alone",
+        }
+    }
+    /// The key of `QOSLET_BENCH_PEERS_SYSTEMS`.
+    fn key(self) -> &'static str {
+        match self {
+            Self::Qoslet => "qoslet",
+            Self::KubeletLike => "kubelet",
+            Self::Earlyoom => "earlyoom",
+            Self::Oomd => "oomd",
+            Self::Nohang => "nohang",
+            Self::Kernel => "kernel",
         }
     }
     fn evicts(self) -> bool {
@@ -193,7 +210,14 @@ fn main() {
     let only: Vec<String> = value("scenarios")
         .map(|v| v.split(',').map(str::to_owned).collect())
         .unwrap_or_default();
-    if let Err(e) = bench(reps, &only) {
+    let systems: Vec<System> = match value("systems") {
+        Some(v) => System::ALL
+            .into_iter()
+            .filter(|s| v.split(',').any(|k| k.trim() == s.key()))
+            .collect(),
+        None => System::ALL.to_vec(),
+    };
+    if let Err(e) = bench(reps, &only, &systems) {
         println!("QOSLET-VM-PEERS-ERROR {e:#}");
         std::process::exit(1);
     }
@@ -265,17 +289,22 @@ struct Sample {
     available: i64,
     /// MemAvailable of /proc/meminfo, earlyoom's signal.
     mem_available: i64,
+    /// oomd's signal as a headroom: its pod tier limit plus the threshold, less the pod tier's
+    /// anonymous memory (below the threshold exactly when the tier is over the limit).
+    oomd_headroom: i64,
     /// Per pod: memory.current, or None once its cgroup is empty or gone.
     pods: Vec<Option<i64>>,
     oom_kills: u64,
 }
 
 impl Sample {
-    /// The signal `system` compares with the threshold: earlyoom's own MemAvailable, the
-    /// kubelet's memory.available for the others (the kernel has no threshold: the node's).
+    /// The signal `system` compares with the threshold: MemAvailable for earlyoom and nohang,
+    /// which read it, the pod tier's anonymous memory against its limit for oomd, the kubelet's
+    /// memory.available for the others (the kernel has no threshold: the node's).
     fn signal(&self, system: System) -> i64 {
         match system {
-            System::Earlyoom => self.mem_available,
+            System::Earlyoom | System::Nohang => self.mem_available,
+            System::Oomd => self.oomd_headroom,
             _ => self.available,
         }
     }
@@ -309,7 +338,7 @@ struct Outcome {
     teardown: Duration,
 }
 
-fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
+fn bench(reps: usize, only: &[String], systems: &[System]) -> anyhow::Result<()> {
     use anyhow::Context as _;
     // The driver is the harness: never the kernel's victim.
     fs::write("/proc/self/oom_score_adj", "-1000")?;
@@ -330,22 +359,29 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
     // What the machine has free before any node runs: every run starts within reach of it.
     let idle_available = meminfo("MemAvailable").context("MemAvailable")?;
     println!(
-        "QOSLET-VM-PEERS-START memtotal_mib={} repetitions={reps} scenarios={}",
+        "QOSLET-VM-PEERS-START memtotal_mib={} repetitions={reps} scenarios={} systems={}",
         mem_total / MI as i64,
         scenarios
             .iter()
             .map(|s| s.key)
+            .collect::<Vec<_>>()
+            .join(","),
+        systems
+            .iter()
+            .map(|s| s.key())
             .collect::<Vec<_>>()
             .join(",")
     );
     let started = Instant::now();
     let mut results: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
     let mut failed: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    // qoslet's decide stage of each eviction, ms, by system.
+    let mut decides: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     let mut run_no = 0;
     // Each repetition runs every system in turn, so a change in the host's load (and with it
     // TCG's speed) over the bench falls on every system alike.
     for rep in 0..reps {
-        for (si, system) in System::ALL.iter().enumerate() {
+        for (si, system) in systems.iter().enumerate() {
             let mut node = Node::start(*system)?;
             for (ci, sc) in scenarios.iter().enumerate() {
                 run_no += 1;
@@ -402,17 +438,18 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
                 );
                 results.entry((ci, si)).or_default().push(o);
             }
-            node.stop();
+            decides.entry(si).or_default().extend(node.stop());
         }
     }
     let report = render(
         &scenarios,
+        systems,
         &results,
         &failed,
         reps,
         mem_total,
         started.elapsed(),
-    );
+    ) + &decide_lines(systems, &decides);
     for line in report.lines() {
         println!("QOSLET-VM-PEERS| {line}");
     }
@@ -420,11 +457,14 @@ fn bench(reps: usize, only: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// qoslet's standalone node (and earlyoom beside it) for one system.
+/// qoslet's standalone node (and the peer beside it) for one system.
 struct Node {
     system: System,
     qoslet: Child,
-    earlyoom: Option<Child>,
+    /// earlyoom, oomd or nohang.
+    peer: Option<Child>,
+    /// oomd's pod tier limit of the current run, bytes of anonymous memory.
+    oomd_limit: Option<i64>,
     /// The Guaranteed pod and the Burstable pod under its request.
     protected: Vec<Pod>,
 }
@@ -486,7 +526,7 @@ impl Node {
             "QOSLET-VM-PEERS-NODE system={system:?} qoslet_ready_s={:.1}",
             t.elapsed().as_secs_f64()
         );
-        let earlyoom = if system == System::Earlyoom {
+        let peer = if system == System::Earlyoom {
             let log = fs::File::create(dir.join("earlyoom.log"))?;
             // Debian's earlyoom with the same headroom as qoslet's hard threshold (SIGTERM below
             // it, SIGKILL below half of it, its defaults), the operator's protection of the
@@ -503,15 +543,80 @@ impl Node {
                     .stderr(log)
                     .spawn()?,
             )
+        } else if system == System::Nohang {
+            Some(start_nohang(&dir)?)
         } else {
+            // oomd starts before each run, with that run's pod tier limit (see `restart_oomd`).
             None
         };
         Ok(Self {
             system,
             qoslet,
-            earlyoom,
+            peer,
+            oomd_limit: None,
             protected: Vec::new(),
         })
+    }
+
+    /// oomd anew for a run: its config's pod tier limit is the tier's anonymous memory at which
+    /// the node's memory.available reaches the headroom, from the node as it is now (the
+    /// protected pods running, caches dropped). A fresh oomd per run also keeps its 15 s pause
+    /// after a kill (`post_action_delay`, left at its default) from reaching into the next run,
+    /// which on a real node would be another incident.
+    fn restart_oomd(&mut self) -> anyhow::Result<()> {
+        self.stop_peer();
+        let dir = PathBuf::from(format!("{RUN}/{:?}", self.system));
+        let anon = pod_tier_anon().unwrap_or(0);
+        let available = available().unwrap_or(0);
+        let limit_mib = (anon + available - (THRESHOLD_MIB * MI) as i64) / MI as i64;
+        self.oomd_limit = Some(limit_mib * MI as i64);
+        let template = fs::read_to_string("/etc/oomd/oomd.json.in")?;
+        let conf = dir.join("oomd.json");
+        fs::write(
+            &conf,
+            template.replace("@POD_TIER_ANON_LIMIT@", &format!("{limit_mib}M")),
+        )?;
+        let path = dir.join("oomd.log");
+        let from = fs::metadata(&path).map_or(0, |m| m.len()) as usize;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        // Debian's unit: `oomd --interval 1 --config /etc/oomd/oomd.json` (its /etc/default/oomd
+        // without --cgroup-fs, which is for a hybrid hierarchy).
+        let child = Command::new("/usr/bin/oomd")
+            .args(["--interval", "1", "--config"])
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.peer = Some(child);
+        let t = Instant::now();
+        loop {
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            if text.get(from..).is_some_and(|t| t.contains("Running oomd")) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                anyhow::bail!("oomd not running after 60 s (log: {})", tail(&path));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        println!(
+            "QOSLET-VM-PEERS-OOMD ready_s={:.2} pod_tier_anon_limit_mib={limit_mib} anon_mib={} available_mib={}",
+            t.elapsed().as_secs_f64(),
+            anon / MI as i64,
+            available / MI as i64
+        );
+        Ok(())
+    }
+
+    fn stop_peer(&mut self) {
+        if let Some(mut e) = self.peer.take() {
+            let _ = e.kill();
+            let _ = e.wait();
+        }
     }
 
     /// Starts the protected pods, or those of them that are gone, and waits for their memory.
@@ -570,7 +675,9 @@ impl Node {
         Ok(())
     }
 
-    fn stop(mut self) {
+    /// Stops the node; returns qoslet's decide stage of each eviction, ms.
+    fn stop(mut self) -> Vec<f64> {
+        let mut decides = Vec::new();
         // qoslet's own account of its decisions (wake-up seen -> first signal), for the report.
         if self.system.evicts()
             && let Ok(out) = Command::new("wget")
@@ -631,10 +738,53 @@ impl Node {
             for l in log.lines().filter(|l| l.contains("Evicting to relieve")) {
                 println!("QOSLET-VM-PEERS-EVICTING system={:?} {l}", self.system);
             }
+            // Each eviction's decide stage (pass started -> action called), from its
+            // "Evicted." line: the metric's buckets are too coarse for a p99 of a few.
+            decides = log
+                .lines()
+                .filter(|l| l.contains("Evicted."))
+                .filter_map(|l| {
+                    l.split("decide_ms=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<f64>()
+                        .ok()
+                })
+                .collect();
+            println!(
+                "QOSLET-VM-PEERS-DECIDE system={:?} decide_ms={:?}",
+                self.system, decides
+            );
         }
-        if let Some(mut e) = self.earlyoom.take() {
-            let _ = e.kill();
-            let _ = e.wait();
+        self.stop_peer();
+        // What the peer did, from its own log: its choices and kills.
+        let (file, marks): (&str, &[&str]) = match self.system {
+            System::Oomd => (
+                "oomd.log",
+                &["Picked", "Killed", "10s pressure", "hit threshold"],
+            ),
+            System::Nohang => (
+                "nohang.log",
+                &["Victim", "Sending", "Implement", "signal", "ERROR"],
+            ),
+            System::Earlyoom => ("earlyoom.log", &["sending", "killed", "escalating"]),
+            _ => ("", &[]),
+        };
+        if !file.is_empty() {
+            let text =
+                fs::read_to_string(format!("{RUN}/{:?}/{file}", self.system)).unwrap_or_default();
+            for l in text
+                .lines()
+                .filter(|l| marks.iter().any(|m| l.contains(m)))
+                .take(40)
+            {
+                println!(
+                    "QOSLET-VM-PEERS-PEERLOG system={:?} {}",
+                    self.system,
+                    l.trim()
+                );
+            }
         }
         // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
         unsafe { libc::kill(self.qoslet.id() as i32, libc::SIGTERM) };
@@ -677,7 +827,41 @@ impl Node {
         }
         let _ = fs::remove_dir_all(format!("{RUN}/pods"));
         let _ = fs::create_dir_all(format!("{RUN}/pods"));
+        decides
     }
+}
+
+/// Debian's nohang with the bench's config (`xtask/src/vm/nohang.conf`), as its unit runs it
+/// (`nohang --monitor --config /etc/nohang/nohang.conf`), its interpreter isolated (`-I`) as
+/// when xtask listed the modules it packed; waits for its "Monitoring has started!" (the
+/// interpreter compiles the stdlib and the 4,000-line script first, under TCG).
+fn start_nohang(dir: &Path) -> anyhow::Result<Child> {
+    let path = dir.join("nohang.log");
+    let log = fs::File::create(&path)?;
+    let child = Command::new("/usr/bin/python3")
+        .args([
+            "-I",
+            "/usr/sbin/nohang",
+            "--monitor",
+            "--config",
+            "/etc/nohang/nohang.conf",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let t = Instant::now();
+    while !fs::read_to_string(&path).is_ok_and(|t| t.contains("Monitoring has started")) {
+        if t.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!("nohang not monitoring after 120 s (log: {})", tail(&path));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "QOSLET-VM-PEERS-NOHANG ready_s={:.2}",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(child)
 }
 
 fn tail(path: &Path) -> String {
@@ -738,6 +922,9 @@ fn run_once(
         let _ = Command::new("sync").status();
         let _ = fs::write("/proc/sys/vm/drop_caches", "3");
         thread::sleep(Duration::from_millis(200));
+    }
+    if node.system == System::Oomd {
+        node.restart_oomd()?;
     }
     let start_available = meminfo("MemAvailable").unwrap_or(0);
     let mut pods: Vec<Pod> = node.protected.clone();
@@ -832,7 +1019,7 @@ fn run_once(
         .arg("-c")
         .stdout(Stdio::null())
         .status();
-    let samples = observe(&pods, sc, node.system, go_at);
+    let samples = observe(&pods, sc, node.system, node.oomd_limit, go_at);
     let mut outcome = judge(&pods, sc, node.system, &samples, oom_before);
     // The kernel's kills: one per process its reports name ("Killed process PID"); vmstat's
     // oom_kill counts a memory.oom.group kill's victim twice.
@@ -878,7 +1065,13 @@ fn run_once(
     Ok(outcome)
 }
 
-fn observe(pods: &[Pod], sc: &Scenario, system: System, go_at: Instant) -> Vec<Sample> {
+fn observe(
+    pods: &[Pod],
+    sc: &Scenario,
+    system: System,
+    oomd_limit: Option<i64>,
+    go_at: Instant,
+) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::with_capacity(8192);
     let mut crossing: Option<Instant> = None;
     let mut settled: Option<Instant> = None;
@@ -893,6 +1086,9 @@ fn observe(pods: &[Pod], sc: &Scenario, system: System, go_at: Instant) -> Vec<S
             at: now,
             available: available().unwrap_or(i64::MAX),
             mem_available: meminfo("MemAvailable").unwrap_or(i64::MAX),
+            oomd_headroom: oomd_limit.map_or(i64::MAX, |l| {
+                l + (THRESHOLD_MIB * MI) as i64 - pod_tier_anon().unwrap_or(0)
+            }),
             pods: pods
                 .iter()
                 .map(|p| {
@@ -1054,6 +1250,7 @@ fn judge(
 
 fn render(
     scenarios: &[Scenario],
+    systems: &[System],
     results: &BTreeMap<(usize, usize), Vec<Outcome>>,
     failed: &BTreeMap<(usize, usize), usize>,
     reps: usize,
@@ -1063,11 +1260,11 @@ fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## Peers: qoslet beside earlyoom, a kubelet-like loop and the kernel, in one VM\n"
+        "## Peers: qoslet beside earlyoom, oomd, nohang, a kubelet-like loop and the kernel, in one VM\n"
     );
     let _ = writeln!(
         out,
-        "The whole VM is the node ({} MiB MemTotal, pure cgroup v2, no swap, TCG); hard threshold memory.available<{THRESHOLD_MIB}Mi for qoslet, `-M {}` (KiB, MemAvailable) for earlyoom. Every scenario also runs a Guaranteed pod (160 MiB of 256Mi) and a Burstable pod under its request (96 MiB of 256Mi), which must survive. {reps} runs per row; {:.0} s for all runs.\n",
+        "The whole VM is the node ({} MiB MemTotal, pure cgroup v2, no swap, TCG); hard threshold memory.available<{THRESHOLD_MIB}Mi for qoslet, `-M {}` (KiB, MemAvailable) for earlyoom, SIGTERM below {THRESHOLD_MIB} MiB and SIGKILL below half of it (MemAvailable) for nohang, for oomd a limit on the pod tier's anonymous memory set before each run where memory.available would be {THRESHOLD_MIB} MiB (besides Debian's PSI detector, 60 for 30 s). Every scenario also runs a Guaranteed pod (160 MiB of 256Mi) and a Burstable pod under its request (96 MiB of 256Mi), which must survive. {reps} runs per row; {:.0} s for all runs.\n",
         mem_total / MI as i64,
         THRESHOLD_MIB * 1024,
         elapsed.as_secs_f64()
@@ -1080,7 +1277,7 @@ fn render(
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         let mut figures: Vec<[Option<f64>; 5]> = Vec::new();
-        for (si, system) in System::ALL.iter().enumerate() {
+        for (si, system) in systems.iter().enumerate() {
             let runs = results.get(&(ci, si)).cloned().unwrap_or_default();
             let mut backs: Vec<f64> = runs
                 .iter()
@@ -1146,6 +1343,10 @@ fn render(
             ]);
         }
         // qoslet against the best peer (lower is better for every figure).
+        if systems.first() != Some(&System::Qoslet) || figures.len() < 2 {
+            let _ = writeln!(out);
+            continue;
+        }
         let mut ratio = Vec::new();
         for f in 0..5 {
             let q = figures[0][f];
@@ -1168,9 +1369,33 @@ fn render(
     }
     let _ = writeln!(
         out,
-        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom (lower by about the kernel's watermarks, so earlyoom acts somewhat earlier at the same figure). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release, the kernel freeing the victim's memory, the same work whoever killed it; qoslet adds process_mrelease to its cgroup.kill, and the kernel's OOM killer has its reaper). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
+        "Crossing: the bench's own sampling (every {} ms) of each system's signal going below {THRESHOLD_MIB} MiB: memory.available as the kubelet computes it (MemTotal - (MemTotal - MemFree - inactive_file)) for qoslet, the kubelet-like loop and the kernel, MemAvailable for earlyoom and nohang (lower by about the kernel's watermarks, so they act somewhat earlier at the same figure), the pod tier's anonymous memory (its memory.stat) going over oomd's limit for oomd (the limit set before each run where memory.available would be {THRESHOLD_MIB} MiB). Kernel OOM kills: the processes the kernel's own reports name (`Killed process PID` in its ring buffer); its /proc/vmstat oom_kill counts a memory.oom.group victim twice. Victim's memory back: its pod cgroup empty or below a tenth of its peak; its memory starts falling at the first sample 5% below its peak (the kill has taken effect: what follows is the release, the kernel freeing the victim's memory, the same work whoever killed it; qoslet adds process_mrelease to its cgroup.kill, and the kernel's OOM killer has its reaper). Wrong victim: a protected pod killed, or a pod killed while another live unprotected pod ranked before it in the kubelet's order (above request first, then usage above request). Ramp reached: the hogs' growth over the second before the crossing. The ratio row divides qoslet's figure by the best peer's (lower is better); `= (0)` means both are zero.",
         SAMPLE.as_millis()
     );
+    out
+}
+
+/// qoslet's decide stage per evicting system: p50, p99 and max over its evictions.
+fn decide_lines(systems: &[System], decides: &BTreeMap<usize, Vec<f64>>) -> String {
+    let mut out = String::new();
+    for (si, ms) in decides {
+        let mut v = ms.clone();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            continue;
+        }
+        // The nearest rank: with a few evictions p99 is the largest.
+        let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        let _ = writeln!(
+            out,
+            "{}: decide stage (pass started to the action called) of its {} evictions: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.\n",
+            systems[*si].name(),
+            v.len(),
+            rank(0.5),
+            rank(0.99),
+            v[v.len() - 1]
+        );
+    }
     out
 }
 
@@ -1200,6 +1425,14 @@ fn available() -> Option<i64> {
         .find_map(|l| l.strip_prefix("inactive_file "))
         .and_then(|v| v.trim().parse::<i64>().ok())?;
     Some(free + inactive)
+}
+
+/// The pod tier's anonymous memory, oomd's `memory_above` `threshold_anon` reading.
+fn pod_tier_anon() -> Option<i64> {
+    fs::read_to_string(Path::new(CGROUP).join("kubepods/memory.stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("anon ")?.trim().parse().ok())
 }
 
 fn vmstat_oom_kills() -> u64 {

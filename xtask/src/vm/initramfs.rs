@@ -85,7 +85,8 @@ fn pack(stage: &Path, cpio: &Path) -> Result<PathBuf> {
 /// Writes `<out_dir>/<name>.cpio` holding the test VM's `/init`, which runs the script `main`
 /// (as `/main.sh`) instead of the tests once the system is mounted, busybox, and each
 /// `(from, to)` of `files` at the absolute path `to` inside (for the peers bench: the agent, the
-/// bench driver, and Debian's earlyoom with the shared libraries it links).
+/// bench driver, Debian's earlyoom, oomd and nohang with their configs, python3 and the shared
+/// libraries they link).
 pub fn build_scripted(
     main: &str,
     files: &[(PathBuf, PathBuf)],
@@ -117,6 +118,8 @@ fn install(from: &Path, to: &Path, strip: &str) -> Result<()> {
         .arg("-o")
         .arg(to)
         .arg(from)
+        // A script or a config is no object file: strip refuses it, and it is copied as it is.
+        .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !stripped {
