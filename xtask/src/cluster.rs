@@ -111,6 +111,8 @@ pub fn run(cmd: &ClusterCmd) -> Result<()> {
         ClusterCmd::Up { vm_node } => up(*vm_node).map(drop),
         ClusterCmd::Down => down(),
         ClusterCmd::Test { keep, vm_node } => {
+            // Built before the cluster comes up, so that a cold build does not hold it up.
+            prometheus_operator()?;
             let brought_up = if current()?.is_some() {
                 false
             } else {
@@ -1175,14 +1177,9 @@ fn real_cluster_tests(
     )
 }
 
-/// What the test of the real prometheus-operator needs
-/// (`tests/tests/real_cluster/prometheus_operator.rs`), as env for the tests: the operator's
-/// binary, built from the Go module proxy at [`PROMETHEUS_OPERATOR`] (no image: the cluster has
-/// no registry, and the test runs it as a process with the admin's certificate), Debian's
-/// prometheus, and the CRDs its Prometheus controller watches besides the two `up` installs
-/// (it waits for every watched kind's informer, so a missing one stalls it).
-fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
-    let t = Instant::now();
+/// prometheus-operator's `cmd/operator`, built from the Go module proxy at
+/// [`PROMETHEUS_OPERATOR`] (once; a second call compares the build's stamp).
+fn prometheus_operator() -> Result<PathBuf> {
     let bin = crate::gotools::ensure(&crate::gotools::GoBuild {
         name: "prometheus-operator",
         module: "github.com/prometheus-operator/prometheus-operator",
@@ -1198,6 +1195,18 @@ fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
             PROMETHEUS_OPERATOR.trim_start_matches('v'),
         )],
     })?;
+    Ok(bin.join("operator"))
+}
+
+/// What the test of the real prometheus-operator needs
+/// (`tests/tests/real_cluster/prometheus_operator.rs`), as env for the tests: the operator's
+/// binary, built from the Go module proxy at [`PROMETHEUS_OPERATOR`] (no image: the cluster has
+/// no registry, and the test runs it as a process with the admin's certificate), Debian's
+/// prometheus, and the CRDs its Prometheus controller watches besides the two `up` installs
+/// (it waits for every watched kind's informer, so a missing one stalls it).
+fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
+    let t = Instant::now();
+    let operator = prometheus_operator()?;
     apt::ensure("cluster", deploy::PROMETHEUS_PACKAGES)?;
     let kinds = ["prometheuses", "podmonitors", "probes"];
     for crd in prometheus_operator_crd_files(&kinds)? {
@@ -1218,7 +1227,7 @@ fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
     Ok(vec![
         (
             "QOSLET_PROMETHEUS_OPERATOR".into(),
-            bin.join("operator").display().to_string(),
+            operator.display().to_string(),
         ),
         ("QOSLET_PROMETHEUS".into(), "/usr/bin/prometheus".into()),
     ])
