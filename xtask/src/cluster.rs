@@ -113,6 +113,7 @@ pub fn run(cmd: &ClusterCmd) -> Result<()> {
         ClusterCmd::Test { keep, vm_node } => {
             // Built before the cluster comes up, so that a cold build does not hold it up.
             prometheus_operator()?;
+            prometheus()?;
             let brought_up = if current()?.is_some() {
                 false
             } else {
@@ -1198,15 +1199,40 @@ fn prometheus_operator() -> Result<PathBuf> {
     Ok(bin.join("operator"))
 }
 
+/// Prometheus's Go module version of Prometheus 3.5.0 (its modules are numbered v0.3xx for 3.x),
+/// the default of prometheus-operator v0.85.0 (the last of its compatibility matrix). Not
+/// Debian's prometheus: Debian builds it without the Kubernetes service discovery, so it
+/// refuses the operator's configuration ("field kubernetes_sd_configs not found").
+const PROMETHEUS: &str = "v0.305.0";
+
+/// `cmd/prometheus` of [`PROMETHEUS`], built from the Go module proxy (once). Without the
+/// `builtinassets` tag it has no web UI, which the test does not use; its HTTP API is whole.
+fn prometheus() -> Result<PathBuf> {
+    let bin = crate::gotools::ensure(&crate::gotools::GoBuild {
+        name: "prometheus",
+        module: "github.com/prometheus/prometheus",
+        version: PROMETHEUS,
+        packages: &["github.com/prometheus/prometheus/cmd/prometheus"],
+        replaces: &[],
+        tags: &[],
+        cgo: false,
+        link_vars: &[("github.com/prometheus/common/version.Version", "3.5.0")],
+    })?;
+    Ok(bin.join("prometheus"))
+}
+
 /// What the test of the real prometheus-operator needs
 /// (`tests/tests/real_cluster/prometheus_operator.rs`), as env for the tests: the operator's
 /// binary, built from the Go module proxy at [`PROMETHEUS_OPERATOR`] (no image: the cluster has
-/// no registry, and the test runs it as a process with the admin's certificate), Debian's
-/// prometheus, and the CRDs its Prometheus controller watches besides the two `up` installs
+/// no registry, and the test runs it as a process with the admin's certificate), Prometheus
+/// ([`prometheus`]), and the CRDs its Prometheus controller watches besides the two `up` installs
 /// (it waits for every watched kind's informer, so a missing one stalls it).
 fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
     let t = Instant::now();
     let operator = prometheus_operator()?;
+    let prometheus = prometheus()?;
+    // Debian's prometheus package makes /etc/prometheus, which the test mounts the operator's
+    // files over in a mount namespace of Prometheus's own.
     apt::ensure("cluster", deploy::PROMETHEUS_PACKAGES)?;
     let kinds = ["prometheuses", "podmonitors", "probes"];
     for crd in prometheus_operator_crd_files(&kinds)? {
@@ -1229,7 +1255,7 @@ fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
             "QOSLET_PROMETHEUS_OPERATOR".into(),
             operator.display().to_string(),
         ),
-        ("QOSLET_PROMETHEUS".into(), "/usr/bin/prometheus".into()),
+        ("QOSLET_PROMETHEUS".into(), prometheus.display().to_string()),
     ])
 }
 

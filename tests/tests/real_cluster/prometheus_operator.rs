@@ -7,8 +7,10 @@
 //! a process of this test with the admin's certificate. It reconciles a `Prometheus` of the
 //! test's own (`replicas: 0`, so no pod and no image pull: the cluster has no registry) into
 //! the Secret of its generated configuration and the ConfigMap of its rule files, as for any
-//! Prometheus. Debian's prometheus (2.42, the CR's `version`, so the operator generates what
-//! 2.42 reads) then runs that configuration as the operator's StatefulSet would run it: in a
+//! Prometheus. Prometheus 3.5.0 (`cmd/prometheus`, built from the Go module proxy by xtask:
+//! Debian's 2.42 has no Kubernetes service discovery and refuses the generated configuration;
+//! its version is the CR's, so the operator generates what it reads) then runs that
+//! configuration as the operator's StatefulSet would run it: in a
 //! mount namespace of its own where `/etc/prometheus/config_out`, `/etc/prometheus/rules/...`
 //! and the pod's service account directory (token of the CR's service account, the cluster's
 //! CA) are where the operator's pod spec mounts them, with `KUBERNETES_SERVICE_HOST` as the
@@ -141,11 +143,20 @@ async fn prometheus_operator_scrapes_qoslet_and_the_alerts_name_the_victim() {
         std::env::var_os("QOSLET_PROMETHEUS_OPERATOR")
             .expect("QOSLET_PROMETHEUS_OPERATOR names the operator xtask built"),
     );
-    let prometheus = std::env::var_os("QOSLET_PROMETHEUS")
-        .map_or_else(|| PathBuf::from("/usr/bin/prometheus"), PathBuf::from);
+    let prometheus = PathBuf::from(
+        std::env::var_os("QOSLET_PROMETHEUS")
+            .expect("QOSLET_PROMETHEUS names the Prometheus xtask built"),
+    );
+    // The Prometheus object's version, so that the operator generates what this one reads.
+    let out = Command::new(&prometheus).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(2)
+        .map(|v| format!("v{}", v.trim_end_matches(|c: char| !c.is_ascii_digit())))
+        .expect("prometheus --version: prometheus, version X.Y.Z ...");
     assert!(
         Path::new("/etc/prometheus").is_dir(),
-        "Debian's prometheus makes /etc/prometheus, the directory the operator's pod spec mounts over"
+        "Debian's prometheus package makes /etc/prometheus, the directory the operator's pod spec mounts over"
     );
     let qoslet = qoslet_pod(&c).await;
     let qoslet_name = qoslet.metadata.name.clone().unwrap();
@@ -222,7 +233,7 @@ async fn prometheus_operator_scrapes_qoslet_and_the_alerts_name_the_victim() {
         "metadata": {"name": NAME},
         "spec": {
             "replicas": 0,
-            "version": "v2.42.0",
+            "version": version,
             "serviceAccountName": "prometheus",
             "serviceMonitorSelector": {},
             "serviceMonitorNamespaceSelector": {},
