@@ -55,6 +55,8 @@ mod gang_eviction;
 mod gangs;
 #[path = "real_cluster/nodes.rs"]
 mod nodes;
+#[path = "real_cluster/prometheus_operator.rs"]
+mod prometheus_operator;
 
 use nodes::{NodeFiles, Target};
 

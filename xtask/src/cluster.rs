@@ -142,6 +142,9 @@ pub fn run(cmd: &ClusterCmd) -> Result<()> {
         ClusterCmd::Up { vm_node } => up(*vm_node).map(drop),
         ClusterCmd::Down => down(),
         ClusterCmd::Test { keep, vm_node } => {
+            // Built before the cluster comes up, so that a cold build does not hold it up.
+            prometheus_operator()?;
+            prometheus()?;
             let brought_up = if current()?.is_some() {
                 false
             } else {
@@ -1076,6 +1079,11 @@ const PROMETHEUS_OPERATOR: &str = "v0.85.0";
 /// ServiceMonitor's and PrometheusRule's CRDs, from the prometheus-operator Go module (the
 /// files its releases ship, in the module's `example/prometheus-operator-crd`).
 fn prometheus_operator_crds() -> Result<Vec<PathBuf>> {
+    prometheus_operator_crd_files(&["servicemonitors", "prometheusrules"])
+}
+
+/// The CRD files of the prometheus-operator Go module for `plurals`.
+fn prometheus_operator_crd_files(plurals: &[&str]) -> Result<Vec<PathBuf>> {
     let out = crate::gotools::go()?
         .args([
             "mod",
@@ -1094,7 +1102,7 @@ fn prometheus_operator_crds() -> Result<Vec<PathBuf>> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let dir = PathBuf::from(v["Dir"].as_str().context("no Dir")?);
-    Ok(["servicemonitors", "prometheusrules"]
+    Ok(plurals
         .iter()
         .map(|k| {
             dir.join(format!(
@@ -1257,11 +1265,18 @@ fn test() -> Result<()> {
             "--no-run",
         ],
     )?;
+    let c = Cluster {
+        name: info.name.clone(),
+        dir: info.dir.clone(),
+        bins: parts::ensure()?,
+    };
+    let env = prometheus_operator_setup(&c)?;
     // Their summaries (the values compared, the log checked) are the run's record.
     let counts = real_cluster_tests(
         &tc,
         &info,
         &["--test-threads=1", "--nocapture", "--skip", SIDE_BY_SIDE],
+        &env,
     )?;
     println!("cluster test: {} in {:.0?}", counts.summary(), t.elapsed());
     let failed = || {
@@ -1277,14 +1292,9 @@ fn test() -> Result<()> {
     }
     // The kubelet's own eviction beside qoslet's: its threshold moved to where qoslet's is, for
     // that one test, and back for what follows (its pods keep running through both restarts).
-    let c = Cluster {
-        name: info.name.clone(),
-        dir: info.dir.clone(),
-        bins: parts::ensure()?,
-    };
     let t = Instant::now();
     restart_kubelet(&c, &side_by_side_threshold(&c)?)?;
-    let side = real_cluster_tests(&tc, &info, &["--exact", SIDE_BY_SIDE, "--nocapture"]);
+    let side = real_cluster_tests(&tc, &info, &["--exact", SIDE_BY_SIDE, "--nocapture"], &env);
     restart_kubelet(&c, KUBELET_MEMORY_AVAILABLE)?;
     let side = side?;
     println!(
@@ -1297,8 +1307,30 @@ fn test() -> Result<()> {
     }
     // The test left qoslet in observe mode with the kubelet's capacity; the Helm install that
     // follows replaces it and its configuration.
-    helm_install(&info)
+    helm_install(&info)?;
+    // The chart's ServiceMonitor and PrometheusRule under the real operator, as the kustomize
+    // install's were above.
+    let t = Instant::now();
+    let helm = real_cluster_tests(
+        &tc,
+        &info,
+        &["--exact", PROMETHEUS_OPERATOR_TEST, "--nocapture"],
+        &env,
+    )?;
+    println!(
+        "cluster test: prometheus-operator on the Helm install: {} in {:.0?}",
+        helm.summary(),
+        t.elapsed()
+    );
+    if !helm.ok || helm.passed != 1 {
+        return Err(failed());
+    }
+    Ok(())
 }
+
+/// The real-cluster test of prometheus-operator, run again on the Helm install.
+const PROMETHEUS_OPERATOR_TEST: &str =
+    "prometheus_operator::prometheus_operator_scrapes_qoslet_and_the_alerts_name_the_victim";
 
 /// The ignored tests of `tests/tests/real_cluster.rs` (built) with `filter`, in the cluster's
 /// network namespace.
@@ -1306,6 +1338,7 @@ fn real_cluster_tests(
     tc: &toolchain::Toolchain,
     info: &Info,
     filter: &[&str],
+    env: &[(String, String)],
 ) -> Result<cargo::TestCounts> {
     let args: Vec<&str> = [
         "test",
@@ -1328,10 +1361,94 @@ fn real_cluster_tests(
         ],
         &args,
         &[(
-            "QOSLET_CLUSTER".into(),
+            "QOSLET_CLUSTER".to_owned(),
             info.dir.join("cluster.json").display().to_string(),
-        )],
+        )]
+        .into_iter()
+        .chain(env.iter().cloned())
+        .collect::<Vec<_>>(),
     )
+}
+
+/// prometheus-operator's `cmd/operator`, built from the Go module proxy at
+/// [`PROMETHEUS_OPERATOR`] (once; a second call compares the build's stamp).
+fn prometheus_operator() -> Result<PathBuf> {
+    let bin = crate::gotools::ensure(&crate::gotools::GoBuild {
+        name: "prometheus-operator",
+        module: "github.com/prometheus-operator/prometheus-operator",
+        version: PROMETHEUS_OPERATOR,
+        packages: &["github.com/prometheus-operator/prometheus-operator/cmd/operator"],
+        replaces: &[],
+        tags: &[],
+        cgo: false,
+        // As its Makefile stamps it: the version also names the config-reloader image it
+        // puts in the StatefulSet it generates.
+        link_vars: &[(
+            "github.com/prometheus/common/version.Version",
+            PROMETHEUS_OPERATOR.trim_start_matches('v'),
+        )],
+    })?;
+    Ok(bin.join("operator"))
+}
+
+/// Prometheus's Go module version of Prometheus 3.5.0 (its modules are numbered v0.3xx for 3.x),
+/// the default of prometheus-operator v0.85.0 (the last of its compatibility matrix). Not
+/// Debian's prometheus: Debian builds it without the Kubernetes service discovery, so it
+/// refuses the operator's configuration ("field kubernetes_sd_configs not found").
+const PROMETHEUS: &str = "v0.305.0";
+
+/// `cmd/prometheus` of [`PROMETHEUS`], built from the Go module proxy (once). Without the
+/// `builtinassets` tag it has no web UI, which the test does not use; its HTTP API is whole.
+fn prometheus() -> Result<PathBuf> {
+    let bin = crate::gotools::ensure(&crate::gotools::GoBuild {
+        name: "prometheus",
+        module: "github.com/prometheus/prometheus",
+        version: PROMETHEUS,
+        packages: &["github.com/prometheus/prometheus/cmd/prometheus"],
+        replaces: &[],
+        tags: &[],
+        cgo: false,
+        link_vars: &[("github.com/prometheus/common/version.Version", "3.5.0")],
+    })?;
+    Ok(bin.join("prometheus"))
+}
+
+/// What the test of the real prometheus-operator needs
+/// (`tests/tests/real_cluster/prometheus_operator.rs`), as env for the tests: the operator's
+/// binary, built from the Go module proxy at [`PROMETHEUS_OPERATOR`] (no image: the cluster has
+/// no registry, and the test runs it as a process with the admin's certificate), Prometheus
+/// ([`prometheus`]), and the CRDs its Prometheus controller watches besides the two `up` installs
+/// (it waits for every watched kind's informer, so a missing one stalls it).
+fn prometheus_operator_setup(c: &Cluster) -> Result<Vec<(String, String)>> {
+    let t = Instant::now();
+    let operator = prometheus_operator()?;
+    let prometheus = prometheus()?;
+    // Debian's prometheus package makes /etc/prometheus, which the test mounts the operator's
+    // files over in a mount namespace of Prometheus's own.
+    apt::ensure("cluster", deploy::PROMETHEUS_PACKAGES)?;
+    let kinds = ["prometheuses", "podmonitors", "probes"];
+    for crd in prometheus_operator_crd_files(&kinds)? {
+        apt::run(c.kubectl().args(["apply", "--server-side", "-f"]).arg(&crd))?;
+    }
+    for crd in kinds {
+        apt::run(c.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            &format!("crd/{crd}.monitoring.coreos.com"),
+        ]))?;
+    }
+    println!(
+        "cluster test: prometheus-operator {PROMETHEUS_OPERATOR} and its CRDs ready in {:.0?}",
+        t.elapsed()
+    );
+    Ok(vec![
+        (
+            "QOSLET_PROMETHEUS_OPERATOR".into(),
+            operator.display().to_string(),
+        ),
+        ("QOSLET_PROMETHEUS".into(), prometheus.display().to_string()),
+    ])
 }
 
 /// The real-cluster test that compares qoslet's eviction with the kubelet's own: run alone, after
