@@ -142,12 +142,13 @@ pub(crate) fn build_set(
         match &o {
             Object::Pod(_) => {
                 // An accepted update (or addition) is the new decoded object; a rejected one
-                // leaves the old hierarchy view, so keep the old API object with it.
-                let entry = match api_pods.get(&key) {
-                    Some((new, a)) if *new == o => ManifestPod {
-                        pod: a.pod.clone(),
+                // leaves the old hierarchy view, so keep the old API object with it. Each key
+                // comes here once (`seen`), so the admitted pod is moved, not copied.
+                let entry = match api_pods.remove(&key) {
+                    Some((new, a)) if new == o => ManifestPod {
+                        pod: a.pod,
                         object: o,
-                        view: a.view.clone(),
+                        view: a.view,
                         spec_hash: a.spec_hash,
                     },
                     _ => match old_pods.get(&key) {
