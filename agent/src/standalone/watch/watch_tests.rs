@@ -21,6 +21,11 @@ impl Scratch {
     fn dir(&self) -> PathBuf {
         self.0.join("manifests")
     }
+
+    /// A watch of the directory for qoslet's runtime, a burst settling after `debounce`.
+    fn watch(&self, debounce: Duration) -> ManifestWatch {
+        ManifestWatch::new(&self.dir(), debounce, Default::default(), Runner::Qoslet).unwrap()
+    }
 }
 
 impl Drop for Scratch {
@@ -51,13 +56,7 @@ async fn next(w: &mut ManifestWatch) -> Result<Diff, ManifestDirError> {
 async fn the_directory_removed_and_created_again_is_still_watched() {
     let s = Scratch::new("recreate");
     fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
-    let mut w = ManifestWatch::new(
-        &s.dir(),
-        Duration::from_millis(20),
-        Default::default(),
-        Runner::Qoslet,
-    )
-    .unwrap();
+    let mut w = s.watch(Duration::from_millis(20));
     w.reload().unwrap();
     assert_eq!(names(&w), ["a"]);
     fs::remove_dir_all(s.dir()).unwrap();
@@ -93,13 +92,7 @@ async fn the_directory_removed_and_created_again_is_still_watched() {
 #[tokio::test]
 async fn changed_loses_nothing_when_its_future_is_dropped() {
     let s = Scratch::new("cancel");
-    let mut w = ManifestWatch::new(
-        &s.dir(),
-        Duration::from_millis(100),
-        Default::default(),
-        Runner::Qoslet,
-    )
-    .unwrap();
+    let mut w = s.watch(Duration::from_millis(100));
     w.reload().unwrap();
     let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -148,14 +141,7 @@ async fn a_manifest_that_stops_parsing_keeps_its_pod_for_the_grace_period() {
     let file = s.dir().join("a.yaml");
     fs::write(&file, pod("a")).unwrap();
     let grace = Duration::from_millis(600);
-    let mut w = ManifestWatch::new(
-        &s.dir(),
-        Duration::from_millis(20),
-        Default::default(),
-        Runner::Qoslet,
-    )
-    .unwrap()
-    .with_parse_grace(grace);
+    let mut w = s.watch(Duration::from_millis(20)).with_parse_grace(grace);
     w.reload().unwrap();
     // Half-written: invalid YAML for a while.
     fs::write(&file, "apiVersion: v1\nkind: Pod\nmetadata: {name: a\n").unwrap();
@@ -227,13 +213,7 @@ async fn files_rewritten_unchanged_load_nothing() {
     let s = Scratch::new("unchanged");
     fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
     fs::write(s.dir().join("b.yaml"), pod("b")).unwrap();
-    let mut w = ManifestWatch::new(
-        &s.dir(),
-        Duration::from_millis(20),
-        Default::default(),
-        Runner::Qoslet,
-    )
-    .unwrap();
+    let mut w = s.watch(Duration::from_millis(20));
     w.reload().unwrap();
     assert_eq!((names(&w), w.loads), (vec!["a".into(), "b".into()], 1));
     fs::write(s.dir().join("a.yaml"), pod("a")).unwrap();
