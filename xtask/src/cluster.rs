@@ -1296,13 +1296,7 @@ fn test() -> Result<()> {
     restart_kubelet(&c, &side_by_side_threshold(&c)?)?;
     let side = real_cluster_tests(&tc, &info, &["--exact", SIDE_BY_SIDE, "--nocapture"], &env);
     restart_kubelet(&c, KUBELET_MEMORY_AVAILABLE)?;
-    let side = side?;
-    println!(
-        "cluster test: beside the kubelet's own eviction: {} in {:.0?}",
-        side.summary(),
-        t.elapsed()
-    );
-    if !side.ok || side.passed != 1 {
+    if !one_passed("beside the kubelet's own eviction", &side?, t) {
         return Err(failed());
     }
     // The test left qoslet in observe mode with the kubelet's capacity; the Helm install that
@@ -1317,15 +1311,21 @@ fn test() -> Result<()> {
         &["--exact", PROMETHEUS_OPERATOR_TEST, "--nocapture"],
         &env,
     )?;
-    println!(
-        "cluster test: prometheus-operator on the Helm install: {} in {:.0?}",
-        helm.summary(),
-        t.elapsed()
-    );
-    if !helm.ok || helm.passed != 1 {
+    if !one_passed("prometheus-operator on the Helm install", &helm, t) {
         return Err(failed());
     }
     Ok(())
+}
+
+/// Prints the summary of one test run by its exact name, begun at `t`, under `what`: whether it
+/// ran and passed.
+fn one_passed(what: &str, run: &cargo::TestCounts, t: Instant) -> bool {
+    println!(
+        "cluster test: {what}: {} in {:.0?}",
+        run.summary(),
+        t.elapsed()
+    );
+    run.ok && run.passed == 1
 }
 
 /// The real-cluster test of prometheus-operator, run again on the Helm install.
