@@ -252,6 +252,9 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
                     "{firing:?}"
                 );
                 assert_eq!(labels["qos_class"], "BestEffort", "{firing:?}");
+                // The victim by name, from its qoslet_pod_eviction_timestamp_seconds series.
+                assert_eq!(labels["namespace"], "demo", "{firing:?}");
+                assert_eq!(labels["pod"], "hog", "{firing:?}");
             }
         }
     }
@@ -303,6 +306,10 @@ fn prometheus_gets_every_panel_and_fires_the_eviction_and_oom_alerts() {
                 encode(&q)
             ),
         );
+        if title == "Evicted pods" {
+            let names: Vec<_> = result.iter().map(|r| &r["metric"]["pod"]).collect();
+            assert!(names.iter().any(|p| *p == "hog"), "{title}: {names:?}");
+        }
         let data = has_finite_value(&result);
         peaks.insert(title.clone(), max_value(&result));
         if !data {

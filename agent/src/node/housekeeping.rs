@@ -9,7 +9,7 @@
 //! turns on, `eviction/usage.rs`), and new processes get their score from the sensors' events
 //! already.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::warn;
 
@@ -20,8 +20,8 @@ use crate::{
         Decision, NodeCondition, Stages, thresholds::Observations, thresholds::threshold_amount,
     },
     hub::metrics::{
-        ConditionLabels, EvictionLabels, PodLabels, ProgramLabels, RingLabels, SignalLabels,
-        StageLabels, ThresholdLabels,
+        ConditionLabels, EvictionLabels, PodEvictionLabels, PodLabels, ProgramLabels, RingLabels,
+        SignalLabels, StageLabels, ThresholdLabels,
     },
 };
 
@@ -41,6 +41,11 @@ impl Node {
             release_start_up_memory();
         }
         self.cgroups.remove_stale();
+        self.report
+            .state
+            .metrics
+            .evicted_pods
+            .expire(Instant::now());
         self.record_ebpf_costs(sensors);
         let cpu_pressure_changed = self.cpu_pressure_tick(sensors);
         if self.next_stats.is_none_or(|t| Instant::now() >= t) {
@@ -134,17 +139,27 @@ impl Node {
     /// An eviction the manager made: metrics and the status events. The eviction pipeline has
     /// recorded it in the state file already (`eviction/pipeline.rs`).
     pub(crate) fn on_eviction(&self, d: &Decision) {
+        let (at, now) = (SystemTime::now(), Instant::now());
         for pod in &d.pods {
             let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
-            self.report
-                .state
-                .metrics
+            let metrics = &self.report.state.metrics;
+            metrics
                 .evictions
                 .get_or_create(&EvictionLabels {
                     signal: d.signal.clone(),
                     qos_class: qos.into(),
                 })
                 .inc();
+            metrics.evicted_pods.record(
+                PodEvictionLabels {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    signal: d.signal.clone(),
+                    qos_class: qos.into(),
+                },
+                at,
+                now,
+            );
             self.report.event(
                 &pod.to_string(),
                 format!(

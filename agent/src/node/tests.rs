@@ -7,7 +7,7 @@ use std::{
     os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use super::*;
@@ -579,6 +579,7 @@ async fn an_eviction_recorded_after_its_pod_left_the_plan_keeps_its_qos_class() 
         &[],
         &sensors,
     );
+    let before = SystemTime::now();
     node.on_eviction(&decision(&[("a", UID_A)]));
     assert_eq!(
         metric(
@@ -586,6 +587,17 @@ async fn an_eviction_recorded_after_its_pod_left_the_plan_keeps_its_qos_class() 
             "qoslet_evictions_total{signal=\"memory.available\",qos_class=\"BestEffort\"}"
         ),
         1.0
+    );
+    // The victim by name, with the time of its eviction.
+    let at = metric(
+        &state,
+        "qoslet_pod_eviction_timestamp_seconds{namespace=\"default\",pod=\"a\",signal=\"memory.available\",qos_class=\"BestEffort\"}",
+    );
+    let since_epoch = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+    assert!(
+        (since_epoch(before).as_secs_f64()..=since_epoch(SystemTime::now()).as_secs_f64())
+            .contains(&at),
+        "{at}"
     );
 }
 

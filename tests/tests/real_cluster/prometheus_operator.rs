@@ -25,7 +25,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
@@ -147,6 +147,7 @@ fn reloaded(gz: &[u8], pod_name: &str) -> String {
 #[tokio::test]
 #[ignore = "needs a real cluster and prometheus-operator: cargo xtask cluster test"]
 async fn prometheus_operator_scrapes_qoslet_and_the_alerts_name_the_victim() {
+    let test_started = SystemTime::now();
     let c = cluster().await;
     let operator = PathBuf::from(
         std::env::var_os("QOSLET_PROMETHEUS_OPERATOR")
@@ -483,6 +484,36 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
             .contains(&m["signal"].as_str().unwrap_or_default()),
         "{m:#}"
     );
+    // The eviction series of the victim: its namespace and pod in its own labels, and the time
+    // of its eviction as the value.
+    let evicted = wait_until(&logs, "the hog's eviction series in Prometheus", || {
+        let r = query(
+            prom,
+            &format!(
+                "qoslet_pod_eviction_timestamp_seconds{{namespace=\"{}\",pod=\"hog\"}}",
+                ns.name
+            ),
+        );
+        (!r.is_empty()).then_some(r)
+    })
+    .await;
+    println!("the hog's eviction series: {}", evicted[0]["metric"]);
+    assert_eq!(evicted.len(), 1, "{evicted:#?}");
+    let m = &evicted[0]["metric"];
+    assert_eq!(m["job"], "qoslet", "{m:#}");
+    assert_eq!(m["instance"], c.info.node.as_str(), "{m:#}");
+    assert_eq!(m["qos_class"], "BestEffort", "{m:#}");
+    let evicted_at: f64 = evicted[0]["value"][1].as_str().unwrap().parse().unwrap();
+    let unix = |t: SystemTime| {
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    assert!(
+        (unix(test_started)..=unix(SystemTime::now())).contains(&evicted_at),
+        "evicted at {evicted_at}, the test ran from {}",
+        unix(test_started)
+    );
     // No series of qoslet's has a label Prometheus renamed: without honorLabels, every series
     // with its own namespace, pod or container (the OOM kills, the pods' info, requests and
     // cgroup values) would have them as exported_* and the target's in their place.
@@ -535,9 +566,10 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
                 a["labels"]["alertname"] == "QosletKernelOOMKill"
                     && a["labels"]["namespace"] == ns.name.as_str()
             });
-            let evicted = firing
-                .iter()
-                .any(|a| a["labels"]["alertname"] == "QosletPodsEvicted");
+            let evicted = firing.iter().any(|a| {
+                a["labels"]["alertname"] == "QosletPodsEvicted"
+                    && a["labels"]["namespace"] == ns.name.as_str()
+            });
             (oom && evicted).then_some(firing)
         },
     )
@@ -566,11 +598,21 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
     );
     let evicted_alert = alerts
         .iter()
-        .find(|a| a["labels"]["alertname"] == "QosletPodsEvicted")
+        .find(|a| {
+            a["labels"]["alertname"] == "QosletPodsEvicted"
+                && a["labels"]["namespace"] == ns.name.as_str()
+        })
         .unwrap();
     let l = &evicted_alert["labels"];
+    assert_eq!(l["pod"], "hog", "{evicted_alert:#}");
     assert_eq!(l["qos_class"], "BestEffort", "{evicted_alert:#}");
     assert_eq!(l["instance"], c.info.node.as_str(), "{evicted_alert:#}");
+    assert!(
+        evicted_alert["annotations"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains(&format!("{}/hog", ns.name))),
+        "{evicted_alert:#}"
+    );
 
     // The cluster-wide grants go with the test; the namespace (the Prometheus, the service
     // account, the operator's Secret, ConfigMaps and StatefulSet) when `ns` drops.

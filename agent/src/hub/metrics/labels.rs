@@ -50,6 +50,15 @@ pub(crate) struct PodLabels {
     pub(crate) pod: String,
 }
 
+/// An evicted pod (`evicted.rs`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PodEvictionLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) signal: String,
+    pub(crate) qos_class: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct EvictionLabels {
     pub(crate) signal: String,

@@ -5,6 +5,7 @@
 //! events and eviction decisions) and cluster mode record into [`Metrics`]; `server/` only
 //! serves its text at `/metrics`.
 
+mod evicted;
 mod histogram;
 mod labels;
 pub(crate) mod process;
@@ -35,6 +36,7 @@ use crate::{
 };
 use process::ProcessCollector;
 
+pub(crate) use evicted::EvictedPods;
 pub(crate) use histogram::KernelHistogram;
 pub(crate) use labels::*;
 
@@ -110,6 +112,7 @@ pub struct Metrics {
     pub(crate) memcg_events: Family<MemcgEventLabels, Counter>,
     pub(crate) oom_kills: Family<ContainerLabels, Counter>,
     pub(crate) evictions: Family<EvictionLabels, Counter>,
+    pub(crate) evicted_pods: EvictedPods,
     pub(crate) eviction_decision_latency: Histogram,
     pub(crate) eviction_stage_latency: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub(crate) runqueue_latency: Family<PodLabels, KernelHistogram>,
@@ -202,6 +205,13 @@ impl Metrics {
             "qoslet_evictions",
             "Pods evicted, by signal and QoS class",
             evictions.clone(),
+        );
+        let evicted_pods = EvictedPods::default();
+        reg.add_with_unit(
+            "qoslet_pod_eviction_timestamp",
+            "Unix time of qoslet's eviction of a pod, naming it; each series leaves an hour after its eviction",
+            Unit::Seconds,
+            evicted_pods.family.clone(),
         );
         let eviction_decision_latency = latency_histogram();
         reg.add_with_unit(
@@ -389,6 +399,7 @@ impl Metrics {
             memcg_events,
             oom_kills,
             evictions,
+            evicted_pods,
             eviction_decision_latency,
             eviction_stage_latency,
             runqueue_latency,
