@@ -448,19 +448,7 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
 
     // The OOM series names the victim in its own labels: the test's namespace and the oomer,
     // not renamed exported_*, and with the target's job and instance.
-    let oom = wait_until(&logs, "the oomer's OOM kill in Prometheus", || {
-        let r = query(
-            prom,
-            &format!(
-                "qoslet_oom_kills_total{{namespace=\"{}\",pod=\"oomer\"}}",
-                ns.name
-            ),
-        );
-        (!r.is_empty()).then_some(r)
-    })
-    .await;
-    println!("OOM series: {}", oom[0]["metric"]);
-    assert_eq!(oom.len(), 1, "{oom:#?}");
+    let oom = one_series_of(&logs, prom, "qoslet_oom_kills_total", &ns.name, "oomer").await;
     let m = &oom[0]["metric"];
     assert_eq!(m["container"], "main", "{m:#}");
     assert_eq!(m["job"], "qoslet", "{m:#}");
@@ -486,19 +474,14 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
     );
     // The eviction series of the victim: its namespace and pod in its own labels, and the time
     // of its eviction as the value.
-    let evicted = wait_until(&logs, "the hog's eviction series in Prometheus", || {
-        let r = query(
-            prom,
-            &format!(
-                "qoslet_pod_eviction_timestamp_seconds{{namespace=\"{}\",pod=\"hog\"}}",
-                ns.name
-            ),
-        );
-        (!r.is_empty()).then_some(r)
-    })
+    let evicted = one_series_of(
+        &logs,
+        prom,
+        "qoslet_pod_eviction_timestamp_seconds",
+        &ns.name,
+        "hog",
+    )
     .await;
-    println!("the hog's eviction series: {}", evicted[0]["metric"]);
-    assert_eq!(evicted.len(), 1, "{evicted:#?}");
     let m = &evicted[0]["metric"];
     assert_eq!(m["job"], "qoslet", "{m:#}");
     assert_eq!(m["instance"], c.info.node.as_str(), "{m:#}");
@@ -620,6 +603,26 @@ exec "$PROMETHEUS" --config.file=/etc/prometheus/config_out/prometheus.env.yaml 
     for b in [&sd_binding, &reader_binding] {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
+}
+
+/// The series of `metric` that names `namespace`/`pod` in its own labels, once Prometheus holds
+/// it; there must be exactly one.
+async fn one_series_of(
+    logs: &dyn Fn() -> String,
+    prom: SocketAddr,
+    metric: &str,
+    namespace: &str,
+    pod: &str,
+) -> Vec<Value> {
+    let selector = format!("{metric}{{namespace=\"{namespace}\",pod=\"{pod}\"}}");
+    let r = wait_until(logs, &format!("{selector} in Prometheus"), || {
+        let r = query(prom, &selector);
+        (!r.is_empty()).then_some(r)
+    })
+    .await;
+    println!("{metric} of {pod}: {}", r[0]["metric"]);
+    assert_eq!(r.len(), 1, "{r:#?}");
+    r
 }
 
 /// Polls `f` (a quick blocking check of Prometheus's API, every second) until it returns a
