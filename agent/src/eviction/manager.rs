@@ -13,6 +13,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
+    task::Poll,
     time::{Duration, Instant},
 };
 
@@ -247,6 +248,15 @@ impl<A: EvictionAction> Manager<A> {
                     .files()
                     .map(|(dir, file)| (dir, file, Access::Read)),
             );
+            // The containers' working sets go into the eviction message, read before the
+            // action is called.
+            for c in &p.containers {
+                wanted.extend(
+                    c.memory
+                        .working_set_files()
+                        .map(|(dir, file)| (dir, file, Access::Read)),
+                );
+            }
             // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
                 wanted.push((u, "cgroup.procs", Access::Read));
@@ -309,6 +319,11 @@ impl<A: EvictionAction> Manager<A> {
 
     /// One `synchronize`: observe, update thresholds and conditions, evict at most one unit and
     /// wait for its memory. Returns the decision, if any.
+    ///
+    /// Between the pass's start and the action's call (the decide stage) it does only what the
+    /// action needs: the node's signals, the ranking and the requests with their messages (the
+    /// mark, the hold and the pod's status carry them). What only reports (the observations and
+    /// conditions sent to the node, whose loop they wake, the "Evicting" line) follows the call.
     pub(crate) async fn pass(
         &mut self,
         trigger: Option<Wake>,
@@ -317,7 +332,7 @@ impl<A: EvictionAction> Manager<A> {
         let seen = trigger.map_or(now, |w| w.at.min(now));
         self.with_stats(|s| s.passes += 1);
         let obs = self.signals.observe()?;
-        self.observed_tx.send_replace(obs.clone());
+        let signals_at = now.elapsed();
         let all: Vec<Threshold> = self
             .cfg
             .hard
@@ -329,12 +344,8 @@ impl<A: EvictionAction> Manager<A> {
         let conditions = self
             .conditions
             .update(&eval.met, self.cfg.pressure_transition, now);
-        self.conditions_tx.send_if_modified(|c| {
-            let changed = *c != conditions;
-            *c = conditions.clone();
-            changed
-        });
         let Some((threshold, resource)) = to_reclaim(&eval.actionable) else {
+            self.publish(obs, conditions);
             return Ok(None);
         };
         let threshold = threshold.clone();
@@ -343,6 +354,7 @@ impl<A: EvictionAction> Manager<A> {
         let hard = threshold.grace_period_secs == 0;
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
         if !hard && let Some(pod) = self.action.awaiting() {
+            self.publish(obs, conditions);
             self.with_stats(|s| s.awaiting_handover += 1);
             if self.awaited.as_ref() != Some(&pod) {
                 tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
@@ -358,6 +370,7 @@ impl<A: EvictionAction> Manager<A> {
             && let Some(pod) = self.awaited.take()
             && let Some(p) = self.last_decided.iter().find(|p| p.key == pod)
         {
+            self.publish(obs, conditions);
             let holds = p.memory.working_set().unwrap_or(0);
             tracing::info!(%pod, "The Eviction API took the eviction that waited; waiting for the pod to release its resources before choosing again.");
             self.wait_released(&threshold, &[p], holds, resource).await;
@@ -371,10 +384,12 @@ impl<A: EvictionAction> Manager<A> {
         let mut candidates = self.samples(&inventory, resource, now);
         let forests = self.forests_with_evictions(&inventory);
         let Some(choice) = self.choose_fresh(&mut candidates, &forests, resource, need) else {
+            self.publish(obs, conditions);
             self.with_stats(|s| s.nothing_to_evict += 1);
             tracing::warn!(signal = %threshold.signal, observed = o.available, candidates = candidates.samples.len(), managed = inventory.pods.len(), "A threshold is met but no pod can be evicted.");
             return Ok(None);
         };
+        let chosen_at = now.elapsed();
         let Samples {
             samples,
             pods,
@@ -392,29 +407,14 @@ impl<A: EvictionAction> Manager<A> {
             UnitRoot::Group(g) => Some(g.to_string()),
             UnitRoot::Pod(_) => None,
         });
-        let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
-        tracing::warn!(
-            signal = %threshold.signal,
-            observed = o.available,
-            threshold = amount,
-            need,
-            unit = unit.as_deref().unwrap_or("single pod"),
-            pods = ?names,
-            reason = %choice.reason,
-            wake = trigger.map_or("none", |w| w.source.as_str()),
-            ranked = samples.len(),
-            read_fresh = reads,
-            read_fresh_held = held_reads,
-            read_usage = usage_reads,
-            chosen_ms = now.elapsed().as_secs_f64() * 1e3,
-            "Evicting to relieve node pressure."
-        );
         let usage: BTreeMap<&PodKey, i64> = samples
             .iter()
             .map(|s| (&s.key, s.candidate.usage_bytes))
             .collect();
         let max_grace = self.cfg.max_pod_grace_secs;
-        // The messages first: reading the containers' working sets is part of the decision.
+        // The messages before the action: the pipeline marks the pod's cgroup with its message
+        // before the mode's step, and cluster mode's status carries it. Their containers' reads
+        // are one `pread` each, through the descriptors `hold_files` keeps.
         let requests: Vec<EvictionRequest> = choice
             .pods
             .iter()
@@ -452,7 +452,34 @@ impl<A: EvictionAction> Manager<A> {
             }
         });
         let acting = Instant::now();
-        let results = futures::future::join_all(evictions).await;
+        // `join_all` polls each eviction in turn, up to its first wait: the kill (or the
+        // freeze) goes out before anything below runs.
+        let mut evicting = std::pin::pin!(futures::future::join_all(evictions));
+        let polled = futures::poll!(evicting.as_mut());
+        // What only reports, now that the action is called.
+        let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            signal = %threshold.signal,
+            observed = o.available,
+            threshold = amount,
+            need,
+            unit = unit.as_deref().unwrap_or("single pod"),
+            pods = ?names,
+            reason = %choice.reason,
+            wake = trigger.map_or("none", |w| w.source.as_str()),
+            ranked = samples.len(),
+            read_fresh = reads,
+            read_fresh_held = held_reads,
+            read_usage = usage_reads,
+            signals_ms = signals_at.as_secs_f64() * 1e3,
+            chosen_ms = chosen_at.as_secs_f64() * 1e3,
+            "Evicting to relieve node pressure."
+        );
+        self.publish(obs, conditions);
+        let results = match polled {
+            Poll::Ready(results) => results,
+            Poll::Pending => evicting.await,
+        };
         self.evicted.extend(choice.pods.iter().cloned());
         let mut first_signal: Option<Instant> = None;
         let mut statuses = Vec::new();
@@ -514,6 +541,17 @@ impl<A: EvictionAction> Manager<A> {
             tracing::info!(pods = ?names, release_ms = f.elapsed().as_secs_f64() * 1e3, "Released.");
         }
         Ok(Some(decision))
+    }
+
+    /// Sends a pass's observations and node conditions to whoever listens (the node's loop, which
+    /// each change wakes).
+    fn publish(&self, obs: Observations, conditions: Vec<NodeCondition>) {
+        self.observed_tx.send_replace(obs);
+        self.conditions_tx.send_if_modified(|c| {
+            let changed = *c != conditions;
+            *c = conditions;
+            changed
+        });
     }
 
     /// The candidates: every pod of `inv` but those this manager evicted, on its usage read now

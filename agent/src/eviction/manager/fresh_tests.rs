@@ -437,3 +437,76 @@ fn the_cgroup_files_count_processes() {
     assert_eq!(CgroupFiles.processes(&p), Some(2));
     fs::remove_dir_all(&n.root).unwrap();
 }
+
+/// What the action sees when it is called, of what only reports.
+#[derive(Default)]
+struct Probe {
+    logs: crate::test_log::LogBuffer,
+    observations: Mutex<Option<watch::Receiver<Observations>>>,
+    conditions: Mutex<Option<watch::Receiver<Vec<NodeCondition>>>>,
+    /// At each call: "Evicting" lines logged, observations sent, conditions sent.
+    calls: Mutex<Vec<(usize, bool, bool)>>,
+}
+
+/// Whether a value was sent since the receiver was made.
+fn changed<T>(rx: &Mutex<Option<watch::Receiver<T>>>) -> bool {
+    rx.lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|rx| rx.has_changed().unwrap())
+}
+
+impl EvictionAction for &Probe {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.calls.lock().unwrap().push((
+            self.logs.count("Evicting to relieve"),
+            changed(&self.observations),
+            changed(&self.conditions),
+        ));
+        Ok(Outcome {
+            first_signal_at: Some(Instant::now()),
+            signalled: 1,
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
+        })
+    }
+}
+
+/// The decide stage ends at the action's call: the "Evicting" line and the observations and
+/// conditions sent to the node (whose loop each change wakes) come after it, in the same pass.
+#[tokio::test]
+async fn what_only_reports_follows_the_action_call() {
+    let n = node("report");
+    let reader = Reader::default();
+    reader.set("a", 300);
+    reader.set("b", 100);
+    let probe = Probe::default();
+    let _log = tracing::subscriber::set_default(probe.logs.subscriber());
+    let (_tx, rx) = watch::channel(Arc::new(Inventory {
+        pods: vec![pod(&n, "a"), pod(&n, "b")],
+        forests: BTreeMap::new(),
+    }));
+    let mut m = Manager::new(
+        config("memory.available", "500Mi"),
+        n.signals.clone(),
+        &probe,
+        rx,
+    )
+    .with_reader(reader.clone());
+    *probe.observations.lock().unwrap() = Some(m.observations());
+    *probe.conditions.lock().unwrap() = Some(m.conditions());
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods, [key("a")]);
+    assert_eq!(*probe.calls.lock().unwrap(), [(0, false, false)]);
+    assert_eq!(probe.logs.count("Evicting to relieve"), 1);
+    let line = probe.logs.text();
+    assert!(
+        line.contains("signals_ms=") && line.contains("chosen_ms="),
+        "{line}"
+    );
+    assert_eq!(
+        m.observations().borrow()["memory.available"].available,
+        100 * MI
+    );
+    assert_eq!(*m.conditions().borrow(), [NodeCondition::MemoryPressure]);
+    fs::remove_dir_all(&n.root).unwrap();
+}
