@@ -8,7 +8,12 @@
 //! own reads); a pass reads `memory.stat` only for the pods without a value held, and the head
 //! of the ranking and the candidates next to it until the head holds against them
 //! ([`FRESH_READS`] at most), so that the victim is chosen, and its message written, on its
-//! working set of now.
+//! working set of now. A next candidate whose usage read now (the most its working set can be)
+//! would not change the choice is not read whole.
+//!
+//! The decide stage, from the pass's start to the action's call, holds only what the action
+//! needs; what reports the decision (the "Evicting" line, the observations and conditions sent
+//! to the node) follows the call.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -53,7 +58,8 @@ pub(crate) const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
 const RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// How many pods with an `inactive_file` held a memory decision reads whole (`memory.stat`):
-/// the chosen unit's, then the next candidate's while the head is not confirmed. Pods without a
+/// the chosen unit's, then the next candidate's while the head is not confirmed (and its usage
+/// could change the choice). Pods without a
 /// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
 /// its message).
 pub(crate) const FRESH_READS: usize = 4;
@@ -150,6 +156,9 @@ pub struct Manager<A> {
 struct Samples<'a> {
     samples: Vec<Sample>,
     fresh: Vec<bool>,
+    /// The most `samples[i]`'s working set can be: its usage read now (a working set is its
+    /// usage less its page cache), or the working set itself when read whole.
+    most: Vec<i64>,
     pods: BTreeMap<PodKey, &'a ManagedPod>,
     /// Pods whose working set was read whole in this pass, and those of them a value was held
     /// for; pods whose usage alone was read.
@@ -382,6 +391,7 @@ impl<A: EvictionAction> Manager<A> {
         self.evicted
             .retain(|k| inventory.pods.iter().any(|p| &p.key == k));
         let mut candidates = self.samples(&inventory, resource, now);
+        let sampled_at = now.elapsed();
         let forests = self.forests_with_evictions(&inventory);
         let Some(choice) = self.choose_fresh(&mut candidates, &forests, resource, need) else {
             self.publish(obs, conditions);
@@ -472,6 +482,7 @@ impl<A: EvictionAction> Manager<A> {
             read_fresh_held = held_reads,
             read_usage = usage_reads,
             signals_ms = signals_at.as_secs_f64() * 1e3,
+            sampled_ms = sampled_at.as_secs_f64() * 1e3,
             chosen_ms = chosen_at.as_secs_f64() * 1e3,
             "Evicting to relieve node pressure."
         );
@@ -568,17 +579,18 @@ impl<A: EvictionAction> Manager<A> {
         let mut c = Samples {
             samples: Vec::with_capacity(live.len()),
             fresh: Vec::with_capacity(live.len()),
+            most: Vec::with_capacity(live.len()),
             pods: BTreeMap::new(),
             reads: 0,
             held_reads: 0,
             usage_reads: 0,
         };
         for (p, held) in live.into_iter().zip(held) {
-            let (usage, fresh) = match held {
+            let (usage, fresh, most) = match held {
                 Some(inactive) => {
                     c.usage_reads += 1;
                     match self.reader.usage(p) {
-                        Ok(u) => ((u - inactive).max(0), false),
+                        Ok(u) => ((u - inactive).max(0), false, u),
                         Err(e) => {
                             tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
                             continue;
@@ -588,7 +600,7 @@ impl<A: EvictionAction> Manager<A> {
                 None => {
                     c.reads += 1;
                     match self.read_fresh(p) {
-                        Some(v) => (v, true),
+                        Some(v) => (v, true, v),
                         None => continue,
                     }
                 }
@@ -614,6 +626,7 @@ impl<A: EvictionAction> Manager<A> {
                 },
             });
             c.fresh.push(fresh);
+            c.most.push(most);
             c.pods.insert(p.key.clone(), p);
         }
         c
@@ -639,10 +652,11 @@ impl<A: EvictionAction> Manager<A> {
     /// `choose` on the candidates, reading whole the working sets the choice turns on: the
     /// chosen unit's pods that were ranked on a held `inactive_file`, then (while fewer than
     /// [`FRESH_READS`] held pods were read) the next candidate in the kubelet's order, until the
-    /// choice is read whole and holds against the next candidate read whole. A pod whose page
-    /// cache moved since its `inactive_file` was held is ranked on its usage less the old value
-    /// and set right when it comes to the head or next to it. Pids rank on process counts, read
-    /// fresh already.
+    /// choice is read whole and holds against the next candidate read whole, or against its
+    /// usage read now where that alone leaves the choice as it is (`holds_at_most`). A pod whose
+    /// page cache moved since its `inactive_file` was held is ranked on its usage less the old
+    /// value and set right when it comes to the head or next to it. Pids rank on process
+    /// counts, read fresh already.
     fn choose_fresh(
         &self,
         c: &mut Samples<'_>,
@@ -662,10 +676,14 @@ impl<A: EvictionAction> Manager<A> {
             let read = if !stale.is_empty() {
                 stale.clone()
             } else if confirming {
-                next_candidate(&c.samples, &chosen)
-                    .filter(|&i| !c.fresh[i])
-                    .into_iter()
-                    .collect()
+                match next_candidate(&c.samples, &chosen).filter(|&i| !c.fresh[i]) {
+                    // At the most its working set can be, the next candidate leaves the choice
+                    // as it is: it holds whatever that pod's page cache is now, unread.
+                    Some(i) if self.holds_at_most(c, i, forests, resource, need, &choice) => {
+                        Vec::new()
+                    }
+                    next => next.into_iter().collect(),
+                }
             } else {
                 Vec::new()
             };
@@ -681,6 +699,7 @@ impl<A: EvictionAction> Manager<A> {
                     Some(v) => {
                         c.samples[i].candidate.usage_bytes = v;
                         c.fresh[i] = true;
+                        c.most[i] = v;
                     }
                     None => gone.push(i),
                 }
@@ -691,6 +710,7 @@ impl<A: EvictionAction> Manager<A> {
                 c.pods.remove(&c.samples[i].key);
                 c.samples.remove(i);
                 c.fresh.remove(i);
+                c.most.remove(i);
             }
             // Read as many held pods as allowed: the choice stands, on its own fresh values.
             if !confirming && gone.is_empty() {
@@ -701,6 +721,25 @@ impl<A: EvictionAction> Manager<A> {
                 return Some(choice);
             }
         }
+    }
+
+    /// Whether `choice` is still what `choose` makes of the candidates with `samples[i]` at the
+    /// most its working set can be. The kubelet's order only moves a pod ahead as its usage
+    /// grows, so a choice that holds there holds at any working set the pod has now.
+    fn holds_at_most(
+        &self,
+        c: &mut Samples<'_>,
+        i: usize,
+        forests: &BTreeMap<String, Forest>,
+        resource: Resource,
+        need: i64,
+        choice: &Choice,
+    ) -> bool {
+        let estimate = std::mem::replace(&mut c.samples[i].candidate.usage_bytes, c.most[i]);
+        let holds = choose(&c.samples, forests, resource, need, self.cfg.order)
+            .is_some_and(|at_most| at_most.pods == choice.pods);
+        c.samples[i].candidate.usage_bytes = estimate;
+        holds
     }
 
     /// The hierarchies with the pods this manager evicted marked Failed, so gangs count right
