@@ -59,9 +59,8 @@ const RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// How many pods with an `inactive_file` held a memory decision reads whole (`memory.stat`):
 /// the chosen unit's, then the next candidate's while the head is not confirmed (and its usage
-/// could change the choice). Pods without a
-/// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
-/// its message).
+/// could change the choice). Pods without a value held are read whole besides, and the chosen
+/// unit's pods always are (its `frees` and its message).
 pub(crate) const FRESH_READS: usize = 4;
 
 #[derive(Debug, Clone)]
@@ -724,8 +723,9 @@ impl<A: EvictionAction> Manager<A> {
     }
 
     /// Whether `choice` is still what `choose` makes of the candidates with `samples[i]` at the
-    /// most its working set can be. The kubelet's order only moves a pod ahead as its usage
-    /// grows, so a choice that holds there holds at any working set the pod has now.
+    /// most its working set can be. A pod's usage moves it ahead in the kubelet's order, and
+    /// makes its unit free more, only as it grows: a choice that holds with the pod at its most
+    /// holds at any working set the pod has now.
     fn holds_at_most(
         &self,
         c: &mut Samples<'_>,
