@@ -6,7 +6,8 @@
 //! closed when it leaves. Reads of a held file are `pread` from offset 0 (cgroup files are
 //! seq_files, which restart there); a held file that fails (its cgroup was removed and made
 //! again) is dropped and the file opened beneath the node root as before. The node's statistics
-//! hold the `cpu.stat` files they sample the same way, in a [`HeldFiles`] of their own.
+//! hold the `cpu.stat` files they sample the same way, in a [`HeldFiles`] of their own, and the v2
+//! root's signals `/proc/meminfo` ([`HeldProc`]).
 
 use std::{
     collections::BTreeMap,
