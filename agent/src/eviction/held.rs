@@ -1,11 +1,13 @@
 //! Descriptors the eviction path keeps open, so that a process out of descriptors (a flood of
 //! connections or manifests, a low `RLIMIT_NOFILE`) can still observe and evict: the node root's
-//! memory files and, for every pod of the inventory, its memory files and its cgroup v2
-//! `cgroup.procs` and `cgroup.kill`, opened when the pod enters the inventory ([`Manager`](super::Manager)) and
+//! memory files and, for every pod of the inventory, its memory files, its containers' usage and
+//! `memory.stat` (the eviction message's) and its cgroup v2 `cgroup.procs` and `cgroup.kill`,
+//! opened when the pod enters the inventory ([`Manager`](super::Manager)) and
 //! closed when it leaves. Reads of a held file are `pread` from offset 0 (cgroup files are
 //! seq_files, which restart there); a held file that fails (its cgroup was removed and made
 //! again) is dropped and the file opened beneath the node root as before. The node's statistics
-//! hold the `cpu.stat` files they sample the same way, in a [`HeldFiles`] of their own.
+//! hold the `cpu.stat` files they sample the same way, in a [`HeldFiles`] of their own, and the v2
+//! root's signals `/proc/meminfo` ([`HeldProc`]).
 
 use std::{
     collections::BTreeMap,
@@ -105,6 +107,37 @@ impl HeldFiles {
     }
 }
 
+/// A fixed `/proc` file (not input) held open from its first read and read with one `pread`
+/// from offset 0, as a held cgroup file is (procfs's are seq_files too); reopened after a read
+/// fails.
+#[derive(Debug)]
+pub(crate) struct HeldProc {
+    path: &'static str,
+    file: Mutex<Option<Arc<File>>>,
+}
+
+impl HeldProc {
+    pub(crate) const fn new(path: &'static str) -> Self {
+        Self {
+            path,
+            file: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn read(&self) -> io::Result<String> {
+        let held = crate::support::lock(&self.file).clone();
+        let f = match held {
+            Some(f) => f,
+            None => {
+                let f = Arc::new(File::open(self.path)?);
+                *crate::support::lock(&self.file) = Some(f.clone());
+                f
+            }
+        };
+        pread_all(&f).inspect_err(|_| *crate::support::lock(&self.file) = None)
+    }
+}
+
 /// Holds exactly the eviction path's files of `wanted` from now on ([`HeldFiles::hold_only`]).
 pub(crate) fn hold_only<'a>(
     wanted: impl IntoIterator<Item = (&'a CgroupBeneath, &'a str, Access)>,
@@ -158,5 +191,21 @@ mod tests {
         assert!(hold_only([]).is_empty());
         assert!(HELD.get(&file).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A held `/proc` file answers each `pread` from offset 0 anew: the second read is whole and
+    /// current, not the rest of the first.
+    #[test]
+    fn a_held_proc_file_is_read_whole_each_time() {
+        let stat = HeldProc::new("/proc/self/stat");
+        let first = stat.read().unwrap();
+        let second = stat.read().unwrap();
+        assert!(first.starts_with(&format!("{} ", std::process::id())));
+        assert!(second.starts_with(&format!("{} ", std::process::id())));
+        let meminfo = HeldProc::new("/proc/meminfo");
+        for _ in 0..2 {
+            assert!(meminfo.read().unwrap().starts_with("MemTotal:"));
+        }
+        assert!(HeldProc::new("/proc/no-such-file").read().is_err());
     }
 }

@@ -8,11 +8,17 @@
 //! own reads); a pass reads `memory.stat` only for the pods without a value held, and the head
 //! of the ranking and the candidates next to it until the head holds against them
 //! ([`FRESH_READS`] at most), so that the victim is chosen, and its message written, on its
-//! working set of now.
+//! working set of now. A next candidate whose usage read now (the most its working set can be)
+//! would not change the choice is not read whole.
+//!
+//! The decide stage, from the pass's start to the action's call, holds only what the action
+//! needs; what reports the decision (the "Evicting" line, the observations and conditions sent
+//! to the node) follows the call.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
+    task::Poll,
     time::{Duration, Instant},
 };
 
@@ -52,9 +58,9 @@ pub(crate) const UNIT_ANNOTATION: &str = "qoslet.dev/unit";
 const RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// How many pods with an `inactive_file` held a memory decision reads whole (`memory.stat`):
-/// the chosen unit's, then the next candidate's while the head is not confirmed. Pods without a
-/// value held are read whole besides, and the chosen unit's pods always are (its `frees` and
-/// its message).
+/// the chosen unit's, then the next candidate's while the head is not confirmed (and its usage
+/// could change the choice). Pods without a value held are read whole besides, and the chosen
+/// unit's pods always are (its `frees` and its message).
 pub(crate) const FRESH_READS: usize = 4;
 
 #[derive(Debug, Clone)]
@@ -149,6 +155,9 @@ pub struct Manager<A> {
 struct Samples<'a> {
     samples: Vec<Sample>,
     fresh: Vec<bool>,
+    /// The most `samples[i]`'s working set can be: its usage read now (a working set is its
+    /// usage less its page cache), or the working set itself when read whole.
+    most: Vec<i64>,
     pods: BTreeMap<PodKey, &'a ManagedPod>,
     /// Pods whose working set was read whole in this pass, and those of them a value was held
     /// for; pods whose usage alone was read.
@@ -247,6 +256,15 @@ impl<A: EvictionAction> Manager<A> {
                     .files()
                     .map(|(dir, file)| (dir, file, Access::Read)),
             );
+            // The containers' working sets go into the eviction message, read before the
+            // action is called.
+            for c in &p.containers {
+                wanted.extend(
+                    c.memory
+                        .working_set_files()
+                        .map(|(dir, file)| (dir, file, Access::Read)),
+                );
+            }
             // Only the v2 directory's: see `action.rs` `procs` for why not v1's.
             if let Some(u) = &p.cgroups.unified {
                 wanted.push((u, "cgroup.procs", Access::Read));
@@ -309,6 +327,11 @@ impl<A: EvictionAction> Manager<A> {
 
     /// One `synchronize`: observe, update thresholds and conditions, evict at most one unit and
     /// wait for its memory. Returns the decision, if any.
+    ///
+    /// Between the pass's start and the action's call (the decide stage) it does only what the
+    /// action needs: the node's signals, the ranking and the requests with their messages (the
+    /// mark, the hold and the pod's status carry them). What only reports (the observations and
+    /// conditions sent to the node, whose loop they wake, the "Evicting" line) follows the call.
     pub(crate) async fn pass(
         &mut self,
         trigger: Option<Wake>,
@@ -317,7 +340,7 @@ impl<A: EvictionAction> Manager<A> {
         let seen = trigger.map_or(now, |w| w.at.min(now));
         self.with_stats(|s| s.passes += 1);
         let obs = self.signals.observe()?;
-        self.observed_tx.send_replace(obs.clone());
+        let signals_at = now.elapsed();
         let all: Vec<Threshold> = self
             .cfg
             .hard
@@ -329,12 +352,8 @@ impl<A: EvictionAction> Manager<A> {
         let conditions = self
             .conditions
             .update(&eval.met, self.cfg.pressure_transition, now);
-        self.conditions_tx.send_if_modified(|c| {
-            let changed = *c != conditions;
-            *c = conditions.clone();
-            changed
-        });
         let Some((threshold, resource)) = to_reclaim(&eval.actionable) else {
+            self.publish(obs, conditions);
             return Ok(None);
         };
         let threshold = threshold.clone();
@@ -343,6 +362,7 @@ impl<A: EvictionAction> Manager<A> {
         let hard = threshold.grace_period_secs == 0;
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
         if !hard && let Some(pod) = self.action.awaiting() {
+            self.publish(obs, conditions);
             self.with_stats(|s| s.awaiting_handover += 1);
             if self.awaited.as_ref() != Some(&pod) {
                 tracing::warn!(signal = %threshold.signal, observed = o.available, %pod, "A soft threshold is met, but the last eviction still waits for the Eviction API (a PodDisruptionBudget refuses it for now, or the API server is away): no other pod is evicted until it goes.");
@@ -358,6 +378,7 @@ impl<A: EvictionAction> Manager<A> {
             && let Some(pod) = self.awaited.take()
             && let Some(p) = self.last_decided.iter().find(|p| p.key == pod)
         {
+            self.publish(obs, conditions);
             let holds = p.memory.working_set().unwrap_or(0);
             tracing::info!(%pod, "The Eviction API took the eviction that waited; waiting for the pod to release its resources before choosing again.");
             self.wait_released(&threshold, &[p], holds, resource).await;
@@ -369,12 +390,15 @@ impl<A: EvictionAction> Manager<A> {
         self.evicted
             .retain(|k| inventory.pods.iter().any(|p| &p.key == k));
         let mut candidates = self.samples(&inventory, resource, now);
+        let sampled_at = now.elapsed();
         let forests = self.forests_with_evictions(&inventory);
         let Some(choice) = self.choose_fresh(&mut candidates, &forests, resource, need) else {
+            self.publish(obs, conditions);
             self.with_stats(|s| s.nothing_to_evict += 1);
             tracing::warn!(signal = %threshold.signal, observed = o.available, candidates = candidates.samples.len(), managed = inventory.pods.len(), "A threshold is met but no pod can be evicted.");
             return Ok(None);
         };
+        let chosen_at = now.elapsed();
         let Samples {
             samples,
             pods,
@@ -392,29 +416,14 @@ impl<A: EvictionAction> Manager<A> {
             UnitRoot::Group(g) => Some(g.to_string()),
             UnitRoot::Pod(_) => None,
         });
-        let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
-        tracing::warn!(
-            signal = %threshold.signal,
-            observed = o.available,
-            threshold = amount,
-            need,
-            unit = unit.as_deref().unwrap_or("single pod"),
-            pods = ?names,
-            reason = %choice.reason,
-            wake = trigger.map_or("none", |w| w.source.as_str()),
-            ranked = samples.len(),
-            read_fresh = reads,
-            read_fresh_held = held_reads,
-            read_usage = usage_reads,
-            chosen_ms = now.elapsed().as_secs_f64() * 1e3,
-            "Evicting to relieve node pressure."
-        );
         let usage: BTreeMap<&PodKey, i64> = samples
             .iter()
             .map(|s| (&s.key, s.candidate.usage_bytes))
             .collect();
         let max_grace = self.cfg.max_pod_grace_secs;
-        // The messages first: reading the containers' working sets is part of the decision.
+        // The messages before the action: the pipeline marks the pod's cgroup with its message
+        // before the mode's step, and cluster mode's status carries it. Their containers' reads
+        // are one `pread` each, through the descriptors `hold_files` keeps.
         let requests: Vec<EvictionRequest> = choice
             .pods
             .iter()
@@ -452,7 +461,35 @@ impl<A: EvictionAction> Manager<A> {
             }
         });
         let acting = Instant::now();
-        let results = futures::future::join_all(evictions).await;
+        // `join_all` polls each eviction in turn, up to its first wait: the kill (or the
+        // freeze) goes out before anything below runs.
+        let mut evicting = std::pin::pin!(futures::future::join_all(evictions));
+        let polled = futures::poll!(evicting.as_mut());
+        // What only reports, now that the action is called.
+        let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            signal = %threshold.signal,
+            observed = o.available,
+            threshold = amount,
+            need,
+            unit = unit.as_deref().unwrap_or("single pod"),
+            pods = ?names,
+            reason = %choice.reason,
+            wake = trigger.map_or("none", |w| w.source.as_str()),
+            ranked = samples.len(),
+            read_fresh = reads,
+            read_fresh_held = held_reads,
+            read_usage = usage_reads,
+            signals_ms = signals_at.as_secs_f64() * 1e3,
+            sampled_ms = sampled_at.as_secs_f64() * 1e3,
+            chosen_ms = chosen_at.as_secs_f64() * 1e3,
+            "Evicting to relieve node pressure."
+        );
+        self.publish(obs, conditions);
+        let results = match polled {
+            Poll::Ready(results) => results,
+            Poll::Pending => evicting.await,
+        };
         self.evicted.extend(choice.pods.iter().cloned());
         let mut first_signal: Option<Instant> = None;
         let mut statuses = Vec::new();
@@ -516,6 +553,17 @@ impl<A: EvictionAction> Manager<A> {
         Ok(Some(decision))
     }
 
+    /// Sends a pass's observations and node conditions to whoever listens (the node's loop, which
+    /// each change wakes).
+    fn publish(&self, obs: Observations, conditions: Vec<NodeCondition>) {
+        self.observed_tx.send_replace(obs);
+        self.conditions_tx.send_if_modified(|c| {
+            let changed = *c != conditions;
+            *c = conditions;
+            changed
+        });
+    }
+
     /// The candidates: every pod of `inv` but those this manager evicted, on its usage read now
     /// less the `inactive_file` held for it, else on its working set read now (a pod whose
     /// cgroup is gone or unreadable is left out). Process counts are read only to rank for
@@ -530,17 +578,18 @@ impl<A: EvictionAction> Manager<A> {
         let mut c = Samples {
             samples: Vec::with_capacity(live.len()),
             fresh: Vec::with_capacity(live.len()),
+            most: Vec::with_capacity(live.len()),
             pods: BTreeMap::new(),
             reads: 0,
             held_reads: 0,
             usage_reads: 0,
         };
         for (p, held) in live.into_iter().zip(held) {
-            let (usage, fresh) = match held {
+            let (usage, fresh, most) = match held {
                 Some(inactive) => {
                     c.usage_reads += 1;
                     match self.reader.usage(p) {
-                        Ok(u) => ((u - inactive).max(0), false),
+                        Ok(u) => ((u - inactive).max(0), false, u),
                         Err(e) => {
                             tracing::debug!(pod = %p.key, error = %e, "Skipping a pod without memory stats.");
                             continue;
@@ -550,7 +599,7 @@ impl<A: EvictionAction> Manager<A> {
                 None => {
                     c.reads += 1;
                     match self.read_fresh(p) {
-                        Some(v) => (v, true),
+                        Some(v) => (v, true, v),
                         None => continue,
                     }
                 }
@@ -576,6 +625,7 @@ impl<A: EvictionAction> Manager<A> {
                 },
             });
             c.fresh.push(fresh);
+            c.most.push(most);
             c.pods.insert(p.key.clone(), p);
         }
         c
@@ -601,10 +651,11 @@ impl<A: EvictionAction> Manager<A> {
     /// `choose` on the candidates, reading whole the working sets the choice turns on: the
     /// chosen unit's pods that were ranked on a held `inactive_file`, then (while fewer than
     /// [`FRESH_READS`] held pods were read) the next candidate in the kubelet's order, until the
-    /// choice is read whole and holds against the next candidate read whole. A pod whose page
-    /// cache moved since its `inactive_file` was held is ranked on its usage less the old value
-    /// and set right when it comes to the head or next to it. Pids rank on process counts, read
-    /// fresh already.
+    /// choice is read whole and holds against the next candidate read whole, or against its
+    /// usage read now where that alone leaves the choice as it is (`holds_at_most`). A pod whose
+    /// page cache moved since its `inactive_file` was held is ranked on its usage less the old
+    /// value and set right when it comes to the head or next to it. Pids rank on process
+    /// counts, read fresh already.
     fn choose_fresh(
         &self,
         c: &mut Samples<'_>,
@@ -624,10 +675,14 @@ impl<A: EvictionAction> Manager<A> {
             let read = if !stale.is_empty() {
                 stale.clone()
             } else if confirming {
-                next_candidate(&c.samples, &chosen)
-                    .filter(|&i| !c.fresh[i])
-                    .into_iter()
-                    .collect()
+                match next_candidate(&c.samples, &chosen).filter(|&i| !c.fresh[i]) {
+                    // At the most its working set can be, the next candidate leaves the choice
+                    // as it is: it holds whatever that pod's page cache is now, unread.
+                    Some(i) if self.holds_at_most(c, i, forests, resource, need, &choice) => {
+                        Vec::new()
+                    }
+                    next => next.into_iter().collect(),
+                }
             } else {
                 Vec::new()
             };
@@ -643,6 +698,7 @@ impl<A: EvictionAction> Manager<A> {
                     Some(v) => {
                         c.samples[i].candidate.usage_bytes = v;
                         c.fresh[i] = true;
+                        c.most[i] = v;
                     }
                     None => gone.push(i),
                 }
@@ -653,6 +709,7 @@ impl<A: EvictionAction> Manager<A> {
                 c.pods.remove(&c.samples[i].key);
                 c.samples.remove(i);
                 c.fresh.remove(i);
+                c.most.remove(i);
             }
             // Read as many held pods as allowed: the choice stands, on its own fresh values.
             if !confirming && gone.is_empty() {
@@ -663,6 +720,26 @@ impl<A: EvictionAction> Manager<A> {
                 return Some(choice);
             }
         }
+    }
+
+    /// Whether `choice` is still what `choose` makes of the candidates with `samples[i]` at the
+    /// most its working set can be. A pod's usage moves it ahead in the kubelet's order, and
+    /// makes its unit free more, only as it grows: a choice that holds with the pod at its most
+    /// holds at any working set the pod has now.
+    fn holds_at_most(
+        &self,
+        c: &mut Samples<'_>,
+        i: usize,
+        forests: &BTreeMap<String, Forest>,
+        resource: Resource,
+        need: i64,
+        choice: &Choice,
+    ) -> bool {
+        let estimate = std::mem::replace(&mut c.samples[i].candidate.usage_bytes, c.most[i]);
+        let holds = choose(&c.samples, forests, resource, need, self.cfg.order)
+            .is_some_and(|at_most| at_most.pods == choice.pods);
+        c.samples[i].candidate.usage_bytes = estimate;
+        holds
     }
 
     /// The hierarchies with the pods this manager evicted marked Failed, so gangs count right

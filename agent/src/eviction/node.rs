@@ -52,9 +52,10 @@ impl NodeSignals {
         );
         // Absent, as the kubelet's is, while the pods' cgroup has no limit (`pods` not in
         // enforceNodeAllocatable) or cannot be read (not made yet): `memory.available` stands.
+        // The limit first: without one its usage and `memory.stat` are not read.
         if let Some(k) = &self.kubepods
-            && let Ok(r) = k.read()
-            && let Some(capacity) = r.limit_bytes
+            && let Ok(Some(capacity)) = k.limit()
+            && let Ok(r) = k.reading_without_limit()
         {
             obs.insert(
                 "allocatableMemory.available".into(),

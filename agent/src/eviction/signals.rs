@@ -15,10 +15,12 @@
 use std::{
     io,
     path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
 };
 
 use thiserror::Error;
 
+use super::held::HeldProc;
 use crate::cgroup::{CgroupBeneath, Tree, fs::OpenRootError, value::flat_keyed};
 
 /// v1 reports "no limit" as a page-rounded i64::MAX; anything at or above this is unlimited.
@@ -43,10 +45,22 @@ pub enum SignalError {
 /// A memory cgroup directory: of the v1 memory controller, or a cgroup v2 directory with the
 /// memory controller enabled; its hierarchy says which. Every file is read through its held
 /// descriptor or opened beneath the node root ([`CgroupBeneath::read_held_first`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct MemoryCgroup {
     dir: CgroupBeneath,
+    /// Set once a read found this to be the root of a cgroup v2 hierarchy, which it stays: its
+    /// reads then go to `/proc` at once, without the failing open of its usage file and the look
+    /// for `cgroup.type` that found it (shared by the clones: the watcher's, the manager's).
+    v2_root: Arc<OnceLock<()>>,
 }
+
+impl PartialEq for MemoryCgroup {
+    fn eq(&self, other: &Self) -> bool {
+        self.dir == other.dir
+    }
+}
+
+impl Eq for MemoryCgroup {}
 
 /// The files (and the `memory.stat` field) one hierarchy version reads.
 struct Files {
@@ -92,7 +106,10 @@ impl MemoryReading {
 impl MemoryCgroup {
     /// The memory directory `dir` (of the v2 tree, or of v1's memory controller).
     pub(crate) fn new(dir: CgroupBeneath) -> Self {
-        Self { dir }
+        Self {
+            dir,
+            v2_root: Arc::default(),
+        }
     }
 
     /// `dir` as a node root of its own ([`CgroupBeneath::own`]; tests and benches).
@@ -129,11 +146,31 @@ impl MemoryCgroup {
         [f.usage, f.stat, f.limit].map(|file| (&self.dir, file))
     }
 
+    /// The files [`MemoryCgroup::working_set`] reads.
+    pub(crate) fn working_set_files(&self) -> [(&CgroupBeneath, &'static str); 2] {
+        let f = self.names();
+        [f.usage, f.stat].map(|file| (&self.dir, file))
+    }
+
     /// Usage only (one read), for the watchers' fast path.
     pub fn usage(&self) -> Result<i64, SignalError> {
+        match self.own_usage()? {
+            Some(usage) => Ok(usage),
+            None => meminfo_usage(),
+        }
+    }
+
+    /// The usage file's value; `None` on the v2 root, which has none.
+    fn own_usage(&self) -> Result<Option<i64>, SignalError> {
+        if self.v2_root.get().is_some() {
+            return Ok(None);
+        }
         match self.read_i64(self.usage_file()) {
-            Err(e) if self.is_v2_root(&e) => meminfo_usage(),
-            other => other,
+            Err(e) if self.is_v2_root(&e) => {
+                let _ = self.v2_root.set(());
+                Ok(None)
+            }
+            other => other.map(Some),
         }
     }
 
@@ -142,15 +179,15 @@ impl MemoryCgroup {
     /// root's usage counts the whole page cache, so on a node with a warm cache it would sit
     /// above any level and wake the manager at every check.
     pub(crate) fn level_usage(&self) -> Result<i64, SignalError> {
-        match self.read_i64(self.usage_file()) {
-            Err(e) if self.is_v2_root(&e) => {
-                let text = read_proc(Path::new(MEMINFO))?;
+        match self.own_usage()? {
+            Some(usage) => Ok(usage),
+            None => {
+                let text = read_meminfo()?;
                 meminfo_working_set_of(&text).ok_or_else(|| SignalError::Parse {
                     path: MEMINFO.into(),
                     content: text,
                 })
             }
-            other => other,
         }
     }
 
@@ -181,9 +218,9 @@ impl MemoryCgroup {
     /// the limit left at `None`.
     fn usage_and_stat(&self) -> Result<(MemoryReading, bool, String), SignalError> {
         let f = self.names();
-        let (usage_bytes, root) = match self.read_i64(f.usage) {
-            Err(e) if self.is_v2_root(&e) => (meminfo_usage()?, true),
-            other => (other?, false),
+        let (usage_bytes, root) = match self.own_usage()? {
+            Some(usage) => (usage, false),
+            None => (meminfo_usage()?, true),
         };
         let stat_text = self.read_file(f.stat)?;
         let inactive_file_bytes =
@@ -203,12 +240,7 @@ impl MemoryCgroup {
     /// from the same read).
     pub(crate) fn read_with_stat(&self) -> Result<(MemoryReading, String), SignalError> {
         let (reading, root, stat_text) = self.usage_and_stat()?;
-        let limit_bytes = if root {
-            None
-        } else {
-            self.read_limit(self.names().limit)?
-                .filter(|&l| l < V1_UNLIMITED)
-        };
+        let limit_bytes = if root { None } else { self.limit()? };
         Ok((
             MemoryReading {
                 limit_bytes,
@@ -218,13 +250,24 @@ impl MemoryCgroup {
         ))
     }
 
+    /// The memory limit alone (one read); `None` when unlimited.
+    pub(crate) fn limit(&self) -> Result<Option<i64>, SignalError> {
+        Ok(self
+            .read_limit(self.names().limit)?
+            .filter(|&l| l < V1_UNLIMITED))
+    }
+
     /// The kernel's OOM-kill count (v2 `memory.events` `oom_kill`, which includes descendants;
     /// v1 `memory.oom_control` `oom_kill`, which counts only kills charged to this memcg itself).
     pub fn oom_kills(&self) -> Result<u64, SignalError> {
         let file = self.names().oom;
-        let text = match self.read_file(file) {
-            Err(e) if self.is_v2_root(&e) => read_proc(Path::new(VMSTAT))?,
-            other => other?,
+        let text = if self.v2_root.get().is_some() {
+            read_proc(Path::new(VMSTAT))?
+        } else {
+            match self.read_file(file) {
+                Err(e) if self.is_v2_root(&e) => read_proc(Path::new(VMSTAT))?,
+                other => other?,
+            }
         };
         stat_field(&text, "oom_kill")
             .map(|v| v.max(0) as u64)
@@ -289,9 +332,20 @@ pub(crate) fn stat_field(text: &str, key: &str) -> Option<i64> {
 const MEMINFO: &str = "/proc/meminfo";
 const VMSTAT: &str = "/proc/vmstat";
 
+/// `/proc/meminfo`, held open from its first read: the v2 root's level check reads it every
+/// 10 ms near the level and each pass once, one `pread` each.
+static MEMINFO_HELD: HeldProc = HeldProc::new(MEMINFO);
+
+fn read_meminfo() -> Result<String, SignalError> {
+    MEMINFO_HELD.read().map_err(|source| SignalError::Read {
+        path: MEMINFO.into(),
+        source,
+    })
+}
+
 /// `MemTotal - MemFree` of `/proc/meminfo`, in bytes: the v2 root's usage.
 fn meminfo_usage() -> Result<i64, SignalError> {
-    let text = read_proc(Path::new(MEMINFO))?;
+    let text = read_meminfo()?;
     meminfo_usage_of(&text).ok_or_else(|| SignalError::Parse {
         path: MEMINFO.into(),
         content: text,
@@ -575,6 +629,14 @@ mod tests {
         assert!(root.oom_kills().is_ok());
         assert!(child.read().is_err());
         assert!(child.oom_kills().is_err());
+        // Found to be the root, it stays the root: a `memory.current` there now (none appears on
+        // a real root) is not looked at, the machine's usage still is.
+        let level = root.level_usage().unwrap();
+        fs::write(dir.join("root/memory.current"), "1\n").unwrap();
+        assert!(root.usage().unwrap() > 1);
+        assert!(root.clone().level_usage().unwrap() > 1);
+        assert!((root.level_usage().unwrap() - level).abs() < 1 << 30);
+        assert!(child.usage().is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -238,16 +238,13 @@ async fn a_pass_over_500_pods_reads_few_of_them_whole_once_their_page_cache_is_h
     );
 
     // Held now (by the first pass; the node's sampling would hold them too): the next pass
-    // reads every pod's usage, and whole only the new head and the candidate after it.
+    // reads every pod's usage, and whole only the new head: the candidate after it has no page
+    // cache to lose, so its usage, the most its working set can be, ranks it after the head.
     let d = m.pass(None).await.unwrap().expect("an eviction");
     assert_eq!(reader.usage_reads().len(), 499, "all but the evicted");
     let reads = reader.memory_reads();
     assert!(reads.len() <= FRESH_READS, "{reads:?}");
-    assert_eq!(
-        reads.len(),
-        2,
-        "the head and the candidate after it: {reads:?}"
-    );
+    assert_eq!(reads.len(), 1, "the head alone: {reads:?}");
     assert_eq!(reads.first(), d.pods.first().map(|k| &k.name));
     let second = values
         .iter()
@@ -277,12 +274,45 @@ async fn a_pod_that_grew_since_it_was_sampled_is_chosen_when_the_fresh_reads_sho
     }
     let d = m.pass(None).await.unwrap().expect("an eviction");
     assert_eq!(d.pods, [key("b")]);
-    assert_eq!(reader.memory_reads(), ["a", "b", "c"]);
+    // c is not read: its usage, 100 MiB, is the most its working set can be, below b's.
+    assert_eq!(reader.memory_reads(), ["a", "b"]);
     let message = action.0.lock().unwrap()[0].message.clone();
     assert!(
         message.contains("Pod b was using 400Mi"),
         "the victim's fresh working set: {message}"
     );
+    fs::remove_dir_all(&n.root).unwrap();
+}
+
+/// The candidate after the head is read whole only when the most its working set can be (its
+/// usage read now) would rank it ahead: then its page cache of now decides.
+#[tokio::test]
+async fn the_next_candidate_is_read_only_when_its_usage_could_rank_it_ahead() {
+    let n = node("most");
+    let reader = Reader::default();
+    let pods: Vec<ManagedPod> = ["head", "next", "small"]
+        .iter()
+        .map(|p| pod(&n, p))
+        .collect();
+    let action = Record::default();
+    let (mut m, _tx) = memory_manager(&n, pods, &action, &reader);
+    sampled(&m, &[("head", 0), ("next", 100), ("small", 0)]);
+    reader.set("head", 400);
+    // 450 MiB of usage, of which 100 MiB page cache, as held: 350 MiB ranks it second, and
+    // 450 MiB of working set would rank it first.
+    reader.set_cached("next", 450, 100);
+    reader.set("small", 10);
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods, [key("head")]);
+    assert_eq!(reader.memory_reads(), ["head", "next"]);
+
+    // Its page cache went since it was held: read whole, it is the head.
+    m.evicted.clear();
+    sampled(&m, &[("head", 0), ("next", 100), ("small", 0)]);
+    reader.set_cached("next", 450, 0);
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods, [key("next")]);
+    assert_eq!(reader.memory_reads(), ["head", "next"]);
     fs::remove_dir_all(&n.root).unwrap();
 }
 
@@ -435,5 +465,78 @@ fn the_cgroup_files_count_processes() {
     assert_eq!(CgroupFiles.processes(&p), Some(0), "gone: no process");
     write(&n.root, "cgroup.procs", "1\n2\n");
     assert_eq!(CgroupFiles.processes(&p), Some(2));
+    fs::remove_dir_all(&n.root).unwrap();
+}
+
+/// What the action sees when it is called, of what only reports.
+#[derive(Default)]
+struct Probe {
+    logs: crate::test_log::LogBuffer,
+    observations: Mutex<Option<watch::Receiver<Observations>>>,
+    conditions: Mutex<Option<watch::Receiver<Vec<NodeCondition>>>>,
+    /// At each call: "Evicting" lines logged, observations sent, conditions sent.
+    calls: Mutex<Vec<(usize, bool, bool)>>,
+}
+
+/// Whether a value was sent since the receiver was made.
+fn changed<T>(rx: &Mutex<Option<watch::Receiver<T>>>) -> bool {
+    rx.lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|rx| rx.has_changed().unwrap())
+}
+
+impl EvictionAction for &Probe {
+    async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.calls.lock().unwrap().push((
+            self.logs.count("Evicting to relieve"),
+            changed(&self.observations),
+            changed(&self.conditions),
+        ));
+        Ok(Outcome {
+            first_signal_at: Some(Instant::now()),
+            signalled: 1,
+            status: EvictedStatus::new(req.message.clone(), &req.seen),
+        })
+    }
+}
+
+/// The decide stage ends at the action's call: the "Evicting" line and the observations and
+/// conditions sent to the node (whose loop each change wakes) come after it, in the same pass.
+#[tokio::test]
+async fn what_only_reports_follows_the_action_call() {
+    let n = node("report");
+    let reader = Reader::default();
+    reader.set("a", 300);
+    reader.set("b", 100);
+    let probe = Probe::default();
+    let _log = tracing::subscriber::set_default(probe.logs.subscriber());
+    let (_tx, rx) = watch::channel(Arc::new(Inventory {
+        pods: vec![pod(&n, "a"), pod(&n, "b")],
+        forests: BTreeMap::new(),
+    }));
+    let mut m = Manager::new(
+        config("memory.available", "500Mi"),
+        n.signals.clone(),
+        &probe,
+        rx,
+    )
+    .with_reader(reader.clone());
+    *probe.observations.lock().unwrap() = Some(m.observations());
+    *probe.conditions.lock().unwrap() = Some(m.conditions());
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods, [key("a")]);
+    assert_eq!(*probe.calls.lock().unwrap(), [(0, false, false)]);
+    assert_eq!(probe.logs.count("Evicting to relieve"), 1);
+    let line = probe.logs.text();
+    assert!(
+        line.contains("signals_ms=") && line.contains("chosen_ms="),
+        "{line}"
+    );
+    assert_eq!(
+        m.observations().borrow()["memory.available"].available,
+        100 * MI
+    );
+    assert_eq!(*m.conditions().borrow(), [NodeCondition::MemoryPressure]);
     fs::remove_dir_all(&n.root).unwrap();
 }
