@@ -2,7 +2,7 @@
 //! qoslet writes under is built from these, so nothing from a manifest reaches the filesystem
 //! unchecked.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use thiserror::Error;
 
@@ -56,13 +56,17 @@ pub enum ContainerRuntime {
 }
 
 /// A cgroup path relative to the node root, as validated components.
+///
+/// Shared, not copied: the pass, the reconciler's change feed, the sensors and the eviction
+/// path each keep the paths of every pod and container, and a clone is a count, not a vector and
+/// a string per component.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct CgroupPath(Vec<String>);
+pub struct CgroupPath(Arc<[String]>);
 
 impl CgroupPath {
     /// The node root itself.
     pub fn root() -> Self {
-        Self(Vec::new())
+        Self::default()
     }
 
     /// Parses a cgroup name (`/a/b`); every component must be a plain directory name.
@@ -77,7 +81,7 @@ impl CgroupPath {
             }
             out.push(c.to_string());
         }
-        Ok(Self(out))
+        Ok(Self(out.into()))
     }
 
     /// Appends a component that was already validated by the caller's rules.
@@ -88,9 +92,9 @@ impl CgroupPath {
                 component: component.into(),
             });
         }
-        let mut out = self.clone();
-        out.0.push(component.into());
-        Ok(out)
+        let mut out = self.0.to_vec();
+        out.push(component.into());
+        Ok(Self(out.into()))
     }
 
     pub(crate) fn components(&self) -> &[String] {
@@ -102,7 +106,7 @@ impl CgroupPath {
     }
 
     pub(crate) fn parent(&self) -> Option<Self> {
-        (!self.0.is_empty()).then(|| Self(self.0[..self.0.len() - 1].to_vec()))
+        (!self.0.is_empty()).then(|| Self(self.0[..self.0.len() - 1].into()))
     }
 
     pub(crate) fn starts_with(&self, other: &CgroupPath) -> bool {
@@ -120,7 +124,7 @@ impl CgroupPath {
     pub(crate) fn under_root(name: &str, node_root: &CgroupPath) -> Result<Self, NameError> {
         let full = Self::parse(name)?;
         if !node_root.0.is_empty() && full.starts_with(node_root) {
-            return Ok(Self(full.0[node_root.0.len()..].to_vec()));
+            return Ok(Self(full.0[node_root.0.len()..].into()));
         }
         Ok(full)
     }

@@ -24,7 +24,7 @@ use super::{
     logs::{self, LogDir},
     process::{self, ProcessError},
     shared::SharedStatus,
-    spec::ContainerSpec,
+    spec::{ContainerSpec, PodRuntimeSpec},
     status::{ContainerState, Termination},
 };
 use crate::policy::pod::PodKey;
@@ -61,9 +61,9 @@ pub(crate) type StopRx = watch::Receiver<Option<Instant>>;
 /// What a supervisor needs besides its stop channel.
 #[derive(Clone)]
 pub(crate) struct ContainerCtx {
-    pub(crate) pod: PodKey,
-    pub(crate) spec: ContainerSpec,
-    /// The container's position in `PodStatus::containers`.
+    /// The pod's spec, shared with its task and the runtime's handle, not copied per container.
+    pub(crate) pod_spec: Arc<PodRuntimeSpec>,
+    /// The container's position in `PodStatus::containers` and in the pod's spec.
     pub(crate) index: usize,
     pub(crate) logs: Arc<LogDir>,
     pub(crate) claims: Claims,
@@ -72,6 +72,14 @@ pub(crate) struct ContainerCtx {
 }
 
 impl ContainerCtx {
+    pub(crate) fn pod(&self) -> &PodKey {
+        &self.pod_spec.key
+    }
+
+    pub(crate) fn spec(&self) -> &ContainerSpec {
+        &self.pod_spec.containers[self.index]
+    }
+
     fn update(&self, f: impl FnOnce(&mut super::status::ContainerStatus)) {
         self.status.update(|s| {
             if let Some(c) = s.containers.get_mut(self.index) {
@@ -100,14 +108,14 @@ pub(crate) async fn supervise(
         let started_at = SystemTime::now();
         let run_start = Instant::now();
         let spawned = create(&ctx, &mut held, restarts)
-            .and_then(|(log, path)| process::spawn(&ctx.spec, log, &path));
+            .and_then(|(log, path)| process::spawn(ctx.spec(), log, &path));
         let termination = match spawned {
             // The container could not be made (no cgroup of its own, its cgroup missing, its log
             // refused): it never ran, so it waits, and is tried again after the back-off.
             Err(e) if e.is_create_error() => {
                 let message = e.to_string();
                 if message != last_create_error {
-                    tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, error = %message, "Container not created; retrying after the back-off.");
+                    tracing::warn!(pod = %ctx.pod(), container = %ctx.spec().name, error = %message, "Container not created; retrying after the back-off.");
                     last_create_error = message.clone();
                 }
                 ctx.update(|c| {
@@ -124,7 +132,7 @@ pub(crate) async fn supervise(
                 continue;
             }
             Err(e) => {
-                tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, error = %e, "Container failed to start.");
+                tracing::warn!(pod = %ctx.pod(), container = %ctx.spec().name, error = %e, "Container failed to start.");
                 Termination {
                     exit_code: 128,
                     signal: None,
@@ -137,7 +145,7 @@ pub(crate) async fn supervise(
             Ok(mut child) => {
                 let pid = child.id().unwrap_or_default();
                 ctx.update(|c| c.state = ContainerState::Running { pid, started_at });
-                tracing::info!(pod = %ctx.pod, container = %ctx.spec.name, pid, restarts, "Container started.");
+                tracing::info!(pod = %ctx.pod(), container = %ctx.spec().name, pid, restarts, "Container started.");
                 if let Some(tx) = started.take() {
                     let _ = tx.send(());
                 }
@@ -157,7 +165,7 @@ pub(crate) async fn supervise(
                     Ended::Stop(deadline) => {
                         let st = terminate(&ctx, &mut child, deadline).await;
                         let t = termination(st, started_at);
-                        tracing::info!(pod = %ctx.pod, container = %ctx.spec.name, exit_code = t.exit_code, signal = ?t.signal, "Container stopped.");
+                        tracing::info!(pod = %ctx.pod(), container = %ctx.spec().name, exit_code = t.exit_code, signal = ?t.signal, "Container stopped.");
                         ctx.update(|c| c.state = ContainerState::Terminated(t));
                         return SupervisionEnd::Stopped;
                     }
@@ -165,7 +173,7 @@ pub(crate) async fn supervise(
                 termination(exit, started_at)
             }
         };
-        tracing::info!(pod = %ctx.pod, container = %ctx.spec.name, exit_code = termination.exit_code, signal = ?termination.signal, reason = %termination.reason, "Container exited.");
+        tracing::info!(pod = %ctx.pod(), container = %ctx.spec().name, exit_code = termination.exit_code, signal = ?termination.signal, reason = %termination.reason, "Container exited.");
         ctx.update(|c| c.state = ContainerState::Terminated(termination.clone()));
         let again = match rule {
             Restart::Always => true,
@@ -199,14 +207,14 @@ fn create(
     held: &mut Option<Held>,
     restart: u32,
 ) -> Result<(File, PathBuf), ProcessError> {
-    if ctx.spec.cgroups.dirs.is_empty() {
+    if ctx.spec().cgroups.dirs.is_empty() {
         return Err(ProcessError::NoCgroup);
     }
     if held.is_none() {
-        let log_dir = logs::pod_dir_name(&ctx.pod)
-            .map(|pod| ctx.logs.path().join(pod).join(&ctx.spec.name))?;
+        let log_dir = logs::pod_dir_name(ctx.pod())
+            .map(|pod| ctx.logs.path().join(pod).join(&ctx.spec().name))?;
         let mut wanted: Vec<Claim> = ctx
-            .spec
+            .spec()
             .cgroups
             .dirs
             .iter()
@@ -218,7 +226,7 @@ fn create(
             Claim::Log(path) => ProcessError::SharedLog { path },
         })?);
     }
-    Ok(ctx.logs.create(&ctx.pod, &ctx.spec.name, restart)?)
+    Ok(ctx.logs.create(ctx.pod(), &ctx.spec().name, restart)?)
 }
 
 /// SIGTERM to the container's processes, then SIGKILL to all of them at `deadline`.
@@ -231,7 +239,7 @@ async fn terminate(ctx: &ContainerCtx, child: &mut Child, deadline: Instant) -> 
         }
         _ = sleep_until(deadline) => {}
     }
-    tracing::info!(pod = %ctx.pod, container = %ctx.spec.name, "Grace period over; killing the container.");
+    tracing::info!(pod = %ctx.pod(), container = %ctx.spec().name, "Grace period over; killing the container.");
     signal(ctx, child, Signal::SIGKILL);
     let st = child.wait().await.ok();
     sweep(ctx).await;
@@ -241,7 +249,7 @@ async fn terminate(ctx: &ContainerCtx, child: &mut Child, deadline: Instant) -> 
 /// Signals every process in the container's cgroups, and the main process when the container
 /// has no cgroups (it is our unreaped child, so its pid cannot have been reused).
 fn signal(ctx: &ContainerCtx, child: &Child, sig: Signal) {
-    process::signal_cgroup(&ctx.spec.cgroups, sig);
+    process::signal_cgroup(&ctx.spec().cgroups, sig);
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
     }
@@ -250,9 +258,9 @@ fn signal(ctx: &ContainerCtx, child: &Child, sig: Signal) {
 /// SIGKILL to every process left in the container's cgroups, repeated until none is left.
 async fn sweep(ctx: &ContainerCtx) {
     let limit = Instant::now() + SWEEP_LIMIT;
-    while process::signal_cgroup(&ctx.spec.cgroups, Signal::SIGKILL) > 0 {
+    while process::signal_cgroup(&ctx.spec().cgroups, Signal::SIGKILL) > 0 {
         if Instant::now() > limit {
-            tracing::warn!(pod = %ctx.pod, container = %ctx.spec.name, "Processes survive in the container's cgroups after SIGKILL.");
+            tracing::warn!(pod = %ctx.pod(), container = %ctx.spec().name, "Processes survive in the container's cgroups after SIGKILL.");
             return;
         }
         sleep(Duration::from_millis(10)).await;

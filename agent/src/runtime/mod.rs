@@ -53,7 +53,7 @@ pub struct RuntimeConfig {
 
 /// A pod the runtime knows, running or stopping.
 struct PodHandle {
-    spec: PodRuntimeSpec,
+    spec: Arc<PodRuntimeSpec>,
     status: SharedStatus,
     control: watch::Sender<Control>,
     done: watch::Receiver<bool>,
@@ -139,7 +139,7 @@ impl Runtime {
             let hold = held(&key);
             let mut previous = None;
             if let Some(h) = state.pods.get(&key) {
-                if h.spec == spec {
+                if *h.spec == spec {
                     h.control.send_if_modified(|c| {
                         let changed = c.held != hold;
                         c.held = hold;
@@ -168,6 +168,7 @@ impl Runtime {
         held: Option<String>,
         previous: Option<watch::Receiver<bool>>,
     ) -> PodHandle {
+        let spec = Arc::new(spec);
         let waiting = if held.is_none() {
             status::default_waiting(spec.containers.iter().map(|c| c.kind))
         } else {

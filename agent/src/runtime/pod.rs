@@ -32,7 +32,7 @@ pub(crate) struct Control {
 
 /// Everything a pod task needs.
 pub(crate) struct PodTask {
-    pub(crate) spec: PodRuntimeSpec,
+    pub(crate) spec: Arc<PodRuntimeSpec>,
     pub(crate) status: SharedStatus,
     pub(crate) logs: Arc<LogDir>,
     pub(crate) claims: Claims,
@@ -81,8 +81,7 @@ impl PodTask {
 
     fn ctx(&self, index: usize) -> ContainerCtx {
         ContainerCtx {
-            pod: self.spec.key.clone(),
-            spec: self.spec.containers[index].clone(),
+            pod_spec: self.spec.clone(),
             index,
             logs: self.logs.clone(),
             claims: self.claims.clone(),

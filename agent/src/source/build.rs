@@ -125,6 +125,9 @@ pub(crate) fn build_set(
         .map(|p| (object_key(&p.object), p))
         .collect();
     let mut next = PodSet::default();
+    // Collected, then built at once: a map filled key by key in ascending order leaves its nodes
+    // half empty, and a node holds its pods whole (about 3 KB each).
+    let mut pods = Vec::new();
     let mut seen: BTreeSet<ObjectKey> = BTreeSet::new();
     for o in applied.objects {
         let key = object_key(&o);
@@ -156,13 +159,14 @@ pub(crate) fn build_set(
                         None => continue,
                     },
                 };
-                next.pods.insert(pod_key(&entry), entry);
+                pods.push((pod_key(&entry), entry));
             }
             _ => {
                 next.objects.insert(key, o);
             }
         }
     }
+    next.pods = pods.into_iter().collect();
     for forest in Forest::by_namespace(next.workload_objects().cloned()).values() {
         for p in workload::validate(forest, opts) {
             problems.insert(p.to_string());
