@@ -545,10 +545,20 @@ impl<A: EvictionAction> Manager<A> {
         }
         let unit_pods: Vec<&ManagedPod> = choice.pods.iter().map(|k| pods[k]).collect();
         self.last_decided = unit_pods.iter().map(|p| (*p).clone()).collect();
-        self.wait_released(&threshold, &unit_pods, choice.frees, resource)
+        // Standalone, the action returns once the unit's processes are gone (its kill loop):
+        // `acted_ms` tells that part of the release from the wait below.
+        let acted = first_signal.map(|f| f.elapsed());
+        let polls = self
+            .wait_released(&threshold, &unit_pods, choice.frees, resource)
             .await;
         if let Some(f) = first_signal {
-            tracing::info!(pods = ?names, release_ms = f.elapsed().as_secs_f64() * 1e3, "Released.");
+            tracing::info!(
+                pods = ?names,
+                release_ms = f.elapsed().as_secs_f64() * 1e3,
+                acted_ms = acted.map(|a| a.as_secs_f64() * 1e3),
+                polls,
+                "Released."
+            );
         }
         Ok(Some(decision))
     }
@@ -759,40 +769,58 @@ impl<A: EvictionAction> Manager<A> {
 
     /// Waits until the unit's processes are gone and its memory has left the node (most of it
     /// out of the pods' cgroups, or the threshold no longer met), up to the release timeout.
+    /// While a process remains (a pod the Eviction API took stops within its grace period, up
+    /// to 30 s) only `cgroup.procs` is read: reading the memory then (the pods' `memory.stat`,
+    /// the node's signals, whose root `memory.stat` flushes every cgroup's statistics) every
+    /// 10 ms would only take CPU from the kernel freeing it. How many polls it took.
     async fn wait_released(
         &self,
         t: &Threshold,
         unit: &[&ManagedPod],
         frees: i64,
         resource: Resource,
-    ) {
+    ) -> u32 {
         let deadline = tokio::time::Instant::now() + self.cfg.release_timeout;
+        let mut polls = 0;
         loop {
-            let gone = unit.iter().all(|p| {
-                p.cgroups
-                    .procs
+            polls += 1;
+            if unit_gone(unit) {
+                if resource == Resource::Pids {
+                    return polls;
+                }
+                self.with_stats(|s| s.release_reads += 1);
+                let held: i64 = unit
                     .iter()
-                    .chain(&p.cgroups.unified)
-                    .all(|d| d.read_procs().is_ok_and(|v| v.is_empty()))
-            });
-            let held: i64 = unit
-                .iter()
-                .map(|p| p.memory.working_set().unwrap_or(0))
-                .sum();
-            let relieved = self.signals.observe().is_ok_and(|o: Observations| {
-                o.get(&t.signal).is_some_and(|x| shortfall(t, x) == 0)
-            });
-            if gone && (resource == Resource::Pids || held <= frees / 10 || relieved) {
-                return;
+                    .map(|p| p.memory.working_set().unwrap_or(0))
+                    .sum();
+                // The node's signals only when the pods still hold their memory.
+                if held <= frees / 10
+                    || self.signals.observe().is_ok_and(|o: Observations| {
+                        o.get(&t.signal).is_some_and(|x| shortfall(t, x) == 0)
+                    })
+                {
+                    return polls;
+                }
             }
             if tokio::time::Instant::now() > deadline {
                 self.with_stats(|s| s.release_timeouts += 1);
                 tracing::warn!(timeout = ?self.cfg.release_timeout, "An evicted unit did not release its resources in time; re-checking.");
-                return;
+                return polls;
             }
             tokio::time::sleep(RELEASE_POLL).await;
         }
     }
+}
+
+/// Whether none of the unit's cgroups holds a process (one `cgroup.procs` read each).
+fn unit_gone(unit: &[&ManagedPod]) -> bool {
+    unit.iter().all(|p| {
+        p.cgroups
+            .procs
+            .iter()
+            .chain(&p.cgroups.unified)
+            .all(|d| d.read_procs().is_ok_and(|v| v.is_empty()))
+    })
 }
 
 /// The first pod in the kubelet's memory order, after the chosen ones, that can be evicted.

@@ -114,6 +114,9 @@ pub struct EvictionStats {
     pub(crate) errors: u64,
     /// Waits for released memory that timed out.
     pub(crate) release_timeouts: u64,
+    /// Memory reads (the pods', then the node's signals if need be) while waiting for a
+    /// release: one per poll once the unit's processes are gone.
+    pub(crate) release_reads: u64,
     pub decision_latency: Histogram,
     pub recent: VecDeque<Decision>,
 }

@@ -735,6 +735,11 @@ impl Node {
                 self.system,
                 released.join(",")
             );
+            // Each one whole: the part of it until the action returned (`acted_ms`) and the
+            // release waits' polls.
+            for l in log.lines().filter(|l| l.contains("Released.")) {
+                println!("QOSLET-VM-PEERS-RELEASED system={:?} {l}", self.system);
+            }
             for l in log.lines().filter(|l| l.contains("Evicting to relieve")) {
                 println!("QOSLET-VM-PEERS-EVICTING system={:?} {l}", self.system);
             }

@@ -401,6 +401,52 @@ async fn an_eviction_taken_after_waiting_is_released_before_another_is_chosen() 
     fs::remove_dir_all(root).unwrap();
 }
 
+/// While an evicted unit's processes remain, the release wait reads their `cgroup.procs` alone:
+/// reading the pods' memory or the node's signals (the root's `memory.stat` flushes every
+/// cgroup's statistics) then would only take CPU from the kernel freeing it. Once they are gone,
+/// one read of the pod's memory, back under a tenth of what it was to free, ends the wait.
+#[tokio::test]
+async fn the_release_wait_reads_no_memory_while_the_processes_remain() {
+    let (root, signals, inv) = setup("release-procs");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let (_tx, rx) = watch::channel(inv.clone());
+    let m = Manager::new(
+        config(&[("memory.available", "500Mi")], &[]),
+        signals,
+        &fake,
+        rx,
+    );
+    let threshold = m.cfg.hard[0].clone();
+    let (dir, node) = (root.join("a"), root.clone());
+    let exiting = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        write(&dir, "memory.current", "0");
+        write(&node, "memory.current", &(300 * MI).to_string());
+        write(&dir, "cgroup.procs", "");
+    });
+    let t = Instant::now();
+    let polls = m
+        .wait_released(&threshold, &[&inv.pods[0]], 300 * MI, Resource::Memory)
+        .await;
+    exiting.join().unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(150),
+        "the wait ended with the processes: {:?}",
+        t.elapsed()
+    );
+    assert!(polls > 2, "{polls} polls of cgroup.procs");
+    assert_eq!(
+        m.stats().lock().unwrap().release_reads,
+        1,
+        "memory read only once the processes were gone"
+    );
+    fs::remove_dir_all(root).unwrap();
+}
+
 /// While the last Eviction API request waits (a PodDisruptionBudget refuses it), a soft
 /// threshold evicts no other pod, so refused requests do not pile up; a hard one still does.
 #[tokio::test]
