@@ -21,7 +21,7 @@ use tokio::{
 use super::{
     backoff::{Backoff, BackoffConfig},
     claims::{Claim, Claims, Held},
-    logs::{self, LogDir},
+    logs::LogDir,
     process::{self, ProcessError},
     shared::SharedStatus,
     spec::{ContainerSpec, PodRuntimeSpec},
@@ -211,8 +211,7 @@ fn create(
         return Err(ProcessError::NoCgroup);
     }
     if held.is_none() {
-        let log_dir = logs::pod_dir_name(ctx.pod())
-            .map(|pod| ctx.logs.path().join(pod).join(&ctx.spec().name))?;
+        let log_dir = ctx.logs.container_dir(ctx.pod(), &ctx.spec().name)?;
         let mut wanted: Vec<Claim> = ctx
             .spec()
             .cgroups

@@ -60,10 +60,6 @@ impl LogDir {
         }
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The directory's descriptor, created and opened on first use; a failure is retried by the
     /// next call.
     fn fd(&self) -> Result<Arc<OwnedFd>, LogError> {
@@ -94,6 +90,21 @@ impl LogDir {
         Ok(opened)
     }
 
+    /// The directory of a container's logs, `<namespace>_<name>_<uid>/<container>` beneath this
+    /// one, every name checked: what a container's log claim names.
+    pub(crate) fn container_dir(&self, key: &PodKey, container: &str) -> Result<PathBuf, LogError> {
+        self.checked_dir(key, container).map(|(_, dir)| dir)
+    }
+
+    /// The pod's directory name and the container's log directory, once every name they are
+    /// built from is checked.
+    fn checked_dir(&self, key: &PodKey, container: &str) -> Result<(String, PathBuf), LogError> {
+        let pod = pod_dir_name(key)?;
+        check("container name", container)?;
+        let dir = self.path.join(&pod).join(container);
+        Ok((pod, dir))
+    }
+
     /// Creates (or truncates) the log file of one run of a container, making its directories;
     /// every name is checked first and every step stays beneath the log directory. Returns the
     /// file and its path (for messages).
@@ -103,13 +114,8 @@ impl LogDir {
         container: &str,
         restart: u32,
     ) -> Result<(File, PathBuf), LogError> {
-        let pod = pod_dir_name(key)?;
-        check("container name", container)?;
-        let path = self
-            .path
-            .join(&pod)
-            .join(container)
-            .join(format!("{restart}.log"));
+        let (pod, dir) = self.checked_dir(key, container)?;
+        let path = dir.join(format!("{restart}.log"));
         let err = |source| LogError::Create {
             path: path.clone(),
             source,
@@ -221,7 +227,16 @@ mod tests {
                 matches!(dir.create(&k, c, 0), Err(LogError::Name { .. })),
                 "{c:?}"
             );
+            // The claim's path is refused for the same names.
+            assert!(
+                matches!(dir.container_dir(&k, c), Err(LogError::Name { .. })),
+                "{c:?}"
+            );
         }
+        assert_eq!(
+            dir.container_dir(&k, "app").unwrap(),
+            logs.join("ns_web_u-1/app")
+        );
         // A symlink planted where a container's directory goes is not followed.
         std::os::unix::fs::symlink(&base, logs.join("ns_web_u-1/evil")).unwrap();
         let e = dir.create(&k, "evil", 0).unwrap_err();
