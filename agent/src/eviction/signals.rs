@@ -162,10 +162,19 @@ impl MemoryCgroup {
 
     /// The usage file's value; `None` on the v2 root, which has none.
     fn own_usage(&self) -> Result<Option<i64>, SignalError> {
+        self.own_file(|| self.read_i64(self.usage_file()))
+    }
+
+    /// `read` of one of this directory's own files; `None` on the root of a cgroup v2 hierarchy,
+    /// which has none: found by the first read that fails there, then known without a read.
+    fn own_file<T>(
+        &self,
+        read: impl FnOnce() -> Result<T, SignalError>,
+    ) -> Result<Option<T>, SignalError> {
         if self.v2_root.get().is_some() {
             return Ok(None);
         }
-        match self.read_i64(self.usage_file()) {
+        match read() {
             Err(e) if self.is_v2_root(&e) => {
                 let _ = self.v2_root.set(());
                 Ok(None)
@@ -261,13 +270,9 @@ impl MemoryCgroup {
     /// v1 `memory.oom_control` `oom_kill`, which counts only kills charged to this memcg itself).
     pub fn oom_kills(&self) -> Result<u64, SignalError> {
         let file = self.names().oom;
-        let text = if self.v2_root.get().is_some() {
-            read_proc(Path::new(VMSTAT))?
-        } else {
-            match self.read_file(file) {
-                Err(e) if self.is_v2_root(&e) => read_proc(Path::new(VMSTAT))?,
-                other => other?,
-            }
+        let text = match self.own_file(|| self.read_file(file))? {
+            Some(text) => text,
+            None => read_proc(Path::new(VMSTAT))?,
         };
         stat_field(&text, "oom_kill")
             .map(|v| v.max(0) as u64)
