@@ -140,9 +140,9 @@ impl Node {
     /// recorded it in the state file already (`eviction/pipeline.rs`).
     pub(crate) fn on_eviction(&self, d: &Decision) {
         let (at, now) = (SystemTime::now(), Instant::now());
+        let metrics = &self.report.state.metrics;
         for pod in &d.pods {
             let qos = d.qos.get(pod).map_or("unknown", |q| q.as_str());
-            let metrics = &self.report.state.metrics;
             metrics
                 .evictions
                 .get_or_create(&EvictionLabels {
@@ -169,16 +169,10 @@ impl Node {
             );
         }
         if let Some(l) = d.latency {
-            self.report
-                .state
-                .metrics
-                .eviction_decision_latency
-                .observe(l.as_secs_f64());
+            metrics.eviction_decision_latency.observe(l.as_secs_f64());
         }
         for (stage, d) in d.stages.iter().flat_map(Stages::labelled) {
-            self.report
-                .state
-                .metrics
+            metrics
                 .eviction_stage_latency
                 .get_or_create(&StageLabels {
                     stage: stage.into(),
