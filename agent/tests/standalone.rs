@@ -471,3 +471,80 @@ fn the_standalone_node_runs_reconciles_evicts_and_cleans_up() {
     };
     assert!(!Path::new(&root_dir).exists(), "{root_dir} removed");
 }
+
+/// The `Locked:` kB of each mapping in a `/proc/PID/smaps` text, by the mapping's path (or
+/// `[heap]`, `[stack]`; anonymous ones as "").
+fn locked_by_mapping(smaps: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for line in smaps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first()
+            .is_some_and(|a| a.contains('-') && !a.ends_with(':'))
+        {
+            out.push((f.get(5).copied().unwrap_or("").to_owned(), 0));
+        } else if let (Some(&"Locked:"), Some(kb), Some(last)) =
+            (f.first(), f.get(1), out.last_mut())
+        {
+            last.1 = kb.parse().unwrap();
+        }
+    }
+    out
+}
+
+/// Once start-up's code is paged out (30 s after the start), the agent locks its own binary's
+/// pages in memory as they run, so that memory pressure cannot drop the code an eviction needs;
+/// not its heap, nor other files' pages.
+#[test]
+fn the_agent_locks_its_own_code_once_start_up_is_paged_out() {
+    if !root_or_skip() {
+        return;
+    }
+    let work_dir = WorkDir::create("locked");
+    let work = work_dir.0.clone();
+    fs::copy(
+        examples().join("pods/guaranteed.yaml"),
+        work.join("pods/guaranteed.yaml"),
+    )
+    .unwrap();
+    let node_root = format!("qoslet-test-{}-locked", std::process::id());
+    let daemon = start_node(&work, &node_root, free_port());
+    let pid = daemon.child.id();
+    let binary = fs::canonicalize(env!("CARGO_BIN_EXE_qoslet")).unwrap();
+    let binary = binary.to_str().unwrap();
+    let log_path = work.join("qoslet.log");
+    // The log line follows the lock.
+    let log = wait_until("the code locked", Duration::from_secs(90), || {
+        let log = fs::read_to_string(&log_path).ok()?;
+        (log.contains("qoslet's code is locked in memory as it runs")
+            || log.contains("Could not lock"))
+        .then_some(log)
+    });
+    assert!(!log.contains("Could not lock"), "{log}");
+    let locked = locked_by_mapping(&fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap());
+    let in_binary: u64 = locked
+        .iter()
+        .filter(|(path, _)| path == binary)
+        .map(|(_, kb)| kb)
+        .sum();
+    let elsewhere: Vec<&(String, u64)> = locked
+        .iter()
+        .filter(|(path, kb)| path != binary && *kb > 0)
+        .collect();
+    assert!(in_binary > 0, "{locked:?}");
+    assert!(
+        elsewhere.is_empty(),
+        "only the binary is locked: {elsewhere:?}"
+    );
+    drop(daemon);
+    assert!(
+        !Path::new("/sys/fs/cgroup/unified")
+            .join(&node_root)
+            .exists()
+            && !Path::new("/sys/fs/cgroup/memory").join(&node_root).exists()
+            && !Path::new("/sys/fs/cgroup")
+                .join(&node_root)
+                .join("cgroup.procs")
+                .exists(),
+        "the node root is removed"
+    );
+}

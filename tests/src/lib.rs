@@ -653,7 +653,12 @@ pub fn cpu_ticks(pid: u32) -> Option<u64> {
 
 /// A `/proc/PID/status` value in KiB (`key` as "VmRSS:").
 pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
+    proc_kib(pid, "status", key)
+}
+
+/// A value in KiB of a `/proc/PID/<file>` of `key: value kB` lines (`status`, `smaps_rollup`).
+pub fn proc_kib(pid: u32, file: &str, key: &str) -> Option<u64> {
+    fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix(key))

@@ -1555,7 +1555,7 @@ fn helm_install(info: &Info) -> Result<()> {
     ];
     // As the kustomization's overlay does (`install_overlay`): a capability outside this
     // machine's bounding set cannot be granted.
-    let capabilities = "{BPF,PERFMON,SYS_ADMIN,KILL,DAC_OVERRIDE}";
+    let capabilities = "{BPF,PERFMON,SYS_ADMIN,KILL,DAC_OVERRIDE,IPC_LOCK}";
     if !container::has_bounding_cap(container::CAP_SYS_RESOURCE) {
         set.push(("capabilities", capabilities));
     }

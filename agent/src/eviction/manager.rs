@@ -23,7 +23,7 @@ use std::{
 };
 
 use thiserror::Error;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use super::{
     action::{ActionError, EvictionAction, EvictionRequest},
@@ -34,7 +34,10 @@ use super::{
     select::{Choice, Order, Sample, choose},
     signals::SignalError,
     stats::{Decision, EvictionStats, Stages},
-    thresholds::{Observations, Resource, ThresholdState, shortfall, threshold_amount, to_reclaim},
+    thresholds::{
+        Observations, Observed, Resource, ThresholdState, resource_of, shortfall, threshold_amount,
+        to_reclaim,
+    },
     usage::{CgroupFiles, PodReader, UsageCache},
     watch::Wake,
 };
@@ -149,6 +152,8 @@ pub struct Manager<A> {
     /// read now).
     usage: UsageCache,
     reader: Box<dyn PodReader>,
+    /// Told once start-up's code is paged out and the binary's locked: a rehearsal follows.
+    rehearse_on: Option<Arc<Notify>>,
 }
 
 /// The candidates of one pass: `samples[i]` with `fresh[i]` when read in this pass.
@@ -188,6 +193,7 @@ impl<A: EvictionAction> Manager<A> {
             decisions_tx: None,
             usage: UsageCache::new(2 * cfg.housekeeping),
             reader: Box::new(CgroupFiles),
+            rehearse_on: None,
             cfg,
         }
     }
@@ -196,6 +202,13 @@ impl<A: EvictionAction> Manager<A> {
     /// own.
     pub(crate) fn with_usage(mut self, usage: UsageCache) -> Self {
         self.usage = usage;
+        self
+    }
+
+    /// Rehearses a decision (`rehearse`) each time `paged_out` is told: the node tells it once
+    /// start-up's code is paged out and the binary's code locked.
+    pub(crate) fn with_rehearsal_on(mut self, paged_out: Arc<Notify>) -> Self {
+        self.rehearse_on = Some(paged_out);
         self
     }
 
@@ -282,6 +295,8 @@ impl<A: EvictionAction> Manager<A> {
     pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>, mut stop: watch::Receiver<bool>) {
         let mut open = true;
         let mut trigger: Option<Wake> = None;
+        let mut rehearsed = false;
+        let rehearse_on = self.rehearse_on.clone();
         self.hold_files();
         loop {
             if *stop.borrow() {
@@ -305,6 +320,11 @@ impl<A: EvictionAction> Manager<A> {
             if evicted || trigger.is_some() {
                 continue;
             }
+            // Once, after the first pass: the first real decision finds its set-up done.
+            if !rehearsed {
+                rehearsed = true;
+                self.rehearse();
+            }
             tokio::select! {
                 w = wakes.recv(), if open => match w {
                     Some(w) => {
@@ -320,6 +340,10 @@ impl<A: EvictionAction> Manager<A> {
                 Ok(()) = self.inventory.changed() => {
                     // Pods added: their files are opened now, not at decision time.
                     self.hold_files();
+                }
+                () = told(rehearse_on.as_deref()) => {
+                    // The pages the decision needs come back now, where the lock keeps them.
+                    self.rehearse();
                 }
             }
         }
@@ -399,6 +423,8 @@ impl<A: EvictionAction> Manager<A> {
             return Ok(None);
         };
         let chosen_at = now.elapsed();
+        let (requests, unit) = self.requests(&choice, &candidates, &threshold, &o, resource, hard);
+        let amount = threshold_amount(&threshold, o.capacity, false);
         let Samples {
             samples,
             pods,
@@ -407,49 +433,6 @@ impl<A: EvictionAction> Manager<A> {
             usage_reads,
             ..
         } = candidates;
-        let amount = threshold_amount(&threshold, o.capacity, false);
-        let unit = choice.unit.as_ref().map(|(ns, r)| match r {
-            UnitRoot::Group(g) => format!("{ns}/{g}"),
-            UnitRoot::Pod(p) => format!("{ns}/Pod/{p}"),
-        });
-        let unit_group = choice.unit.as_ref().and_then(|(_, r)| match r {
-            UnitRoot::Group(g) => Some(g.to_string()),
-            UnitRoot::Pod(_) => None,
-        });
-        let usage: BTreeMap<&PodKey, i64> = samples
-            .iter()
-            .map(|s| (&s.key, s.candidate.usage_bytes))
-            .collect();
-        let max_grace = self.cfg.max_pod_grace_secs;
-        // The messages before the action: the pipeline marks the pod's cgroup with its message
-        // before the mode's step, and cluster mode's status carries it. Their containers' reads
-        // are one `pread` each, through the descriptors `hold_files` keeps.
-        let requests: Vec<EvictionRequest> = choice
-            .pods
-            .iter()
-            .map(|k| {
-                let p = pods[k];
-                let grace = eviction_grace_secs(hard, p.grace_secs, max_grace);
-                let pod_usage = pod_usage(p, usage.get(k).copied(), resource);
-                let (message, mut annotations) =
-                    eviction_message(resource, &threshold, amount, o.available, &pod_usage);
-                if let Some(g) = &unit_group {
-                    annotations.insert(UNIT_ANNOTATION.into(), g.clone());
-                }
-                EvictionRequest {
-                    pod: k.clone(),
-                    cgroups: p.cgroups.clone(),
-                    grace: Duration::from_secs(grace.max(0) as u64),
-                    message,
-                    annotations,
-                    seen: p.seen.clone(),
-                    signal: threshold.signal.clone(),
-                    hard,
-                    unit: unit.clone(),
-                    revision: p.revision,
-                }
-            })
-            .collect();
         let action = &self.action;
         let evictions = requests.into_iter().map(|req| async move {
             match action.evict(&req).await {
@@ -572,6 +555,99 @@ impl<A: EvictionAction> Manager<A> {
             *c = conditions;
             changed
         });
+    }
+
+    /// The requests for `choice`, with their messages, and the unit's name: the pipeline marks
+    /// the pod's cgroup with its message before the mode's step, and cluster mode's status
+    /// carries it. Their containers' reads are one `pread` each, through the descriptors
+    /// `hold_files` keeps.
+    fn requests(
+        &self,
+        choice: &Choice,
+        c: &Samples<'_>,
+        threshold: &Threshold,
+        o: &Observed,
+        resource: Resource,
+        hard: bool,
+    ) -> (Vec<EvictionRequest>, Option<String>) {
+        let amount = threshold_amount(threshold, o.capacity, false);
+        let unit = choice.unit.as_ref().map(|(ns, r)| match r {
+            UnitRoot::Group(g) => format!("{ns}/{g}"),
+            UnitRoot::Pod(p) => format!("{ns}/Pod/{p}"),
+        });
+        let unit_group = choice.unit.as_ref().and_then(|(_, r)| match r {
+            UnitRoot::Group(g) => Some(g.to_string()),
+            UnitRoot::Pod(_) => None,
+        });
+        let requests = choice
+            .pods
+            .iter()
+            .map(|k| {
+                let p = c.pods[k];
+                let grace = eviction_grace_secs(hard, p.grace_secs, self.cfg.max_pod_grace_secs);
+                let usage = c
+                    .samples
+                    .iter()
+                    .find(|s| &s.key == k)
+                    .map(|s| s.candidate.usage_bytes);
+                let pod_usage = pod_usage(p, usage, resource);
+                let (message, mut annotations) =
+                    eviction_message(resource, threshold, amount, o.available, &pod_usage);
+                if let Some(g) = &unit_group {
+                    annotations.insert(UNIT_ANNOTATION.into(), g.clone());
+                }
+                EvictionRequest {
+                    pod: k.clone(),
+                    cgroups: p.cgroups.clone(),
+                    grace: Duration::from_secs(grace.max(0) as u64),
+                    message,
+                    annotations,
+                    seen: p.seen.clone(),
+                    signal: threshold.signal.clone(),
+                    hard,
+                    unit: unit.clone(),
+                    revision: p.revision,
+                }
+            })
+            .collect();
+        (requests, unit)
+    }
+
+    /// Makes a memory decision and drops it: the node's signals, every pod's usage, the
+    /// ranking, the head of the kubelet's order read whole and its request with its message, as
+    /// a pass at a memory threshold makes them, but with no action, no report and no state
+    /// changed (the `inactive_file` it reads is held, as any read's is). Run once the manager
+    /// has started and once start-up's code is paged out and the binary's code locked
+    /// (`node/housekeeping.rs`): the first real decision then finds its code in memory, and
+    /// its one-time set-up done, instead of paying for them under pressure, from the disk
+    /// when the kernel has dropped the binary's pages. How many pods it ranked.
+    pub(crate) fn rehearse(&self) -> usize {
+        let memory = |t: &&Threshold| resource_of(&t.signal) == Some(Resource::Memory);
+        let Some(threshold) = self.cfg.hard.iter().chain(&self.cfg.soft).find(memory) else {
+            return 0;
+        };
+        let Ok(obs) = self.signals.observe() else {
+            return 0;
+        };
+        let Some(o) = obs.get(&threshold.signal) else {
+            return 0;
+        };
+        let inventory = self.inventory.borrow().clone();
+        let mut candidates = self.samples(&inventory, Resource::Memory, Instant::now());
+        let forests = self.forests_with_evictions(&inventory);
+        // Any shortfall chooses the head of the order.
+        if let Some(choice) = self.choose_fresh(&mut candidates, &forests, Resource::Memory, 1) {
+            let hard = threshold.grace_period_secs == 0;
+            std::hint::black_box(self.requests(
+                &choice,
+                &candidates,
+                threshold,
+                o,
+                Resource::Memory,
+                hard,
+            ));
+        }
+        candidates.samples.len()
     }
 
     /// The candidates: every pod of `inv` but those this manager evicted, on its usage read now
@@ -809,6 +885,14 @@ impl<A: EvictionAction> Manager<A> {
             }
             tokio::time::sleep(RELEASE_POLL).await;
         }
+    }
+}
+
+/// Completes when `notify` is told; never without one.
+async fn told(notify: Option<&Notify>) {
+    match notify {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
 }
 

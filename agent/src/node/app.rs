@@ -229,6 +229,9 @@ where
         // Observe mode runs no manager: nothing would read what the sampling hands over.
         if enforce {
             node.share_usage(manager.usage());
+            let paged_out = Arc::new(tokio::sync::Notify::new());
+            node.tell_start_up_released(paged_out.clone());
+            manager = manager.with_rehearsal_on(paged_out);
         }
         let decisions = manager.decisions();
         let observations = manager.observations();

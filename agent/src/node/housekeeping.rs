@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{Node, sensing::SensorControl};
 use crate::{
@@ -38,7 +38,19 @@ impl Node {
             .is_some_and(|t| Instant::now() >= t)
         {
             self.release_start_up_at = None;
-            release_start_up_memory();
+            match release_start_up_memory() {
+                Ok(bytes) => info!(
+                    mapped_bytes = bytes,
+                    "Start-up's code paged out; qoslet's code is locked in memory as it runs."
+                ),
+                // Without CAP_IPC_LOCK the kernel locks at most RLIMIT_MEMLOCK (8 MiB by default).
+                Err(e) => {
+                    warn!(error = %e, "Could not lock qoslet's code in memory (CAP_IPC_LOCK lets it): under memory pressure the kernel may drop it, and an eviction then waits for it to be read back from disk.");
+                }
+            }
+            if let Some(n) = &self.start_up_released {
+                n.notify_one();
+            }
         }
         self.cgroups.remove_stale();
         self.report
@@ -249,22 +261,45 @@ impl Node {
 /// binary it touched mapped, and glibc the heap it freed. Both are handed back once: the
 /// binary's read-only mappings are paged out (`MADV_PAGEOUT`, Linux 5.4; an older kernel refuses
 /// it and nothing changes) and what runs from then on faults its pages back in.
-fn release_start_up_memory() {
+///
+/// Then those mappings are locked as they fault (`mlock2` with `MLOCK_ONFAULT`, Linux 4.4), as
+/// earlyoom locks itself (`mlockall`): what runs from then on, the eviction manager's rehearsal
+/// of a decision among it, stays in memory. Under memory pressure the kernel drops the clean
+/// pages of a binary first, and an eviction that must read its code back from a disk the
+/// pressure keeps busy comes late. Only the binary's pages are locked, as they are touched, not
+/// its heap (glibc could not hand that back: `MADV_DONTNEED` refuses locked pages) nor what
+/// start-up alone ran. The bytes of the mappings locked, or why none were.
+fn release_start_up_memory() -> Result<usize, std::io::Error> {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
     }
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return;
-    };
-    for (start, end) in binary_read_only(&maps, release_start_up_memory as *const () as usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let code = binary_read_only(&maps, release_start_up_memory as *const () as usize);
+    for &(start, end) in &code {
         // SAFETY: [start, end) is a read-only mapping of this process's own binary as the kernel
         // listed it; MADV_PAGEOUT only drops its clean pages, which the next access reads back.
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
         }
     }
+    let mut locked = 0;
+    for &(start, end) in &code {
+        // SAFETY: the same mapping; locking changes only whether its pages may be reclaimed.
+        let r = unsafe {
+            libc::mlock2(
+                start as *const libc::c_void,
+                end - start,
+                libc::MLOCK_ONFAULT,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        locked += end - start;
+    }
+    Ok(locked)
 }
 
 /// The read-only mappings (start, end) of the file mapped at `code` (the binary), from a

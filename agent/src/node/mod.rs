@@ -122,6 +122,8 @@ pub(crate) struct Node {
     cpu_pressure: Option<CpuPressure>,
     /// When the memory only start-up used is handed back (`housekeeping.rs`); `None` once done.
     release_start_up_at: Option<Instant>,
+    /// Told once that is done: the eviction manager rehearses a decision then.
+    start_up_released: Option<Arc<tokio::sync::Notify>>,
     /// Where the `inactive_file` of each pod the statistics sampling reads is handed to the
     /// eviction manager, which ranks on the usage less it.
     usage: Option<UsageCache>,
@@ -163,6 +165,7 @@ impl Node {
             cpu_pressure,
             settings: parts.settings,
             release_start_up_at: Some(Instant::now() + housekeeping::START_UP_SETTLE),
+            start_up_released: None,
             usage: None,
         };
         (node, inventory_rx)
@@ -178,6 +181,12 @@ impl Node {
     /// manager's).
     pub(crate) fn share_usage(&mut self, usage: UsageCache) {
         self.usage = Some(usage);
+    }
+
+    /// Tells `rehearse` (the eviction manager's) once start-up's code is paged out and the
+    /// binary's code locked (`housekeeping.rs`).
+    pub(crate) fn tell_start_up_released(&mut self, rehearse: Arc<tokio::sync::Notify>) {
+        self.start_up_released = Some(rehearse);
     }
 
     /// The state file, for the eviction pipeline (`crate::eviction::Pipeline`).

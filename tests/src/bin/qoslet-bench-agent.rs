@@ -11,7 +11,7 @@
 //!   intervals, in a separate window since tracing slows the traced process). Targets (issue
 //!   #42): under 0.5 % of a core and 16 MiB at 110 pods, under 1 % at 500.
 
-use qoslet_tests::{cpu_ticks, reconcile_passes, release_qoslet, status_kib};
+use qoslet_tests::{cpu_ticks, proc_kib, reconcile_passes, release_qoslet, status_kib};
 use std::{
     collections::BTreeMap,
     fs,
@@ -30,9 +30,9 @@ fn main() {
     println!();
     println!("## qoslet agent steady state (idle pods, housekeeping 1 s, release build)\n");
     println!(
-        "| pods | CPU (% of a core) | target | VmRSS | of which anonymous | RSS target | passes | syscalls/s | per pod | opens/s per pod | target met |"
+        "| pods | CPU (% of a core) | target | VmRSS | of which anonymous | locked | RSS target | passes | syscalls/s | per pod | opens/s per pod | target met |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut runs = Vec::new();
     for (pods, cpu_target, rss_target_mib) in [(110, 0.5, Some(16.0)), (500, 1.0, None)] {
         match steady_state(pods) {
@@ -40,9 +40,10 @@ fn main() {
                 let rss_mib = m.rss_kib as f64 / 1024.0;
                 let met = m.cpu_pct < cpu_target && rss_target_mib.is_none_or(|t| rss_mib < t);
                 println!(
-                    "| {pods} | {:.2} | < {cpu_target} | {rss_mib:.1} MiB | {:.1} MiB | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
+                    "| {pods} | {:.2} | < {cpu_target} | {rss_mib:.1} MiB | {:.1} MiB | {:.1} MiB | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
                     m.cpu_pct,
                     m.anon_kib as f64 / 1024.0,
+                    m.locked_kib as f64 / 1024.0,
                     rss_target_mib.map_or("-".into(), |t| format!("< {t} MiB")),
                     m.passes.map_or("?".into(), |p| p.to_string()),
                     m.syscalls.total,
@@ -52,7 +53,7 @@ fn main() {
                 );
                 runs.push((pods, m.syscalls));
             }
-            Err(e) => println!("| {pods} | failed: {e} | | | | | | | | | |"),
+            Err(e) => println!("| {pods} | failed: {e} | | | | | | | | | | |"),
         }
     }
     print_kinds(&runs);
@@ -98,6 +99,9 @@ struct SteadyState {
     cpu_pct: f64,
     rss_kib: u64,
     anon_kib: u64,
+    /// The binary's pages locked in memory (`smaps_rollup`'s `Locked`: the agent locks its
+    /// code as it runs once start-up is paged out; `VmLck` counts the whole mappings).
+    locked_kib: u64,
     /// Passes (reconciles) during the CPU window; `None` when `/metrics` did not answer.
     passes: Option<u64>,
     syscalls: Syscalls,
@@ -199,11 +203,13 @@ fn steady_state(n: usize) -> Result<SteadyState, String> {
         let cpu_pct = (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0;
         let rss_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
         let anon_kib = status_kib(pid, "RssAnon:").unwrap_or(0);
+        let locked_kib = proc_kib(pid, "smaps_rollup", "Locked:").unwrap_or(0);
         let syscalls = strace_rates(pid, STRACE_SECS)?;
         Ok(SteadyState {
             cpu_pct,
             rss_kib,
             anon_kib,
+            locked_kib,
             passes: p0.zip(p1).map(|(a, b)| b.saturating_sub(a)),
             syscalls,
         })

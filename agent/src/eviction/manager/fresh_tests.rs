@@ -540,3 +540,53 @@ async fn what_only_reports_follows_the_action_call() {
     assert_eq!(*m.conditions().borrow(), [NodeCondition::MemoryPressure]);
     fs::remove_dir_all(&n.root).unwrap();
 }
+
+/// Waits (at most 10 s) until `f` holds.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The run loop rehearses a decision once after its first pass, and again each time the node
+/// says start-up's code is paged out; a pass with no threshold met reads no pod, so every pod
+/// read here is a rehearsal's. None acts.
+#[tokio::test]
+async fn the_run_loop_rehearses_after_its_first_pass_and_when_told() {
+    let n = node("rehearse-run");
+    let reader = Reader::default();
+    reader.set("a", 60);
+    reader.set("b", 40);
+    let action = Record::default();
+    // 100 MiB available against 50Mi: not met.
+    let (m, _tx) = manager(
+        &n,
+        config("memory.available", "50Mi"),
+        vec![pod(&n, "a"), pod(&n, "b")],
+        &action,
+        &reader,
+    );
+    let told = Arc::new(Notify::new());
+    let m = m.with_rehearsal_on(told.clone());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (_wakes, wake_rx) = mpsc::channel(1);
+    let check = async {
+        let read =
+            || reader.memory_reads.lock().unwrap().len() + reader.usage_reads.lock().unwrap().len();
+        eventually("the first rehearsal", || read() >= 2).await;
+        // Nothing held before it: both read whole.
+        assert_eq!(reader.memory_reads(), ["a", "b"]);
+        reader.usage_reads();
+        // Passes go on (every second) and read no pod until told.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(read(), 0, "no rehearsal untold");
+        told.notify_one();
+        eventually("the told rehearsal", || read() >= 2).await;
+        stop_tx.send(true).unwrap();
+    };
+    tokio::join!(m.run(wake_rx, stop_rx), check);
+    assert!(action.0.lock().unwrap().is_empty(), "nothing evicted");
+    fs::remove_dir_all(&n.root).unwrap();
+}

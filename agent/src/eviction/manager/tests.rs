@@ -928,3 +928,71 @@ async fn a_pod_evicted_with_its_unit_names_the_unit_in_an_annotation() {
         fs::remove_dir_all(root).unwrap();
     }
 }
+
+/// A rehearsal, at a threshold met or not, reads as a pass does (every pod's usage, the head of
+/// the order whole) but calls no action, reports nothing, changes no threshold or condition
+/// state: the pass after it decides as it would have without it.
+#[tokio::test]
+async fn a_rehearsal_reads_as_a_pass_does_but_acts_reports_and_changes_nothing() {
+    let (root, signals, inv) = setup("rehearse");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let (_tx, rx) = watch::channel(inv);
+    let mut m = Manager::new(
+        config(&[("memory.available", "300Mi")], &[]),
+        signals,
+        &fake,
+        rx,
+    );
+    let mut decisions = m.decisions();
+    let observations = m.observations();
+    let conditions = m.conditions();
+
+    // 400 MiB available: the threshold is not met, and the rehearsal ranks anyway.
+    assert_eq!(m.rehearse(), 3);
+    assert_eq!(
+        m.usage().len(),
+        3,
+        "every pod read whole, nothing held before"
+    );
+    // 200 MiB available: met; the rehearsal still does not act.
+    write(&root, "memory.current", &(800 * MI).to_string());
+    assert_eq!(m.rehearse(), 3);
+
+    assert!(fake.calls.lock().unwrap().is_empty(), "no action called");
+    assert!(decisions.try_recv().is_err(), "no decision sent");
+    assert!(!observations.has_changed().unwrap(), "no observation sent");
+    assert!(!conditions.has_changed().unwrap(), "no condition sent");
+    {
+        let stats = m.stats();
+        let s = stats.lock().unwrap();
+        assert_eq!((s.passes, s.evictions.len(), s.errors), (0, 0, 0));
+    }
+
+    // The pass after it: MemoryPressure from now, and the head of the order evicted.
+    let d = m.pass(None).await.unwrap().expect("an eviction");
+    assert_eq!(d.pods[0].name, "a");
+    assert_eq!(*fake.calls.lock().unwrap(), [("a".into(), Duration::ZERO)]);
+    assert!(decisions.try_recv().is_ok());
+    assert_eq!(*m.conditions().borrow(), [NodeCondition::MemoryPressure]);
+    fs::remove_dir_all(root).unwrap();
+}
+
+/// A manager with no memory threshold has nothing to rehearse, and reads nothing.
+#[tokio::test]
+async fn without_a_memory_threshold_nothing_is_rehearsed() {
+    let (root, signals, inv) = setup("rehearse-none");
+    let fake = Fake {
+        node: root.clone(),
+        calls: Mutex::default(),
+        requests: Mutex::default(),
+    };
+    let (_tx, rx) = watch::channel(inv);
+    let m = Manager::new(config(&[], &[]), signals, &fake, rx);
+    assert_eq!(m.rehearse(), 0);
+    assert_eq!(m.usage().len(), 0);
+    fs::remove_dir_all(root).unwrap();
+}
