@@ -13,7 +13,12 @@
 //!    kubelet's own watch sees it;
 //! 5. **kill** the frozen processes ([`CgroupKill`] with no grace: a frozen process cannot run a
 //!    SIGTERM handler, and thawing it for one would run it while the API says Failed), then thaw
-//!    the emptied cgroup;
+//!    the emptied cgroup. Here qoslet is not the kubelet: at a hard threshold the kubelet's
+//!    eviction manager passes `immediateEvictionGracePeriodSeconds` (1 s,
+//!    pkg/kubelet/eviction/eviction_manager.go `synchronize`), which `killContainer`
+//!    (pkg/kubelet/kuberuntime/kuberuntime_container.go) raises to `minimumGracePeriodInSeconds`
+//!    (2 s): SIGTERM, then SIGKILL 2 s later. qoslet kills at once: on a fast ramp a 2 s grace
+//!    loses the race to the kernel's OOM killer;
 //! 6. **guard** the status for [`GUARD_AFTER_KILL`]: a phase the kubelet's status manager writes
 //!    back over it is answered by sending it again, so that the kill's sync finds Failed.
 //!

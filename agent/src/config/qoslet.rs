@@ -340,10 +340,11 @@ pub enum GangEviction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EvictionMethod {
-    /// As the kubelet's eviction manager, in an order that never shows a pod Failed while its
-    /// code runs: the pod's cgroup frozen, `pods/status` phase Failed, reason Evicted, then the
-    /// kill, with no grace (`cluster/action.rs`). PodDisruptionBudgets are not consulted and the
-    /// pod object is never deleted.
+    /// The pod ends as the kubelet's evictions end, in an order that never shows a pod Failed
+    /// while its code runs: the pod's cgroup frozen, `pods/status` phase Failed, reason Evicted,
+    /// then the kill, with no grace (`cluster/action.rs`). The kubelet gives 2 s (SIGTERM, then
+    /// SIGKILL); a frozen process cannot run a SIGTERM handler, and the node cannot wait.
+    /// PodDisruptionBudgets are not consulted and the pod object is never deleted.
     #[default]
     Kubelet,
     /// The Eviction API (PodDisruptionBudgets honoured, a 429 retried) and no local kill at a

@@ -259,7 +259,8 @@ pub struct Outcome {
 pub struct EvictionRequest {
     pub pod: PodKey,
     pub cgroups: PodCgroups,
-    /// SIGTERM first, then this long before the kill; zero kills at once.
+    /// SIGTERM first, then this long before the kill; zero kills at once (qoslet's choice at a
+    /// hard threshold: `policy::eviction::eviction_grace_secs` says why).
     pub grace: Duration,
     /// The kubelet's message: "The node was low on resource: memory. Threshold quantity: ...".
     pub message: String,
@@ -270,7 +271,8 @@ pub struct EvictionRequest {
     /// What the pod's evicted status depends on.
     pub seen: SeenPod,
     pub signal: String,
-    /// A hard threshold: no grace, and (in a cluster) no PodDisruptionBudget can refuse it.
+    /// A hard threshold: killed at once, and (in a cluster) no PodDisruptionBudget can refuse
+    /// it. The kubelet gives 2 s there; qoslet does not wait (`eviction_grace_secs`).
     pub hard: bool,
     /// The disruption unit (gang) the pod goes with, when it does not go alone.
     pub unit: Option<String>,
@@ -529,7 +531,8 @@ impl EvictionAction for CgroupKill {
         let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
         let mut first_signal_at = None;
         let mut signalled = 0;
-        // A zero grace period kills at once, as the runtime does for StopContainer(timeout 0).
+        // A zero grace period kills at once, as a runtime does for StopContainer(timeout 0). The
+        // kubelet never asks for that: `killContainer` raises every grace to 2 s.
         if !grace.is_zero() {
             let pids = procs(cgroups)?;
             if !pids.is_empty() {

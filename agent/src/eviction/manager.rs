@@ -382,7 +382,9 @@ impl<A: EvictionAction> Manager<A> {
         };
         let threshold = threshold.clone();
         let o = obs[&threshold.signal];
-        // As upstream's `isHardEvictionThreshold`: no grace period.
+        // As upstream's `isHardEvictionThreshold`: a threshold with no grace period of its own
+        // (how long it must hold before it acts) is hard. That is not the pod's grace: at a hard
+        // threshold the kubelet gives the pod 2 s, qoslet none (`eviction_grace_secs`).
         let hard = threshold.grace_period_secs == 0;
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
         if !hard && let Some(pod) = self.action.awaiting() {

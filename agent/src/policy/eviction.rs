@@ -337,14 +337,22 @@ fn minimum_reclaims(
 }
 
 /// The container runtime manager's floor under every grace period the kubelet gives
-/// (pkg/kubelet/kuberuntime `minimumGracePeriodInSeconds`).
+/// (pkg/kubelet/kuberuntime/kuberuntime_manager.go `minimumGracePeriodInSeconds`).
 pub(crate) const MIN_GRACE_SECS: i64 = 2;
 
-/// The grace period a pod gets when evicted, as the kubelet's eviction manager gives it
-/// (pkg/kubelet/eviction/eviction_manager.go `synchronize`): none at a hard threshold (the
-/// node cannot wait); at a soft one `min(evictionMaxPodGracePeriod, the pod's grace)`, so the
-/// kubelet's default maximum of 0 means no grace of the pod's own, raised to the runtime's
-/// floor of [`MIN_GRACE_SECS`], under which the kubelet never kills a container.
+/// The grace period a pod gets when evicted. At a soft threshold it is the kubelet's
+/// (pkg/kubelet/eviction/eviction_manager.go `synchronize`): `min(evictionMaxPodGracePeriod,
+/// the pod's grace)`, so the kubelet's default maximum of 0 means no grace of the pod's own,
+/// raised to the runtime manager's floor of [`MIN_GRACE_SECS`], under which the kubelet never
+/// kills a container.
+///
+/// At a hard threshold qoslet gives none, where the kubelet gives 2 s: its `synchronize` passes
+/// `immediateEvictionGracePeriodSeconds` (1 s) as the override, and `killContainer`
+/// (pkg/kubelet/kuberuntime/kuberuntime_container.go) raises it to `minimumGracePeriodInSeconds`
+/// (2 s, kuberuntime_manager.go): SIGTERM, then SIGKILL 2 s later. qoslet kills at once
+/// because the node cannot wait: on a fast ramp a 2 s grace loses the race to the kernel's OOM
+/// killer, the kubelet's known failure. In cluster mode the pod is frozen by then, and a
+/// frozen process cannot run a SIGTERM handler anyway (`cluster/action.rs`).
 pub(crate) fn eviction_grace_secs(hard: bool, pod_grace_secs: i64, max_pod_grace_secs: i64) -> i64 {
     if hard {
         0

@@ -131,7 +131,7 @@ async fn a_unit_member_finds_the_whole_unit() {
 
 /// evictionMethod kubelet: the status the kubelet leaves, then the event; never the Eviction
 /// API for this node's pod. evictionMethod api: the Eviction API with the grace period at a soft
-/// threshold, the kubelet's way at a hard one.
+/// threshold, evictionMethod kubelet's way at a hard one.
 #[test]
 fn an_eviction_writes_the_kubelets_status_or_the_eviction_api_by_method() {
     let (_dir, q) = mock::queue("action-writes");

@@ -153,6 +153,7 @@ fn pid_ranking_is_by_priority() {
 
 #[test]
 fn grace_periods() {
+    // A hard threshold: qoslet kills at once (the kubelet gives 1 s, raised to 2 s).
     assert_eq!(eviction_grace_secs(true, 30, 10), 0);
     assert_eq!(eviction_grace_secs(false, 30, 10), 10);
     assert_eq!(eviction_grace_secs(false, 5, 10), 5);
