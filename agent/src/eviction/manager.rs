@@ -295,7 +295,7 @@ impl<A: EvictionAction> Manager<A> {
     pub async fn run(mut self, mut wakes: mpsc::Receiver<Wake>, mut stop: watch::Receiver<bool>) {
         let mut open = true;
         let mut trigger: Option<Wake> = None;
-        let mut rehearsed = false;
+        let (mut first, mut rehearsed) = (true, false);
         let rehearse_on = self.rehearse_on.clone();
         self.hold_files();
         loop {
@@ -320,10 +320,11 @@ impl<A: EvictionAction> Manager<A> {
             if evicted || trigger.is_some() {
                 continue;
             }
-            // Once, after the first pass: the first real decision finds its set-up done.
-            if !rehearsed {
-                rehearsed = true;
-                self.rehearse();
+            // After the first pass (and on the inventory's changes, until one has ranked a
+            // pod): the first real decision finds its set-up done.
+            if first {
+                first = false;
+                rehearsed = self.rehearse() > 0;
             }
             tokio::select! {
                 w = wakes.recv(), if open => match w {
@@ -340,6 +341,10 @@ impl<A: EvictionAction> Manager<A> {
                 Ok(()) = self.inventory.changed() => {
                     // Pods added: their files are opened now, not at decision time.
                     self.hold_files();
+                    // The first pods: the rehearsal that had none to rank is made with them.
+                    if !rehearsed {
+                        rehearsed = self.rehearse() > 0;
+                    }
                 }
                 () = told(rehearse_on.as_deref()) => {
                     // The pages the decision needs come back now, where the lock keeps them.
@@ -618,11 +623,12 @@ impl<A: EvictionAction> Manager<A> {
     /// Makes a memory decision and drops it: the node's signals, every pod's usage, the
     /// ranking, the head of the kubelet's order read whole and its request with its message, as
     /// a pass at a memory threshold makes them, but with no action, no report and no state
-    /// changed (the `inactive_file` it reads is held, as any read's is). Run once the manager
-    /// has started and once start-up's code is paged out and the binary's code locked
-    /// (`node/housekeeping.rs`): the first real decision then finds its code in memory, and
-    /// its one-time set-up done, instead of paying for them under pressure, from the disk
-    /// when the kernel has dropped the binary's pages. How many pods it ranked.
+    /// changed (the `inactive_file` it reads is held, as any read's is). Run after the manager's
+    /// first pass (and as pods come, until one has ranked a pod) and once start-up's code is
+    /// paged out and the binary's code locked (`node/housekeeping.rs`): the first real
+    /// decision then finds its code in memory, and its one-time set-up done, instead of paying
+    /// for them under pressure, from the disk when the kernel has dropped the binary's pages.
+    /// How many pods it ranked.
     pub(crate) fn rehearse(&self) -> usize {
         let memory = |t: &&Threshold| resource_of(&t.signal) == Some(Resource::Memory);
         let Some(threshold) = self.cfg.hard.iter().chain(&self.cfg.soft).find(memory) else {

@@ -590,3 +590,41 @@ async fn the_run_loop_rehearses_after_its_first_pass_and_when_told() {
     assert!(action.0.lock().unwrap().is_empty(), "nothing evicted");
     fs::remove_dir_all(&n.root).unwrap();
 }
+
+/// A manager that starts before its pods rehearses when the first pods come, and only then.
+#[tokio::test]
+async fn the_run_loop_rehearses_when_the_first_pods_come() {
+    let n = node("rehearse-first-pods");
+    let reader = Reader::default();
+    reader.set("a", 60);
+    let action = Record::default();
+    let (m, tx) = manager(
+        &n,
+        config("memory.available", "50Mi"),
+        Vec::new(),
+        &action,
+        &reader,
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (_wakes, wake_rx) = mpsc::channel(1);
+    let check = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tx.send(Arc::new(Inventory {
+            pods: vec![pod(&n, "a")],
+            forests: BTreeMap::new(),
+        }))
+        .unwrap();
+        eventually("the rehearsal with pods", || {
+            !reader.memory_reads.lock().unwrap().is_empty()
+        })
+        .await;
+        assert_eq!(reader.memory_reads(), ["a"]);
+        // Rehearsed once: the passes after it (every second) read no pod.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(reader.memory_reads().is_empty() && reader.usage_reads().is_empty());
+        stop_tx.send(true).unwrap();
+    };
+    tokio::join!(m.run(wake_rx, stop_rx), check);
+    assert!(action.0.lock().unwrap().is_empty(), "nothing evicted");
+    fs::remove_dir_all(&n.root).unwrap();
+}

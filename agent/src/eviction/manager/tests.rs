@@ -23,6 +23,17 @@ struct Fake {
     requests: Mutex<Vec<EvictionRequest>>,
 }
 
+impl Fake {
+    /// Frees from the node at `node`.
+    fn new(node: &Path) -> Self {
+        Self {
+            node: node.to_path_buf(),
+            calls: Mutex::default(),
+            requests: Mutex::default(),
+        }
+    }
+}
+
 /// An action whose last Eviction API request is still refused (by a PodDisruptionBudget).
 struct Refused<'a>(&'a Fake, PodKey);
 
@@ -170,11 +181,7 @@ fn setup(tag: &str) -> (PathBuf, NodeSignals, Arc<Inventory>) {
 #[tokio::test]
 async fn nothing_happens_above_the_threshold() {
     let (root, signals, inv) = setup("idle");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let mut m = Manager::new(
         config(&[("memory.available", "300Mi")], &[]),
@@ -199,11 +206,7 @@ async fn the_pods_cgroup_meets_the_allocatable_threshold_while_the_node_has_room
     // 600 MiB used of a 650 MiB limit: 50Mi available to pods; the node has 400Mi.
     cgroup(&kubepods, 600, &(650 * MI).to_string());
     signals.kubepods = Some(MemoryCgroup::own(&kubepods, crate::cgroup::Tree::V2).unwrap());
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let cfg = config(
         &[
@@ -237,11 +240,7 @@ async fn the_pods_cgroup_meets_the_allocatable_threshold_while_the_node_has_room
 #[tokio::test]
 async fn one_unit_per_pass_then_minimum_reclaim_until_resolved() {
     let (root, signals, inv) = setup("reclaim");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     // Available 400Mi < 500Mi: met. Minimum reclaim 250Mi keeps it met until 750Mi available.
     let cfg = config(
@@ -286,11 +285,7 @@ async fn one_unit_per_pass_then_minimum_reclaim_until_resolved() {
 #[tokio::test]
 async fn a_soft_threshold_waits_for_its_grace_and_uses_the_pod_grace_period() {
     let (root, signals, inv) = setup("soft");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let mut cfg = config(&[("memory.available", "100Mi")], &[]);
     cfg.soft = soft_memory_500mi_1s();
@@ -353,11 +348,7 @@ impl EvictionAction for &TakenLater<'_> {
 #[tokio::test]
 async fn an_eviction_taken_after_waiting_is_released_before_another_is_chosen() {
     let (root, signals, inv) = setup("taken");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (tx, rx) = watch::channel(inv.clone());
     let mut cfg = config(&[], &[]);
     cfg.soft = soft_memory_500mi_1s();
@@ -408,11 +399,7 @@ async fn an_eviction_taken_after_waiting_is_released_before_another_is_chosen() 
 #[tokio::test]
 async fn the_release_wait_reads_no_memory_while_the_processes_remain() {
     let (root, signals, inv) = setup("release-procs");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv.clone());
     let m = Manager::new(
         config(&[("memory.available", "500Mi")], &[]),
@@ -452,11 +439,7 @@ async fn the_release_wait_reads_no_memory_while_the_processes_remain() {
 #[tokio::test]
 async fn a_refused_eviction_holds_back_soft_evictions_but_not_hard_ones() {
     let (root, signals, inv) = setup("refused");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let waiting = PodKey {
         namespace: "ns".into(),
         name: "refused".into(),
@@ -477,11 +460,7 @@ async fn a_refused_eviction_holds_back_soft_evictions_but_not_hard_ones() {
     fs::remove_dir_all(root).unwrap();
 
     let (root, signals, inv) = setup("refused-hard");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let waiting = PodKey {
         namespace: "ns".into(),
@@ -504,11 +483,7 @@ async fn a_refused_eviction_holds_back_soft_evictions_but_not_hard_ones() {
 #[tokio::test]
 async fn nothing_evictable_is_counted() {
     let (root, signals, _) = setup("none");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(Arc::new(Inventory::default()));
     let mut m = Manager::new(
         config(&[("memory.available", "500Mi")], &[]),
@@ -783,11 +758,7 @@ fn container(root: &Path, pod: &str, name: &str, request: Option<&str>) -> Manag
 #[tokio::test]
 async fn an_eviction_reads_its_containers_and_names_those_over_their_request() {
     let (root, signals, inv) = setup("containers");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     container_cgroup(&root, "a", "init", 20);
     container_cgroup(&root, "a", "app", 250);
     container_cgroup(&root, "a", "side", 30);
@@ -890,11 +861,7 @@ fn gang_of_a_and_b(all: bool) -> Forest {
 async fn a_pod_evicted_with_its_unit_names_the_unit_in_an_annotation() {
     for all in [true, false] {
         let (root, signals, inv) = setup(&format!("unit-{all}"));
-        let fake = Fake {
-            node: root.clone(),
-            calls: Mutex::default(),
-            requests: Mutex::default(),
-        };
+        let fake = Fake::new(&root);
         let mut inv = (*inv).clone();
         inv.forests = [("ns".to_owned(), gang_of_a_and_b(all))].into();
         let (_tx, rx) = watch::channel(Arc::new(inv));
@@ -935,11 +902,7 @@ async fn a_pod_evicted_with_its_unit_names_the_unit_in_an_annotation() {
 #[tokio::test]
 async fn a_rehearsal_reads_as_a_pass_does_but_acts_reports_and_changes_nothing() {
     let (root, signals, inv) = setup("rehearse");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let mut m = Manager::new(
         config(&[("memory.available", "300Mi")], &[]),
@@ -985,11 +948,7 @@ async fn a_rehearsal_reads_as_a_pass_does_but_acts_reports_and_changes_nothing()
 #[tokio::test]
 async fn without_a_memory_threshold_nothing_is_rehearsed() {
     let (root, signals, inv) = setup("rehearse-none");
-    let fake = Fake {
-        node: root.clone(),
-        calls: Mutex::default(),
-        requests: Mutex::default(),
-    };
+    let fake = Fake::new(&root);
     let (_tx, rx) = watch::channel(inv);
     let m = Manager::new(config(&[], &[]), signals, &fake, rx);
     assert_eq!(m.rehearse(), 0);
