@@ -279,9 +279,14 @@ fn release_start_up_memory() -> Result<usize, std::io::Error> {
     let code = binary_read_only(&maps, release_start_up_memory as *const () as usize);
     for &(start, end) in &code {
         // SAFETY: [start, end) is a read-only mapping of this process's own binary as the kernel
-        // listed it; MADV_PAGEOUT only drops its clean pages, which the next access reads back.
+        // listed it; MADV_PAGEOUT only drops its clean pages, which the next access reads back,
+        // and MADV_RANDOM only turns off read-ahead for them.
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+            // A page faulted back brings no neighbours it does not need: they would be locked
+            // with it. Code that runs again is locked once faulted, so read-ahead would buy
+            // nothing later.
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
         }
     }
     let mut locked = 0;
