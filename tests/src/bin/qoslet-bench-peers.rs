@@ -1244,8 +1244,10 @@ fn judge(
         }
     }
     firsts.sort();
+    // A victim already back at the crossing sample (the sampler stalled between its reads) has
+    // no time to give: left out of the figures, not counted as 0 ms.
     if let (Some(c), Some(&(back_k, drop_k, _))) = (crossing, firsts.first())
-        && back_k >= c
+        && back_k > c
     {
         o.back = Some(samples[back_k].at.duration_since(samples[c].at));
         o.drop = Some(samples[drop_k.max(c)].at.duration_since(samples[c].at));
