@@ -35,7 +35,7 @@ use super::{
     signals::SignalError,
     stats::{Decision, EvictionStats, Stages},
     thresholds::{
-        Observations, Observed, Resource, ThresholdState, resource_of, shortfall, threshold_amount,
+        Observations, Resource, ThresholdState, resource_of, shortfall, threshold_amount,
         to_reclaim,
     },
     usage::{CgroupFiles, PodReader, UsageCache},
@@ -387,10 +387,7 @@ impl<A: EvictionAction> Manager<A> {
         };
         let threshold = threshold.clone();
         let o = obs[&threshold.signal];
-        // As upstream's `isHardEvictionThreshold`: a threshold with no grace period of its own
-        // (how long it must hold before it acts) is hard. That is not the pod's grace: at a hard
-        // threshold the kubelet gives the pod 2 s, qoslet none (`eviction_grace_secs`).
-        let hard = threshold.grace_period_secs == 0;
+        let hard = threshold.is_hard();
         // A hard threshold acts at once, whatever is still handed over (it kills locally).
         if !hard && let Some(pod) = self.action.awaiting() {
             self.publish(obs, conditions);
@@ -430,8 +427,15 @@ impl<A: EvictionAction> Manager<A> {
             return Ok(None);
         };
         let chosen_at = now.elapsed();
-        let (requests, unit) = self.requests(&choice, &candidates, &threshold, &o, resource, hard);
         let amount = threshold_amount(&threshold, o.capacity, false);
+        let (requests, unit) = self.requests(
+            &choice,
+            &candidates,
+            &threshold,
+            amount,
+            o.available,
+            resource,
+        );
         let Samples {
             samples,
             pods,
@@ -564,20 +568,20 @@ impl<A: EvictionAction> Manager<A> {
         });
     }
 
-    /// The requests for `choice`, with their messages, and the unit's name: the pipeline marks
-    /// the pod's cgroup with its message before the mode's step, and cluster mode's status
-    /// carries it. Their containers' reads are one `pread` each, through the descriptors
-    /// `hold_files` keeps.
+    /// The requests for `choice` at `threshold` (of `amount`, with `available` observed), with
+    /// their messages, and the unit's name: the pipeline marks the pod's cgroup with its message
+    /// before the mode's step, and cluster mode's status carries it. Their containers' reads
+    /// are one `pread` each, through the descriptors `hold_files` keeps.
     fn requests(
         &self,
         choice: &Choice,
         c: &Samples<'_>,
         threshold: &Threshold,
-        o: &Observed,
+        amount: i64,
+        available: i64,
         resource: Resource,
-        hard: bool,
     ) -> (Vec<EvictionRequest>, Option<String>) {
-        let amount = threshold_amount(threshold, o.capacity, false);
+        let hard = threshold.is_hard();
         let unit = choice.unit.as_ref().map(|(ns, r)| match r {
             UnitRoot::Group(g) => format!("{ns}/{g}"),
             UnitRoot::Pod(p) => format!("{ns}/Pod/{p}"),
@@ -599,7 +603,7 @@ impl<A: EvictionAction> Manager<A> {
                     .map(|s| s.candidate.usage_bytes);
                 let pod_usage = pod_usage(p, usage, resource);
                 let (message, mut annotations) =
-                    eviction_message(resource, threshold, amount, o.available, &pod_usage);
+                    eviction_message(resource, threshold, amount, available, &pod_usage);
                 if let Some(g) = &unit_group {
                     annotations.insert(UNIT_ANNOTATION.into(), g.clone());
                 }
@@ -645,14 +649,14 @@ impl<A: EvictionAction> Manager<A> {
         let forests = self.forests_with_evictions(&inventory);
         // Any shortfall chooses the head of the order.
         if let Some(choice) = self.choose_fresh(&mut candidates, &forests, Resource::Memory, 1) {
-            let hard = threshold.grace_period_secs == 0;
+            let amount = threshold_amount(threshold, o.capacity, false);
             std::hint::black_box(self.requests(
                 &choice,
                 &candidates,
                 threshold,
-                o,
+                amount,
+                o.available,
                 Resource::Memory,
-                hard,
             ));
         }
         candidates.samples.len()

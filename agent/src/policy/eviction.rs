@@ -120,6 +120,15 @@ pub struct Threshold {
     pub(crate) min_reclaim: Option<ThresholdValue>,
 }
 
+impl Threshold {
+    /// Upstream's `isHardEvictionThreshold`: a threshold with no grace period of its own (how
+    /// long it must hold before it acts). That is not the pod's grace: at a hard threshold the
+    /// kubelet gives the pod 2 s, qoslet none (`eviction_grace_secs`).
+    pub(crate) fn is_hard(&self) -> bool {
+        self.grace_period_secs == 0
+    }
+}
+
 /// Eviction settings from the KubeletConfiguration, as strings.
 #[derive(Debug, Clone, Default)]
 pub struct EvictionInput<'a> {
