@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1 as core;
 use tokio::sync::Notify;
 
 use crate::{
-    cgroup::{CgroupBeneath, ContainerIds, ContainerRuntime, Runner},
+    cgroup::{ContainerIds, ContainerRuntime, Runner},
     eviction::NodeCondition,
     node::{
         ContainerState, ContainerStatus, PlannedPod, PodExecutor, PodPhase, PodStatus, Termination,
@@ -137,7 +137,7 @@ impl PodExecutor for KubeletExecutor {
         let next: BTreeMap<PodKey, PodStatus> = pods
             .iter()
             .map(|p| {
-                let mut s = pod_status(&p.key, &p.pod.pod, &p.container_cgroups);
+                let mut s = pod_status(&p.key, &p.pod.pod);
                 if let Some((m, _)) = evicted.get(&p.key) {
                     s.set_evicted(m);
                     s.terminating = true;
@@ -183,15 +183,6 @@ fn system_time(
     t.map(|t| SystemTime::from(t.0))
 }
 
-/// The processes of a container's first cgroup directory, its `cgroup.procs` opened beneath
-/// the node root (the path is built from the container id the API reported).
-fn read_pids(dirs: Option<&Vec<CgroupBeneath>>) -> Vec<u32> {
-    let Some(dir) = dirs.and_then(|d| d.first()) else {
-        return Vec::new();
-    };
-    dir.procs().unwrap_or_default()
-}
-
 fn termination(t: &core::ContainerStateTerminated) -> Termination {
     Termination {
         exit_code: t.exit_code,
@@ -204,11 +195,7 @@ fn termination(t: &core::ContainerStateTerminated) -> Termination {
 }
 
 /// The API's status of a pod in the node's terms.
-pub(crate) fn pod_status(
-    key: &PodKey,
-    pod: &core::Pod,
-    cgroups: &BTreeMap<String, Vec<CgroupBeneath>>,
-) -> PodStatus {
+pub(crate) fn pod_status(key: &PodKey, pod: &core::Pod) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let st = pod.status.clone().unwrap_or_default();
     let statuses: BTreeMap<&str, &core::ContainerStatus> = st
@@ -240,11 +227,10 @@ pub(crate) fn pod_status(
         let mut c = ContainerStatus::new(name, kind, "ContainerCreating");
         if let Some(s) = statuses.get(name) {
             c.restart_count = s.restart_count.max(0) as u32;
-            c.pids = read_pids(cgroups.get(name));
             let state = s.state.clone().unwrap_or_default();
             c.state = if let Some(r) = &state.running {
                 ContainerState::Running {
-                    pid: c.pids.first().copied().unwrap_or(0),
+                    pid: None,
                     started_at: system_time(r.started_at.as_ref())
                         .unwrap_or(SystemTime::UNIX_EPOCH),
                 }

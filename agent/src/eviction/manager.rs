@@ -154,6 +154,21 @@ pub struct Manager<A> {
     reader: Box<dyn PodReader>,
     /// Told once start-up's code is paged out and the binary's locked: a rehearsal follows.
     rehearse_on: Option<Arc<Notify>>,
+    /// The eviction whose pods are releasing what they hold (its number, counted from 1), from
+    /// the action's call until `Released.`; `None` otherwise. The node holds its own reaction
+    /// to the eviction until then (`node/app.rs`).
+    releasing_tx: watch::Sender<Option<u64>>,
+    releases: u64,
+}
+
+/// Sets the manager's releasing eviction back to none when the pass is done with it, returned
+/// early or was dropped (shutdown).
+struct Releasing(watch::Sender<Option<u64>>);
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        self.0.send_replace(None);
+    }
 }
 
 /// The candidates of one pass: `samples[i]` with `fresh[i]` when read in this pass.
@@ -194,6 +209,8 @@ impl<A: EvictionAction> Manager<A> {
             usage: UsageCache::new(2 * cfg.housekeeping),
             reader: Box::new(CgroupFiles),
             rehearse_on: None,
+            releasing_tx: watch::Sender::new(None),
+            releases: 0,
             cfg,
         }
     }
@@ -240,6 +257,12 @@ impl<A: EvictionAction> Manager<A> {
     /// Shared counters, histogram and recent decisions.
     pub fn stats(&self) -> Arc<Mutex<EvictionStats>> {
         self.stats.clone()
+    }
+
+    /// The eviction being released, from the action's call until its pods have released what
+    /// they hold (or the release timed out): its number, counted from 1.
+    pub(crate) fn releasing(&self) -> watch::Receiver<Option<u64>> {
+        self.releasing_tx.subscribe()
     }
 
     /// MemoryPressure / PIDPressure in force, for status and admission.
@@ -459,6 +482,11 @@ impl<A: EvictionAction> Manager<A> {
         // freeze) goes out before anything below runs.
         let mut evicting = std::pin::pin!(futures::future::join_all(evictions));
         let polled = futures::poll!(evicting.as_mut());
+        // Before the conditions and the decision go out: the node's reaction to them waits
+        // for the release (`releasing`).
+        self.releases += 1;
+        self.releasing_tx.send_replace(Some(self.releases));
+        let _releasing = Releasing(self.releasing_tx.clone());
         // What only reports, now that the action is called.
         let names: Vec<String> = choice.pods.iter().map(ToString::to_string).collect();
         tracing::warn!(

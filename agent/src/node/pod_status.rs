@@ -49,7 +49,9 @@ pub enum ContainerState {
         message: Option<String>,
     },
     Running {
-        pid: u32,
+        /// The container's main process, where qoslet's runtime started it; `None` in a
+        /// cluster, where the kubelet's runtime did.
+        pid: Option<u32>,
         started_at: SystemTime,
     },
     Terminated(Termination),
@@ -63,8 +65,6 @@ pub struct ContainerStatus {
     /// The previous termination, kept while the container waits to restart or runs again.
     pub(crate) last_termination: Option<Termination>,
     pub restart_count: u32,
-    /// Processes in the container's cgroup when the snapshot was taken.
-    pub pids: Vec<u32>,
 }
 
 impl ContainerStatus {
@@ -78,7 +78,6 @@ impl ContainerStatus {
             },
             last_termination: None,
             restart_count: 0,
-            pids: Vec::new(),
         }
     }
 
@@ -257,7 +256,7 @@ mod tests {
 
     fn running() -> ContainerState {
         ContainerState::Running {
-            pid: 1,
+            pid: Some(1),
             started_at: SystemTime::UNIX_EPOCH,
         }
     }

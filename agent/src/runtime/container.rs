@@ -144,7 +144,12 @@ pub(crate) async fn supervise(
             }
             Ok(mut child) => {
                 let pid = child.id().unwrap_or_default();
-                ctx.update(|c| c.state = ContainerState::Running { pid, started_at });
+                ctx.update(|c| {
+                    c.state = ContainerState::Running {
+                        pid: Some(pid),
+                        started_at,
+                    }
+                });
                 tracing::info!(pod = %ctx.pod(), container = %ctx.spec().name, pid, restarts, "Container started.");
                 if let Some(tx) = started.take() {
                     let _ = tx.send(());

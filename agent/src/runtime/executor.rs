@@ -46,14 +46,6 @@ impl PodExecutor for Runtime {
 
     fn apply(&self, pods: Vec<PlannedPod<'_>>, conditions: &[NodeCondition]) -> Vec<String> {
         // Admission: under MemoryPressure BestEffort pods that are not running yet wait.
-        let running: BTreeMap<PodKey, bool> = self
-            .status()
-            .into_iter()
-            .map(|s| {
-                let running = s.containers.iter().any(|c| !c.pids.is_empty());
-                (s.key, running)
-            })
-            .collect();
         let mut problems = Vec::new();
         let mut specs = Vec::new();
         let mut held = BTreeMap::new();
@@ -65,8 +57,9 @@ impl PodExecutor for Runtime {
             for (name, dirs) in p.container_cgroups {
                 spec.set_cgroups(&name, ContainerCgroups { dirs });
             }
-            let admitted = running.get(&p.key).copied().unwrap_or(false)
-                || admit(conditions, p.qos_class, p.critical, false) == Admission::Admit;
+            // A running pod's processes are read only when admission would hold it.
+            let admitted = admit(conditions, p.qos_class, p.critical, false) == Admission::Admit
+                || self.has_processes(&p.key);
             let hold = p.held.or_else(|| {
                 (!admitted).then(|| {
                     "the node has MemoryPressure: a BestEffort pod that is not running waits".into()

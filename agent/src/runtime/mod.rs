@@ -259,7 +259,24 @@ impl Runtime {
         tracing::warn!("Processes survive in container cgroups after SIGKILL at shutdown.");
     }
 
-    /// A snapshot of every pod, including removed pods still stopping.
+    /// Whether a process of the pod runs in one of its running containers' cgroups (read now:
+    /// the pod's admission asks, under node pressure; a snapshot does not read them).
+    pub fn has_processes(&self, key: &PodKey) -> bool {
+        let state = self.state();
+        let Some(h) = state.pods.get(key) else {
+            return false;
+        };
+        let status = h.status.read();
+        status
+            .containers
+            .iter()
+            .zip(&h.spec.containers)
+            .filter(|(c, _)| matches!(c.state, ContainerState::Running { .. }))
+            .any(|(_, spec)| !process::cgroup_pids(&spec.cgroups).is_empty())
+    }
+
+    /// A snapshot of every pod, including removed pods still stopping. It reads no cgroup
+    /// file: the node takes one at each change of a pod's status, an eviction's among them.
     pub fn status(&self) -> Vec<PodStatus> {
         let mut state = self.state();
         state.stopping.retain(|p| !p.is_done());
@@ -284,11 +301,6 @@ fn snapshot(h: &PodHandle) -> PodStatus {
     }
     if s.reason.is_none() {
         s.reason = status::waiting_problem(&s.containers);
-    }
-    for (c, spec) in s.containers.iter_mut().zip(&h.spec.containers) {
-        if matches!(c.state, ContainerState::Running { .. }) {
-            c.pids = process::cgroup_pids(&spec.cgroups);
-        }
     }
     s
 }

@@ -165,7 +165,7 @@ fn the_container_cgroup_is_named_as_the_kubelet_and_runtime_name_it() {
 #[test]
 fn pod_status_is_the_api_servers() {
     let p = pod(&format!("containerd://{ID}"));
-    let s = pod_status(&key(), &p, &BTreeMap::new());
+    let s = pod_status(&key(), &p);
     assert_eq!(s.phase, PodPhase::Running);
     assert_eq!(s.containers.len(), 2);
     assert_eq!(s.containers[0].kind, ContainerKind::Sidecar);
@@ -250,15 +250,4 @@ async fn an_evicted_pod_that_runs_again_is_no_longer_evicted() {
     ex.apply(vec![planned(&again)], &[]);
     assert_ne!(ex.status()[0].reason.as_deref(), Some("Evicted"));
     assert!(lock(&ex.evicted).is_empty());
-}
-
-/// A container's cgroup replaced by a symlink out of the node root is not read: its pods are
-/// none, not the processes of whatever the link points at. The control, a real directory, is.
-#[test]
-fn a_container_cgroup_replaced_by_a_symlink_out_of_the_root_is_not_read() {
-    let t = crate::cgroup::beneath::RootWithLink::new("executor-beneath");
-    t.write("cgroup.procs", "123\n124\n", "456\n");
-    let dir = |path: &str| vec![t.dir(path)];
-    assert_eq!(read_pids(Some(&dir("/real"))), [123, 124]);
-    assert_eq!(read_pids(Some(&dir("/link"))), Vec::<u32>::new());
 }

@@ -628,3 +628,48 @@ async fn the_run_loop_rehearses_when_the_first_pods_come() {
     assert!(action.0.lock().unwrap().is_empty(), "nothing evicted");
     fs::remove_dir_all(&n.root).unwrap();
 }
+
+/// From the action's call until the evicted pod's processes are gone and its memory back, the
+/// manager says which eviction is releasing (the node holds its reaction until then,
+/// `node/app.rs`): the conditions and the decision have gone out by then. Each eviction has its
+/// own number; none is said once its pass is over.
+#[tokio::test]
+async fn the_release_is_said_from_the_action_call_until_the_pods_are_gone() {
+    let n = node("releasing");
+    let reader = Reader::default();
+    reader.set("a", 300);
+    reader.set("b", 200);
+    let procs = n.root.join("pod");
+    let listed = CgroupBeneath::own(&procs, Tree::V2).unwrap();
+    let with_procs = |name| {
+        let mut p = pod(&n, name);
+        p.cgroups.procs = vec![listed.clone()];
+        p
+    };
+    let record = Record::default();
+    let (mut m, _tx) = memory_manager(&n, vec![with_procs("a"), with_procs("b")], &record, &reader);
+    m.cfg.release_timeout = Duration::from_secs(10);
+    let mut decisions = m.decisions();
+    let (releasing, conditions) = (m.releasing(), m.conditions());
+    for (eviction, pod) in [(1, "a"), (2, "b")] {
+        write(&procs, "cgroup.procs", "123\n");
+        let during = async {
+            let mut r = releasing.clone();
+            let said = *r.wait_for(Option::is_some).await.unwrap();
+            let decided = decisions.try_recv().map(|d| d.pods);
+            let pressure = conditions.borrow().clone();
+            // Still said while a process is listed.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let still = *releasing.borrow();
+            write(&procs, "cgroup.procs", "");
+            (said, decided, pressure, still)
+        };
+        let (d, (said, decided, pressure, still)) = tokio::join!(m.pass(None), during);
+        assert_eq!(d.unwrap().unwrap().pods, [key(pod)]);
+        assert_eq!((said, still), (Some(eviction), Some(eviction)));
+        assert_eq!(decided.unwrap(), [key(pod)], "the decision went out first");
+        assert_eq!(pressure, [NodeCondition::MemoryPressure]);
+        assert_eq!(*releasing.borrow(), None, "released");
+    }
+    fs::remove_dir_all(&n.root).unwrap();
+}

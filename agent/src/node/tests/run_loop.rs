@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 use crate::{
-    cgroup::ContainerRuntime, config::EvictionWakeups, node::run::drive, sensors::SensorEvent,
+    cgroup::ContainerRuntime, config::EvictionWakeups, node::run::drive,
+    policy::eviction::ThresholdValue, sensors::SensorEvent,
 };
 
 /// A source fed by the test: each PodSet sent is the next change; once the sender is gone it
@@ -38,13 +39,23 @@ impl PodSource for ChannelSource {
     }
 }
 
-/// An action that records every request and signals nothing (the pod's processes are gone).
+/// An action that records every request, when it was first called and when its first call
+/// returned, and signals nothing.
 #[derive(Default)]
-struct Recording(Mutex<Vec<EvictionRequest>>);
+struct Recording(
+    Mutex<Vec<EvictionRequest>>,
+    std::sync::OnceLock<Instant>,
+    std::sync::OnceLock<Instant>,
+);
 
 impl EvictionAction for Arc<Recording> {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
+        self.1.get_or_init(Instant::now);
         self.0.lock().unwrap().push(req.clone());
+        // As a real action waits for its kill: the manager goes on with the pass meanwhile
+        // (the release said, the conditions and the decision sent) and returns here after.
+        tokio::task::yield_now().await;
+        self.2.get_or_init(Instant::now);
         Ok(Outcome {
             first_signal_at: None,
             signalled: 0,
@@ -87,7 +98,9 @@ struct Running {
 }
 
 fn start(cfg: RunConfig, first: PodSet, exec: Arc<FakeExecutor>) -> Running {
-    start_with(cfg, first, exec, |_: &AgentState| fake_sensors())
+    start_with(cfg, first, exec, Arc::default(), |_: &AgentState| {
+        fake_sensors()
+    })
 }
 
 fn fake_sensors() -> (FakeSensors, mpsc::Receiver<SensorEvent>) {
@@ -100,22 +113,16 @@ fn start_with(
     cfg: RunConfig,
     first: PodSet,
     exec: Arc<FakeExecutor>,
+    action: Arc<Recording>,
     sensors: impl FnOnce(&AgentState) -> (FakeSensors, mpsc::Receiver<SensorEvent>) + Send + 'static,
 ) -> Running {
     let (changes, next) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel::<()>();
     let source = ChannelSource { now: first, next };
-    let task = tokio::spawn(drive(
-        cfg,
-        source,
-        exec,
-        Arc::new(Recording::default()),
-        sensors,
-        async move {
-            let _ = stopped.await;
-            "test"
-        },
-    ));
+    let task = tokio::spawn(drive(cfg, source, exec, action, sensors, async move {
+        let _ = stopped.await;
+        "test"
+    }));
     Running {
         changes,
         stop,
@@ -165,6 +172,7 @@ async fn the_server_answers_while_the_sensors_start() {
         cfg,
         PodSet::default(),
         Arc::new(FakeExecutor::kubelet()),
+        Arc::default(),
         sensors,
     );
     tokio::task::spawn_blocking(move || {
@@ -361,4 +369,61 @@ async fn the_eviction_pipeline_tells_the_executor_the_action_and_the_state_file(
             "{runner:?}: the first signal is the executor's only where it signals"
         );
     }
+}
+
+/// While an evicted pod still holds its processes, the node holds its reaction to the eviction
+/// (the pass MemoryPressure asks for, the decision's report, a change of the source), at most
+/// `RELEASE_HOLD` (1 s): the change made meanwhile reaches the executor no earlier than a second
+/// after the action's call, and it does reach it though the pod never goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_holds_its_reaction_to_an_eviction_while_the_pod_releases_at_most_a_second() {
+    let tree = Tree0::new("loop-release-hold");
+    let mib = |n: i64| (n << 20).to_string();
+    let a_dir = pod_dir(&tree, "besteffort", UID_A);
+    std::fs::create_dir_all(&a_dir).unwrap();
+    // The node (8 GiB) has 50 MiB available, under the hard 100Mi threshold; pod a holds 1 GiB
+    // and a process that never goes.
+    for (dir, used) in [
+        (tree.0.clone(), (8 << 10) - 50),
+        (tree.0.join("kubepods"), 1024),
+        (a_dir.clone(), 1024),
+    ] {
+        std::fs::write(dir.join("memory.current"), mib(used)).unwrap();
+        std::fs::write(dir.join("memory.stat"), "anon 0\ninactive_file 0\n").unwrap();
+        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
+    }
+    std::fs::write(a_dir.join("cgroup.procs"), "123\n").unwrap();
+    let exec = Arc::new(FakeExecutor::kubelet());
+    let action = Arc::new(Recording::default());
+    let a = pod_set(&pod_yaml("a", UID_A, None), &PodSet::default());
+    let both = pod_set(
+        &(pod_yaml("a", UID_A, None) + &pod_yaml("b", UID_B, Some("64Mi"))),
+        &a,
+    );
+    let mut cfg = run_config(&tree, ContainerRuntime::Containerd);
+    cfg.settings.hard_eviction = vec![Threshold {
+        signal: "memory.available".into(),
+        value: ThresholdValue::Quantity("100Mi".parse().unwrap()),
+        grace_period_secs: 0,
+        min_reclaim: None,
+    }];
+    let node = start_with(cfg, a, exec.clone(), action.clone(), |_: &AgentState| {
+        fake_sensors()
+    });
+    until("the eviction of a", || action.2.get().is_some()).await;
+    let called = *action.1.get().unwrap();
+    node.changes.send(both).unwrap();
+    until("the change applied after the hold", || {
+        applied(&exec).contains_key("b")
+    })
+    .await;
+    assert!(
+        called.elapsed() >= app::RELEASE_HOLD,
+        "the change reached the executor {:?} after the eviction",
+        called.elapsed()
+    );
+    assert_eq!(action.0.lock().unwrap()[0].pod.name, "a");
+
+    node.stop.send(()).unwrap();
+    node.task.await.unwrap().unwrap();
 }
