@@ -31,6 +31,9 @@ use super::signals::SignalError;
 /// How long SIGKILL is repeated before giving up on a v1 cgroup that does not empty.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
+/// How often [`wait_unpopulated`] reads `cgroup.events` without a notification: a missed one
+/// costs at most this.
+const UNPOPULATED_RECHECK: Duration = Duration::from_millis(100);
 /// How long [`PodCgroups::freeze`] waits for the kernel to report the pod frozen: a task stops at
 /// its next return to user space, in microseconds, unless it sleeps uninterruptibly (reclaim
 /// under memory pressure, I/O).
@@ -526,6 +529,36 @@ fn kill_cgroup(dir: &CgroupBeneath) -> Result<Option<Instant>, ActionError> {
     }
 }
 
+/// Waits until the cgroup `dir` and its descendants hold no process (`populated 0` in its
+/// `cgroup.events`, whose changes the kernel announces as a modification: inotify), until
+/// `deadline`. After `cgroup.kill` the kernel has signalled every process already; walking
+/// them every 10 ms while they exit only took CPU from their exit, which frees the memory
+/// (docs/benchmarks.md). `false` when the deadline passed or the wait could not be set up
+/// (an older kernel, the cgroup gone, a test's plain directory): the caller's walk decides.
+async fn wait_unpopulated(dir: &CgroupBeneath, deadline: tokio::time::Instant) -> bool {
+    // The watch before the first read: a change between the two still wakes the wait.
+    let Ok(changes) = super::watch::inotify_events(dir, "cgroup.events") else {
+        return false;
+    };
+    loop {
+        let Ok(events) = dir.read_file("cgroup.events") else {
+            return false;
+        };
+        if events.lines().any(|l| l == "populated 0") {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        let next = deadline.min(now + UNPOPULATED_RECHECK);
+        if let Ok(Err(_)) = tokio::time::timeout_at(next, super::watch::next_event(&changes)).await
+        {
+            return false;
+        }
+    }
+}
+
 impl EvictionAction for CgroupKill {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
         let (pod, cgroups, grace) = (&req.pod, &req.cgroups, req.grace);
@@ -544,6 +577,7 @@ impl EvictionAction for CgroupKill {
                 tokio::time::sleep(POLL).await;
             }
         }
+        let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
         if let Some(u) = &cgroups.unified
             // The kill first, with nothing read before it: the kernel kills every process of the
             // cgroup and its descendants, a fork racing it included.
@@ -553,8 +587,10 @@ impl EvictionAction for CgroupKill {
             let pids = procs(cgroups)?;
             signalled += pids.len();
             reap(pids);
+            // The kernel says when they are gone; the walk below then finds none (or, on a
+            // hybrid host, what a v1 directory still lists).
+            wait_unpopulated(u, deadline).await;
         }
-        let deadline = tokio::time::Instant::now() + KILL_TIMEOUT;
         loop {
             let pids = procs(cgroups)?;
             if pids.is_empty() {

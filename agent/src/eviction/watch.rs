@@ -226,13 +226,18 @@ impl Notifier {
 
 /// Waits until `fd` (an eventfd or inotify descriptor) is readable and empties it.
 async fn drain(fd: &AsyncFd<OwnedFd>, source: WakeSource) -> Result<WakeSource, std::io::Error> {
+    next_event(fd).await.map(|()| source)
+}
+
+/// Waits until `fd` (an eventfd or inotify descriptor) is readable and empties it.
+pub(super) async fn next_event(fd: &AsyncFd<OwnedFd>) -> Result<(), std::io::Error> {
     loop {
         let mut g = fd.readable().await?;
         let mut buf = [0u8; 4096];
         // SAFETY: read(2) into a buffer of the length given, from a descriptor we own.
         let n = unsafe { libc::read(fd.get_ref().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n > 0 {
-            return Ok(source);
+            return Ok(());
         }
         let e = std::io::Error::last_os_error();
         if n < 0 && e.kind() != std::io::ErrorKind::WouldBlock {
@@ -249,10 +254,14 @@ fn register(fd: OwnedFd) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
         .map_err(|e| sys("registering with the runtime")(e.into_parts().1))
 }
 
-/// An inotify descriptor watching `file` of `dir` for modifications (memory.events changes).
+/// An inotify descriptor watching `file` of `dir` for modifications (memory.events or
+/// cgroup.events changes: the kernel announces a new value of either as one).
 /// The file is opened beneath the node root and the watch added through its descriptor's
 /// `/proc/self/fd` link (inotify takes only a path), so it lands on the file opened.
-fn inotify_events(dir: &CgroupBeneath, file: &str) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
+pub(super) fn inotify_events(
+    dir: &CgroupBeneath,
+    file: &str,
+) -> Result<AsyncFd<OwnedFd>, MemoryWatchError> {
     let register_err = |source| MemoryWatchError::Register {
         path: dir.file_display(file),
         source,

@@ -120,3 +120,64 @@ async fn a_pod_directory_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// After `cgroup.kill` the action waits for the kernel's word that the cgroup is empty
+/// (`populated 0` in `cgroup.events`, a modification inotify reports) and signals nothing
+/// meanwhile: here the "kernel" is the test, over a plain directory that lists a live process of
+/// the test's. That process lives on while `cgroup.events` says populated (a walk every 10 ms
+/// would have sent it SIGKILL at once); once the file says empty, the action returns with the one
+/// process it listed at the kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_cgroup_kill_the_action_waits_for_populated_0_and_signals_nothing_meanwhile() {
+    let t = TempDir(std::env::temp_dir().join(format!("qoslet-unpop-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&t.0);
+    let pod = t.0.join("kubepods/poda");
+    std::fs::create_dir_all(&pod).unwrap();
+    let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(pod.join("cgroup.procs"), format!("{}\n", child.id())).unwrap();
+    std::fs::write(pod.join("cgroup.kill"), "").unwrap();
+    std::fs::write(pod.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+    let fs = Arc::new(
+        CgroupFs::open(
+            Mounts {
+                kind: crate::cgroup::LayoutKind::Unified,
+                trees: [(Tree::V2, t.0.clone())].into(),
+            },
+            CgroupPath::root(),
+        )
+        .unwrap(),
+    );
+    let dir = CgroupBeneath {
+        fs,
+        tree: Tree::V2,
+        path: CgroupPath::parse("/kubepods/poda").unwrap(),
+    };
+    let req = request(PodCgroups {
+        procs: vec![dir.clone()],
+        unified: Some(dir),
+    });
+    let evicting = tokio::spawn(async move { CgroupKill.evict(&req).await });
+    // Past several 100 ms re-reads of cgroup.events.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        std::fs::read_to_string(pod.join("cgroup.kill")).unwrap(),
+        "1"
+    );
+    assert!(!evicting.is_finished(), "still waiting for populated 0");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "no SIGKILL while the kernel has not said the cgroup is empty"
+    );
+    std::fs::write(pod.join("cgroup.procs"), "").unwrap();
+    std::fs::write(pod.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), evicting)
+        .await
+        .expect("the action returns once the cgroup is empty")
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.signalled, 1, "the process listed at the kill, once");
+    assert!(out.first_signal_at.is_some());
+    assert!(child.try_wait().unwrap().is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
