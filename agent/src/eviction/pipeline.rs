@@ -9,9 +9,10 @@
 //!    API's writes and the kill). Its future is polled first and runs up to its first wait before
 //!    anything below starts;
 //! 3. beside it, **hold** the pod where it runs ([`HoldEvicted`], the node's executor: it does
-//!    not start the pod again and reports it Failed with reason `Evicted`) and **record** it in
-//!    the state file ([`StateFile`]); the sync to the disk follows on a blocking thread, which
-//!    nothing waits for.
+//!    not start the pod again and reports it Failed with reason `Evicted`);
+//! 4. **record** it in the state file ([`StateFile`]): a marked pod once the mode's step is done
+//!    (standalone: its processes gone), an unmarked one beside the hold; the sync to the disk
+//!    follows on a blocking thread, which nothing waits for.
 //!
 //! The [`Outcome`] goes back to the manager, which reports the decision (metrics, status, the
 //! node's events). The evicted set lives in the state file alone: the manager keeps its own
@@ -109,16 +110,27 @@ impl<S: EvictionAction, H: HoldEvicted> EvictionAction for Pipeline<S, H> {
             // Page cache only: no disk wait before the action (synced right after it starts).
             record(&self.records, req, at);
         }
-        let hold_and_record = async {
-            let held = Instant::now();
-            self.runner.hold(&req.pod, &req.message, req.grace);
+        let record_and_sync = || {
             if let Some(unsynced) = record(&self.records, req, at) {
                 sync_detached(self.records.clone(), req.pod.clone(), unsynced);
+            }
+        };
+        let hold = async {
+            let held = Instant::now();
+            self.runner.hold(&req.pod, &req.message, req.grace);
+            if !marked {
+                record_and_sync();
             }
             held
         };
         // `join` polls the mode's step first: its kill or freeze goes out before the rest starts.
-        let (outcome, held) = futures::future::join(self.stop.evict(req), hold_and_record).await;
+        let (outcome, held) = futures::future::join(self.stop.evict(req), hold).await;
+        // A marked pod's record waits for the step (standalone: until its processes are gone):
+        // the mark covers a crash until then, and the write and its sync would run beside the
+        // victim's exit.
+        if marked {
+            record_and_sync();
+        }
         let mut outcome = outcome?;
         if self.runner.signals_on_hold() {
             outcome.first_signal_at = Some(outcome.first_signal_at.map_or(held, |t| t.min(held)));

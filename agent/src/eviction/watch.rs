@@ -191,6 +191,18 @@ pub fn spawn_watcher(
     cfg: WatchConfig,
     tx: mpsc::Sender<Wake>,
 ) -> Result<JoinHandle<()>, MemoryWatchError> {
+    spawn_watcher_pausing(cfg, tx, None)
+}
+
+/// [`spawn_watcher`] whose level check pauses while `releasing` names an eviction
+/// (`Manager::releasing`): the manager, waiting for that eviction's release, takes no wake-up
+/// meanwhile (it drops those queued during an eviction), and a read every 10 ms would only take
+/// CPU from the victim's exit. It checks at once when the release ends.
+pub(crate) fn spawn_watcher_pausing(
+    cfg: WatchConfig,
+    tx: mpsc::Sender<Wake>,
+    releasing: Option<tokio::sync::watch::Receiver<Option<u64>>>,
+) -> Result<JoinHandle<()>, MemoryWatchError> {
     let dir = cfg.node_root.dir();
     let has = |file| dir.has_file(file).ok();
     let notifier = if !cfg.node_root.is_v2() {
@@ -203,7 +215,7 @@ pub fn spawn_watcher(
     } else {
         Notifier::Events(inotify_events(dir, "memory.events")?)
     };
-    Ok(tokio::spawn(run(cfg, notifier, tx)))
+    Ok(tokio::spawn(run(cfg, notifier, tx, releasing)))
 }
 
 enum Notifier {
@@ -288,11 +300,24 @@ pub(super) fn inotify_events(
     register(fd)
 }
 
-async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
+async fn run(
+    cfg: WatchConfig,
+    notifier: Notifier,
+    tx: mpsc::Sender<Wake>,
+    mut releasing: Option<tokio::sync::watch::Receiver<Option<u64>>>,
+) {
     // The first check at once; each check sets the next one's time from the headroom it saw.
     let mut next_check = cfg.poll.map(|_| tokio::time::Instant::now());
     loop {
+        let paused = releasing
+            .as_mut()
+            .is_some_and(|r| r.borrow_and_update().is_some());
         let source = tokio::select! {
+            Ok(()) = async { releasing.as_mut().expect("guarded").changed().await }, if releasing.is_some() => {
+                // Released (or another eviction): the level is checked at once.
+                next_check = next_check.map(|_| tokio::time::Instant::now());
+                None
+            }
             n = notifier.next() => match n {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -301,7 +326,7 @@ async fn run(cfg: WatchConfig, notifier: Notifier, tx: mpsc::Sender<Wake>) {
                     None
                 }
             },
-            _ = async { tokio::time::sleep_until(next_check.expect("guarded")).await }, if next_check.is_some() => {
+            _ = async { tokio::time::sleep_until(next_check.expect("guarded")).await }, if next_check.is_some() && !paused => {
                 let shortest = cfg.poll.expect("a level check has an interval");
                 let usage = cfg.node_root.level_usage();
                 let headroom = usage.as_ref().map_or(0, |u| cfg.level_bytes.saturating_sub(*u));
@@ -404,6 +429,36 @@ mod tests {
     }
 
     const MI: i64 = 1 << 20;
+
+    /// While an eviction is being released the level check reads nothing and wakes no one,
+    /// though usage is over the level; it checks, and wakes the manager, as soon as the release
+    /// ends.
+    #[tokio::test]
+    async fn the_level_check_pauses_while_an_eviction_is_released() {
+        let dir = std::env::temp_dir().join(format!("qoslet-watch-pause-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+        std::fs::write(dir.join("memory.current"), (900 * MI).to_string()).unwrap();
+        let cfg = WatchConfig {
+            node_root: MemoryCgroup::own(&dir, Tree::V2).unwrap(),
+            level_bytes: 500 * MI,
+            poll: Some(Duration::from_millis(10)),
+        };
+        let (releasing_tx, releasing) = tokio::sync::watch::channel(Some(1));
+        let (tx, mut rx) = mpsc::channel(64);
+        let task = spawn_watcher_pausing(cfg, tx, Some(releasing)).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(rx.try_recv().is_err(), "no check while released");
+        releasing_tx.send_replace(None);
+        let wake = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(
+            wake.ok().flatten().map(|w| w.source),
+            Some(WakeSource::UsageLevel)
+        );
+        task.abort();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_level_check_sleeps_in_proportion_to_the_headroom() {

@@ -277,7 +277,12 @@ where
         // `evictionWakeups: housekeeping`: the kubelet's loop, no watcher and no sensor wake-ups.
         let wake_on_events = cfg.qc.eviction_wakeups == EvictionWakeups::Events;
         if enforce && wake_on_events {
-            memory.spawn_watchers(&manager_cfg, cfg.settings.capacity.memory_bytes, &wakes);
+            memory.spawn_watchers(
+                &manager_cfg,
+                cfg.settings.capacity.memory_bytes,
+                &wakes,
+                &releasing,
+            );
         }
         state
             .readiness
@@ -469,13 +474,18 @@ impl NodeMemory {
         manager: &ManagerConfig,
         capacity_bytes: i64,
         wakes: &mpsc::Sender<Wake>,
+        releasing: &watch::Receiver<Option<u64>>,
     ) {
         let node = WatchConfig {
             node_root: self.node_root.clone(),
             level_bytes: manager.watch_level("memory.available", capacity_bytes),
             poll: Some(WATCH_POLL),
         };
-        if let Err(e) = crate::eviction::watch::spawn_watcher(node, wakes.clone()) {
+        if let Err(e) = crate::eviction::watch::spawn_watcher_pausing(
+            node,
+            wakes.clone(),
+            Some(releasing.clone()),
+        ) {
             warn!(error = %e, "Memory watcher unavailable; eviction runs on sensor events and housekeeping.");
         }
         let kubepods_limit = self
@@ -491,7 +501,11 @@ impl NodeMemory {
                 level_bytes: level,
                 poll: Some(WATCH_POLL),
             };
-            if let Err(e) = crate::eviction::watch::spawn_watcher(pods, wakes.clone()) {
+            if let Err(e) = crate::eviction::watch::spawn_watcher_pausing(
+                pods,
+                wakes.clone(),
+                Some(releasing.clone()),
+            ) {
                 warn!(error = %e, "Memory watcher of the pods' cgroup unavailable; allocatableMemory.available is read on the node's wake-ups and housekeeping.");
             }
         }
