@@ -531,9 +531,9 @@ fn kill_cgroup(dir: &CgroupBeneath) -> Result<Option<Instant>, ActionError> {
 
 /// Waits until the cgroup `dir` and its descendants hold no process (`populated 0` in its
 /// `cgroup.events`, whose changes the kernel announces as a modification: inotify), until
-/// `deadline`. After `cgroup.kill` the kernel has signalled every process already; walking
-/// them every 10 ms while they exit only took CPU from their exit, which frees the memory
-/// (docs/benchmarks.md). `false` when the deadline passed or the wait could not be set up
+/// `deadline`, writing `cgroup.kill` again at each re-read without a notification. After
+/// `cgroup.kill` the kernel has signalled every process already; walking them every 10 ms while
+/// they exit only took CPU from their exit, which frees the memory (docs/benchmarks.md). `false` when the deadline passed or the wait could not be set up
 /// (an older kernel, the cgroup gone, a test's plain directory): the caller's walk decides.
 async fn wait_unpopulated(dir: &CgroupBeneath, deadline: tokio::time::Instant) -> bool {
     // The watch before the first read: a change between the two still wakes the wait.
@@ -552,9 +552,14 @@ async fn wait_unpopulated(dir: &CgroupBeneath, deadline: tokio::time::Instant) -
             return false;
         }
         let next = deadline.min(now + UNPOPULATED_RECHECK);
-        if let Ok(Err(_)) = tokio::time::timeout_at(next, super::watch::next_event(&changes)).await
-        {
-            return false;
+        match tokio::time::timeout_at(next, super::watch::next_event(&changes)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return false,
+            // Still populated a while after the kill: a process moved in since (an exec into
+            // the container) is killed as the SIGKILL loop would have killed it.
+            Err(_) => {
+                let _ = kill_cgroup(dir);
+            }
         }
     }
 }

@@ -236,7 +236,7 @@ impl Notifier {
     }
 }
 
-/// Waits until `fd` (an eventfd or inotify descriptor) is readable and empties it.
+/// [`next_event`] of `fd`, said as `source`.
 async fn drain(fd: &AsyncFd<OwnedFd>, source: WakeSource) -> Result<WakeSource, std::io::Error> {
     next_event(fd).await.map(|()| source)
 }

@@ -125,8 +125,8 @@ async fn a_pod_directory_replaced_by_a_symlink_out_of_the_root_is_not_opened() {
 /// (`populated 0` in `cgroup.events`, a modification inotify reports) and signals nothing
 /// meanwhile: here the "kernel" is the test, over a plain directory that lists a live process of
 /// the test's. That process lives on while `cgroup.events` says populated (a walk every 10 ms
-/// would have sent it SIGKILL at once); once the file says empty, the action returns with the one
-/// process it listed at the kill.
+/// would have sent it SIGKILL at once), and `cgroup.kill` is written again while it stays so;
+/// once the file says empty, the action returns with the one process it listed at the kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_cgroup_kill_the_action_waits_for_populated_0_and_signals_nothing_meanwhile() {
     let t = TempDir(std::env::temp_dir().join(format!("qoslet-unpop-{}", std::process::id())));
@@ -167,6 +167,14 @@ async fn after_cgroup_kill_the_action_waits_for_populated_0_and_signals_nothing_
     assert!(
         child.try_wait().unwrap().is_none(),
         "no SIGKILL while the kernel has not said the cgroup is empty"
+    );
+    // Still populated without a word from the kernel: `cgroup.kill` is written again (a
+    // process moved in since the kill goes too).
+    std::fs::write(pod.join("cgroup.kill"), "").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        std::fs::read_to_string(pod.join("cgroup.kill")).unwrap(),
+        "1"
     );
     std::fs::write(pod.join("cgroup.procs"), "").unwrap();
     std::fs::write(pod.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
