@@ -533,8 +533,9 @@ fn kill_cgroup(dir: &CgroupBeneath) -> Result<Option<Instant>, ActionError> {
 /// `cgroup.events`, whose changes the kernel announces as a modification: inotify), until
 /// `deadline`, writing `cgroup.kill` again at each re-read without a notification. After
 /// `cgroup.kill` the kernel has signalled every process already; walking them every 10 ms while
-/// they exit only took CPU from their exit, which frees the memory (docs/benchmarks.md). `false` when the deadline passed or the wait could not be set up
-/// (an older kernel, the cgroup gone, a test's plain directory): the caller's walk decides.
+/// they exit only took CPU from their exit, which frees the memory (docs/benchmarks.md).
+/// `false` when the deadline passed or the wait could not be set up (an older kernel, the cgroup
+/// gone, a test's plain directory): the caller's walk decides.
 async fn wait_unpopulated(dir: &CgroupBeneath, deadline: tokio::time::Instant) -> bool {
     // The watch before the first read: a change between the two still wakes the wait.
     let Ok(changes) = super::watch::inotify_events(dir, "cgroup.events") else {

@@ -42,20 +42,20 @@ impl PodSource for ChannelSource {
 /// An action that records every request, when it was first called and when its first call
 /// returned, and signals nothing.
 #[derive(Default)]
-struct Recording(
-    Mutex<Vec<EvictionRequest>>,
-    std::sync::OnceLock<Instant>,
-    std::sync::OnceLock<Instant>,
-);
+struct Recording {
+    requests: Mutex<Vec<EvictionRequest>>,
+    called: std::sync::OnceLock<Instant>,
+    returned: std::sync::OnceLock<Instant>,
+}
 
 impl EvictionAction for Arc<Recording> {
     async fn evict(&self, req: &EvictionRequest) -> Result<Outcome, ActionError> {
-        self.1.get_or_init(Instant::now);
-        self.0.lock().unwrap().push(req.clone());
+        self.called.get_or_init(Instant::now);
+        self.requests.lock().unwrap().push(req.clone());
         // As a real action waits for its kill: the manager goes on with the pass meanwhile
         // (the release said, the conditions and the decision sent) and returns here after.
         tokio::task::yield_now().await;
-        self.2.get_or_init(Instant::now);
+        self.returned.get_or_init(Instant::now);
         Ok(Outcome {
             first_signal_at: None,
             signalled: 0,
@@ -357,7 +357,7 @@ async fn the_eviction_pipeline_tells_the_executor_the_action_and_the_state_file(
             "{runner:?}"
         );
         assert_eq!(
-            *action.0.lock().unwrap(),
+            *action.requests.lock().unwrap(),
             std::slice::from_ref(&req),
             "{runner:?}"
         );
@@ -410,8 +410,8 @@ async fn the_node_holds_its_reaction_to_an_eviction_while_the_pod_releases_at_mo
     let node = start_with(cfg, a, exec.clone(), action.clone(), |_: &AgentState| {
         fake_sensors()
     });
-    until("the eviction of a", || action.2.get().is_some()).await;
-    let called = *action.1.get().unwrap();
+    until("the eviction of a", || action.returned.get().is_some()).await;
+    let called = *action.called.get().unwrap();
     node.changes.send(both).unwrap();
     until("the change applied after the hold", || {
         applied(&exec).contains_key("b")
@@ -422,7 +422,7 @@ async fn the_node_holds_its_reaction_to_an_eviction_while_the_pod_releases_at_mo
         "the change reached the executor {:?} after the eviction",
         called.elapsed()
     );
-    assert_eq!(action.0.lock().unwrap()[0].pod.name, "a");
+    assert_eq!(action.requests.lock().unwrap()[0].pod.name, "a");
 
     node.stop.send(()).unwrap();
     node.task.await.unwrap().unwrap();
